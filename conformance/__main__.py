@@ -1,0 +1,10 @@
+"""``python -m conformance`` is ``ddp-conformance``; also what torchrun runs with ``-m conformance``."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""What a check receives: the target, the worlds it may use, and a place to record events.
+
+A check is ``run(ctx: CheckContext) -> Outcome``. Conformance checks use ``ctx.world()``,
+the persistent pool (cheap: ~ms per call); chaos checks that hang or kill ranks on purpose
+use ``with ctx.fresh_world(...) as world:``, an isolated world torn down afterwards, so a
+fault never leaks into the next check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from reports.schema import Event
+
+from .registry import CheckSpec
+from .targets import Target
+
+
+@dataclass
+class CheckContext:
+    spec: CheckSpec
+    target: Target
+    backend: str
+    world_size: int
+    deadline: float
+    # True in the default run on the built-in targets: chaos checks then inject their faults
+    # into built-in vehicles and pass when the fault is reproduced *and* diagnosed correctly.
+    # False with --target: chaos checks examine the user's target as configured.
+    injected: bool
+    tmpdir: Path
+    pool: Callable[[], Any]  # () -> the persistent World (or AttachedWorld) for this session
+    new_world: Callable[..., Any] | None  # (**World kwargs) -> a fresh World; None under --attach
+    attached: bool = False
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if self.backend == "nccl" else "cpu"
+
+    def world(self) -> Any:
+        return self.pool()
+
+    @contextlib.contextmanager
+    def fresh_world(self, *, world_size: int | None = None, **kwargs: Any) -> Iterator[Any]:
+        """An isolated world for one scenario; always killed afterwards.
+
+        Under --attach there is no supervisor to kill a hung rank, so scenarios that need one
+        must check ``ctx.new_world is None`` and skip with that reason.
+        """
+        if self.new_world is None:
+            raise RuntimeError("an isolated world is not available under --attach")
+        kwargs.setdefault("deadline", self.deadline)
+        world = self.new_world(world_size=world_size or self.world_size, **kwargs)
+        try:
+            yield world
+        finally:
+            world.close()
+
+    def record_event(self, name: str, *, t_start: float | None = None, t_end: float | None = None,
+                     rank: int | None = None, step: int | None = None, phase: str | None = None,
+                     **data: Any) -> Event:
+        """Record a fault injection (or another happening) in the result stream."""
+        event = Event(name=name, t_start=time.time() if t_start is None else t_start, t_end=t_end,
+                      check=self.spec.id, rank=rank, step=step, phase=phase, data=data)
+        self.events.append(event)
+        return event

@@ -1,0 +1,41 @@
+"""What a check returns: a status, one line of message, and the numbers behind it.
+
+The runner adds the check id, title, kind, target and duration to make the
+:class:`reports.schema.CheckRecord` that is streamed to ``results.jsonl``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from reports.schema import STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: str
+    message: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    recommendation: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status={self.status!r} is not one of {STATUSES}")
+
+    @classmethod
+    def passed(cls, message: str, **kw: Any) -> Outcome:
+        return cls("passed", message, **kw)
+
+    @classmethod
+    def failed(cls, message: str, **kw: Any) -> Outcome:
+        return cls("failed", message, **kw)
+
+    @classmethod
+    def inconclusive(cls, message: str, **kw: Any) -> Outcome:
+        return cls("inconclusive", message, **kw)
+
+    @classmethod
+    def skipped(cls, message: str, **kw: Any) -> Outcome:
+        return cls("skipped", message, **kw)

@@ -1,0 +1,247 @@
+"""pytest plugin of ddp-conformance (entry point ``pytest11: ddp_conformance``).
+
+    pytest --pyargs conformance.suite --ddp-backend gloo --ddp-world-size 2 --ddp-report-dir out/
+    pytest -n 2 --pyargs conformance.suite --ddp-checks gradient-equivalence
+    torchrun --standalone --nproc-per-node 2 -m pytest --pyargs conformance.suite --ddp-attach
+
+Import-light: loading this module imports neither torch nor the checks; a world starts only
+when a test asks for one. Reports are written by the controller process only (never by a
+pytest-xdist worker, nor by a rank other than 0 under --ddp-attach): workers attach each
+check's record to its test report, and the controller appends it to results.jsonl the moment
+that report arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from .registry import CHECKS, BY_ID, SUITES, select
+
+RECORD_KEY = "ddp_record"
+EVENTS_KEY = "ddp_events"
+CASE_KEY = "ddp_case"
+MARKERS = {
+    "gpu": "needs CUDA GPUs and NCCL; skipped with a reason where there are none",
+    "chaos": "injects faults (hangs, dead or slow ranks) into an isolated world",
+    "slow": "takes more than a few seconds (sweeps, fresh worlds)",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ddp-conformance", "DDP conformance suite")
+    group.addoption("--ddp-backend", default="auto", choices=("auto", "gloo", "nccl"),
+                    help="process-group backend: nccl when >=2 GPUs are visible, else gloo (default auto)")
+    group.addoption("--ddp-world-size", type=int, default=0,
+                    help="ranks per world (default: GPU count for nccl, 2 for gloo)")
+    group.addoption("--ddp-target", default=None,
+                    help="target file, module or built-in name (default: the built-in targets)")
+    group.addoption("--ddp-deadline", type=float, default=60.0,
+                    help="seconds one distributed call may take before it is declared a hang (default 60)")
+    group.addoption("--ddp-report-dir", default=None,
+                    help="write results.jsonl and report.{json,md,html} here")
+    group.addoption("--ddp-checks", default=None, help="comma-separated check ids (default: the suite's)")
+    group.addoption("--ddp-suite", default="full", choices=SUITES, help="ci (fast subset) or full")
+    group.addoption("--ddp-attach", action="store_true", default=False,
+                    help="run as one rank of a torchrun/srun launch instead of spawning a world")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    if config.getoption("--ddp-report-dir", None) and _is_writer(config):
+        config.pluginmanager.register(_ReportWriter(config), "ddp-report-writer")
+
+
+def _is_writer(config: pytest.Config) -> bool:
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the controller writes
+        return False
+    if config.getoption("--ddp-attach"):
+        return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0"
+    return True
+
+
+def settings_from(config: pytest.Config) -> Any:
+    """Resolve options into Settings (imports torch to count GPUs; call from fixtures only)."""
+    from .session import Settings
+    from .world.attach import launcher_env
+    from .world.devices import default_world_size, resolve_backend
+
+    backend = resolve_backend(config.getoption("--ddp-backend"))
+    world_size = config.getoption("--ddp-world-size") or 0
+    attach = bool(config.getoption("--ddp-attach"))
+    if attach:
+        info = launcher_env()
+        world_size = info["world_size"] if info else world_size
+    world_size = world_size or default_world_size(backend)
+    return Settings(backend=backend, world_size=world_size, deadline=config.getoption("--ddp-deadline"),
+                    target=config.getoption("--ddp-target"), attach=attach)
+
+
+@pytest.fixture(scope="session")
+def ddp_session(pytestconfig: pytest.Config) -> Any:
+    """The process's suite session: settings plus persistent worlds, closed at the end."""
+    from .session import Session
+
+    session = Session(settings_from(pytestconfig))
+    yield session
+    session.close()
+
+
+@pytest.fixture(scope="session")
+def ddp_world(ddp_session: Any) -> Any:
+    """The persistent world for the configured backend and world size."""
+    from .world import WorldUnavailable
+
+    try:
+        return ddp_session.world()
+    except WorldUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "ddp_case" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    from .session import Settings
+
+    settings = Settings(target=config.getoption("--ddp-target"))
+    try:
+        specs = select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    params = []
+    for spec in specs:
+        marks = [getattr(pytest.mark, m) for m in spec.markers]
+        if config.getoption("--ddp-backend") == "nccl":
+            marks.append(pytest.mark.gpu)
+        for target in settings.targets_for(spec):
+            params.append(pytest.param((spec.id, target), id=f"{spec.id}:{target}", marks=marks))
+    metafunc.parametrize("ddp_case", params)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "ddp_case" in callspec.params:
+        check_id, target = callspec.params["ddp_case"]
+        item.user_properties.append((CASE_KEY, json.dumps([check_id, target])))
+
+
+def run_case(request: pytest.FixtureRequest, session: Any, check_id: str, target: str) -> None:
+    """Run one check, attach its record to the test report, and turn its status into pytest's.
+
+    Used by the suite's test function. ``inconclusive`` fails the pytest item (a CI gate must
+    not go green on something it could not decide); the CLI's exit code keeps the nuance (3).
+    """
+    from .targets import TargetError
+
+    try:
+        record, ctx = session.run_check(BY_ID[check_id], target)
+    except TargetError as exc:
+        pytest.exit(f"target error: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    events = [e.to_json() for e in (ctx.events if ctx else [])]
+    request.node.user_properties.append((EVENTS_KEY, json.dumps(events)))
+    request.node.user_properties.append((RECORD_KEY, json.dumps(record.to_json())))
+    if record.status == "failed":
+        pytest.fail(f"{check_id} on {target}: {record.message}", pytrace=False)
+    if record.status == "inconclusive":
+        pytest.fail(f"INCONCLUSIVE {check_id} on {target}: {record.message}", pytrace=False)
+    if record.status == "skipped":
+        pytest.skip(f"{check_id} on {target}: {record.message}")
+
+
+class _ReportWriter:
+    """Streams records to DIR/results.jsonl as they arrive and renders the report at the end."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        from reports.store import ResultStore
+
+        self.config = config
+        self.store = ResultStore(config.getoption("--ddp-report-dir"))
+        self.harness_errors: list[str] = []
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        config = self.config
+        meta = {
+            "target": config.getoption("--ddp-target") or "built-in: " + ", ".join(_builtin_names()),
+            "backend": config.getoption("--ddp-backend"),
+            "world_size": config.getoption("--ddp-world-size") or None,
+            "suite": config.getoption("--ddp-suite"),
+            "checks_selected": [s.id for s in _selected(config)],
+            "attach": bool(config.getoption("--ddp-attach")),
+        }
+        try:
+            settings = settings_from(config)
+            meta.update(backend=settings.backend, world_size=settings.world_size)
+            from reports.environment import collect
+
+            meta["environment"] = collect(backend=settings.backend, world_size=settings.world_size)
+        except Exception as exc:  # the run goes on; the report says what could not be read
+            meta["environment"] = {"error": f"{type(exc).__name__}: {exc}"}
+        self.store.start(meta)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        from reports.schema import CheckRecord, Event
+
+        props = dict(report.user_properties)
+        if RECORD_KEY in props and report.when == "call":
+            for data in json.loads(props.get(EVENTS_KEY, "[]")):
+                self.store.append(Event.from_json(data))
+            record = CheckRecord.from_json(json.loads(props[RECORD_KEY]))
+            self.store.append(record)
+            self._say(f"[ddp] {record.id} on {record.target}: {record.status.upper()} "
+                      f"({record.duration_s:.1f} s) {record.message}")
+        elif CASE_KEY in props and report.failed and RECORD_KEY not in props:
+            # The check never produced a record (a fixture or the world failed): the run
+            # could not decide it, which makes the whole run inconclusive, never ready.
+            check_id, target = json.loads(props[CASE_KEY])
+            message = _first_line(report.longreprtext) or "harness error"
+            spec = BY_ID[check_id]
+            self.store.append(CheckRecord(id=check_id, title=spec.title, kind=spec.kind,
+                                          status="inconclusive", duration_s=report.duration,
+                                          message=f"harness error: {message}", target=target,
+                                          evidence={"harness_error": report.longreprtext[-8000:]}))
+            self.harness_errors.append(f"{check_id} on {target}: {message}")
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
+        extra: dict[str, Any] = {"pytest_exit": int(exitstatus)}
+        if self.harness_errors:
+            extra["harness_error"] = "; ".join(self.harness_errors)
+        if exitstatus == pytest.ExitCode.USAGE_ERROR:
+            extra["harness_error"] = "usage or target error; see the command output"
+        if interrupted:
+            self.store.update_meta(**extra)  # not finished: the report says incomplete
+        else:
+            self.store.finish(**extra)
+        from reports.render import write_reports
+
+        report = write_reports(self.store.dir)
+        self._say(f"[ddp] verdict: {report['verdict']} — report in {self.store.dir}/report.html")
+
+    def _say(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _builtin_names() -> list[str]:
+    from .targets._loader import BUILTINS
+
+    return list(BUILTINS)
+
+
+def _selected(config: pytest.Config) -> list[Any]:
+    try:
+        return select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"))
+    except ValueError:
+        return list(CHECKS)

@@ -1,0 +1,117 @@
+"""Every check id (DESIGN.md 3.3), what it asserts, and where its code lives.
+
+Import-light on purpose: ``ddp-conformance list``, ``--checks`` validation and pytest
+collection read this table without importing torch. The check's code is named by a
+``"module:function"`` entry and imported only when the check runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any, Callable
+
+SUITES = ("ci", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSpec:
+    id: str
+    title: str
+    kind: str  # conformance | chaos | chaos/perf | perf
+    description: str
+    entry: str  # "module:function" taking a CheckContext, returning an Outcome
+    suites: frozenset[str] = frozenset(SUITES)
+    slow: bool = False
+
+    def load(self) -> Callable[..., Any]:
+        module, _, name = self.entry.partition(":")
+        return getattr(import_module(module), name)
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        marks = []
+        if self.kind.startswith("chaos"):
+            marks.append("chaos")
+        if self.slow:
+            marks.append("slow")
+        return tuple(marks)
+
+
+CHECKS: tuple[CheckSpec, ...] = (
+    CheckSpec(
+        "gradient-equivalence", "Gradient equivalence", "conformance",
+        "N-rank DDP step == single-process large-batch step, per parameter, within a dtype tolerance",
+        "conformance.checks.gradient:run",
+    ),
+    CheckSpec(
+        "no-sync-equivalence", "no_sync equivalence", "conformance",
+        "accumulation over K microbatches with no_sync == one large-batch step; 1 all-reduce per K microbatches",
+        "conformance.checks.no_sync:run",
+    ),
+    CheckSpec(
+        "rank-consistency", "Rank consistency", "conformance",
+        "model structure identical on every rank; parameters and buffers identical across ranks after init and steps",
+        "conformance.checks.rank_consistency:run",
+    ),
+    CheckSpec(
+        "sampler-coverage", "Sampler coverage", "conformance",
+        "every sample exactly once per epoch, disjoint shards, equal batch counts, new order each epoch",
+        "conformance.checks.sampler:run",
+    ),
+    CheckSpec(
+        "shared-weights", "Shared weights", "conformance",
+        "tied/shared parameters get the full (summed over uses, averaged over ranks) gradient",
+        "conformance.checks.shared_weights:run",
+    ),
+    CheckSpec(
+        "unused-parameters", "Unused parameters", "chaos",
+        "conditional branches found; configured ddp_kwargs reproduce the hang/error; find_unused_parameters cost measured",
+        "faults.checks.unused_parameters:run",
+        suites=frozenset({"full"}),
+    ),
+    CheckSpec(
+        "straggler", "Straggler", "chaos",
+        "an injected slow rank is named and its cost measured; natural per-rank imbalance reported",
+        "faults.checks.straggler:run",
+        suites=frozenset({"full"}),
+    ),
+    CheckSpec(
+        "bucket-config", "Bucket configuration", "chaos/perf",
+        "bucket-size sweep curve, best size, the configured size's penalty, bad configs reproduced",
+        "faults.checks.bucket_config:run",
+        suites=frozenset({"full"}), slow=True,
+    ),
+    CheckSpec(
+        "hang-detection", "Hang detection", "chaos",
+        "hangs (injected, and in the target's run_loop) detected within the deadline with culprit rank and collective",
+        "faults.checks.hang_detection:run",
+    ),
+    CheckSpec(
+        "allreduce-bandwidth", "All-reduce bandwidth", "perf",
+        "bus bandwidth over message sizes (nccl-tests formula) and the scaling projection it implies",
+        "conformance.checks.bandwidth:run",
+        suites=frozenset({"full"}), slow=True,
+    ),
+)
+
+BY_ID: dict[str, CheckSpec] = {spec.id: spec for spec in CHECKS}
+
+
+def select(ids: str | None, suite: str = "full") -> list[CheckSpec]:
+    """Checks to run: an explicit comma list (any suite), else every check of the suite.
+
+    Raises ValueError with the known ids when a name is not a check id.
+    """
+    if suite not in SUITES:
+        raise ValueError(f"--suite {suite!r} is not one of {', '.join(SUITES)}")
+    if ids:
+        wanted = [part.strip() for part in ids.split(",") if part.strip()]
+        unknown = [w for w in wanted if w not in BY_ID]
+        if unknown:
+            raise ValueError(
+                f"unknown check id {', '.join(map(repr, unknown))}; "
+                f"known ids: {', '.join(BY_ID)} (see `ddp-conformance list`)"
+            )
+        return [BY_ID[w] for w in dict.fromkeys(wanted)]
+    return [spec for spec in CHECKS if suite in spec.suites]

@@ -1,0 +1,117 @@
+"""One suite session in one process: its settings, its worlds, and running a check into a record.
+
+The pytest plugin creates one Session per pytest (or pytest-xdist worker) process; so does a
+benchmark. It keeps one persistent world per (backend, world size) and replaces it whenever a
+call failed or hung, so a broken world never serves the next check.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reports.schema import CheckRecord
+
+from .context import CheckContext
+from .outcome import Outcome
+from .registry import CheckSpec
+from .targets import BUILTINS, TargetError, load_target
+from .world import WorldUnavailable
+
+
+@dataclass(frozen=True)
+class Settings:
+    backend: str = "gloo"  # resolved: gloo | nccl
+    world_size: int = 2
+    deadline: float = 60.0
+    target: str | None = None  # None: the built-in targets
+    attach: bool = False
+
+    @property
+    def injected(self) -> bool:
+        return self.target is None
+
+    def targets_for(self, spec: CheckSpec) -> list[str]:
+        """Conformance checks run on every built-in target; chaos and perf checks run once,
+        on the vehicles they choose (label ``builtin``). With --target, everything runs on it."""
+        if self.target is not None:
+            return [self.target]
+        return list(BUILTINS) if spec.kind == "conformance" else ["builtin"]
+
+
+@dataclass
+class Session:
+    settings: Settings
+    _worlds: dict[tuple[str, int], Any] = field(default_factory=dict)
+    _tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ddp-session-")))
+
+    def world(self, backend: str | None = None, world_size: int | None = None) -> Any:
+        """The persistent world for (backend, world size), started on first use."""
+        key = (backend or self.settings.backend, world_size or self.settings.world_size)
+        world = self._worlds.get(key)
+        if world is None:
+            if self.settings.attach:
+                from .world.attach import AttachedWorld
+
+                world = AttachedWorld(key[0], deadline=self.settings.deadline)
+            else:
+                world = self.new_world(backend=key[0], world_size=key[1])
+            self._worlds[key] = world
+        return world
+
+    def new_world(self, *, backend: str | None = None, world_size: int | None = None,
+                  **kwargs: Any) -> Any:
+        from .world import World
+        from .world.devices import check_world
+
+        backend = backend or self.settings.backend
+        world_size = world_size or self.settings.world_size
+        devices = check_world(backend, world_size)
+        kwargs.setdefault("deadline", self.settings.deadline)
+        return World(world_size, backend, devices=devices, **kwargs)
+
+    def close(self) -> None:
+        for world in self._worlds.values():
+            world.close()
+        self._worlds.clear()
+
+    def context(self, spec: CheckSpec, target_spec: str) -> CheckContext:
+        label = "mlp" if target_spec == "builtin" else target_spec
+        return CheckContext(
+            spec=spec, target=load_target(label), backend=self.settings.backend,
+            world_size=self.settings.world_size, deadline=self.settings.deadline,
+            injected=self.settings.injected, tmpdir=Path(tempfile.mkdtemp(dir=self._tmp)),
+            pool=self.world, new_world=None if self.settings.attach else self.new_world,
+            attached=self.settings.attach)
+
+    def run_check(self, spec: CheckSpec, target_spec: str) -> tuple[CheckRecord, CheckContext | None]:
+        """Run one check into its record. Never raises, except TargetError (a usage error).
+
+        A check that raises is ``inconclusive`` with the error attached (the harness could not
+        decide), never ``passed``; an environment that cannot host it is ``skipped``.
+        """
+        started = time.perf_counter()
+        ctx: CheckContext | None = None
+        try:
+            ctx = self.context(spec, target_spec)
+            outcome = spec.load()(ctx)
+            if not isinstance(outcome, Outcome):
+                raise TypeError(f"check {spec.id} returned {type(outcome).__name__}, not an Outcome")
+        except TargetError:
+            raise
+        except WorldUnavailable as exc:
+            outcome = Outcome.skipped(str(exc))
+        except Exception as exc:
+            outcome = Outcome.inconclusive(
+                f"the check itself failed: {type(exc).__name__}: {exc}",
+                evidence={"harness_error": "".join(traceback.format_exception(exc))[-8000:]})
+        record = CheckRecord(
+            id=spec.id, title=spec.title, kind=spec.kind, status=outcome.status,
+            duration_s=round(time.perf_counter() - started, 4), message=outcome.message,
+            metrics=outcome.metrics, evidence=outcome.evidence,
+            recommendation=outcome.recommendation, target=target_spec)
+        return record, ctx

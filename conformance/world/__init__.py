@@ -1,0 +1,18 @@
+"""Worlds: N rank processes with an initialised process group, run by a supervisor."""
+
+from __future__ import annotations
+
+from ._rank import RankContext
+from ._results import RankError, RankFailure, RankResult, WorldError, WorldHang, WorldUnavailable
+from .local import World
+
+__all__ = [
+    "RankContext",
+    "RankError",
+    "RankFailure",
+    "RankResult",
+    "World",
+    "WorldError",
+    "WorldHang",
+    "WorldUnavailable",
+]

@@ -1,0 +1,167 @@
+"""The rank process: join the process group once, then serve work items until told to stop.
+
+Runs in a spawned child of the supervisor. It never decides anything about deadlines: the
+supervisor owns time. It only makes itself killable and inspectable:
+- it dies with its parent (PR_SET_PDEATHSIG) and leads its own process group, so one
+  ``killpg`` takes it and any DataLoader workers it forked;
+- ``SIGUSR1`` makes faulthandler write every thread's Python stack to a per-rank file, which
+  works even while the main thread is blocked inside a C++ collective.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ._results import RankError, RankResult
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except OSError:  # not Linux: the supervisor's kill path still covers us
+        pass
+    # The parent may have died before prctl took effect; then nobody would ever kill us.
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+@dataclass
+class RankContext:
+    """What a work function receives as its first argument on every rank."""
+
+    rank: int
+    world_size: int
+    backend: str
+    device: Any  # torch.device
+    tmpdir: Path
+    generation: int
+    local_rank: int = 0
+    hostname: str = field(default_factory=socket.gethostname)
+    group: Any = None  # the default process group (None means default for torch.distributed)
+    side_group: Any = None  # a gloo group: object collectives and monitored_barrier, even under NCCL
+    store: Any = None  # the rendezvous store (client side), for out-of-band signalling
+    pg_timeout_s: float = 60.0
+    cache: dict[str, Any] = field(default_factory=dict)  # survives between calls in a persistent world
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class RankConfig:
+    rank: int
+    world_size: int
+    backend: str
+    store_host: str
+    store_port: int
+    store_prefix: str
+    tmpdir: str
+    generation: int
+    pg_timeout_s: float
+    device_index: int | None
+    env: dict[str, str]
+    threads: int
+    parent_pid: int
+
+
+def stack_file(tmpdir: str | Path, rank: int) -> Path:
+    return Path(tmpdir) / f"rank{rank}.stacks"
+
+
+def _init_process_group(cfg: RankConfig) -> RankContext:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(cfg.threads)
+    if cfg.backend == "nccl":
+        torch.cuda.set_device(cfg.device_index)
+        device = torch.device("cuda", cfg.device_index)
+    else:
+        device = torch.device("cpu")
+    store = dist.TCPStore(cfg.store_host, cfg.store_port, is_master=False,
+                          timeout=timedelta(seconds=max(cfg.pg_timeout_s, 30)))
+    prefixed = dist.PrefixStore(cfg.store_prefix, store)
+    # The timeout bounds how long a collective may wait for a peer. The supervisor's deadline
+    # is what protects the run; this only stops a stuck rank from waiting gloo's default 30 min.
+    dist.init_process_group(cfg.backend, store=prefixed, rank=cfg.rank, world_size=cfg.world_size,
+                            timeout=timedelta(seconds=cfg.pg_timeout_s))
+    side = dist.new_group(backend="gloo") if cfg.backend != "gloo" else dist.group.WORLD
+    return RankContext(rank=cfg.rank, world_size=cfg.world_size, backend=cfg.backend, device=device,
+                       tmpdir=Path(cfg.tmpdir), generation=cfg.generation, local_rank=cfg.rank,
+                       group=dist.group.WORLD, side_group=side, store=store,
+                       pg_timeout_s=cfg.pg_timeout_s)
+
+
+def _error(exc: BaseException) -> RankError:
+    return RankError(kind="exception", message=str(exc), exc_type=type(exc).__name__,
+                     traceback="".join(traceback.format_exception(exc)))
+
+
+def rank_main(cfg: RankConfig, conn: Any) -> None:
+    """Entry point of a rank process (the target of multiprocessing's spawn)."""
+    _die_with_parent(cfg.parent_pid)
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    stacks = open(stack_file(cfg.tmpdir, cfg.rank), "a", buffering=1)
+    faulthandler.enable(file=stacks, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+    os.environ.update(cfg.env)
+    try:
+        ctx = _init_process_group(cfg)
+    except BaseException as exc:  # report instead of dying silently: the supervisor is waiting
+        conn.send_bytes(pickle.dumps(("failed", _error(exc))))
+        return
+    conn.send_bytes(pickle.dumps(("ready", os.getpid())))
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):
+            break  # the supervisor is gone: nothing left to serve
+        work = pickle.loads(message)
+        if work is None:
+            break
+        call_id, fn, args, kwargs = work
+        start = time.perf_counter()
+        try:
+            value = fn(ctx, *args, **kwargs)
+            result = RankResult(cfg.rank, value, time.perf_counter() - start, pid=os.getpid(),
+                                hostname=ctx.hostname)
+        except BaseException as exc:
+            result = RankResult(cfg.rank, None, time.perf_counter() - start, error=_error(exc),
+                                pid=os.getpid(), hostname=ctx.hostname)
+        try:
+            payload = pickle.dumps((call_id, result))
+        except Exception as exc:  # an unpicklable return value is the caller's bug; say so
+            payload = pickle.dumps((call_id, RankResult(cfg.rank, None, result.duration_s,
+                                                        error=_error(exc), pid=os.getpid())))
+        conn.send_bytes(payload)
+    _shutdown()
+    sys.stdout.flush()
+
+
+def _shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass

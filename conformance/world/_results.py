@@ -1,0 +1,81 @@
+"""What a world call returns per rank, and the errors a supervisor raises."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RankError:
+    """Why one rank did not return a value: an exception it raised, or its death."""
+
+    kind: str  # "exception" | "died" | "stuck" | "killed"
+    message: str
+    traceback: str = ""
+    exc_type: str = ""
+    exitcode: int | None = None
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.exitcode is not None and self.exitcode < 0:
+            try:
+                return signal.Signals(-self.exitcode).name
+            except ValueError:
+                return f"signal {-self.exitcode}"
+        return None
+
+    def describe(self) -> str:
+        if self.kind == "died":
+            how = f"killed by {self.signal_name}" if self.signal_name else f"exit code {self.exitcode}"
+            return f"died ({how}){': ' + self.message if self.message else ''}"
+        if self.kind == "exception":
+            return f"raised {self.exc_type}: {self.message}"
+        return self.message
+
+
+@dataclass(frozen=True, slots=True)
+class RankResult:
+    rank: int
+    value: Any = None
+    duration_s: float = 0.0
+    error: RankError | None = None
+    pid: int | None = None
+    hostname: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class WorldError(RuntimeError):
+    """A world call that did not complete on every rank."""
+
+    def __init__(self, message: str, *, results: list[RankResult], stacks: dict[int, str] | None = None,
+                 elapsed_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.results = results
+        self.stacks = stacks or {}
+        self.elapsed_s = elapsed_s
+
+    @property
+    def failed_ranks(self) -> list[int]:
+        return [r.rank for r in self.results if r.error is not None]
+
+
+class RankFailure(WorldError):
+    """At least one rank raised or died. ``results`` holds every rank's outcome."""
+
+
+class WorldHang(WorldError):
+    """The call ran past its deadline. ``stuck_ranks`` never returned; ``stacks`` has every
+    rank's Python stack (faulthandler) taken before the world was killed."""
+
+    def __init__(self, message: str, *, stuck_ranks: list[int], **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.stuck_ranks = stuck_ranks
+
+
+class WorldUnavailable(RuntimeError):
+    """The world cannot be started here (no GPUs for NCCL, world size too large...)."""

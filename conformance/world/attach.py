@@ -1,0 +1,129 @@
+"""Attach mode: the launcher (torchrun, srun) owns the processes; this process is one rank.
+
+    torchrun --standalone --nproc-per-node 2 -m conformance run --attach
+    srun --ntasks-per-node 8 python -m conformance run --attach --backend nccl
+
+``AttachedWorld.run(fn, *args)`` has the same contract as ``World.run``: it runs ``fn`` on the
+current rank and gathers every rank's RankResult, so a check runs unchanged on many nodes.
+There is no supervisor above us, so time is kept from inside: the process-group timeout makes
+a blocked collective raise, and a faulthandler watchdog dumps the stacks and exits the process
+if even that does not happen; the launcher then tears the other ranks down.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import socket
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+from ._rank import RankContext, _error
+from ._results import RankFailure, RankResult, WorldUnavailable
+
+
+def launcher_env() -> dict[str, int] | None:
+    """Rank, world size and local rank from torchrun or Slurm, or None when not launched."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return {"rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]),
+                "local_rank": int(env.get("LOCAL_RANK", 0))}
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return {"rank": int(env["SLURM_PROCID"]), "world_size": int(env["SLURM_NTASKS"]),
+                "local_rank": int(env.get("SLURM_LOCALID", 0))}
+    return None
+
+
+class AttachedWorld:
+    """The current process as one rank of a launcher-made world."""
+
+    def __init__(self, backend: str = "gloo", *, deadline: float = 60.0,
+                 pg_timeout: float | None = None) -> None:
+        info = launcher_env()
+        if info is None:
+            raise WorldUnavailable("--attach needs a launcher: run under torchrun (RANK, WORLD_SIZE, "
+                                   "MASTER_ADDR set) or srun (SLURM_PROCID, SLURM_NTASKS)")
+        self.rank, self.world_size, self.local_rank = info["rank"], info["world_size"], info["local_rank"]
+        self.backend = backend
+        self.deadline = deadline
+        self.pg_timeout = pg_timeout if pg_timeout is not None else max(deadline * 0.8, 1.0)
+        self.generation = 1
+        self.restarts: list[str] = []
+        self._ctx: RankContext | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._ctx is not None
+
+    def start(self) -> AttachedWorld:
+        if self._ctx is not None:
+            return self
+        import torch
+        import torch.distributed as dist
+
+        if "MASTER_ADDR" not in os.environ and "SLURM_PROCID" in os.environ:
+            raise WorldUnavailable("under srun set MASTER_ADDR and MASTER_PORT (e.g. the first host "
+                                   "of $SLURM_JOB_NODELIST and a free port) before --attach")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, self.world_size)))
+        if self.backend == "nccl":
+            torch.cuda.set_device(self.local_rank)
+            device = torch.device("cuda", self.local_rank)
+        else:
+            device = torch.device("cpu")
+        if not dist.is_initialized():
+            dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size,
+                                    timeout=timedelta(seconds=self.pg_timeout))
+        side = dist.new_group(backend="gloo") if self.backend != "gloo" else dist.group.WORLD
+        tmp = Path(tempfile.mkdtemp(prefix=f"ddp-attach-r{self.rank}-"))
+        self._ctx = RankContext(rank=self.rank, world_size=self.world_size, backend=self.backend,
+                                device=device, tmpdir=tmp, generation=1, local_rank=self.local_rank,
+                                hostname=socket.gethostname(), group=dist.group.WORLD,
+                                side_group=side, pg_timeout_s=self.pg_timeout)
+        return self
+
+    def run(self, fn: Callable[..., Any], *args: Any, deadline: float | None = None,
+            **kwargs: Any) -> list[RankResult]:
+        import torch.distributed as dist
+
+        ctx = self.start()._ctx
+        assert ctx is not None
+        budget = self.deadline if deadline is None else deadline
+        # The watchdog: if this rank is still inside fn (plus the gather) after the deadline
+        # and a grace period, print every thread's stack and exit so the launcher notices.
+        faulthandler.dump_traceback_later(budget + 10, exit=True, file=sys.stderr)
+        start = time.perf_counter()
+        try:
+            try:
+                mine = RankResult(self.rank, fn(ctx, *args, **kwargs), time.perf_counter() - start,
+                                  pid=os.getpid(), hostname=ctx.hostname)
+            except Exception as exc:
+                mine = RankResult(self.rank, None, time.perf_counter() - start, error=_error(exc),
+                                  pid=os.getpid(), hostname=ctx.hostname)
+            gathered: list[Any] = [None] * self.world_size
+            # Every rank reaches this gather whether fn raised or not, so no rank is left
+            # waiting for another's result; it runs on the gloo side group even under NCCL.
+            dist.all_gather_object(gathered, mine, group=ctx.side_group)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        results = [r for r in gathered]
+        if any(r.error is not None for r in results):
+            bad = "; ".join(f"rank {r.rank} {r.error.describe()}" for r in results if r.error)
+            raise RankFailure(bad, results=results, elapsed_s=time.perf_counter() - start)
+        return results
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._ctx = None
+
+    def __enter__(self) -> AttachedWorld:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

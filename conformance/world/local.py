@@ -1,0 +1,325 @@
+"""The supervised local world: N spawned rank processes driven by a supervisor that never
+joins a collective.
+
+    world = World(world_size=2, backend="gloo", deadline=30)
+    results = world.run(fn, x)        # fn(ctx, x) on every rank -> [RankResult, ...]
+    world.close()
+
+Why a supervisor that stays out of the process group: a rank stuck in a C++ collective cannot
+be interrupted from Python, and signal-based timeouts wait for the backend's own timeout (gloo:
+30 minutes by default). Only a process outside the group can keep time, take stacks and kill.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any, Callable
+
+from ._rank import RankConfig, rank_main, stack_file
+from ._results import RankError, RankFailure, RankResult, WorldHang, WorldUnavailable
+
+BACKENDS = ("gloo", "nccl")
+
+# After one rank fails, how long its peers get to notice (a dead gloo peer is seen in ~0.03 s)
+# before the survivors are treated as blocked on it and the world is killed.
+DEFAULT_GRACE_S = 3.0
+# How long faulthandler gets to write a stack after SIGUSR1: it runs in the signal handler,
+# so this is only the time for the kernel to deliver the signal to a busy process.
+STACK_WAIT_S = 0.3
+
+
+def _is_timeout(error: RankError) -> bool:
+    text = f"{error.exc_type} {error.message}".lower()
+    return error.kind == "exception" and ("timed out" in text or "timeout" in text)
+
+
+class World:
+    """A pool of ``world_size`` rank processes with an initialised process group.
+
+    Persistent: the same processes serve every call until one fails or hangs; then the world
+    is killed at once and the next call starts a fresh one (``generation`` counts restarts).
+    """
+
+    def __init__(self, world_size: int = 2, backend: str = "gloo", *, deadline: float = 60.0,
+                 pg_timeout: float | None = None, start_timeout: float = 120.0,
+                 devices: list[int] | None = None, env: dict[str, str] | None = None,
+                 threads: int = 1, grace: float = DEFAULT_GRACE_S) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size={world_size} must be at least 1")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+        if deadline <= 0:
+            raise ValueError(f"deadline={deadline} must be positive seconds")
+        if backend == "nccl":
+            devices = list(devices) if devices is not None else None
+            if devices is None or len(devices) < world_size:
+                have = 0 if devices is None else len(devices)
+                raise WorldUnavailable(
+                    f"world_size={world_size} exceeds the {have} GPUs available to this process; "
+                    f"pass a world size of at most {have} or use backend gloo")
+        self.world_size = world_size
+        self.backend = backend
+        self.deadline = deadline
+        # The process-group timeout is shorter than the deadline, so a rank blocked on a dead
+        # or stuck peer raises by itself before the supervisor has to kill it.
+        self.pg_timeout = pg_timeout if pg_timeout is not None else max(deadline * 0.8, 1.0)
+        self.start_timeout = start_timeout
+        self.devices = devices
+        self.env = {"TORCH_DISTRIBUTED_DEBUG": "INFO", **(env or {})}
+        self.threads = threads
+        self.grace = grace
+        self.generation = 0
+        self.restarts: list[str] = []  # why each previous generation was replaced
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._store: Any = None
+        self._tmpdir: str | None = None
+        self._calls = itertools.count()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    @property
+    def tmpdir(self) -> Path | None:
+        return Path(self._tmpdir) if self._tmpdir else None
+
+    def start(self) -> World:
+        if self.alive:
+            return self
+        self._kill()
+        import torch.distributed as dist
+
+        self.generation += 1
+        self._tmpdir = tempfile.mkdtemp(prefix=f"ddp-world-g{self.generation}-")
+        # Port 0 on loopback: the kernel picks a free port, so concurrent pytest-xdist
+        # workers never race for one, and nothing is exposed beyond this machine.
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        ctx = mp.get_context("spawn")  # never fork: a forked CUDA context is unusable
+        for rank in range(self.world_size):
+            parent, child = ctx.Pipe(duplex=True)
+            cfg = RankConfig(
+                rank=rank, world_size=self.world_size, backend=self.backend,
+                store_host="127.0.0.1", store_port=self._store.port,
+                store_prefix=f"g{self.generation}", tmpdir=self._tmpdir,
+                generation=self.generation, pg_timeout_s=self.pg_timeout,
+                device_index=self.devices[rank] if self.devices else None,
+                env=self.env, threads=self.threads, parent_pid=os.getpid())
+            proc = ctx.Process(target=rank_main, args=(cfg, child), name=f"ddp-rank{rank}",
+                               daemon=True)
+            proc.start()
+            child.close()
+            self._procs.append(proc)
+            self._conns.append(parent)
+        self._await_ready()
+        return self
+
+    def _await_ready(self) -> None:
+        waiting = set(range(self.world_size))
+        errors: dict[int, RankError] = {}
+        until = time.monotonic() + self.start_timeout
+        while waiting and not errors:
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            for rank, kind, payload in self._poll(waiting, left):
+                waiting.discard(rank)
+                if kind == "dead":
+                    errors[rank] = payload
+                elif payload[0] == "failed":
+                    errors[rank] = payload[1]
+        if waiting or errors:
+            stacks = self._collect_stacks(sorted(waiting))
+            self._kill()
+            detail = "; ".join(f"rank {r} {e.describe()}" for r, e in sorted(errors.items()))
+            if waiting and not errors:
+                detail = f"ranks {sorted(waiting)} did not join within {self.start_timeout:.0f} s"
+            results = [RankResult(r, error=errors.get(r)) for r in range(self.world_size)]
+            raise RankFailure(f"{self.backend} world of {self.world_size} failed to start: {detail}",
+                              results=results, stacks=stacks)
+
+    def close(self) -> None:
+        """Stop the ranks cleanly (they leave the process group), then make sure they are gone."""
+        for conn in self._conns:
+            try:
+                conn.send_bytes(pickle.dumps(None))
+            except OSError:
+                pass
+        for proc in self._procs:
+            proc.join(timeout=5)
+            if proc.exitcode not in (0, None):
+                # Seen rarely with gloo on torch 2.13: a rank aborts during interpreter shutdown
+                # after all its work was returned. Nothing it computed is affected; keep a note.
+                self.restarts.append(f"rank {proc.name} exited with {proc.exitcode} at shutdown")
+        self._kill()
+
+    def __enter__(self) -> World:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # last resort; close() is the contract
+        try:
+            self._kill()
+        except Exception:
+            pass
+
+    def _kill(self) -> None:
+        """Kill every rank's whole process group (DataLoader workers included) and reap it."""
+        for proc in self._procs:
+            if proc.pid is None:
+                continue
+            for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL),
+                         lambda: os.kill(proc.pid, signal.SIGKILL)):
+                try:
+                    kill()
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for proc in self._procs:
+            proc.join(timeout=5)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+        self._store = None
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def run(self, fn: Callable[..., Any], *args: Any, deadline: float | None = None,
+            **kwargs: Any) -> list[RankResult]:
+        """Run ``fn(ctx, *args, **kwargs)`` on every rank; one RankResult per rank, in rank order.
+
+        Raises RankFailure when a rank raised or died (``.results`` has every rank's outcome)
+        and WorldHang when the deadline passed first. Either way the world is killed and the
+        next call starts a fresh one.
+        """
+        self.start()
+        budget = self.deadline if deadline is None else deadline
+        call_id = next(self._calls)
+        payload = pickle.dumps((call_id, fn, args, kwargs))
+        started = time.monotonic()
+        for conn in self._conns:
+            conn.send_bytes(payload)
+        results: dict[int, RankResult] = {}
+        first_failure: float | None = None
+        waiting = set(range(self.world_size))
+        while waiting:
+            now = time.monotonic()
+            until = started + budget
+            if first_failure is not None:
+                until = min(until, first_failure + self.grace)
+            if now >= until:
+                break
+            for rank, kind, payload_ in self._poll(waiting, until - now):
+                waiting.discard(rank)
+                if kind == "dead":
+                    results[rank] = RankResult(rank, error=payload_, pid=self._procs[rank].pid)
+                else:
+                    results[rank] = payload_[1]
+                if results[rank].error is not None and first_failure is None:
+                    first_failure = time.monotonic()
+        elapsed = time.monotonic() - started
+        if not waiting and first_failure is None:
+            return [results[r] for r in range(self.world_size)]
+        return self._fail(results, sorted(waiting), budget, elapsed, first_failure is not None)
+
+    def _fail(self, results: dict[int, RankResult], waiting: list[int], budget: float,
+              elapsed: float, failed: bool) -> list[RankResult]:
+        # Stacks from *every* rank: the finished ones show where they are waiting on the
+        # stuck one, which is often the only clue to which collective it never joined.
+        stacks = self._collect_stacks(list(range(self.world_size)))
+        for rank in waiting:
+            why = ("still running when a peer failed (blocked on it)" if failed
+                   else f"did not finish within the {budget:g} s deadline")
+            results[rank] = RankResult(rank, error=RankError(kind="stuck", message=why),
+                                       pid=self._procs[rank].pid)
+        ordered = [results[r] for r in range(self.world_size)]
+        self.restarts.append("hang" if not failed else "failure")
+        self._kill()
+        # A peer that gave up on a collective because of its own process-group timeout is a
+        # symptom, not a cause: with ranks still running, that is a hang, not a crash.
+        if failed and waiting and all(_is_timeout(r.error) for r in ordered
+                                      if r.error is not None and r.error.kind != "stuck"):
+            failed = False
+        if failed:
+            # Root causes first: a death explains its peers' "connection reset" errors.
+            culprits = sorted((r for r in ordered if r.error is not None and r.error.kind != "stuck"),
+                              key=lambda r: (r.error.kind != "died", r.rank))
+            bad = "; ".join(f"rank {r.rank} {r.error.describe()}" for r in culprits)
+            extra = f"; ranks {waiting} were blocked and killed" if waiting else ""
+            raise RankFailure(f"{bad}{extra}", results=ordered, stacks=stacks, elapsed_s=elapsed)
+        raise WorldHang(
+            f"hang: ranks {waiting} did not finish within the {budget:g} s deadline "
+            f"(detected after {elapsed:.2f} s); every rank's stack was collected and the world killed",
+            stuck_ranks=waiting, results=ordered, stacks=stacks, elapsed_s=elapsed)
+
+    def _poll(self, ranks: set[int], timeout: float) -> list[tuple[int, str, Any]]:
+        """Wait for a message or a death among ``ranks``: (rank, "msg"|"dead", payload)."""
+        by_obj: dict[Any, tuple[int, str]] = {}
+        for rank in ranks:
+            by_obj[self._conns[rank]] = (rank, "msg")
+            by_obj[self._procs[rank].sentinel] = (rank, "dead")
+        out: dict[int, tuple[int, str, Any]] = {}
+        for obj in wait(list(by_obj), timeout=max(timeout, 0)):
+            rank, kind = by_obj[obj]
+            if rank in out:
+                continue
+            conn = self._conns[rank]
+            # A rank can send its result and exit in the same instant: read the pipe first.
+            if conn.poll():
+                try:
+                    out[rank] = (rank, "msg", pickle.loads(conn.recv_bytes()))
+                    continue
+                except (EOFError, OSError):
+                    pass
+            proc = self._procs[rank]
+            proc.join(timeout=1.0)
+            out[rank] = (rank, "dead", RankError(kind="died", message="", exitcode=proc.exitcode))
+        return list(out.values())
+
+    def _collect_stacks(self, ranks: list[int]) -> dict[int, str]:
+        if not self._tmpdir:
+            return {}
+        offsets: dict[int, int] = {}
+        for rank in ranks:
+            path = stack_file(self._tmpdir, rank)
+            offsets[rank] = path.stat().st_size if path.exists() else 0
+            proc = self._procs[rank]
+            if proc.is_alive():
+                try:
+                    os.kill(proc.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        time.sleep(STACK_WAIT_S)
+        stacks = {}
+        for rank in ranks:
+            path = stack_file(self._tmpdir, rank)
+            if not path.exists():
+                continue
+            with open(path, "rb") as f:
+                # A dead rank's file ends with its fatal-error stack: keep all of it. A live
+                # rank's file may hold older dumps: read only what this SIGUSR1 produced.
+                if self._procs[rank].is_alive():
+                    f.seek(offsets[rank])
+                text = f.read().decode(errors="replace")
+            if text.strip():
+                stacks[rank] = text
+        return stacks
