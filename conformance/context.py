@@ -32,7 +32,7 @@ class CheckContext:
     # False with --target: chaos checks examine the user's target as configured.
     injected: bool
     tmpdir: Path
-    pool: Callable[[], Any]  # () -> the persistent World (or AttachedWorld) for this session
+    pool: Callable[..., Any]  # (world_size=None) -> a persistent World / AttachedWorld
     new_world: Callable[..., Any] | None  # (**World kwargs) -> a fresh World; None under --attach
     attached: bool = False
     events: list[Event] = field(default_factory=list)
@@ -41,8 +41,15 @@ class CheckContext:
     def device_type(self) -> str:
         return "cuda" if self.backend == "nccl" else "cpu"
 
-    def world(self) -> Any:
-        return self.pool()
+    def world(self, world_size: int | None = None) -> Any:
+        """The persistent world of this session (``world_size`` ranks; default the run's).
+
+        A 1-rank world is how equivalence checks run the target's own ``train_step`` as the
+        single-process reference. Under --attach only the launched world exists.
+        """
+        if self.attached and world_size not in (None, self.world_size):
+            raise RuntimeError(f"under --attach only the launched world of {self.world_size} exists")
+        return self.pool(world_size=world_size)
 
     @contextlib.contextmanager
     def fresh_world(self, *, world_size: int | None = None, **kwargs: Any) -> Iterator[Any]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .registry import CHECKS, BY_ID, SUITES, select
+from .registry import BY_ID, SUITES, select
 
 RECORD_KEY = "ddp_record"
 EVENTS_KEY = "ddp_events"
@@ -52,6 +52,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    try:  # reject a bad --ddp-checks before collection, as a usage error (exit 4)
+        select(config.getoption("--ddp-checks", None), config.getoption("--ddp-suite", "full"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     if config.getoption("--ddp-report-dir", None) and _is_writer(config):
         config.pluginmanager.register(_ReportWriter(config), "ddp-report-writer")
 
@@ -109,10 +113,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     from .session import Settings
 
     settings = Settings(target=config.getoption("--ddp-target"))
-    try:
-        specs = select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"))
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    specs = select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"))
     params = []
     for spec in specs:
         marks = [getattr(pytest.mark, m) for m in spec.markers]
@@ -241,7 +242,4 @@ def _builtin_names() -> list[str]:
 
 
 def _selected(config: pytest.Config) -> list[Any]:
-    try:
-        return select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"))
-    except ValueError:
-        return list(CHECKS)
+    return select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"))

@@ -31,10 +31,6 @@ class Settings:
     target: str | None = None  # None: the built-in targets
     attach: bool = False
 
-    @property
-    def injected(self) -> bool:
-        return self.target is None
-
     def targets_for(self, spec: CheckSpec) -> list[str]:
         """Conformance checks run on every built-in target; chaos and perf checks run once,
         on the vehicles they choose (label ``builtin``). With --target, everything runs on it."""
@@ -84,7 +80,7 @@ class Session:
         return CheckContext(
             spec=spec, target=load_target(label), backend=self.settings.backend,
             world_size=self.settings.world_size, deadline=self.settings.deadline,
-            injected=self.settings.injected, tmpdir=Path(tempfile.mkdtemp(dir=self._tmp)),
+            injected=target_spec == "builtin", tmpdir=Path(tempfile.mkdtemp(dir=self._tmp)),
             pool=self.world, new_world=None if self.settings.attach else self.new_world,
             attached=self.settings.attach)
 

@@ -1,0 +1,109 @@
+"""Small text helpers shared by the markdown and HTML renderers.
+
+Everything here takes untrusted values (a check's message may be 1 MB of stack trace, a
+metric may be a string where a float was expected) and returns short, plain text. Escaping
+for the output format is the renderer's job, not this module's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+DASH = "—"
+STATUS_ICONS = {"passed": "✅", "failed": "❌", "inconclusive": "⚠️", "skipped": "⏭️"}
+VERDICT_TITLES = {"ready": "READY", "not-ready": "NOT READY", "inconclusive": "INCONCLUSIVE"}
+
+
+def truncate(text: Any, limit: int) -> tuple[str, bool]:
+    """``text`` cut to ``limit`` characters, and whether it was cut."""
+    text = "" if text is None else str(text)
+    if len(text) <= limit:
+        return text, False
+    return text[: max(limit - 1, 0)] + "…", True
+
+
+def one_line(text: Any, limit: int = 160) -> str:
+    """First non-empty line, whitespace collapsed, at most ``limit`` characters."""
+    text = "" if text is None else str(text)
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    short, cut = truncate(" ".join(first.split()), limit)
+    more = len([line for line in text.splitlines() if line.strip()]) > 1
+    return short + (" …" if more and not cut else "")
+
+
+def number(value: Any) -> float | None:
+    """A finite float, or ``None`` for anything else (bools, strings, NaN written as text)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def sig(value: float, digits: int = 3) -> str:
+    return f"{value:.{digits}g}"
+
+
+def seconds(value: Any) -> str:
+    v = number(value)
+    if v is None:
+        return DASH
+    if v < 1e-3:
+        return f"{v * 1e6:.0f} µs"
+    if v < 1:
+        return f"{v * 1e3:.1f} ms"
+    if v < 120:
+        return f"{v:.1f} s"
+    return f"{v / 60:.1f} min"
+
+
+def timestamp(value: Any) -> str:
+    v = number(value)
+    if v is None:
+        return DASH
+    try:
+        return datetime.fromtimestamp(v, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        return DASH
+
+
+def key_figure(record: Mapping[str, Any]) -> str:
+    """The one number a reader wants in the table: the check's own, else a derived one."""
+    metrics = record.get("metrics")
+    if not isinstance(metrics, Mapping):
+        return DASH
+    own = metrics.get("key_figure")
+    if isinstance(own, (str, int, float)) and not isinstance(own, bool) and str(own).strip():
+        return one_line(own, 80)
+    diff, tol = number(metrics.get("max_abs_diff")), number(metrics.get("tolerance"))
+    if diff is not None:
+        return f"max |Δ| {sig(diff)}" + (f" (tol {sig(tol)})" if tol is not None else "")
+    best = number(metrics.get("best_bucket_cap_mb"))
+    if best is not None:
+        conf = number(metrics.get("configured_bucket_cap_mb"))
+        return f"best {best:g} MB" + (f" (configured {conf:g} MB)" if conf is not None else "")
+    culprit = metrics.get("culprit_rank")
+    if isinstance(culprit, int) and not isinstance(culprit, bool):
+        return f"culprit rank {culprit}"
+    sweep = metrics.get("sweep")
+    if isinstance(sweep, list):
+        peaks = [number(p.get("busbw_gbps")) for p in sweep if isinstance(p, Mapping)]
+        peaks = [p for p in peaks if p is not None]
+        if peaks:
+            return f"peak busbw {max(peaks):.1f} GB/s"
+    latency = number(metrics.get("detection_latency_s"))
+    if latency is not None:
+        return f"detected in {seconds(latency)}"
+    return DASH
+
+
+def pretty_json(value: Any, limit: int) -> tuple[str, bool]:
+    """Indented JSON of evidence, cut to ``limit`` characters for the page's sake."""
+    try:
+        text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return truncate(text, limit)

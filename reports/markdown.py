@@ -1,0 +1,193 @@
+"""report.md: the run at a glance, written to read well as a GitHub job summary.
+
+Verdict first, then one table row per check, then the failures in detail with what to do
+about them. GitHub rejects a step summary over 1 MiB and renders a table row with a stray
+``|`` or newline as garbage, so every cell is escaped, long text is truncated with a note,
+and the whole document is held under :data:`MAX_BYTES`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from tabulate import tabulate
+
+from ._format import DASH, STATUS_ICONS, VERDICT_TITLES, key_figure, one_line, pretty_json, seconds, timestamp, truncate
+from .recommend import recommend, warnings_of
+
+MAX_BYTES = 1_000_000  # GitHub's limit is 1 MiB per step summary; keep a margin
+CELL_CHARS = 160
+DETAIL_CHARS = 4_000
+EVIDENCE_CHARS = 3_000
+VERDICT_ICONS = {"ready": "🟢", "not-ready": "🔴", "inconclusive": "🟠"}
+_CELL_SPECIALS = re.compile(r"([\\|`*_\[\]<>])")
+
+
+def cell(value: Any, limit: int = CELL_CHARS) -> str:
+    """One table cell: one line, at most ``limit`` characters, markdown and pipes escaped.
+
+    Backslashes are escaped too, or ``\\|`` in a message would end the cell early.
+    """
+    text = one_line(value, limit)
+    text = text.replace("&", "&amp;")
+    return _CELL_SPECIALS.sub(lambda m: "\\" + m.group(1), text) or DASH
+
+
+def text(value: Any) -> str:
+    """Running text (not a table cell): same escaping, newlines kept as spaces."""
+    return cell(" ".join(str(value).split()), limit=DETAIL_CHARS)
+
+
+def fenced(body: str, lang: str = "") -> str:
+    """A code block whose fence is longer than any backtick run inside it, so it cannot end early."""
+    longest = max((len(run) for run in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{body}\n{fence}"
+
+
+def _summary_line(report: Mapping[str, Any]) -> str:
+    tally = report.get("counts") if isinstance(report.get("counts"), Mapping) else {}
+    parts = [f"{STATUS_ICONS.get(s, '')} {tally.get(s, 0)} {s}" for s in ("passed", "failed", "inconclusive", "skipped")]
+    return " · ".join(parts)
+
+
+def _header(report: Mapping[str, Any]) -> list[str]:
+    verdict = str(report.get("verdict", "inconclusive"))
+    title = VERDICT_TITLES.get(verdict, cell(verdict))
+    lines = [f"# {VERDICT_ICONS.get(verdict, '🟠')} DDP conformance: **{title}**", ""]
+    if not report.get("complete", False):
+        lines += ["> [!WARNING]", "> **Incomplete run**: the run stopped before it finished (killed or crashed). "
+                  "This report shows only the checks that completed.", ""]
+    for reason in report.get("reasons") or []:
+        lines.append(f"- {text(reason)}")
+    lines.append("")
+    facts = [
+        ("Target", report.get("target")), ("Backend", report.get("backend")),
+        ("World size", report.get("world_size")), ("Suite", report.get("suite")),
+        ("Started", timestamp(report.get("started"))), ("Duration", seconds(report.get("duration_s"))),
+    ]
+    lines.append(" · ".join(f"**{k}:** {cell(v if v is not None else DASH, 80)}" for k, v in facts))
+    lines += ["", _summary_line(report), ""]
+    errors = report.get("harness_errors") or []
+    if errors:
+        lines += ["## Harness errors", ""] + [f"- {cell(e, 500)}" for e in errors[:50]]
+        if len(errors) > 50:
+            lines.append(f"- … and {len(errors) - 50} more (see report.json)")
+        lines.append("")
+    return lines
+
+
+def _table(checks: list[Mapping[str, Any]], report: Mapping[str, Any]) -> list[str]:
+    if not checks:
+        return ["_No check produced a result._", ""]
+    rows = []
+    for c in checks:
+        status = str(c.get("status"))
+        rows.append([f"{STATUS_ICONS.get(status, '')} {cell(status, 20)}", cell(c.get("id"), 60),
+                     cell(c.get("target") or report.get("target") or DASH, 60), cell(key_figure(c), 80),
+                     cell(c.get("message") or DASH), cell(seconds(c.get("duration_s")), 20)])
+    table = tabulate(rows, headers=["Status", "Check", "Target", "Key figure", "Evidence", "Time"],
+                     tablefmt="github", disable_numparse=True)
+    return ["## Checks", "", table, ""]
+
+
+def _detail(c: Mapping[str, Any]) -> list[str]:
+    status = str(c.get("status"))
+    lines = [f"### {STATUS_ICONS.get(status, '')} {cell(c.get('id'), 80)} — {cell(c.get('title') or '', 120)}", ""]
+    message, cut = truncate(c.get("message") or "", DETAIL_CHARS)
+    if message.strip():
+        lines += [fenced(message, "text"), ""]
+        if cut:
+            lines += [f"_Message truncated to {DETAIL_CHARS} characters; the full text is in report.json._", ""]
+    for warning in warnings_of(c)[:10]:
+        lines.append(f"- ⚠️ {cell(warning, 300)}")
+    advice = c.get("recommendation") or recommend(c)
+    if advice:
+        lines += ["", f"> **Recommendation:** {text(advice)}", ""]
+    evidence = c.get("evidence")
+    if isinstance(evidence, Mapping) and evidence:
+        body, cut = pretty_json(evidence, EVIDENCE_CHARS)
+        note = " (truncated; full evidence in report.json)" if cut else ""
+        lines += ["<details><summary>Evidence" + note + "</summary>", "", fenced(body, "json"), "", "</details>", ""]
+    return lines
+
+
+def _environment(report: Mapping[str, Any]) -> list[str]:
+    env = report.get("environment")
+    if not isinstance(env, Mapping) or not env:
+        return []
+    keys = ["torch", "cuda", "nccl", "driver", "gpu_count", "hostnames", "cpu_count", "backend", "world_size", "python"]
+    rows = [[cell(k, 40), cell(json.dumps(env.get(k), default=str) if isinstance(env.get(k), list) else env.get(k), 200)]
+            for k in keys if k in env]
+    gpus = env.get("gpus")
+    if isinstance(gpus, list) and gpus:
+        names = sorted({str(g.get("name")) for g in gpus if isinstance(g, Mapping)})
+        rows.append(["gpus", cell(", ".join(names), 200)])
+    settings = env.get("settings")
+    set_rows = []
+    if isinstance(settings, list):
+        for s in settings:
+            if isinstance(s, Mapping):
+                origin = "default" if s.get("default") else "**set**"
+                set_rows.append([cell(s.get("name"), 60), cell(s.get("value"), 120), origin])
+    lines = ["<details><summary>Environment</summary>", ""]
+    if rows:
+        lines += [tabulate(rows, headers=["Item", "Value"], tablefmt="github", disable_numparse=True), ""]
+    if set_rows:
+        lines += [tabulate(set_rows, headers=["Setting", "Value", "Origin"], tablefmt="github", disable_numparse=True), ""]
+    return lines + ["</details>", ""]
+
+
+def render(report: Mapping[str, Any]) -> str:
+    """The markdown document for a report.json dict; always under :data:`MAX_BYTES` bytes."""
+    checks = [c for c in report.get("checks") or [] if isinstance(c, Mapping)]
+    lines = _header(report) + _table(checks, report)
+    failing = [c for c in checks if c.get("status") in ("failed", "inconclusive")]
+    advised = [c for c in checks if c.get("status") not in ("failed", "inconclusive") and (warnings_of(c) or c.get("recommendation"))]
+    if failing:
+        lines += ["## Failures and inconclusive checks", ""]
+        for c in failing:
+            lines += _detail(c)
+    if advised:
+        lines += ["## Other recommendations", ""]
+        for c in advised:
+            lines += _detail(c)
+    events = report.get("events") or []
+    if events:
+        lines += [f"_{len(events)} fault injection / event record(s); see report.html for their timelines._", ""]
+    lines += _environment(report)
+    lines.append("_Generated by ddp-conformance; full data in report.json, charts in report.html._")
+    return _fit("\n".join(lines) + "\n")
+
+
+def _fit(doc: str) -> str:
+    """Cut the document at a line boundary so it fits a GitHub job summary, with a note.
+
+    A fence or ``<details>`` left open by the cut is closed, or the note would be swallowed.
+    """
+    if len(doc.encode("utf-8")) <= MAX_BYTES:
+        return doc
+    note = "\n> **Report truncated** to fit the 1 MiB job-summary limit; see report.json and report.html.\n"
+    budget = MAX_BYTES - len(note.encode()) - 64
+    kept: list[str] = []
+    used = 0
+    fence: str | None = None
+    details = 0
+    for line in doc.split("\n"):
+        size = len(line.encode("utf-8")) + 1
+        if used + size > budget:
+            break
+        kept.append(line)
+        used += size
+        run = re.match(r"^(`{3,})", line)
+        if run and fence is None:
+            fence = run.group(1)
+        elif run and fence is not None and line.strip().strip("`") == "" and len(line.strip()) >= len(fence):
+            fence = None
+        elif fence is None:
+            details += line.count("<details>") - line.count("</details>")
+    tail = ([fence] if fence else []) + ["", "</details>"] * max(details, 0)
+    return "\n".join(kept + tail) + "\n" + note

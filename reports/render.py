@@ -1,0 +1,101 @@
+"""Turn a results directory into report.json, report.md and report.html.
+
+Reads what :class:`reports.store.ResultStore` wrote — ``run.json`` and every complete line
+of ``results.jsonl`` — so it works the same on a finished run, on a run killed halfway
+(no ``finished`` in run.json: the report says *incomplete*) and from ``ddp-conformance
+report DIR`` long after the run. Each output file is replaced atomically, so a reader (a CI
+job uploading artifacts) never sees half a report. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import html, markdown
+from .recommend import recommend
+from .schema import SCHEMA_VERSION, CheckRecord, Event
+from .store import ResultStore
+from .verdict import counts, decide, is_harness, reasons
+
+REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
+
+
+def _check_dict(record: CheckRecord) -> dict[str, Any]:
+    data = record.to_json()
+    own = data.get("recommendation")
+    data["recommendation"] = recommend(data)
+    data["recommendation_source"] = "check" if own else ("rules" if data["recommendation"] else None)
+    return data
+
+
+def build_report(meta: Mapping[str, Any], records: Iterable[CheckRecord], events: Iterable[Event]) -> dict[str, Any]:
+    """The report.json dict (DESIGN.md 3.4) plus ``complete``, ``counts``, ``events``,
+    ``reasons`` and, when there are any, ``harness_errors`` and ``missing_checks``."""
+    records, events = list(records), list(events)
+    complete = meta.get("finished") is not None
+    harness_errors: list[str] = []
+    if isinstance(meta.get("harness_error"), str) and meta["harness_error"].strip():
+        harness_errors.append(meta["harness_error"])
+    harness_errors += [f"{r.id}: {r.message}" for r in records if is_harness(r)]
+    checks = [r for r in records if not is_harness(r)]
+    selected = meta.get("checks_selected")
+    missing: list[str] = []
+    if isinstance(selected, list):
+        seen = {r.id for r in checks}
+        missing = [str(c) for c in selected if c not in seen]
+        if missing and complete:
+            # A finished run that lost a selected check has a harness bug: it cannot be ready.
+            harness_errors.append(f"selected check(s) produced no result: {', '.join(missing)}")
+    verdict = decide(checks, complete=complete, harness_errors=harness_errors)
+    started, finished = meta.get("started"), meta.get("finished")
+    report: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "verdict": verdict,
+        "reasons": reasons(checks, complete=complete, harness_errors=harness_errors),
+        "complete": complete,
+        "target": meta.get("target"),
+        "backend": meta.get("backend"),
+        "world_size": meta.get("world_size"),
+        "suite": meta.get("suite"),
+        "environment": meta.get("environment") if isinstance(meta.get("environment"), Mapping) else {},
+        "started": started,
+        "finished": finished,
+        "duration_s": (finished - started) if isinstance(started, (int, float)) and isinstance(finished, (int, float)) else None,
+        "generated": time.time(),
+        "counts": counts(checks),
+        "checks": [_check_dict(r) for r in checks],
+        "events": [e.to_json() for e in events],
+    }
+    if harness_errors:
+        report["harness_errors"] = harness_errors
+    if missing:
+        report["missing_checks"] = missing
+    return report
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_reports(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Write report.json, report.md and report.html into ``directory``; return report.json's dict."""
+    store = ResultStore(directory)
+    if not store.dir.is_dir():
+        raise FileNotFoundError(f"report directory {str(store.dir)!r} does not exist; pass the --report-dir of a run")
+    records, events = store.read()
+    try:
+        meta = store.run_meta()
+    except ValueError as exc:  # never expected (run.json is replaced atomically), but say so
+        meta = {"harness_error": f"run.json is unreadable ({exc}); the run's metadata is lost"}
+    report = build_report(meta, records, events)
+    _atomic_write_text(store.dir / REPORT_JSON, json.dumps(report, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n")
+    _atomic_write_text(store.dir / REPORT_MD, markdown.render(report))
+    _atomic_write_text(store.dir / REPORT_HTML, html.render(report))
+    return report

@@ -1,0 +1,74 @@
+"""The pytest plugin end to end, through pytester (real pytest runs in subprocesses)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+WORLD_TEST = '''
+import os
+
+def rank_pid(ctx, x):
+    import torch, torch.distributed as dist
+    t = torch.tensor([float(x)])
+    dist.all_reduce(t)
+    return os.getpid(), t.item()
+
+def test_world_{n}(ddp_world):
+    pids = set()
+    for i in range(20):
+        results = ddp_world.run(rank_pid, i)
+        assert [r.value[1] for r in results] == [2.0 * i] * 2
+        pids |= {{r.value[0] for r in results}}
+    assert len(pids) == 2   # the same two ranks served all 20 calls
+    print("WORLD", os.environ.get("PYTEST_XDIST_WORKER"), sorted(pids))
+'''
+
+
+def test_loading_the_plugin_does_not_import_torch() -> None:
+    code = "import sys, conformance.plugin, conformance.registry; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_markers_are_registered_strictly(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.gpu
+        @pytest.mark.chaos
+        @pytest.mark.slow
+        def test_marked():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("--strict-markers", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result = pytester.runpytest_subprocess("--markers")
+    result.stdout.fnmatch_lines(["@pytest.mark.gpu: needs CUDA GPUs*", "@pytest.mark.chaos:*"])
+
+
+def test_options_are_listed(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--help")
+    result.stdout.fnmatch_lines(["*--ddp-backend*", "*--ddp-world-size*", "*--ddp-target*",
+                                 "*--ddp-deadline*", "*--ddp-report-dir*"])
+
+
+def test_two_xdist_workers_run_two_independent_worlds(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_a=WORLD_TEST.format(n="a"), test_b=WORLD_TEST.format(n="b"))
+    result = pytester.runpytest_subprocess("-n", "2", "-s", "-p", "no:cacheprovider",
+                                           "--ddp-backend", "gloo", "--ddp-world-size", "2",
+                                           "--ddp-deadline", "60", timeout=240)
+    result.assert_outcomes(passed=2)
+
+
+def test_unknown_check_id_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--pyargs", "conformance.suite", "--ddp-checks", "nope",
+                                           "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown check id 'nope'; known ids: gradient-equivalence*"])

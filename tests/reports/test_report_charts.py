@@ -1,0 +1,84 @@
+"""Charts: drawn from well-formed metrics, silently absent for malformed ones, never a crash."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from reports import charts
+from reports.sample import sample_run
+
+
+def _sample_checks() -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    _, records, events = sample_run()
+    return {r.id: r.to_json() for r in records}, [e.to_json() for e in events]
+
+
+@pytest.mark.parametrize(("check_id", "titles"), [
+    ("bucket-config", ["Bucket-size sweep"]),
+    ("straggler", ["Straggler: per-rank compute vs wait", "Timeline"]),
+    ("allreduce-bandwidth", ["All-reduce bandwidth", "Scaling projection"]),
+    ("hang-detection", ["Timeline"]),
+    ("gradient-equivalence", []),
+])
+def test_sample_checks_get_their_charts(check_id: str, titles: list[str]) -> None:
+    checks, events = _sample_checks()
+    drawn = charts.charts_for(checks[check_id], events)
+    assert [c["title"] for c in drawn] == titles
+    for chart in drawn:
+        assert str(chart["svg"]).startswith("<svg") and "http" not in str(chart["svg"])
+
+
+def test_bucket_sweep_marks_configured_and_best_on_a_log_axis() -> None:
+    checks, _ = _sample_checks()
+    svg = str(charts.bucket_sweep(checks["bucket-config"]["metrics"])["svg"])
+    assert "configured 25 MB" in svg and "best 50 MB" in svg and "log scale" in svg
+
+
+def test_timeline_shades_only_overlapping_events_of_its_check() -> None:
+    metrics = {"timeline": [{"rank": 0, "step": 0, "t_start": 10.0, "t_end": 11.0}]}
+    inside = {"name": "slow-rank", "t_start": 10.2, "t_end": 10.4, "check": "x"}
+    outside = {"name": "late", "t_start": 50.0, "t_end": 51.0, "check": "x"}
+    other = {"name": "other-check", "t_start": 10.2, "t_end": 10.4, "check": "y"}
+    drawn = charts.charts_for({"id": "x", "metrics": metrics}, [inside, outside, other])
+    svg = str(drawn[0]["svg"])
+    assert svg.count('class="fault"') == 1 and "slow-rank" in svg
+
+
+def test_culprit_rank_is_outlined() -> None:
+    metrics = {"per_rank": [{"rank": r, "compute_s": 0.1, "wait_s": 0.01} for r in range(4)], "culprit_rank": 2}
+    assert str(charts.straggler(metrics)["svg"]).count('class="bar culprit"') == 1
+
+
+MALFORMED: list[Any] = [
+    None, "sweep", 3, [], {}, [None], ["x"], [{"bucket_cap_mb": "25"}], [{"bucket_cap_mb": float("nan"), "step_time_s": 1}],
+    [{"bucket_cap_mb": -1, "step_time_s": 1}, {"bucket_cap_mb": 0, "step_time_s": 2}],
+    [{"bucket_cap_mb": 25, "step_time_s": 1}],  # one point is not a curve
+    [{"bytes": 1e400, "busbw_gbps": 1}], [{"rank": True, "compute_s": 1, "wait_s": 1}],
+    [{"rank": 0, "step": 0, "t_start": 5, "t_end": 1}],
+]
+
+
+@pytest.mark.parametrize("bad", MALFORMED, ids=repr)
+@pytest.mark.parametrize("key", ["sweep", "per_rank", "projection", "timeline"])
+def test_malformed_metrics_cost_the_chart_not_the_report(key: str, bad: Any) -> None:
+    check = {"id": "x", "metrics": {key: bad, "configured_bucket_cap_mb": "x", "culprit_rank": [], "cliff_world_size": "?"}}
+    for chart in charts.charts_for(check, [{"check": "x", "t_start": "soon"}, None, 3]):
+        assert str(chart["svg"]).startswith("<svg")
+
+
+def test_flat_series_and_single_rank_do_not_divide_by_zero() -> None:
+    flat = {"sweep": [{"bucket_cap_mb": 25, "step_time_s": 0.0}, {"bucket_cap_mb": 25, "step_time_s": 0.0}]}
+    assert charts.bucket_sweep(flat) is not None
+    one = {"per_rank": [{"rank": 0, "compute_s": 0.0, "wait_s": 0.0}]}
+    assert charts.straggler(one) is not None
+    instant = {"timeline": [{"rank": 0, "step": 0, "t_start": 1.0, "t_end": 1.0}]}
+    assert charts.timeline(instant, []) is not None
+
+
+def test_chart_text_is_escaped() -> None:
+    metrics = {"timeline": [{"rank": 0, "step": 0, "t_start": 0.0, "t_end": 1.0}]}
+    event = {"name": "<script>alert(1)</script>", "t_start": 0.2, "t_end": 0.4, "check": "x"}
+    svg = str(charts.charts_for({"id": "x", "metrics": metrics}, [event])[0]["svg"])
+    assert "<script>" not in svg and "&lt;script&gt;" in svg

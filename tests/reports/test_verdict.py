@@ -1,0 +1,77 @@
+"""The verdict rules, exhaustively: every multiset of up to 3 statuses × complete × harness.
+
+The oracle below is written independently of reports.verdict, straight from the issue:
+any failed → not-ready; else inconclusive/harness error/incomplete/nothing passed → inconclusive.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from reports.schema import STATUSES, VERDICTS, CheckRecord
+from reports.verdict import counts, decide, exit_code, reasons
+
+
+def _oracle(statuses: tuple[str, ...], complete: bool, harness: bool) -> str:
+    if "failed" in statuses:
+        return "not-ready"
+    if harness or not complete or "inconclusive" in statuses or "passed" not in statuses:
+        return "inconclusive"
+    return "ready"
+
+
+def _records(statuses: tuple[str, ...]) -> list[CheckRecord]:
+    return [CheckRecord(f"check-{i}", "t", "conformance", s, 0.1) for i, s in enumerate(statuses)]
+
+
+CASES = [combo for n in range(4) for combo in itertools.combinations_with_replacement(STATUSES, n)]
+
+
+@pytest.mark.parametrize("statuses", CASES, ids=lambda c: "+".join(c) or "empty")
+@pytest.mark.parametrize("complete", [True, False], ids=["complete", "incomplete"])
+@pytest.mark.parametrize("harness", [False, True], ids=["no-harness-error", "harness-error"])
+def test_decide_matches_the_rules(statuses: tuple[str, ...], complete: bool, harness: bool) -> None:
+    errors = ["world failed to start"] if harness else []
+    expected = _oracle(statuses, complete, harness)
+    for order in {statuses, tuple(reversed(statuses))}:  # order of records never matters
+        records = _records(order)
+        assert decide(records, complete=complete, harness_errors=errors) == expected
+        # the same rules on JSON dicts, as read back from report.json
+        assert decide([r.to_json() for r in records], complete=complete, harness_errors=errors) == expected
+    assert reasons(_records(statuses), complete=complete, harness_errors=errors)
+
+
+def test_empty_run_is_inconclusive_never_ready() -> None:
+    assert decide([], complete=True) == "inconclusive"
+    assert decide(_records(("skipped", "skipped")), complete=True) == "inconclusive"
+
+
+def test_harness_record_is_inconclusive_not_a_target_failure() -> None:
+    records = _records(("passed",)) + [CheckRecord("harness", "World start", "harness", "failed", 0.0, "spawn failed")]
+    assert decide(records, complete=True) == "inconclusive"
+
+
+def test_blank_harness_errors_are_ignored() -> None:
+    assert decide(_records(("passed",)), complete=True, harness_errors=["", "  "]) == "ready"
+
+
+def test_unknown_status_in_json_counts_as_inconclusive() -> None:
+    records = [{"id": "a", "status": "passed"}, {"id": "b", "status": "weird"}]
+    assert decide(records, complete=True) == "inconclusive"
+    assert counts(records) == {"passed": 1, "failed": 0, "inconclusive": 1, "skipped": 0}
+
+
+@pytest.mark.parametrize(("verdict", "code"), [("ready", 0), ("not-ready", 1), ("inconclusive", 3)])
+def test_exit_codes(verdict: str, code: int) -> None:
+    assert exit_code(verdict) == code
+
+
+def test_every_verdict_has_an_exit_code() -> None:
+    assert {exit_code(v) for v in VERDICTS} == {0, 1, 3}
+
+
+def test_unknown_verdict_is_rejected_with_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"verdict='maybe' is not one of ready, not-ready, inconclusive"):
+        exit_code("maybe")
