@@ -45,10 +45,8 @@ class CheckContext:
         """The persistent world of this session (``world_size`` ranks; default the run's).
 
         A 1-rank world is how equivalence checks run the target's own ``train_step`` as the
-        single-process reference. Under --attach only the launched world exists.
+        single-process reference (under --attach, rank 0 spawns it locally).
         """
-        if self.attached and world_size not in (None, self.world_size):
-            raise RuntimeError(f"under --attach only the launched world of {self.world_size} exists")
         return self.pool(world_size=world_size)
 
     @contextlib.contextmanager

@@ -51,9 +51,16 @@ class Session:
         world = self._worlds.get(key)
         if world is None:
             if self.settings.attach:
-                from .world.attach import AttachedWorld
+                from .world.attach import AttachedWorld, RankZeroLocalWorld
 
-                world = AttachedWorld(key[0], deadline=self.settings.deadline)
+                launched = self._worlds.get((key[0], self.settings.world_size))
+                if launched is None:
+                    launched = AttachedWorld(key[0], deadline=self.settings.deadline)
+                    self._worlds[(key[0], self.settings.world_size)] = launched
+                world = launched if key[1] == self.settings.world_size else RankZeroLocalWorld(launched)
+                if key[1] not in (1, self.settings.world_size):
+                    raise RuntimeError(f"under --attach only the launched world of "
+                                       f"{self.settings.world_size} and 1-rank references exist")
             else:
                 world = self.new_world(backend=key[0], world_size=key[1])
             self._worlds[key] = world
@@ -71,7 +78,8 @@ class Session:
         return World(world_size, backend, devices=devices, **kwargs)
 
     def close(self) -> None:
-        for world in self._worlds.values():
+        # References first: the launched world must outlive the broadcasts they rely on.
+        for world in sorted(self._worlds.values(), key=lambda w: w.world_size):
             world.close()
         self._worlds.clear()
 

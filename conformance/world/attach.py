@@ -127,3 +127,47 @@ class AttachedWorld:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RankZeroLocalWorld:
+    """A real 1-rank world under attach mode, for single-process references.
+
+    Equivalence checks run the target's own train_step at world size 1 as the reference.
+    Under a launcher there is no such world, so rank 0 spawns one locally (a supervised
+    ``World(1)`` on loopback) and shares its results with every rank; the other ranks only
+    wait for that broadcast. Every rank calls ``run`` (they all execute the same check code).
+    """
+
+    def __init__(self, attached: AttachedWorld) -> None:
+        self.attached = attached
+        self.world_size = 1
+        self.backend = attached.backend
+        self._local: Any = None
+
+    def run(self, fn: Callable[..., Any], *args: Any, deadline: float | None = None,
+            **kwargs: Any) -> list[RankResult]:
+        import torch.distributed as dist
+
+        from .local import World
+
+        ctx = self.attached.start()._ctx
+        assert ctx is not None
+        outcome: list[Any] = [None]
+        if self.attached.rank == 0:
+            if self._local is None:
+                devices = [self.attached.local_rank] if self.backend == "nccl" else None
+                self._local = World(1, self.backend, deadline=self.attached.deadline, devices=devices)
+            try:
+                outcome[0] = self._local.run(fn, *args, deadline=deadline, **kwargs)
+            except Exception as exc:
+                outcome[0] = exc
+        # Every rank waits here for rank 0's reference, on the gloo side group (also under NCCL).
+        dist.broadcast_object_list(outcome, src=0, group=ctx.side_group)
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
+            self._local = None
