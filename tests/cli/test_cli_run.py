@@ -1,0 +1,107 @@
+"""`ddp-conformance run` end to end, as a user runs it: a subprocess, its exit code, its files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "conformance"]
+
+
+def _run(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_passing_run_is_ready_and_writes_three_reports(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _run("run", "--target", "mlp", "--checks", "gradient-equivalence,rank-consistency",
+                "--report-dir", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "ready" and report["complete"] is True
+    assert [c["id"] for c in report["checks"]] == ["gradient-equivalence", "rank-consistency"]
+    assert "ready" in (out / "report.md").read_text().splitlines()[0].lower()
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert "[ddp] gradient-equivalence on mlp: PASSED" in proc.stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def test_a_killed_run_leaves_a_readable_incomplete_report_and_no_process(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*CLI, "run", "--checks", "gradient-equivalence,rank-consistency",
+                             "--report-dir", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    results = out / "results.jsonl"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if results.exists() and results.read_text().count("\n") >= 1:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the run finished before it could be killed"
+        ranks = _descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)  # the supervisor only: its ranks must follow it
+        proc.wait(timeout=10)
+        until = time.monotonic() + 10
+        while any(_alive(p) for p in ranks) and time.monotonic() < until:
+            time.sleep(0.05)
+        assert not [p for p in ranks if _alive(p)], "processes outlived the killed supervisor"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    rerender = _run("report", str(out), timeout=60)
+    assert rerender.returncode == 3, rerender.stdout + rerender.stderr
+    assert "incomplete" in rerender.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["complete"] is False and report["verdict"] == "inconclusive"
+    assert len(report["checks"]) >= 1
+    assert "incomplete" in (out / "report.md").read_text().lower()
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("def make_batch(g, n): pass\ndef loss_fn(o, t): pass\n", "does not define build_model()"),
+    ("def build_model(:\n", "has a syntax error at line 1"),
+    ("def build_model():\n    raise ValueError('no weights')\n"
+     "def make_batch(g, n): pass\ndef loss_fn(o, t): pass\n", "build_model() raised ValueError: no weights"),
+])
+def test_a_broken_target_file_exits_2_with_one_line(tmp_path: Path, body: str, message: str) -> None:
+    target = tmp_path / "target.py"
+    target.write_text(body)
+    proc = _run("run", "--target", str(target), "--report-dir", str(tmp_path / "out"), timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddp-conformance: error: ") and message in lines[0]
+    assert not (tmp_path / "out" / "report.json").exists()
