@@ -102,6 +102,11 @@ class World:
     def start(self) -> World:
         if self.alive:
             return self
+        if self._procs:
+            # A rank died between calls (seen rarely: gloo aborting in a rank's teardown after
+            # its result was returned). Its results stand; note it and serve from a new world.
+            codes = {p.name: p.exitcode for p in self._procs if not p.is_alive()}
+            self.restarts.append(f"rank(s) exited between calls {codes}; world replaced")
         self._kill()
         import torch.distributed as dist
 

@@ -153,3 +153,13 @@ def test_ranks_die_when_the_supervisor_is_killed(tmp_path) -> None:
         except ProcessLookupError:
             pass
         proc.wait(timeout=10)
+
+
+def test_a_rank_dying_between_calls_is_recorded_and_the_world_replaced(world: World) -> None:
+    import signal
+
+    world.start()
+    os.kill(world.pids[1], signal.SIGKILL)
+    time.sleep(0.2)
+    assert [r.value for r in world.run(_work.allreduce_sum, 0.0)] == [1.0, 1.0]
+    assert "exited between calls" in world.restarts[-1]
