@@ -1,0 +1,70 @@
+"""Overhead of the suite's instrumentation on a DDP step (target: <= 3 %).
+
+    python benchmarks/instrumentation_overhead.py               # wide MLP, 6 rounds
+    python benchmarks/instrumentation_overhead.py --rounds 10 --target tests/perf/wide_target.py
+
+In one persistent 2-rank gloo World, rounds alternate a bare DDP step loop and the same loop
+with the suite's timers and per-gradient hooks (conformance.perf.profile.GradReadyRecorder,
+perf_counter around each step) — alternation in one world, so machine noise hits both sides
+alike. Prints each round's ratio and the median ratio instrumented / bare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+STEPS = 10
+
+
+def step_loop(ctx: Any, target_spec: str, instrumented: bool, steps: int = STEPS) -> float:
+    """Median step time of ``steps`` DDP forward+backward steps on this rank."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from conformance.perf.profile import GradReadyRecorder, local_batch
+    from conformance.targets import load_target
+
+    target = load_target(target_spec)
+    if "ddp" not in ctx.cache:  # built once: the comparison is of steps, not of construction
+        torch.manual_seed(0)
+        ctx.cache["ddp"] = DDP(target.build_model(), **target.ddp_kwargs)
+        ctx.cache["batch"] = local_batch(target, ctx.rank, ctx.world_size, ctx.device)
+    ddp, (inputs, targets) = ctx.cache["ddp"], ctx.cache["batch"]
+    recorder = GradReadyRecorder(ddp.module) if instrumented else None
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        if recorder is not None:
+            recorder.start()
+        ddp.zero_grad(set_to_none=True)
+        target.loss_fn(ddp(inputs), targets).backward()
+        times.append(time.perf_counter() - t0)
+    if recorder is not None:
+        recorder.remove()
+    return statistics.median(times)
+
+
+def main() -> None:
+    from conformance.world import World
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--target", default="tests/perf/wide_target.py")
+    args = parser.parse_args()
+    ratios = []
+    with World(2, "gloo", deadline=120) as world:
+        world.run(step_loop, args.target, False)  # warm-up: DDP construction, bucket rebuild
+        for i in range(args.rounds):
+            bare = max(r.value for r in world.run(step_loop, args.target, False))
+            inst = max(r.value for r in world.run(step_loop, args.target, True))
+            ratios.append(inst / bare)
+            print(f"round {i + 1}: bare {bare * 1e3:.2f} ms, instrumented {inst * 1e3:.2f} ms, ratio {inst / bare:.3f}")
+    median = statistics.median(ratios)
+    print(f"instrumentation overhead: median ratio {median:.3f} ({(median - 1) * 100:+.1f} %; target <= +3 %)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""``allreduce-bandwidth``: is the all-reduce correct and fast here, and where does scaling break?
+
+Contract enforced: an all-reduce SUM returns the exact sum on every rank (DDP's gradient
+averaging is nothing else — BACKGROUND.md "Why DDP equals large-batch training"), at a bus
+bandwidth reported the nccl-tests way (``busbw = algbw * 2(n-1)/n``).
+
+Evidence: a sweep of message sizes (4 KB..16 MB on gloo/CPU, 4 KB..256 MB on NCCL; warm-up,
+then 10 timed iterations per size, median of the slowest rank), every result checked
+element-wise; a weighted least-squares alpha-beta fit of the ring model; the bucketed,
+overlapped DDP step simulated from the target's measured per-gradient backward timeline and
+projected to 1..1024 ranks for three bucket caps (the scaling cliff: where communication stops
+hiding behind backward); the simulator checked against a measured DDP step at this world
+size; DDP's own overlap accounting per rank; each rank's host and node.
+
+Verdict: failed if any all-reduce result was wrong; inconclusive if the timings cannot be
+fitted (noise, non-positive times); passed otherwise. The projection informs, it never fails.
+
+    ddp-conformance run --checks allreduce-bandwidth
+    ddp-conformance run --checks allreduce-bandwidth --backend nccl --world-size 8
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+        -m conformance run --attach --backend nccl --checks allreduce-bandwidth
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+from ..outcome import Outcome
+from ..perf import bandwidth as bw
+from ..perf.alphabeta import AlphaBeta, fit_alpha_beta
+from ..perf.overlap import OverlapSample, ddp_steps, parse_bucket_indices
+from ..perf.profile import profile_backward, to_profile
+from ..perf.simulator import MB, ddp_bucket_caps, greedy_buckets, project, step_at
+from ..perf.sweep import ITERS, WARMUP, allreduce_sweep, default_sizes, split_sweep
+from ..world import WorldError
+
+SPLIT_SIZES = tuple(4096 << k for k in range(0, 13, 3))  # a shorter sweep per link kind
+
+
+def run(ctx: Any) -> Outcome:
+    if ctx.world_size < 2:
+        return Outcome.skipped(f"world_size={ctx.world_size}: one rank all-reduces nothing; "
+                               f"run with --world-size 2 or more")
+    data = measure(ctx.world(), ctx.target.spec, sizes=default_sizes(ctx.backend),
+                   cap_mb=ctx.target.ddp_kwargs.get("bucket_cap_mb"))
+    return judge(data)
+
+
+def measure(world: Any, target_spec: str, *, sizes: Sequence[int], cap_mb: float | None,
+            corrupt_rank: int | None = None, warmup: int = WARMUP, iters: int = ITERS,
+            with_model: bool = True) -> dict[str, Any]:
+    """Run everything on ``world``; returns plain data for :func:`judge`.
+
+    ``corrupt_rank`` injects a wrong all-reduce result on that rank (tests prove the check fails).
+    """
+    results = world.run(allreduce_sweep, list(sizes), warmup=warmup, iters=iters, corrupt_rank=corrupt_rank)
+    data: dict[str, Any] = {
+        "world_size": len(results), "sizes": list(sizes), "iters": iters, "cap_mb": cap_mb,
+        "ranks": [{"rank": r.rank, "hostname": r.hostname, "pid": r.pid, "node": r.value["node"],
+                   "local_rank": r.value["local_rank"]} for r in results],
+        "times": [r.value["times"] for r in results], "wrong": [r.value["wrong"] for r in results],
+    }
+    if len({r["node"] for r in data["ranks"]}) > 1:
+        # Several nodes: measure intra- and inter-node links apart (a no-op with one rank per node).
+        split = world.run(split_sweep, list(SPLIT_SIZES), warmup=warmup, iters=iters)
+        data["split"] = [r.value for r in split]
+    if with_model:
+        # The model part is advice, not the verdict: a target whose model cannot be profiled
+        # still gets its bandwidth judged, with the error in the evidence.
+        try:
+            data["profile"] = world.run(profile_backward, target_spec)[0].value
+            data["ddp"] = [r.value for r in world.run(ddp_steps, target_spec)]
+        except WorldError as exc:
+            data["model_error"] = str(exc)
+    return data
+
+
+def _points(times: list[list[list[float]]], wrong: list[list[int]], sizes: Sequence[int], n: int,
+            iters: int) -> list[bw.SweepPoint]:
+    return [bw.SweepPoint(nbytes=size, time_s=bw.median_of_slowest([t[i] for t in times]), world_size=n,
+                          iterations=iters, wrong=sum(w[i] for w in wrong)) for i, size in enumerate(sizes)]
+
+
+def judge(data: dict[str, Any]) -> Outcome:
+    n = data["world_size"]
+    points = _points(data["times"], data["wrong"], data["sizes"], n, data["iters"])
+    metrics: dict[str, Any] = {"sweep": [p.to_metric() for p in points if p.usable],
+                               "key_figure": bw.key_figure(points)}
+    hosts = sorted({r["hostname"] for r in data["ranks"]})
+    nodes = sorted({r["node"] for r in data["ranks"]})
+    evidence: dict[str, Any] = {"table": bw.nccl_tests_table(points), "ranks": data["ranks"],
+                                "hostnames": hosts, "notes": []}
+    metrics["topology"] = {"world_size": n, "hosts": len(hosts), "nodes": len(nodes)}
+    _topology_notes(data, metrics, evidence, nodes, hosts)
+    bad = [{"rank": r, "bytes": size, "wrong_iterations": w}
+           for r, per in enumerate(data["wrong"]) for size, w in zip(data["sizes"], per) if w]
+    if bad:
+        evidence["wrong_results"] = bad
+        where = ", ".join(f"rank {b['rank']} @{bw.fmt_bytes(b['bytes'])}" for b in bad[:6])
+        return Outcome.failed(
+            f"{sum(b['wrong_iterations'] for b in bad)} all-reduce result(s) differ from the exact sum ({where})",
+            metrics=metrics, evidence=evidence,
+            recommendation="A collective returned a wrong sum: suspect the node (GPU memory, NIC, "
+                           "driver/NCCL version mismatch); rerun with NCCL_DEBUG=INFO and evict the host.")
+    try:
+        model = fit_alpha_beta([p.nbytes for p in points], [p.time_s for p in points], n)
+    except ValueError as exc:
+        return Outcome.inconclusive(f"timings unusable: {exc}", metrics=metrics, evidence=evidence)
+    metrics.update(alpha_s=model.alpha_s, beta_bytes_per_s=model.beta_bytes_per_s,
+                   fit_rel_residual=round(model.median_rel_residual, 4))
+    if model.intercept_clamped:
+        evidence["notes"].append("fitted latency was negative (noise) and clamped to 0")
+    if not model.sane:
+        return Outcome.inconclusive(
+            f"the alpha-beta fit does not describe the sweep (median residual "
+            f"{model.median_rel_residual:.0%}); the machine is too noisy to measure", metrics=metrics,
+            evidence=evidence)
+    summary = _model_part(data, model, metrics, evidence)
+    return Outcome.passed(f"all {len(points) * n * data['iters']} results exact; {metrics['key_figure']}; "
+                          f"alpha {model.alpha_s * 1e6:.1f} us, beta {model.beta_bytes_per_s / 1e9:.2f} GB/s"
+                          f"{summary}", metrics=metrics, evidence=evidence)
+
+
+def _topology_notes(data: dict[str, Any], metrics: dict[str, Any], evidence: dict[str, Any],
+                    nodes: list[str], hosts: list[str]) -> None:
+    if len(nodes) == 1:
+        evidence["notes"].append("all ranks on one node: the sweep measures intra-node links only")
+    elif all(len([r for r in data["ranks"] if r["node"] == k]) == 1 for k in nodes):
+        evidence["notes"].append(f"one rank per node ({len(nodes)} nodes): the sweep measures inter-node links only")
+    if len(nodes) > 1 and len(hosts) == 1:
+        evidence["notes"].append(f"{len(nodes)} launcher nodes share one host ({hosts[0]}): intra- and "
+                                 f"inter-node bandwidth are the same loopback path here and do not differ")
+    split = data.get("split")
+    if split and any(s for s in split):
+        out: dict[str, Any] = {}
+        for kind in ("intra", "inter"):
+            members = [s[kind] for s in split if s and s.get(kind)]
+            if members:
+                size = next(s["group_sizes"][kind] for s in split if s and s.get(kind))
+                pts = _points([m["times"] for m in members], [m["wrong"] for m in members],
+                              list(SPLIT_SIZES), size, data["iters"])
+                out[kind] = {"group_size": size, "sweep": [p.to_metric() for p in pts if p.usable],
+                             "key_figure": bw.key_figure(pts)}
+        metrics["bandwidth_split"] = out
+
+
+def _model_part(data: dict[str, Any], model: AlphaBeta, metrics: dict[str, Any], evidence: dict[str, Any]) -> str:
+    """Projection and simulator validation; returns a message suffix."""
+    if "model_error" in data:
+        evidence["model_error"] = data["model_error"]
+        metrics["cliff_world_size"] = None
+        return "; no projection (the target model could not be profiled, see evidence)"
+    if "profile" not in data:
+        return ""
+    profile = to_profile(data["profile"])
+    configured = data["cap_mb"]
+    base = configured if configured is not None else 25.0
+    caps: list[float | None] = [configured, base / 4, base * 4]
+    projections = [project(profile, model, bucket_cap_mb=c) for c in caps]
+    main = projections[0]
+    metrics["projection"] = [{k: p[k] for k in ("world_size", "step_time_s", "efficiency")} for p in main.points]
+    metrics["cliff_world_size"] = main.cliff_world_size
+    metrics["projection_by_cap"] = [p.to_metric() | {"bucket_cap_mb": c if c is not None else 25.0}
+                                    for p, c in zip(projections, caps)]
+    metrics["model_gradient_bytes"] = profile.total_bytes
+    metrics["backward_s"] = profile.backward_end_s
+    if len({p.buckets for p in projections}) == 1:
+        evidence["notes"].append(f"the model's {bw.fmt_bytes(profile.total_bytes)} of gradients make "
+                                 f"{main.buckets} bucket(s) at every cap tried: bucket_cap_mb does not move the cliff")
+    _validate(data, profile, model, metrics, evidence)
+    where = f"; projected cliff at {main.cliff_world_size} ranks" if main.cliff_world_size else \
+        f"; communication stays hidden up to {main.points[-1]['world_size']} ranks"
+    err = metrics.get("simulator_error")
+    return where + (f"; simulator error {err:.0%} at {data['world_size']} ranks" if err is not None else "")
+
+
+def _validate(data: dict[str, Any], profile: Any, model: AlphaBeta, metrics: dict[str, Any],
+              evidence: dict[str, Any]) -> None:
+    """Predicted vs measured DDP step at this world size, on DDP's own bucket layout."""
+    runs = data.get("ddp") or []
+    if not runs:
+        return
+    n = data["world_size"]
+    metrics["overlap"] = [OverlapSample.from_logging(r, run["logging"]).to_metric() for r, run in enumerate(runs)]
+    logging = runs[0]["logging"]
+    order = data["profile"]["order"]  # backward position -> parameter index
+    position = {param: pos for pos, param in enumerate(order)}
+    first, cap = ddp_bucket_caps(data["cap_mb"])
+    greedy = [[order[i] for i in b] for b in greedy_buckets(profile.nbytes, cap, first_cap_bytes=first)]
+    ddp_layout = parse_bucket_indices(logging.get("rebuilt_per_bucket_param_indices", ""))
+    evidence["buckets"] = {"predicted": greedy, "ddp_rebuilt": ddp_layout or None,
+                           "ddp_bucket_sizes": logging.get("rebuilt_bucket_sizes") or logging.get("bucket_sizes")}
+    layout = ddp_layout if ddp_layout and all(i in position for b in ddp_layout for i in b) else greedy
+    metrics["bucket_layout_matches_ddp"] = (sorted(map(sorted, greedy)) == sorted(map(sorted, ddp_layout))
+                                            if ddp_layout else None)
+    timing = step_at(profile, [[position[i] for i in b] for b in layout], model, n)
+    predicted = profile.forward_s + timing.step_s
+    measured = statistics.median(run["step_s"] for run in runs)
+    metrics["simulator"] = {"world_size": n, "predicted_step_s": predicted, "measured_step_s": measured,
+                            "buckets": len(layout)}
+    metrics["simulator_error"] = round(abs(predicted - measured) / measured, 4)
+    if profile.total_bytes < 1 * MB:
+        evidence["notes"].append("the model is small: DDP's fixed per-step overhead (hooks, reducer) "
+                                 "dominates its step, which the simulator does not model")

@@ -1,0 +1,119 @@
+"""When each gradient becomes ready during backward, measured with autograd hooks.
+
+This is the input the step simulator needs from the model: DDP releases a bucket when its
+last gradient is ready, so the per-gradient ready times (plus sizes) are the model's whole
+contribution to the overlap. ``register_post_accumulate_grad_hook`` fires after the gradient
+is accumulated into ``.grad`` — the same moment DDP's autograd hook marks it ready.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from .simulator import BackwardProfile
+
+WARMUP, REPEATS = 2, 5
+
+
+class GradReadyRecorder:
+    """Timestamps of each parameter's gradient becoming ready in the current backward.
+
+    The suite's instrumentation (benchmarks/instrumentation_overhead.py measures its cost):
+    one hook per parameter that appends ``perf_counter()``; no synchronisation, no tensor work.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.names: list[str] = []
+        self.ready: dict[int, float] = {}
+        self.t0 = 0.0
+        self._handles = []
+        for index, (name, param) in enumerate(model.named_parameters()):
+            self.names.append(name)
+            if param.requires_grad:
+                self._handles.append(param.register_post_accumulate_grad_hook(self._hook(index)))
+
+    def _hook(self, index: int) -> Any:
+        def hook(_param: Any) -> None:
+            # A shared (tied) parameter accumulates several times; the last one makes it ready.
+            self.ready[index] = time.perf_counter()
+        return hook
+
+    def start(self) -> None:
+        self.ready.clear()
+        self.t0 = time.perf_counter()
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def _sync(device: Any) -> None:
+    if device.type == "cuda":
+        import torch
+
+        # Kernels run asynchronously: time is only meaningful once the device is idle.
+        torch.cuda.synchronize(device)
+
+
+def local_batch(target: Any, rank: int, world_size: int, device: Any) -> tuple[Any, Any]:
+    """This rank's contiguous chunk of the target's global batch (DESIGN 3.2), seeded."""
+    import torch
+
+    from ..targets import make_batch_checked
+
+    size = target.batch_size_for(world_size)
+    inputs, targets = make_batch_checked(target, torch.Generator().manual_seed(0), size)
+    per = size // world_size
+    rows = slice(rank * per, (rank + 1) * per)
+    return inputs[rows].to(device), targets[rows].to(device)
+
+
+def profile_backward(ctx: Any, target_spec: str, *, warmup: int = WARMUP, repeats: int = REPEATS) -> dict[str, Any]:
+    """World work function: per-gradient ready times of the target model, no DDP, on this rank.
+
+    Returns a plain dict (picklable) that ``to_profile`` turns into a BackwardProfile.
+    """
+    import torch
+
+    from ..targets import build_model_checked, load_target
+
+    target = load_target(target_spec)
+    torch.manual_seed(0)
+    model = build_model_checked(target).to(ctx.device)
+    inputs, targets = local_batch(target, ctx.rank, ctx.world_size, ctx.device)
+    recorder = GradReadyRecorder(model)
+    sizes = [p.numel() * p.element_size() for p in model.parameters()]
+    forward, backward, ready = [], [], []
+    for i in range(warmup + repeats):
+        model.zero_grad(set_to_none=True)
+        _sync(ctx.device)
+        t0 = time.perf_counter()
+        loss = target.loss_fn(model(inputs), targets)
+        _sync(ctx.device)
+        t1 = time.perf_counter()
+        recorder.start()
+        loss.backward()
+        _sync(ctx.device)
+        t2 = time.perf_counter()
+        if i >= warmup:
+            forward.append(t1 - t0)
+            backward.append(t2 - t1)
+            ready.append({k: v - recorder.t0 for k, v in recorder.ready.items()})
+    recorder.remove()
+    end = statistics.median(backward)
+    # Parameters that got no gradient are marked ready at the end by DDP (find_unused) or
+    # never: either way they cannot release a bucket earlier than backward's end.
+    per_param = [statistics.median(r.get(i, end) for r in ready) for i in range(len(sizes))]
+    order = sorted(range(len(sizes)), key=lambda i: (per_param[i], -i))
+    return {"forward_s": statistics.median(forward), "backward_end_s": end,
+            "order": order, "ready_s": [per_param[i] for i in order], "nbytes": [sizes[i] for i in order],
+            "names": [recorder.names[i] for i in order]}
+
+
+def to_profile(data: dict[str, Any]) -> BackwardProfile:
+    return BackwardProfile(ready_s=tuple(data["ready_s"]), nbytes=tuple(data["nbytes"]),
+                           backward_end_s=data["backward_end_s"], forward_s=data["forward_s"],
+                           names=tuple(data["names"]))

@@ -1,0 +1,131 @@
+"""The all-reduce sweep that runs on every rank: exact results checked, times measured.
+
+Each iteration all-reduces a tensor filled with rank-dependent small integers,
+``x[i] = i % 7 + rank + 1`` in float32, whose SUM over ranks is known exactly
+(``N * (i % 7) + N(N+1)/2``, exact in float32 for any N a job can have). A wrong element is a
+broken collective (bad NIC/GPU memory, a transport bug), not rounding.
+
+Timing: on CPU (gloo) the call is synchronous, so wall time around it is the collective's
+time on this rank. On GPU (NCCL) the call only enqueues work: CUDA events recorded on the
+current stream bracket it, and the end event is synchronised before it is read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Sequence
+
+CPU_SIZES = tuple(4096 << k for k in range(0, 13))  # 4 KB .. 16 MB: the whole check stays seconds
+GPU_SIZES = tuple(4096 << k for k in range(0, 17))  # 4 KB .. 256 MB, as nccl-tests' default range
+WARMUP, ITERS = 3, 10
+
+
+def default_sizes(backend: str) -> tuple[int, ...]:
+    return GPU_SIZES if backend == "nccl" else CPU_SIZES
+
+
+def node_key() -> str:
+    """Which node this rank is on: torchrun's GROUP_RANK, Slurm's node id, else the hostname."""
+    import socket
+
+    for var in ("GROUP_RANK", "SLURM_NODEID"):
+        if var in os.environ:
+            return f"node{os.environ[var]}"
+    return socket.gethostname()
+
+
+def _expected(base: Any, world_size: int) -> Any:
+    return base * world_size + world_size * (world_size + 1) / 2
+
+
+def sweep_on(group: Any, rank_in_group: int, group_size: int, device: Any, sizes: Sequence[int], *,
+             warmup: int = WARMUP, iters: int = ITERS, corrupt: bool = False) -> dict[str, list[Any]]:
+    """Sweep ``sizes`` on ``group`` (every member must call this with the same sizes).
+
+    ``corrupt`` flips one element of this rank's result after each all-reduce: an injected
+    silent-corruption fault, so that tests can prove the correctness check can fail.
+    """
+    import torch
+    import torch.distributed as dist
+
+    cuda = device.type == "cuda"
+    times: list[list[float]] = []
+    wrong: list[int] = []
+    for nbytes in sizes:
+        n = max(1, nbytes // 4)
+        base = (torch.arange(n, device=device) % 7).to(torch.float32)
+        mine = base + (rank_in_group + 1)
+        expected = _expected(base, group_size)
+        buf = torch.empty_like(mine)
+        per_iter: list[float] = []
+        bad = 0
+        for i in range(warmup + iters):
+            buf.copy_(mine)  # refill outside the timed region: all_reduce works in place
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize(device)
+                start.record()
+                dist.all_reduce(buf, group=group)
+                end.record()
+                end.synchronize()
+                elapsed = start.elapsed_time(end) / 1e3
+            else:
+                t0 = time.perf_counter()
+                dist.all_reduce(buf, group=group)
+                elapsed = time.perf_counter() - t0
+            if corrupt:
+                buf[-1] += 1
+            if i >= warmup:
+                per_iter.append(elapsed)
+                # Every timed result is checked, not a sample: corruption can be intermittent.
+                bad += int(not torch.equal(buf, expected))
+        times.append(per_iter)
+        wrong.append(bad)
+    return {"times": times, "wrong": wrong}
+
+
+def allreduce_sweep(ctx: Any, sizes: Sequence[int], *, warmup: int = WARMUP, iters: int = ITERS,
+                    corrupt_rank: int | None = None) -> dict[str, Any]:
+    """World work function: the sweep on the whole world, plus where this rank runs."""
+    out = sweep_on(ctx.group, ctx.rank, ctx.world_size, ctx.device, sizes, warmup=warmup, iters=iters,
+                   corrupt=ctx.rank == corrupt_rank)
+    out.update(hostname=ctx.hostname, node=node_key(), local_rank=int(os.environ.get("LOCAL_RANK", ctx.local_rank)))
+    return out
+
+
+def split_sweep(ctx: Any, sizes: Sequence[int], *, nodes: Sequence[str] | None = None,
+                warmup: int = WARMUP, iters: int = ITERS) -> dict[str, Any] | None:
+    """World work function: intra-node and inter-node sweeps, when the world has both kinds of link.
+
+    ``nodes`` (one key per rank) overrides the detected node of each rank, for tests. Returns
+    None on every rank when there is nothing to separate (one node, or one rank per node).
+    """
+    import torch.distributed as dist
+
+    if nodes is None:
+        nodes = [None] * ctx.world_size  # type: ignore[list-item]
+        # Every rank needs every rank's node to build the same groups in the same order.
+        dist.all_gather_object(nodes, node_key(), group=ctx.side_group)
+    by_node: dict[str, list[int]] = {}
+    for rank, key in enumerate(nodes):
+        by_node.setdefault(key, []).append(rank)
+    if len(by_node) < 2 or all(len(r) == 1 for r in by_node.values()):
+        return None
+    # new_group is itself collective: every rank creates every group, members or not.
+    intra = {key: dist.new_group(ranks) for key, ranks in sorted(by_node.items())}
+    leaders = sorted(ranks[0] for ranks in by_node.values())
+    inter = dist.new_group(leaders)
+    me = nodes[ctx.rank]
+    result: dict[str, Any] = {"node": me, "intra": None, "inter": None}
+    mine = by_node[me]
+    if len(mine) > 1:
+        result["intra"] = sweep_on(intra[me], mine.index(ctx.rank), len(mine), ctx.device, sizes,
+                                   warmup=warmup, iters=iters)
+    # Intra-node traffic must be over before the inter-node sweep, or the two share links.
+    dist.barrier(group=ctx.side_group)
+    if ctx.rank in leaders:
+        result["inter"] = sweep_on(inter, leaders.index(ctx.rank), len(leaders), ctx.device, sizes,
+                                   warmup=warmup, iters=iters)
+    result["group_sizes"] = {"intra": len(mine), "inter": len(leaders)}
+    return result

@@ -1,0 +1,109 @@
+"""Attach mode under torchrun, end to end: single-node standalone, and two "nodes" on one
+machine joined by c10d rendezvous. Slow (real launches), not GPU: CI runs them.
+
+Every launch runs in its own session with a hard timeout; on timeout the whole process
+group (torchrun, its agents and ranks) is killed, so a hung rendezvous leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.registry import BY_ID
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+TIMEOUT_S = 150
+
+
+def _checks() -> str:
+    """allreduce-bandwidth plus the fast conformance checks that exist in this tree."""
+    wanted = ["allreduce-bandwidth", "gradient-equivalence", "rank-consistency"]
+    have = [c for c in wanted if importlib.util.find_spec(BY_ID[c].entry.partition(":")[0]) is not None]
+    return ",".join(have)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTEST_XDIST_WORKER", None)  # the launched suite is not an xdist worker
+    return subprocess.Popen([str(TORCHRUN), *args], cwd=ROOT, env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_all(procs: list[subprocess.Popen], logs: list[Path]) -> list[int]:
+    codes = []
+    try:
+        for proc in procs:
+            codes.append(proc.wait(timeout=TIMEOUT_S))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # torchrun, its agent and every rank
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        tails = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs)
+        pytest.fail(f"torchrun did not finish within {TIMEOUT_S} s; killed\n{tails}")
+    return codes
+
+
+def _records(report_dir: Path) -> dict[str, dict]:
+    report = json.loads((report_dir / "report.json").read_text())
+    return {c["id"]: c for c in report["checks"]}
+
+
+def _suite(report_dir: Path) -> list[str]:
+    return ["-m", "conformance", "run", "--attach", "--backend", "gloo", "--checks", _checks(),
+            "--report-dir", str(report_dir)]
+
+
+def test_two_nodes_by_c10d_rendezvous(tmp_path: Path) -> None:
+    port = _free_port()
+    report_dir = tmp_path / "report"
+    logs = [tmp_path / f"node{i}.log" for i in range(2)]
+    procs = [_launch(["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
+                      "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                      "--max-restarts", "0", *_suite(report_dir)], log)
+             for i, log in enumerate(logs)]
+    codes = _wait_all(procs, logs)
+    text = "\n".join(log.read_text()[-2000:] for log in logs)
+    assert (report_dir / "report.json").exists(), text
+    bw = _records(report_dir)["allreduce-bandwidth"]
+    assert bw["status"] == "passed", (bw["message"], text)
+    ranks = bw["evidence"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["hostname"] for r in ranks)
+    assert len({r["node"] for r in ranks}) == 2  # GROUP_RANK 0 and 1: two launcher nodes
+    assert bw["metrics"]["topology"]["nodes"] == 2
+    assert any("share one host" in n for n in bw["evidence"]["notes"])
+    assert (report_dir / "report.md").exists() and (report_dir / "report.html").exists()
+    assert codes[1] == 0, text  # a non-zero rank exits 0 when its pytest run passed
+
+
+def test_standalone_single_node(tmp_path: Path) -> None:
+    report_dir = tmp_path / "report"
+    log = tmp_path / "standalone.log"
+    proc = _launch(["--standalone", "--nproc-per-node", "2", *_suite(report_dir)], log)
+    _wait_all([proc], [log])
+    assert (report_dir / "report.json").exists(), log.read_text()[-3000:]
+    records = _records(report_dir)
+    assert records["allreduce-bandwidth"]["status"] == "passed", log.read_text()[-3000:]
+    assert {r["rank"] for r in records["allreduce-bandwidth"]["evidence"]["ranks"]} == {0, 1}
+    assert (report_dir / "results.jsonl").read_text().strip()
