@@ -1,0 +1,102 @@
+"""Check ``no-sync-equivalence``: K accumulated microbatches == one large-batch step, for the
+price of one all-reduce per K microbatches.
+
+    ddp-conformance run --checks no-sync-equivalence
+    ddp-conformance run --checks no-sync-equivalence --target my_target.py
+
+Contract (DDP ``no_sync()`` docstring; BACKGROUND.md "Gradient accumulation"): inside
+``no_sync()`` backward only accumulates local gradients; the first backward outside it
+all-reduces the accumulated sum. So K microbatches per rank, ``no_sync`` on the first K-1 and
+the loss divided by K, give exactly the gradient of the global batch, with one bucket-set of
+all-reduces per optimizer step instead of K. Clipping must come after the last backward.
+
+What runs: the target's ``train_step`` with K=4 microbatches per rank (2 when the target's
+batch does not split in 4) under DDP, with a communication hook that wraps the stock
+``allreduce_hook`` and counts bucket all-reduces (a hook is called once per *bucket*; a
+synchronisation *round* ends with ``bucket.is_last()``); the reference is the same
+``train_step`` in a 1-rank world on the whole global batch. Judged: gradients and parameters
+within tolerance (as gradient-equivalence) and rounds per optimizer step == 1.
+Forgetting ``no_sync`` is numerically right but fails the accumulation contract: K rounds per
+step is a K× communication waste.
+
+Evidence: ``allreduce_rounds_per_step`` (every step, every rank), ``bucket_allreduces_per_step``,
+``buckets_per_step`` (distinct buckets all-reduced; DDP rebuilds buckets after step 0), ``buckets``, ``expected_rounds_per_step`` (1), ``waste_factor``, plus the equivalence figures
+(``max_abs_grad_diff``, ``worst_grad_param``, ``first_diverging_step``...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..outcome import Outcome
+from ..targets import TargetError
+from ..world import RankFailure, WorldHang
+from ._equivalence import run_equivalence, world_error_outcome
+
+MICROBATCH_CHOICES = (4, 2)
+STEPS = 2
+
+
+def _microbatches(ctx: Any) -> int | None:
+    for k in MICROBATCH_CHOICES:
+        try:
+            ctx.target.batch_size_for(ctx.world_size, k)
+            return k
+        except TargetError:
+            continue
+    return None
+
+
+def run(ctx: Any) -> Outcome:
+    k = _microbatches(ctx)
+    if k is None:
+        return Outcome.skipped(
+            f"global_batch_size={ctx.target.global_batch_size} cannot be split into "
+            f"{ctx.world_size} ranks x {MICROBATCH_CHOICES} microbatches; use a multiple of "
+            f"{ctx.world_size * 4} to check accumulation")
+    try:
+        eq = run_equivalence(ctx, microbatches=k, steps=STEPS, count_allreduce=True)
+    except (RankFailure, WorldHang) as exc:
+        return world_error_outcome(exc, f"the accumulation step (K={k})")
+    rounds = [r["allreduce_rounds"] for r in eq.ranks]  # [rank][step]
+    calls = [r["allreduce_calls"] for r in eq.ranks]
+    buckets_per_step = eq.ranks[0]["buckets_per_step"]
+    buckets = max(buckets_per_step)
+    worst_rounds = max(max(r) for r in rounds)
+    least_rounds = min(min(r) for r in rounds)
+    waste = worst_rounds  # rounds per optimizer step; the contract is 1
+    metrics: dict[str, Any] = {
+        **eq.metrics(), "microbatches": k, "expected_rounds_per_step": 1,
+        "allreduce_rounds_per_step": rounds, "bucket_allreduces_per_step": calls,
+        "buckets": buckets, "buckets_per_step": buckets_per_step, "waste_factor": waste,
+    }
+    evidence = eq.evidence()
+    numerics_ok = eq.ok
+    if not numerics_ok:
+        metrics["key_figure"] = eq.key_figure()
+        return Outcome.failed(
+            f"accumulating K={k} microbatches differs from the single-process step: "
+            f"{eq.mismatch_message()} (all-reduce rounds per step: {worst_rounds})",
+            metrics=metrics, evidence=evidence,
+            recommendation="use no_sync() on the first K-1 microbatches only (the last backward "
+                           "must synchronise), divide the loss by K, and clip gradients once, "
+                           "after the last backward")
+    if least_rounds == 0:
+        metrics["key_figure"] = "0 all-reduce rounds per step"
+        return Outcome.failed(
+            "gradients were never all-reduced although they match the reference (did every "
+            "backward run under no_sync?)", metrics=metrics, evidence=evidence)
+    if worst_rounds > 1:
+        metrics["key_figure"] = f"{worst_rounds} rounds/step = {waste}× communication (K={k})"
+        return Outcome.failed(
+            f"{worst_rounds} all-reduce rounds ({max(max(c) for c in calls)} bucket all-reduces) "
+            f"per optimizer step for K={k} microbatches instead of 1: a {waste}× communication "
+            f"waste (numerically equivalent, {eq.key_figure()})",
+            metrics=metrics, evidence=evidence,
+            recommendation="wrap every microbatch's forward and backward except the last in "
+                           "model.no_sync() (or set model.require_backward_grad_sync=False)")
+    metrics["key_figure"] = f"1 round ({buckets} buckets)/step for K={k}; {eq.key_figure()}"
+    return Outcome.passed(
+        f"K={k} microbatches with no_sync match the single-process step ({eq.key_figure()}) with "
+        f"1 all-reduce round of {buckets} bucket(s) per optimizer step",
+        metrics=metrics, evidence=evidence)

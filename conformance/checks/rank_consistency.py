@@ -1,0 +1,183 @@
+"""Check ``rank-consistency``: the same model on every rank, in structure and in value.
+
+    ddp-conformance run --checks rank-consistency
+    ddp-conformance run --checks rank-consistency --target my_target.py
+
+Contract (DDP class docstring): "the same parameters registered in the same order on every
+rank" — DDP buckets gradients by registration order and all-reduces bucket i of rank 0 with
+bucket i of every other rank. DDP verifies parameter *shapes* across ranks at construction,
+but not names, registration order of same-shape layers, nor dtypes: two same-shape layers
+registered in swapped order on one rank train silently wrong. And the DDP promise that follows:
+parameters identical on every rank after construction (rank 0's broadcast) and after every
+step (same averaged gradient, same optimizer); buffers (BatchNorm statistics) identical where
+the forward reads them, which ``broadcast_buffers=True`` guarantees by re-broadcasting rank 0's
+buffers at the start of every forward.
+
+What runs: (1) each rank builds the model from the suite's seed and returns a structural
+fingerprint — (kind, name, shape, dtype) in registration order — *before* any DDP wrapping;
+the supervisor compares them (a mismatch stops here: wrapping would be undefined). (2) each
+rank wraps the model, runs 3 steps of the target's ``train_step`` on its own shard, and
+returns digests (exact, bitwise: measured equal in correct runs) of every parameter after
+construction and after each step, and of every buffer after construction and at the entry of
+each step's first forward (a forward pre-hook on the inner module, i.e. after DDP's buffer
+broadcast). Buffers are legitimately different *between* a step's forward and the next one.
+
+Evidence: ``structure`` (per rank: counts and the first differing entry), ``first_divergence``
+(tensor name, kind, rank, step, |Δsum|), ``tensors_compared``, ``checkpoints``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..outcome import Outcome
+from ..world import RankFailure, WorldHang
+from ._ddp import (SEED, build_model, disable_tf32, effective_ddp_kwargs, global_batch, shard,
+                   tensor_digest, to_device, unwrap, wrap)
+from ._equivalence import world_error_outcome
+
+STEPS = 3
+
+
+def fingerprint(rank_ctx: Any, target_spec: str) -> list[tuple[str, str, tuple[int, ...], str]]:
+    """(kind, name, shape, dtype) of every parameter and buffer, in registration order."""
+    from ..targets import load_target
+
+    model = build_model(load_target(target_spec), rank_ctx.device, seed=SEED)
+    entries = [("parameter", n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()]
+    entries += [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
+    return entries
+
+
+def _snapshot(tensors: Any) -> dict[str, tuple[str, float]]:
+    return {name: (tensor_digest(t), float(t.detach().double().sum()) if t.is_floating_point()
+                   else float(t.detach().sum())) for name, t in tensors}
+
+
+def track(rank_ctx: Any, target_spec: str, batch_size: int, steps: int) -> list[dict[str, Any]]:
+    """Digests of parameters and buffers at every checkpoint of a short DDP run on this rank."""
+    from ..targets import load_target
+
+    disable_tf32()
+    target = load_target(target_spec)
+    model = build_model(target, rank_ctx.device, seed=SEED)
+    # Construction broadcasts rank 0's parameters and buffers (a collective on every rank).
+    ddp = wrap(model, rank_ctx.device, effective_ddp_kwargs(target))
+    optimizer = target.build_optimizer(ddp.parameters())
+    checkpoints: list[dict[str, Any]] = [
+        {"when": "after DDP construction", "step": None, "kind": "parameter",
+         "digests": _snapshot(unwrap(ddp).named_parameters())},
+        {"when": "after DDP construction", "step": None, "kind": "buffer",
+         "digests": _snapshot(unwrap(ddp).named_buffers())},
+    ]
+    current = {"step": 0, "seen": -1}
+
+    def at_forward(module: Any, args: Any) -> None:
+        # DDP has already broadcast rank 0's buffers (broadcast_buffers=True) when the inner
+        # module's forward starts: this is the state every rank normalises with.
+        if current["seen"] != current["step"]:
+            current["seen"] = current["step"]
+            checkpoints.append({"when": f"entering step {current['step']}'s forward",
+                                "step": current["step"], "kind": "buffer",
+                                "digests": _snapshot(module.named_buffers())})
+
+    handle = unwrap(ddp).register_forward_pre_hook(at_forward)
+    try:
+        for step in range(steps):
+            current["step"] = step
+            micro = to_device(shard(global_batch(target, step, batch_size), rank_ctx.rank,
+                                    rank_ctx.world_size, 1), rank_ctx.device)
+            target.train_step(ddp, optimizer, micro, target.loss_fn)
+            checkpoints.append({"when": f"after step {step}", "step": step, "kind": "parameter",
+                                "digests": _snapshot(unwrap(ddp).named_parameters())})
+    finally:
+        handle.remove()
+    return checkpoints
+
+
+def _structure_mismatch(prints: list[list[Any]]) -> dict[str, Any] | None:
+    ref = prints[0]
+    for rank, other in enumerate(prints[1:], start=1):
+        if other == ref:
+            continue
+        for i in range(max(len(ref), len(other))):
+            a = ref[i] if i < len(ref) else None
+            b = other[i] if i < len(other) else None
+            if a != b:
+                names0, names1 = [e[:2] for e in ref], [e[:2] for e in other]
+                if names0 == names1:
+                    why = "dtype differs" if a and b and a[3] != b[3] else "shape differs"
+                elif sorted(names0) == sorted(names1):
+                    why = "same names registered in a different order"
+                else:
+                    why = "different parameters/buffers"
+                return {"rank": rank, "position": i, "why": why,
+                        "rank0": None if a is None else list(a), "other": None if b is None else list(b)}
+    return None
+
+
+def _describe_entry(entry: list[Any] | None) -> str:
+    if entry is None:
+        return "nothing"
+    kind, name, shape, dtype = entry
+    return f"{kind} {name!r} {tuple(shape)} {dtype.replace('torch.', '')}"
+
+
+def run(ctx: Any) -> Outcome:
+    world = ctx.world()
+    try:
+        # Before wrapping in DDP: with a structural mismatch, DDP construction either raises
+        # (shapes) or silently pairs the wrong tensors (order, dtype) — never compare after it.
+        prints = [r.value for r in world.run(fingerprint, ctx.target.spec, deadline=ctx.deadline)]
+    except (RankFailure, WorldHang) as exc:
+        return world_error_outcome(exc, "building the model")
+    structure = {"entries_per_rank": [len(p) for p in prints]}
+    bad = _structure_mismatch(prints)
+    if bad is not None:
+        return Outcome.failed(
+            f"model structure differs on rank {bad['rank']} ({bad['why']}): at position {bad['position']} "
+            f"rank 0 registers {_describe_entry(bad['rank0'])}, rank {bad['rank']} "
+            f"{_describe_entry(bad['other'])}",
+            metrics={"key_figure": f"structure differs on rank {bad['rank']} ({bad['why']})",
+                     "structure_mismatch_rank": bad["rank"], "structure_mismatch_position": bad["position"]},
+            evidence={"structure": {**structure, "first_difference": bad}},
+            recommendation="build_model must not depend on the rank (no torch.distributed.get_rank() "
+                           "in model construction): same modules, same order, same dtypes everywhere")
+    batch_size = ctx.target.batch_size_for(ctx.world_size, 1)
+    try:
+        per_rank = [r.value for r in world.run(track, ctx.target.spec, batch_size, STEPS,
+                                               deadline=ctx.deadline)]
+    except (RankFailure, WorldHang) as exc:
+        return world_error_outcome(exc, "the DDP training step")
+    compared = 0
+    for index, point in enumerate(per_rank[0]):
+        for name, (digest, total) in point["digests"].items():
+            compared += 1
+            for rank in range(1, len(per_rank)):
+                other = per_rank[rank][index]["digests"].get(name)
+                if other is not None and other[0] == digest:
+                    continue
+                delta = None if other is None else abs(other[1] - total)
+                where = point["when"]
+                divergence = {"tensor": name, "kind": point["kind"], "rank": rank,
+                              "step": point["step"], "when": where, "abs_sum_diff": delta}
+                rec = ("keep broadcast_buffers=True (the default) or use SyncBatchNorm; never "
+                       "update buffers with rank-dependent values outside forward"
+                       if point["kind"] == "buffer" else
+                       "every backward that ends an accumulation window must synchronise, and "
+                       "nothing may change parameters outside optimizer.step() on one rank only")
+                return Outcome.failed(
+                    f"{point['kind']} {name!r} differs between rank 0 and rank {rank} {where} "
+                    f"(|Δsum| {delta if delta is None else f'{delta:.3g}'})",
+                    metrics={"key_figure": f"{name} diverges on rank {rank} ({where})",
+                             "first_divergence": divergence, "tensors_compared": compared},
+                    evidence={"structure": structure, "first_divergence": divergence,
+                              "checkpoints": [p["when"] + f" ({p['kind']}s)" for p in per_rank[0]]},
+                    recommendation=rec)
+    return Outcome.passed(
+        f"identical structure ({len(prints[0])} tensors) and bit-identical parameters and buffers "
+        f"on {ctx.world_size} ranks at {len(per_rank[0])} checkpoints over {STEPS} steps",
+        metrics={"key_figure": f"{compared} tensor digests equal on {ctx.world_size} ranks",
+                 "tensors_compared": compared, "checkpoints": len(per_rank[0])},
+        evidence={"structure": structure,
+                  "checkpoints": [p["when"] + f" ({p['kind']}s)" for p in per_rank[0]]})

@@ -1,0 +1,256 @@
+"""Check ``shared-weights``: a tied or reused parameter gets its full gradient under DDP —
+summed over its uses, averaged over ranks — in every DDP mode production might use.
+
+    ddp-conformance run --checks shared-weights --target tied-lm
+    ddp-conformance run --checks shared-weights --target my_target.py
+
+Contract (BACKGROUND.md "How DDP synchronises"; DDP docs on shared parameters): a parameter
+reached by several uses receives several gradient contributions in one backward, and DDP may
+mark it ready only after the last one; with ``find_unused_parameters=True`` or
+``static_graph=True`` the reducer's bookkeeping differs, so each mode is run. A use whose
+contribution is cut off in the model (``weight.detach()`` in a tied output projection) is a
+silent loss no gradient comparison against the same model can see, so uses are also
+checked one by one.
+
+What runs, on every rank of the persistent world: (1) discovery — parameters reached by
+several module paths (``named_parameters(remove_duplicate=False)``) and modules called more
+than once per forward (forward hooks counting calls); (2) on rank 0, locally: each tied alias
+is untied into its own copy and one forward/backward on the global batch shows which uses
+contribute a gradient (a use that forward reads — perturbing it moves the loss — but whose
+copy gets no gradient is *lost*);
+the single-process reference gradient of the global batch (plain autograd, same initial
+weights as DDP's broadcast); (3) for the configured ``ddp_kwargs``, ``find_unused_parameters=True``
+and ``static_graph=True``: 2 DDP iterations of forward/backward (``loss_fn(model(x), y)``, no
+optimizer step, so the reference stays valid) on each rank's shard, gradients compared with
+the reference (tolerance as gradient-equivalence; a ratio of ~2 or ~0 is named double-counted
+or lost).
+
+A model without shared parameters passes with evidence ``shared: []`` — the invariant holds
+trivially, and the report should say so rather than skip.
+
+Evidence: ``tied`` (alias groups and per-use gradient norms), ``reused_modules`` (calls per
+forward), ``variants`` (per DDP mode: worst parameter, max |Δgrad|, ratio to the reference).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ..outcome import Outcome
+from ..world import RankFailure, WorldHang
+from ._compare import diff_tensor, fmt
+from ._ddp import (SEED, build_model, disable_tf32, effective_ddp_kwargs, global_batch, shard,
+                   to_device, unwrap, wrap)
+from ._equivalence import world_error_outcome
+
+ITERATIONS = 2
+VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("configured", {}),
+    ("find_unused_parameters=True", {"find_unused_parameters": True, "static_graph": False}),
+    ("static_graph=True", {"static_graph": True}),
+)
+
+
+def _alias_groups(model: Any) -> list[list[str]]:
+    by_id: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    return [names for names in by_id.values() if len(names) > 1]
+
+
+def _count_calls(model: Any, inputs: Any) -> dict[str, int]:
+    """Forward calls per module with parameters of its own, in one forward (on a copy: no
+    BatchNorm statistics or other side effect leaks into the real model)."""
+    import torch
+
+    calls: dict[str, int] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if any(True for _ in module.parameters(recurse=False)):
+            def hook(m: Any, a: Any, o: Any, _name: str = name) -> None:
+                calls[_name] = calls.get(_name, 0) + 1
+            handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
+             loss_fn: Any) -> list[dict[str, Any]]:
+    """Untie every alias into its own Parameter and see which uses contribute a gradient.
+
+    A use is *lost* when its copy changes the output (perturbing it moves the loss: forward
+    does read it) yet receives no gradient — exactly what ``weight.detach()`` or ``.data`` in
+    one use does. An alias forward never reads is bookkeeping, not a lost use.
+    """
+    import torch
+    from torch import nn
+
+    untied = copy.deepcopy(model)
+    for names in groups:
+        for name in names[1:]:
+            owner, _, attr = name.rpartition(".")
+            module = untied.get_submodule(owner)
+            setattr(module, attr, nn.Parameter(getattr(module, attr).detach().clone()))
+    untied.zero_grad(set_to_none=True)
+    loss = loss_fn(untied(batch[0]), batch[1])
+    loss.backward()
+    report = []
+    for names in groups:
+        uses, lost, unread = {}, [], []
+        for name in names:
+            param = untied.get_parameter(name)
+            norm = 0.0 if param.grad is None else float(param.grad.detach().double().norm())
+            uses[name] = norm
+            if norm > 0.0:
+                continue
+            with torch.no_grad():
+                saved = param.detach().clone()
+                param.add_(0.1 * saved.abs().mean().clamp_min(1e-3) * torch.ones_like(param))
+                moved = float(loss_fn(untied(batch[0]), batch[1])) != float(loss)
+                param.copy_(saved)
+            (lost if moved else unread).append(name)
+        report.append({"names": names, "gradient_norm_per_use": uses, "lost_uses": lost,
+                       "unread_aliases": unread})
+    return report
+
+
+def probe(rank_ctx: Any, target_spec: str, batch_size: int) -> dict[str, Any]:
+    """Discovery, per-use gradients and the reference (rank 0), then every DDP variant."""
+    from ..targets import load_target
+
+    disable_tf32()
+    target = load_target(target_spec)
+    device, rank, n = rank_ctx.device, rank_ctx.rank, rank_ctx.world_size
+    batches = [global_batch(target, step, batch_size) for step in range(ITERATIONS)]
+    out: dict[str, Any] = {"rank": rank}
+    model = build_model(target, device, seed=SEED)
+    groups = _alias_groups(model)
+    calls = _count_calls(copy.deepcopy(model), to_device(shard(batches[0], rank, n, 1), device)[0][0])
+    shared = sorted({name for g in groups for name in g[:1]}
+                    | {f"{m}.{p}" if m else p for m, c in calls.items() if c > 1
+                       for p, _ in model.get_submodule(m).named_parameters(recurse=False)})
+    out.update(groups=groups, reused={m: c for m, c in calls.items() if c > 1}, shared=shared)
+    if not shared:
+        return out
+    variants = []
+    for label, overrides in VARIANTS:
+        kwargs = effective_ddp_kwargs(target, overrides)
+        if any(v["kwargs"] == repr(kwargs) for v in variants):
+            continue
+        fresh = build_model(target, device, seed=SEED)
+        # Construction broadcasts rank 0's weights: the reference below starts from them.
+        ddp = wrap(fresh, device, kwargs)
+        if rank == 0 and "reference" not in out:
+            ref_model = copy.deepcopy(unwrap(ddp))
+            out["per_use"] = _per_use(ref_model, groups, to_device([batches[0]], device)[0],
+                                      target.loss_fn)
+            refs = []
+            for batch in batches:
+                ref_model.zero_grad(set_to_none=True)
+                x, y = to_device([batch], device)[0]
+                target.loss_fn(ref_model(x), y).backward()
+                refs.append({s: _grad(ref_model, s) for s in shared})
+            out["reference"] = refs
+        grads = []
+        for batch in batches:
+            ddp.zero_grad(set_to_none=True)
+            x, y = to_device(shard(batch, rank, n, 1), device)[0]
+            # A synchronising backward on every rank: each variant runs the same iterations
+            # everywhere, so the reducer's all-reduces pair up.
+            target.loss_fn(ddp(x), y).backward()
+            grads.append({s: _grad(unwrap(ddp), s) for s in shared})
+        variants.append({"label": label, "kwargs": repr(kwargs), "grads": grads})
+        del ddp
+    out["variants"] = variants
+    return out
+
+
+def _grad(model: Any, name: str) -> Any:
+    grad = model.get_parameter(name).grad
+    return None if grad is None else grad.detach().cpu().clone()
+
+
+def _classify(got: Any, ref: Any) -> str:
+    if got is None:
+        return "lost (no gradient)"
+    ref_norm = float(ref.double().norm()) if ref is not None else 0.0
+    if ref_norm == 0.0:
+        return "unexpected gradient"
+    ratio = float(got.double().norm()) / ref_norm
+    if ratio < 0.05:
+        return "lost"
+    if ratio > 1.05:
+        return f"over-counted ({ratio:.2f}x the reference)"
+    return f"wrong (norm ratio {ratio:.2f})"
+
+
+def run(ctx: Any) -> Outcome:
+    batch_size = ctx.target.batch_size_for(ctx.world_size, 1)
+    try:
+        values = [r.value for r in ctx.world().run(probe, ctx.target.spec, batch_size,
+                                                   deadline=ctx.deadline)]
+    except (RankFailure, WorldHang) as exc:
+        return world_error_outcome(exc, "the shared-weights probe")
+    head = values[0]
+    tied = head.get("per_use", [{"names": g} for g in head["groups"]])
+    evidence: dict[str, Any] = {"shared": head["shared"], "tied": tied, "reused_modules": head["reused"]}
+    if not head["shared"]:
+        return Outcome.passed(
+            "no shared parameters: no tied aliases and no module called twice per forward "
+            "(the invariant holds trivially)",
+            metrics={"key_figure": "no shared parameters", "shared_parameters": 0}, evidence=evidence)
+    lost = [name for group in tied for name in group.get("lost_uses", [])]
+    rows, failures = [], []
+    for index, variant in enumerate(head["variants"]):
+        worst_ratio, worst_row = -1.0, None
+        for step, ref in enumerate(head["reference"]):
+            for name, ref_grad in ref.items():
+                for value in values:
+                    got = value["variants"][index]["grads"][step][name]
+                    d = diff_tensor(name, got, ref_grad, grad=True)
+                    if d.ratio > worst_ratio:
+                        worst_ratio = d.ratio
+                        worst_row = {"variant": variant["label"], "ddp_kwargs": variant["kwargs"],
+                                     "param": name, "rank": value["rank"], "iteration": step,
+                                     "max_abs_grad_diff": d.max_abs, "ratio_to_tolerance": d.ratio,
+                                     "ok": d.ok, "diagnosis": "" if d.ok else _classify(got, ref_grad)}
+        rows.append(worst_row)
+        if worst_row is not None and not worst_row["ok"]:
+            failures.append(worst_row)
+    evidence["variants"] = rows
+    metrics: dict[str, Any] = {
+        "shared_parameters": len(head["shared"]), "shared": head["shared"],
+        "lost_uses": lost, "variants_checked": [r["variant"] for r in rows if r],
+        "max_abs_grad_diff": max((r["max_abs_grad_diff"] for r in rows if r), default=0.0),
+    }
+    if lost:
+        owners = ", ".join(repr(n) for n in lost)
+        metrics["key_figure"] = f"gradient lost from {len(lost)} use(s): {lost[0]}"
+        return Outcome.failed(
+            f"shared parameter use {owners} runs in forward but contributes no gradient (e.g. "
+            f"weight.detach() in a tied projection): the tied weight trains on part of its uses only",
+            metrics=metrics, evidence=evidence,
+            recommendation="use the tied Parameter itself in every use (no .detach(), no .data, "
+                           "no copies): autograd then sums every use's gradient and DDP all-reduces "
+                           "the sum once")
+    if failures:
+        bad = failures[0]
+        metrics["key_figure"] = f"{bad['param']} {bad['diagnosis']} under {bad['variant']}"
+        return Outcome.failed(
+            f"shared parameter {bad['param']!r} gets a gradient {bad['diagnosis']} under DDP "
+            f"{bad['variant']} (rank {bad['rank']}, |Δ| {fmt(bad['max_abs_grad_diff'])})",
+            metrics=metrics, evidence=evidence,
+            recommendation="avoid combining shared parameters with find_unused_parameters/static_graph "
+                           "modes that disagree; every use must be part of the autograd graph")
+    metrics["key_figure"] = (f"{len(head['shared'])} shared, {len(rows)} DDP modes, max |Δgrad| "
+                             f"{fmt(metrics['max_abs_grad_diff'])}")
+    return Outcome.passed(
+        f"{len(head['shared'])} shared parameter(s) ({', '.join(head['shared'])}) get the full "
+        f"gradient under {', '.join(r['variant'] for r in rows if r)}",
+        metrics=metrics, evidence=evidence)

@@ -1,0 +1,22 @@
+"""Running one check on one target file through the shared test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TARGETS = Path(__file__).resolve().parents[1] / "targets"
+BUILTINS = ("mlp", "tied-lm", "branchy", "convbn")
+
+
+def target_spec(name: str) -> str:
+    """A built-in name as is, else the absolute path of tests/targets/<name>.py."""
+    return name if name in BUILTINS else str(TARGETS / f"{name}.py")
+
+
+def run_check(session: Any, check_id: str, target: str) -> Any:
+    from conformance.registry import BY_ID
+
+    record, _ = session.run_check(BY_ID[check_id], target_spec(target))
+    assert record.status != "inconclusive", record.evidence.get("harness_error", record.message)
+    return record

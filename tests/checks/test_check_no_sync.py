@@ -1,0 +1,47 @@
+"""no-sync-equivalence: one all-reduce round per K microbatches and the large-batch numbers;
+fails on forgotten no_sync (K× waste), on syncing the wrong microbatch and on clipping per
+microbatch."""
+
+from __future__ import annotations
+
+import pytest
+
+from ._check_helpers import run_check
+
+
+@pytest.mark.parametrize("target", ["mlp", "tiny_buckets"])
+def test_passes_with_one_round_per_step(suite_session, target):
+    record = run_check(suite_session, "no-sync-equivalence", target)
+    assert record.status == "passed", record.message
+    m = record.metrics
+    assert m["microbatches"] == 4
+    assert all(r == [1] * m["steps"] for r in m["allreduce_rounds_per_step"])
+    # One call per bucket per step (bucket layouts may change after step 0's rebuild);
+    # tiny buckets really make several.
+    assert all(c == m["buckets_per_step"] for c in m["bucket_allreduces_per_step"])
+    if target == "tiny_buckets":
+        assert m["buckets"] > 1
+
+
+def test_forgotten_no_sync_is_k_times_waste(suite_session):
+    record = run_check(suite_session, "no-sync-equivalence", "forgot_no_sync")
+    assert record.status == "failed"
+    assert record.metrics["waste_factor"] == 4
+    assert record.metrics["max_abs_grad_diff"] < 1e-6  # numerically fine: only the cost is wrong
+    assert "4× communication waste" in record.message
+    assert "no_sync()" in record.recommendation
+
+
+@pytest.mark.parametrize("target", ["sync_first_microbatch", "clip_per_microbatch"])
+def test_wrong_accumulation_is_numerically_caught(suite_session, target):
+    record = run_check(suite_session, "no-sync-equivalence", target)
+    assert record.status == "failed"
+    assert record.metrics["max_abs_grad_diff"] > 1e-4
+    assert record.metrics["first_diverging_step"] == 0
+    assert "differs from the single-process step" in record.message
+
+
+def test_clip_per_microbatch_is_harmless_without_accumulation(suite_session):
+    # K=1: the only clip comes after the synchronising backward, which is correct.
+    record = run_check(suite_session, "gradient-equivalence", "clip_per_microbatch")
+    assert record.status == "passed", record.message

@@ -1,0 +1,40 @@
+"""rank-consistency: structure compared before DDP, tensors bit-identical after construction
+and every step; named failures for rank-dependent builds, buffers and unsynchronised steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from ._check_helpers import run_check
+
+
+@pytest.mark.parametrize("target", ["mlp", "convbn", "tied-lm"])
+def test_passes_on_builtins(suite_session, target):
+    record = run_check(suite_session, "rank-consistency", target)
+    assert record.status == "passed", record.message
+    assert record.metrics["tensors_compared"] > 0
+
+
+@pytest.mark.parametrize("target, why", [("rank_dependent_build", "different order"),
+                                         ("rank_dependent_dtype", "dtype differs")])
+def test_structure_mismatch_named_before_ddp(suite_session, target, why):
+    record = run_check(suite_session, "rank-consistency", target)
+    assert record.status == "failed"
+    assert why in record.message and "rank 1" in record.message
+    assert record.evidence["structure"]["first_difference"]["rank"] == 1
+    assert "get_rank" in record.recommendation
+
+
+def test_batchnorm_buffers_without_broadcast(suite_session):
+    record = run_check(suite_session, "rank-consistency", "bn_no_broadcast")
+    assert record.status == "failed"
+    div = record.metrics["first_divergence"]
+    assert div["kind"] == "buffer" and div["tensor"].endswith("running_mean")
+    assert div["rank"] == 1 and div["step"] == 1  # init is broadcast; step 0's update drifts
+
+
+def test_unsynchronised_parameters(suite_session):
+    record = run_check(suite_session, "rank-consistency", "never_sync")
+    assert record.status == "failed"
+    div = record.metrics["first_divergence"]
+    assert div["kind"] == "parameter" and div["step"] == 0 and div["rank"] == 1

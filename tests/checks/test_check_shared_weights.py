@@ -1,0 +1,31 @@
+"""shared-weights: the tied LM passes in every DDP mode; a model without sharing passes with
+evidence; a detached use of a tied weight fails, named."""
+
+from __future__ import annotations
+
+from ._check_helpers import run_check
+
+
+def test_tied_lm_passes_in_every_mode(suite_session):
+    record = run_check(suite_session, "shared-weights", "tied-lm")
+    assert record.status == "passed", record.message
+    assert record.metrics["shared"] == ["embed.weight"]
+    assert record.metrics["variants_checked"] == ["configured", "find_unused_parameters=True",
+                                                  "static_graph=True"]
+    (group,) = record.evidence["tied"]
+    assert group["names"] == ["embed.weight", "lm_head.weight"]
+    assert all(norm > 0 for norm in group["gradient_norm_per_use"].values())
+
+
+def test_no_shared_parameters_passes_trivially(suite_session):
+    record = run_check(suite_session, "shared-weights", "mlp")
+    assert record.status == "passed"
+    assert record.metrics["shared_parameters"] == 0
+    assert "no shared parameters" in record.message
+
+
+def test_detached_tied_use_is_named(suite_session):
+    record = run_check(suite_session, "shared-weights", "tied_detached")
+    assert record.status == "failed"
+    assert record.metrics["lost_uses"] == ["lm_head.weight"]
+    assert "lm_head.weight" in record.message

@@ -1,0 +1,21 @@
+"""BROKEN: a DistributedSampler that is never told its epoch — every epoch repeats epoch 0's
+order. sampler-coverage must fail naming the repeated epochs.
+
+    ddp-conformance run --target tests/targets/sampler_no_set_epoch.py --checks sampler-coverage
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from conformance.targets.mlp import build_model, loss_fn, make_batch  # noqa: F401
+
+DATA = torch.arange(40, dtype=torch.float32).reshape(20, 2)
+
+
+def epoch_batches(rank: int, world_size: int, epoch: int):  # type: ignore[no-untyped-def]
+    dataset = TensorDataset(DATA, DATA)
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=0)
+    # the bug: sampler.set_epoch(epoch) is missing
+    return DataLoader(dataset, batch_size=2, sampler=sampler)
