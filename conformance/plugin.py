@@ -24,6 +24,7 @@ from .registry import BY_ID, SUITES, select
 RECORD_KEY = "ddp_record"
 EVENTS_KEY = "ddp_events"
 CASE_KEY = "ddp_case"
+HOSTNAMES = pytest.StashKey[list]()
 MARKERS = {
     "gpu": "needs CUDA GPUs and NCCL; skipped with a reason where there are none",
     "chaos": "injects faults (hangs, dead or slow ranks) into an isolated world",
@@ -92,6 +93,7 @@ def ddp_session(pytestconfig: pytest.Config) -> Any:
 
     session = Session(settings_from(pytestconfig))
     yield session
+    pytestconfig.stash[HOSTNAMES] = session.hostnames  # for the report, written after teardown
     session.close()
 
 
@@ -215,6 +217,10 @@ class _ReportWriter:
             extra["harness_error"] = "; ".join(self.harness_errors)
         if exitstatus == pytest.ExitCode.USAGE_ERROR:
             extra["harness_error"] = "usage or target error; see the command output"
+        hosts = self.config.stash.get(HOSTNAMES, [])
+        if hosts:  # attach mode: the hosts of every rank, not only rank 0's
+            environment = self.store.run_meta().get("environment") or {}
+            extra["environment"] = {**environment, "hostnames": hosts}
         if interrupted:
             self.store.update_meta(**extra)  # not finished: the report says incomplete
         else:

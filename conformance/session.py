@@ -77,6 +77,11 @@ class Session:
         kwargs.setdefault("deadline", self.settings.deadline)
         return World(world_size, backend, devices=devices, **kwargs)
 
+    @property
+    def hostnames(self) -> list[str]:
+        """Every rank's host seen so far (attach mode knows them after its first call)."""
+        return sorted({h for w in self._worlds.values() for h in getattr(w, "hostnames", [])})
+
     def close(self) -> None:
         # References first: the launched world must outlive the broadcasts they rely on.
         for world in sorted(self._worlds.values(), key=lambda w: w.world_size):

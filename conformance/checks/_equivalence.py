@@ -81,6 +81,13 @@ class Equivalence:
             "parameters_after_last_step": [d.to_json() for d in last],
             "ddp_kwargs": self.ranks[0].get("ddp_kwargs") if self.ranks else None,
             "batchnorm_per_rank_statistics": self.local_batchnorm,
+            # Plain BatchNorm normalises over each rank's shard, so DDP equals large-batch
+            # training only up to per-rank statistics: conformant, but worth a warning.
+            "batchnorm": self.local_batchnorm,
+            "warnings": (["BatchNorm statistics are computed per rank (per microbatch), not over "
+                          "the global batch; the reference was run with the same microbatches. "
+                          "Use SyncBatchNorm if per-GPU batches are small."]
+                         if self.local_batchnorm else []),
         }
 
     def key_figure(self) -> str:

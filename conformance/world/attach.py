@@ -53,6 +53,7 @@ class AttachedWorld:
         self.pg_timeout = pg_timeout if pg_timeout is not None else max(deadline * 0.8, 1.0)
         self.generation = 1
         self.restarts: list[str] = []
+        self.hostnames: list[str] = []  # every rank's host, known after the first call
         self._ctx: RankContext | None = None
 
     @property
@@ -110,6 +111,7 @@ class AttachedWorld:
         finally:
             faulthandler.cancel_dump_traceback_later()
         results = [r for r in gathered]
+        self.hostnames = [r.hostname or "?" for r in results]
         if any(r.error is not None for r in results):
             bad = "; ".join(f"rank {r.rank} {r.error.describe()}" for r in results if r.error)
             raise RankFailure(bad, results=results, elapsed_s=time.perf_counter() - start)

@@ -107,3 +107,9 @@ def test_standalone_single_node(tmp_path: Path) -> None:
     assert records["allreduce-bandwidth"]["status"] == "passed", log.read_text()[-3000:]
     assert {r["rank"] for r in records["allreduce-bandwidth"]["evidence"]["ranks"]} == {0, 1}
     assert (report_dir / "results.jsonl").read_text().strip()
+    import json
+    import socket
+
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["environment"]["hostnames"] == [socket.gethostname()]  # gathered from every rank
+    assert report["world_size"] == 2
