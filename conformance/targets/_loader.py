@@ -28,7 +28,8 @@ OPTIONAL_CALLABLES = ("build_optimizer", "train_step", "epoch_batches", "run_loo
 # DDP constructor arguments a target may set; anything else is a typo that DDP would reject
 # only later, inside a rank process, with a less helpful message.
 DDP_KWARGS = ("find_unused_parameters", "bucket_cap_mb", "static_graph", "gradient_as_bucket_view",
-              "broadcast_buffers", "init_sync", "check_reduction", "process_group", "mixed_precision")
+              "broadcast_buffers", "forward_sync_buffers", "init_sync", "check_reduction",
+              "process_group", "mixed_precision")
 
 
 class TargetError(ValueError):

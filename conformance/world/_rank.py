@@ -89,6 +89,10 @@ def _init_process_group(cfg: RankConfig) -> RankContext:
     import torch.distributed as dist
 
     torch.set_num_threads(cfg.threads)
+    # torch reads TORCH_DISTRIBUTED_DEBUG once, when first imported, which in a spawned child
+    # can happen before cfg.env is applied (the parent's __main__ is re-imported). Re-read it,
+    # or DDP errors name parameter indices instead of parameter names.
+    dist.set_debug_level_from_env()
     if cfg.backend == "nccl":
         torch.cuda.set_device(cfg.device_index)
         device = torch.device("cuda", cfg.device_index)

@@ -1,0 +1,163 @@
+"""Check ``hang-detection``: a hang is detected within the deadline and its culprit named.
+
+Contract enforced (DDP docstring, torch/nn/parallel/distributed.py): forward and backward are
+synchronisation points -- every rank must issue the same collectives in the same order, with
+the same shapes; a rank that skips one (a branch not taken, a collective skipped, an epoch
+shorter than its peers', a crash) leaves its peers waiting until the process-group timeout.
+
+Injected mode runs five scenarios, each in a fresh world: a rank-dependent branch in DDP
+(unused parameters), a skipped all-reduce, an all-reduce with a different shape, a rank dying
+inside backward, and one rank with fewer batches. It passes iff every fault fired and the
+diagnosis names the injected rank (and, for DDP, the bucket and parameters), within the
+deadline. Target mode runs the target's ``run_loop`` (or a default few-step loop of its model,
+data and ``train_step``) and fails when it hangs or raises, with the diagnosis.
+
+Evidence: per-scenario classification (divergence | transport | dead-rank | error), culprit
+rank, collective (sequence number, op, shape, tag, DDP bucket and its parameter names), DDP's
+unused-parameter names, the monitored-barrier answer, stack excerpts, detection latency.
+
+    ddp-conformance run --checks hang-detection
+    ddp-conformance run --target branchy --checks hang-detection
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.outcome import Outcome
+
+from .._log import record_injections
+from ..injectors import ConditionalBranch, DeadRank, SkipCollective, UnevenBatches
+from ..scenarios import Scenario, ScenarioResult, run_scenarios
+from ..vehicles import VehicleSpec
+
+# The branch vehicle uses tiny buckets so the stuck bucket holds the aux head's parameters
+# only (after DDP's rebuild at step 1), which makes "bucket -> parameter names" checkable.
+BRANCH_VEHICLE = VehicleSpec(
+    kind="branchy", branch=ConditionalBranch(ranks=(1,), steps=(2,), skip=True),
+    ddp_kwargs=(("find_unused_parameters", False), ("bucket_cap_mb", 0.0001)))
+SMALL_MLP = VehicleSpec(kind="mlp", width=32, depth=3)
+
+
+def injected_scenarios() -> list[tuple[Scenario, dict[str, Any]]]:
+    """Each scenario with what a correct diagnosis must say about it."""
+    aux = set(BRANCH_VEHICLE.aux_parameter_names)
+    return [
+        (Scenario("rank-dependent-branch", "ddp", BRANCH_VEHICLE, BRANCH_VEHICLE.branch, steps=4),
+         {"classification": "divergence", "culprit_rank": 1, "params_subset_of": aux, "unused": {1: aux}}),
+        (Scenario("skipped-collective", "collectives", fault=SkipCollective(rank=1, step=1), steps=4),
+         {"classification": "divergence", "kind": "skipped-collective", "culprit_rank": 1, "tag": "step1"}),
+        (Scenario("shape-mismatch", "collectives", fault=SkipCollective(rank=1, step=1, shape_mismatch=True),
+                  steps=3),
+         {"classification": "divergence", "kind": "shape-mismatch", "culprit_rank": 1, "tag": "step1"}),
+        (Scenario("dead-rank", "ddp", SMALL_MLP, DeadRank(rank=1, step=1, phase="backward"), steps=3),
+         {"classification": "dead-rank", "culprit_rank": 1}),
+        (Scenario("uneven-batches", "ddp", SMALL_MLP, UnevenBatches(rank=1, missing=1), steps=3),
+         {"classification": "divergence", "kind": "never-entered", "culprit_rank": 1}),
+    ]
+
+
+def judge(result: ScenarioResult, expected: dict[str, Any]) -> list[str]:
+    """What is wrong with a diagnosis (empty: diagnosis == injection, within the deadline)."""
+    d, problems = result.diagnosis, []
+    if result.scenario.fault is not None and not result.injections:
+        problems.append("the fault never fired")
+    for key in ("classification", "kind", "culprit_rank"):
+        if key in expected and getattr(d, key) != expected[key]:
+            problems.append(f"{key} {getattr(d, key)!r} != injected {expected[key]!r}")
+    if "tag" in expected and d.collective.get("tag") != expected["tag"]:
+        problems.append(f"collective {d.collective.get('tag')!r} != injected {expected['tag']!r}")
+    if "params_subset_of" in expected and (not d.params or not set(d.params) <= expected["params_subset_of"]):
+        problems.append(f"stuck bucket params {d.params} are not the aux head's")
+    for rank, names in expected.get("unused", {}).items():
+        if set(d.unused.get(rank, [])) != names:
+            problems.append(f"rank {rank} unused {d.unused.get(rank)} != {sorted(names)}")
+    if result.latency_s > result.deadline + 2.0:
+        problems.append(f"detected after {result.latency_s:.1f} s > deadline {result.deadline:g} s + 2 s")
+    return problems
+
+
+def _entry(result: ScenarioResult, problems: list[str] | None = None) -> dict[str, Any]:
+    out = {"scenario": result.scenario.name, "latency_s": round(result.latency_s, 3),
+           "injections": len(result.injections), "rank_timings": result.timings,
+           **result.diagnosis.as_dict(),
+           "states": [{"rank": s.rank, "state": s.state, "text": s.text[-600:]} for s in result.states]}
+    if problems is not None:
+        out["problems"] = problems
+    return out
+
+
+def _stacks_excerpt(result: ScenarioResult) -> dict[str, str]:
+    return {str(rank): text[-1500:] for rank, text in result.stacks.items()}
+
+
+def run(ctx: Any) -> Outcome:
+    if ctx.new_world is None:
+        return Outcome.skipped("hang scenarios need a supervisor that can kill a hung world; "
+                               "not available under --attach")
+    return _injected(ctx) if ctx.injected else _target(ctx)
+
+
+def _injected(ctx: Any) -> Outcome:
+    entries, bad, stacks = [], [], {}
+    cases = injected_scenarios()
+    for (scenario, expected), result in zip(cases, run_scenarios(ctx, [sc for sc, _ in cases])):
+        record_injections(ctx, result.injections)
+        problems = judge(result, expected)
+        entries.append(_entry(result, problems))
+        if problems:
+            bad.append(f"{scenario.name}: {'; '.join(problems)}")
+            stacks[scenario.name] = _stacks_excerpt(result)
+    worst = max(e["latency_s"] for e in entries)
+    metrics = {"key_figure": f"{len(entries) - len(bad)}/{len(entries)} hangs diagnosed, worst {worst:.1f} s",
+               "scenarios": len(entries), "diagnosed": len(entries) - len(bad),
+               "max_detection_latency_s": worst,
+               "latency_s": {e["scenario"]: e["latency_s"] for e in entries}}
+    evidence = {"scenarios": entries, **({"stacks": stacks} if stacks else {})}
+    if bad:
+        return Outcome.failed(f"{len(bad)} injected hang(s) not diagnosed correctly: {' | '.join(bad)}",
+                              metrics=metrics, evidence=evidence)
+    return Outcome.passed(
+        f"all {len(entries)} injected hangs detected within {worst:.1f} s and the culprit rank, "
+        f"collective and bucket parameters named", metrics=metrics, evidence=evidence,
+        recommendation="Keep process-group timeouts short in production and enable "
+                       "TORCH_DISTRIBUTED_DEBUG=INFO so a hang names its parameters; use Join for "
+                       "uneven inputs.")
+
+
+RECOMMENDATIONS = {
+    "divergence": "Make every rank issue the same collectives: remove rank- or data-dependent "
+                  "branches (or make every parameter participate and set "
+                  "find_unused_parameters=False), and use torch.distributed.algorithms.Join for "
+                  "uneven batch counts.",
+    "dead-rank": "A rank died: find its error (OOM, signal) and restart with torchrun's elastic "
+                 "agent; evict the node if it repeats.",
+    "transport": "Every rank entered the collective but it never completed: check the network "
+                 "(NCCL_DEBUG=INFO, NIC/link errors) and evict the slow or broken node.",
+    "error": "The loop raised: fix the error; with DDP, an error at the next forward after an "
+             "unused parameter is fixed by making every parameter participate.",
+}
+
+
+def _target(ctx: Any) -> Outcome:
+    target = ctx.target
+    kind = "run_loop" if target.run_loop is not None else "ddp"
+    # The default loop uses 2 samples per rank: small per-rank batches are where data-dependent
+    # branches diverge across ranks (an MBS of 1-2 is common in LLM training), while BatchNorm
+    # still accepts them.
+    scenario = Scenario(f"target-{kind}", kind, target.spec, None, steps=4, per_rank=2)
+    result = run_scenarios(ctx, [scenario])[0]
+    d = result.diagnosis
+    entry = _entry(result)
+    source = "its run_loop" if kind == "run_loop" else "a default 4-step loop of its train_step (2 samples per rank)"
+    metrics = {"key_figure": "no hang" if d.classification == "none"
+               else f"{d.classification}: rank {d.culprit_rank} after {result.latency_s:.1f} s",
+               "detection_latency_s": round(result.latency_s, 3), "classification": d.classification,
+               "culprit_rank": d.culprit_rank}
+    evidence = {"scenarios": [entry], "stacks": _stacks_excerpt(result)}
+    if d.classification == "none":
+        return Outcome.passed(f"{target.name}: {source} completed on every rank in "
+                              f"{result.latency_s:.1f} s; no hang", metrics=metrics, evidence=evidence)
+    return Outcome.failed(f"{target.name}: {source} did not complete -- {d.describe()} "
+                          f"(detected after {result.latency_s:.1f} s)", metrics=metrics,
+                          evidence=evidence, recommendation=RECOMMENDATIONS[d.classification])

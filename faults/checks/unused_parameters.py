@@ -1,0 +1,264 @@
+"""Check ``unused-parameters``: conditional branches, the hang they cause, and the cost of the fix.
+
+Contract (DDP docstring): with ``find_unused_parameters=False`` every parameter must receive a
+gradient in every iteration on every rank; a parameter that does not never marks its bucket
+ready, so the peers' all-reduce of that bucket waits forever (the incident of BACKGROUND.md:
+an auxiliary head under ``random.random() > 0.5``). ``static_graph=True`` requires the same
+graph in every iteration.
+
+1. Discovery, without DDP (nothing can hang): every rank runs forward/backward on its own
+   chunk of seeded global batches (and, for targets, on single samples) and records which
+   parameters end with ``grad is None`` -- which parameters, on which ranks and steps.
+2. Reproduction, in a fresh world with a short timeout: the configured ``ddp_kwargs`` on the
+   same data, as production would run it; the error text (parameter names parsed from DDP's
+   error under ``TORCH_DISTRIBUTED_DEBUG=INFO``) or the hang, diagnosed like hang-detection.
+3. Tax: ``find_unused_parameters=True`` vs ``False`` on a step where every parameter is used,
+   side by side in alternating steps; ratio of medians.
+
+Target mode: failed when some parameter is unused somewhere and find_unused_parameters is
+False (or static_graph is True); passed with the measured tax when it is True; passed when
+every parameter is always used. Injected mode: a per-rank seeded coin flip decides the aux
+head of a vehicle; passes iff discovery == injection on every (rank, step), the reproduction
+fails naming exactly the aux head's parameters, and the tax was measured.
+
+    ddp-conformance run --checks unused-parameters
+    ddp-conformance run --target branchy --checks unused-parameters
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from conformance.outcome import Outcome
+
+from .._log import InjectionLog, record_injections
+from ..injectors import ConditionalBranch
+from ..scenarios import Scenario, run_scenario, scenario_deadline, scenario_world
+from ..vehicles import VehicleSpec, resolve
+
+STEPS = 8  # seeded global batches per rank in discovery
+TAX_STEPS = 12
+DATA_SEED = 1000  # the same seeds as the scenarios' DDP loop, so the reproduction replays them
+# Seed 1207: both ranks take the aux head at step 0 (DDP sees it used), then at step 1 rank 0
+# takes it and rank 1 does not -- the incident's "ranks 0-1 took the branch, 2-7 did not".
+INCIDENT = VehicleSpec(kind="branchy", branch=ConditionalBranch(seed=1207))
+ALWAYS = VehicleSpec(kind="branchy", branch=ConditionalBranch())
+
+
+def discover_rank(ctx: Any, source: Any, steps: int, singles: int) -> dict[str, Any]:
+    """Names of the parameters without a gradient, per step (this rank's chunk) and sample."""
+    import torch
+
+    from .._ddp import rank_batch
+
+    log = InjectionLog()
+    target = resolve(source, ctx.rank, log)
+    torch.manual_seed(0)
+    model = target.build_model().to(ctx.device)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+
+    def unused_after(inputs: Any, targets: Any) -> list[str]:
+        model.zero_grad(set_to_none=True)
+        target.loss_fn(model(inputs), targets).backward()
+        return [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+
+    per_step = []
+    for step in range(steps):
+        inputs, targets = rank_batch(target, DATA_SEED + step, ctx.rank, ctx.world_size, device=ctx.device)
+        per_step.append(unused_after(inputs, targets))
+    # Single samples: rank r gets row r of a seeded global batch of world_size rows -- the
+    # same rows the reproduction replays with per_rank=1. A branch that every 4-sample chunk
+    # triggers can still be skipped by a rank whose one sample does not ask for it.
+    per_sample: list[list[str] | None] = []
+    for step in range(singles):
+        try:
+            inputs, targets = rank_batch(target, DATA_SEED + step, ctx.rank, ctx.world_size, per_rank=1,
+                                         device=ctx.device)
+            per_sample.append(unused_after(inputs, targets))
+        except Exception:  # e.g. BatchNorm refuses one sample: that probe says nothing
+            per_sample.append(None)
+    return {"names": names, "steps": per_step, "singles": per_sample, "injections": log.as_dicts()}
+
+
+def tax_rank(ctx: Any, source: Any, seed: int, steps: int) -> dict[str, Any]:
+    """Median step time with find_unused_parameters False and True, alternating steps."""
+    import torch
+
+    from .._ddp import rank_batch, sync_device, wrap
+
+    target = resolve(source, ctx.rank)
+    kwargs = {k: v for k, v in target.ddp_kwargs.items() if k not in ("find_unused_parameters", "static_graph")}
+    models = {}
+    for flag in (False, True):
+        torch.manual_seed(0)
+        model = wrap(target.build_model(), ctx.device, {**kwargs, "find_unused_parameters": flag})
+        models[flag] = (model, target.build_optimizer(model.parameters()))
+    batch = rank_batch(target, seed, ctx.rank, ctx.world_size, device=ctx.device)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for step in range(steps + 2):
+        for flag, (model, optimizer) in models.items():
+            t0 = time.perf_counter()
+            target.train_step(model, optimizer, [batch], target.loss_fn)
+            sync_device(ctx.device)
+            if step >= 2:  # skip the bucket build and rebuild steps
+                times[flag].append(time.perf_counter() - t0)
+    return {"false_s": statistics.median(times[False]), "true_s": statistics.median(times[True])}
+
+
+def _usage(results: list[Any]) -> tuple[list[str], dict[str, dict[str, list[int]]], list[list[str]], bool]:
+    names = results[0].value["names"]
+    unused: dict[str, dict[str, set[int]]] = {}
+    observations: list[tuple[str, ...]] = []
+    all_used_steps = []
+    for step in range(len(results[0].value["steps"])):
+        if all(not r.value["steps"][step] for r in results):
+            all_used_steps.append(step)
+    for r in results:
+        for step, missing in enumerate(r.value["steps"]):
+            observations.append(tuple(missing))
+            for n in missing:
+                entry = unused.setdefault(n, {"ranks": set(), "steps": set(), "single_steps": set()})
+                entry["ranks"].add(r.rank)
+                entry["steps"].add(step)
+        for step, missing in enumerate(r.value["singles"]):
+            if missing is None:
+                continue
+            observations.append(tuple(missing))
+            for n in missing:
+                entry = unused.setdefault(n, {"ranks": set(), "steps": set(), "single_steps": set()})
+                entry["ranks"].add(r.rank)
+                entry.setdefault("single_steps", set()).add(step)
+    table = {n: {"ranks": sorted(e["ranks"]), "steps": sorted(e["steps"]),
+                 "single_sample_steps": sorted(e["single_steps"])} for n, e in sorted(unused.items())}
+    static_ok = len(set(observations)) <= 1
+    return names, table, [[s] for s in all_used_steps], static_ok
+
+
+def run(ctx: Any) -> Outcome:
+    if ctx.new_world is None:
+        return Outcome.skipped("the reproduction may hang on purpose; it needs a supervised "
+                               "world, not available under --attach")
+    source = INCIDENT if ctx.injected else ctx.target.spec
+    kwargs = dict(INCIDENT.ddp_kwargs) if ctx.injected else dict(ctx.target.ddp_kwargs)
+    found = ctx.world().run(discover_rank, source, STEPS, 0 if ctx.injected else STEPS)
+    injections = [i for r in found for i in r.value["injections"]]
+    record_injections(ctx, injections)
+    names, table, all_used, static_ok = _usage(found)
+    first = min((s for e in table.values() for s in e["steps"]), default=None)
+    first_single = min((s for e in table.values() for s in e["single_sample_steps"]), default=None)
+    # Tax on a step where every parameter is used on every rank (False cannot run otherwise).
+    # The vehicle's branch follows (rank, step), not data: its tax runs with the aux always on.
+    tax_source, tax_seed = source, (DATA_SEED + all_used[0][0]) if all_used else None
+    if tax_seed is None or ctx.injected:
+        tax_source, tax_seed = ALWAYS, DATA_SEED
+    with scenario_world(ctx) as world:
+        try:
+            tax = world.run(tax_rank, tax_source, tax_seed, TAX_STEPS)
+            t_false = max(r.value["false_s"] for r in tax)
+            t_true = max(r.value["true_s"] for r in tax)
+            tax_info: dict[str, Any] = {"false_s": round(t_false, 6), "true_s": round(t_true, 6),
+                                        "tax": round(t_true / t_false, 3),
+                                        "model": "target" if tax_source == source else "vehicle (aux always on)"}
+        except Exception as exc:  # a random branch can still strike: the tax stays unmeasured
+            tax_info = {"tax": None, "error": str(exc)[:500]}
+        repro = None
+        if (first is not None or first_single is not None) and not kwargs.get("find_unused_parameters", False):
+            # Replay the first data that left a parameter without gradient, plus one step:
+            # DDP reports it at the next forward (or the peer hangs in the bucket all-reduce).
+            per_rank, upto = (4, first) if first is not None else (1, first_single)
+            sc = Scenario("unused-reproduce", "ddp", source, None, steps=upto + 2, per_rank=per_rank)
+            repro = run_scenario(ctx, world, sc, deadline=scenario_deadline(ctx))
+    metrics = {"key_figure": (f"{len(table)} unused params" if table else "all params used")
+               + (f", tax x{tax_info['tax']:.2f}" if tax_info.get("tax") else ""),
+               "parameters": len(names), "unused_parameters": len(table),
+               "find_unused_tax": tax_info.get("tax"), "step_s_find_unused_false": tax_info.get("false_s"),
+               "step_s_find_unused_true": tax_info.get("true_s"), "static_graph_compatible": static_ok}
+    evidence: dict[str, Any] = {"unused": table, "tax": tax_info}
+    if repro is not None:
+        evidence["reproduction"] = {"diagnosis": repro.diagnosis.as_dict(), "describe": repro.diagnosis.describe(),
+                                    "latency_s": round(repro.latency_s, 3),
+                                    "errors": {str(s.rank): s.text[-1200:] for s in repro.states if s.text},
+                                    "stacks": {str(k): v[-1200:] for k, v in repro.stacks.items()}}
+    if ctx.injected:
+        return _judge_injected(found, table, repro, tax_info, metrics, evidence)
+    return _judge_target(ctx, kwargs, table, repro, tax_info, static_ok, metrics, evidence)
+
+
+def _where(table: dict[str, dict[str, list[int]]]) -> str:
+    ranks = sorted({r for e in table.values() for r in e["ranks"]})
+    steps = sorted({s for e in table.values() for s in e["steps"]})
+    singles = sorted({s for e in table.values() for s in e.get("single_sample_steps", [])})
+    where = f"on ranks {ranks}" + (f" at steps {steps[:10]}" if steps else "")
+    return where + (f" (single-sample batches {singles[:10]})" if singles and not steps else "")
+
+
+def _judge_target(ctx: Any, kwargs: dict[str, Any], table: dict[str, Any], repro: Any, tax: dict[str, Any],
+                  static_ok: bool, metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:
+    name = ctx.target.name
+    tax_text = f"{tax['tax']:.2f}x step time" if tax.get("tax") else "unmeasured"
+    params = ", ".join(table)
+    if table and not kwargs.get("find_unused_parameters", False):
+        seen = "not reproduced within the steps run"
+        if repro is not None and repro.diagnosis.classification != "none":
+            seen = repro.diagnosis.describe()
+        return Outcome.failed(
+            f"{name}: parameters {params} receive no gradient {_where(table)}, and ddp_kwargs has "
+            f"find_unused_parameters=False: DDP fails -- {seen}", metrics=metrics, evidence=evidence,
+            recommendation=f"Make every parameter participate every step (remove the data-dependent "
+                           f"branch, e.g. multiply the aux output by 0 instead of skipping it) and keep "
+                           f"find_unused_parameters=False; or set find_unused_parameters=True at a "
+                           f"measured cost of {tax_text}.")
+    if kwargs.get("static_graph") and not static_ok:
+        return Outcome.failed(f"{name}: static_graph=True but the set of used parameters changes "
+                              f"between iterations ({params} {_where(table)})", metrics=metrics,
+                              evidence=evidence,
+                              recommendation="Remove static_graph=True or make the graph identical every step.")
+    if table:
+        return Outcome.passed(
+            f"{name}: parameters {params} are unused {_where(table)}; find_unused_parameters=True "
+            f"handles it at {tax_text}", metrics=metrics, evidence=evidence,
+            recommendation=f"Remove the dynamic branch so every parameter participates, then set "
+                           f"find_unused_parameters=False and save the {tax_text} tax.")
+    rec = None
+    if kwargs.get("find_unused_parameters"):
+        rec = f"Every parameter is always used: set find_unused_parameters=False (it costs {tax_text})."
+    elif static_ok and not kwargs.get("static_graph"):
+        rec = "The graph never changed: static_graph=True may speed DDP up further."
+    return Outcome.passed(f"{name}: every parameter received a gradient on every rank and step "
+                          f"(find_unused_parameters=True would cost {tax_text})",
+                          metrics=metrics, evidence=evidence, recommendation=rec)
+
+
+def _judge_injected(found: list[Any], table: dict[str, Any], repro: Any, tax: dict[str, Any],
+                    metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:
+    aux = set(INCIDENT.aux_parameter_names)
+    problems = []
+    for r in found:
+        for step, missing in enumerate(r.value["steps"]):
+            expected = set() if INCIDENT.branch.fires(r.rank, step) else aux
+            if set(missing) != expected:
+                problems.append(f"rank {r.rank} step {step}: found unused {sorted(missing)}, "
+                                f"injected {sorted(expected)}")
+    fired = sum(1 for r in found for i in r.value["injections"])
+    if not fired or not table:
+        problems.append("the branch never fired on some and not on other (rank, step): pick another seed")
+    if repro is None or repro.diagnosis.classification == "none":
+        problems.append("find_unused_parameters=False did not fail in the reproduction")
+    else:
+        named = {n for names in repro.diagnosis.unused.values() for n in names}
+        if named != aux:
+            problems.append(f"DDP's error named {sorted(named)}, injected aux head {sorted(aux)}")
+    if not tax.get("tax"):
+        problems.append(f"find_unused_parameters tax not measured ({tax.get('error')})")
+    if problems:
+        return Outcome.failed("unused-parameter diagnosis != injection: " + "; ".join(problems[:6]),
+                              metrics=metrics, evidence=evidence)
+    return Outcome.passed(
+        f"seeded per-rank branch found exactly ({', '.join(sorted(aux))} {_where(table)}); "
+        f"find_unused_parameters=False reproduced: {repro.diagnosis.describe()[:300]}; "
+        f"find_unused_parameters=True tax x{tax['tax']:.2f}",
+        metrics=metrics, evidence=evidence,
+        recommendation="Remove dynamic branches so every parameter participates and keep "
+                       "find_unused_parameters=False; True costs the measured tax every step.")

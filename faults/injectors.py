@@ -1,0 +1,196 @@
+"""Faults as data: what to inject, on which rank, at which step and phase.
+
+A fault is a frozen dataclass; ``fault.fires(rank, step, phase)`` is a pure function of its
+fields, so the same schedule replays identically on every run (STYLE 6: never wall-clock
+chance). The incident's ``random.random() > 0.5`` is modelled by ``ConditionalBranch(seed=...)``:
+a per-rank draw from an RNG seeded by (seed, rank, step) -- random-looking, but reproducible.
+
+Injections are logged in the rank (:class:`Injection`) and returned to the supervisor, which
+records them as events with wall-clock windows (see ``faults._events``).
+
+    SlowRank(rank=1, phase="backward", delay_s=0.05, steps=range(2, 8)).fires(1, 3, "backward")
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def _steps(value: Iterable[int] | None) -> tuple[int, ...] | None:
+    return None if value is None else tuple(int(s) for s in value)
+
+
+def _check_phase(phase: str) -> None:
+    if phase not in PHASES:
+        raise ValueError(f"phase={phase!r} is not one of {', '.join(PHASES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """One fault that fired: where, and its wall-clock window (``time.time()`` seconds)."""
+
+    fault: str
+    rank: int
+    step: int
+    phase: str
+    t_start: float
+    t_end: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionalBranch:
+    """An auxiliary path taken only on some ranks/steps: the incident's dynamic branch.
+
+    ``ranks``/``steps`` give an explicit schedule (None = all) of where the branch is taken --
+    or, with ``skip=True``, where it is *not* taken (taken everywhere else: the shape of a
+    branch that DDP has seen used, then is skipped by one rank). With ``seed`` set, each
+    (rank, step) draws ``random() > threshold`` from its own seeded RNG instead.
+    """
+
+    ranks: tuple[int, ...] | None = None
+    steps: tuple[int, ...] | None = None
+    seed: int | None = None
+    threshold: float = 0.5
+    skip: bool = False
+    name: str = "conditional-branch"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", _steps(self.ranks))
+        object.__setattr__(self, "steps", _steps(self.steps))
+        if not 0.0 <= self.threshold < 1.0:
+            raise ValueError(f"threshold={self.threshold} must be in [0, 1)")
+
+    def fires(self, rank: int, step: int, phase: str = "forward") -> bool:
+        if phase != "forward":
+            return False
+        if self.seed is not None:
+            # String seeds hash deterministically (unlike hash() of a tuple of ints across
+            # interpreter versions, which is stable too, but this reads plainly).
+            return random.Random(f"{self.seed}/{rank}/{step}").random() > self.threshold
+        matched = ((self.ranks is None or rank in self.ranks)
+                   and (self.steps is None or step in self.steps))
+        return matched != self.skip
+
+
+@dataclass(frozen=True, slots=True)
+class SlowRank:
+    """A rank that is ``delay_s`` slower in one phase: a throttled GPU, a slow data loader."""
+
+    rank: int
+    phase: str = "forward"
+    delay_s: float = 0.05
+    steps: tuple[int, ...] | None = None
+    name: str = "slow-rank"
+
+    def __post_init__(self) -> None:
+        _check_phase(self.phase)
+        object.__setattr__(self, "steps", _steps(self.steps))
+        if self.delay_s <= 0:
+            raise ValueError(f"delay_s={self.delay_s} must be positive seconds")
+
+    def fires(self, rank: int, step: int, phase: str) -> bool:
+        return rank == self.rank and phase == self.phase and (self.steps is None or step in self.steps)
+
+
+@dataclass(frozen=True, slots=True)
+class BucketConfig:
+    """A ``bucket_cap_mb`` per rank (``per_rank``) or one for all: tiny, huge or mismatched."""
+
+    bucket_cap_mb: float = 25.0
+    per_rank: tuple[float, ...] | None = None
+    name: str = "bucket-config"
+
+    def __post_init__(self) -> None:
+        values = (self.bucket_cap_mb, *(self.per_rank or ()))
+        if any(v <= 0 for v in values):
+            raise ValueError(f"bucket_cap_mb values {values} must all be positive")
+        if self.per_rank is not None:
+            object.__setattr__(self, "per_rank", tuple(float(v) for v in self.per_rank))
+
+    def cap_for(self, rank: int) -> float:
+        if self.per_rank is not None and rank < len(self.per_rank):
+            return self.per_rank[rank]
+        return self.bucket_cap_mb
+
+    @property
+    def mismatched(self) -> bool:
+        return self.per_rank is not None and len(set(self.per_rank)) > 1
+
+    def fires(self, rank: int, step: int, phase: str) -> bool:
+        return self.mismatched and step == 0 and phase == "data"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRank:
+    """A rank that exits (``how="exit"``) or is SIGKILLed (``"kill"``) at (step, phase)."""
+
+    rank: int
+    step: int = 1
+    phase: str = "backward"
+    how: str = "exit"
+    name: str = "dead-rank"
+
+    def __post_init__(self) -> None:
+        _check_phase(self.phase)
+        if self.how not in ("exit", "kill"):
+            raise ValueError(f"how={self.how!r} is not 'exit' or 'kill'")
+
+    def fires(self, rank: int, step: int, phase: str) -> bool:
+        return rank == self.rank and step == self.step and phase == self.phase
+
+
+@dataclass(frozen=True, slots=True)
+class SkipCollective:
+    """A rank that skips one collective at ``step`` -- or, with ``shape_mismatch``, issues it
+    with a different shape (gloo then aborts the process instead of mispairing silently)."""
+
+    rank: int
+    step: int = 1
+    shape_mismatch: bool = False
+    name: str = "skip-collective"
+
+    def fires(self, rank: int, step: int, phase: str = "backward") -> bool:
+        return rank == self.rank and step == self.step
+
+
+@dataclass(frozen=True, slots=True)
+class UnevenBatches:
+    """A rank whose data pipeline yields ``missing`` fewer batches at the end of the epoch."""
+
+    rank: int
+    missing: int = 1
+    name: str = "uneven-batches"
+
+    def __post_init__(self) -> None:
+        if self.missing < 1:
+            raise ValueError(f"missing={self.missing} must be at least 1 batch")
+
+    def batches_for(self, rank: int, steps: int) -> int:
+        return steps - self.missing if rank == self.rank else steps
+
+    def fires(self, rank: int, step: int, phase: str = "data") -> bool:
+        """True where the short pipeline shows: the first step this rank has no batch for."""
+        return rank == self.rank and phase == "data" and step < 0
+
+
+def delay(seconds: float, device: Any = None) -> None:
+    """Make this rank ``seconds`` slower: device time on a GPU, wall time on a CPU.
+
+    On CUDA the delay is a device-side spin (``torch.cuda._sleep``) so it is real GPU time that
+    the all-reduce must wait for, as a throttled GPU would be; a host sleep would only delay
+    the kernel launches. On CPU a sleep is enough: the gloo all-reduce of the peers waits.
+    """
+    if device is not None and getattr(device, "type", None) == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        khz = getattr(props, "clock_rate", 0) or 1_500_000  # kHz; fall back to 1.5 GHz
+        torch.cuda._sleep(int(seconds * khz * 1000))
+        return
+    time.sleep(seconds)

@@ -1,0 +1,115 @@
+"""The suite's own collective flight recorder: last enqueued vs last completed, per rank.
+
+PyTorch's flight recorder exists for NCCL (``TORCH_NCCL_TRACE_BUFFER_SIZE`` and
+``_dump_nccl_trace``); gloo on torch 2.13 has none that a supervisor can read after it
+killed a hung rank. So every rank writes one JSON line when it *enqueues* a collective and
+one when it *completes*, into a file outside the world's scratch directory (which dies with
+the world). Lines are flushed as written, so the record survives ``os._exit`` and SIGKILL.
+
+The supervisor compares the ranks' sequences: a rank whose last enqueued collective is
+behind its peers' never entered the collective (application divergence); every rank
+enqueued but none completed means the transport is stuck; a collective whose (op, shape) or
+tag differs across ranks at the same sequence number is a mispairing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+def log_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"collectives-rank{rank}.jsonl"
+
+
+class CollectiveTracker:
+    """Sequence numbers and timings of this rank's collectives (DDP buckets or explicit)."""
+
+    def __init__(self, rank: int, directory: str | Path | None = None) -> None:
+        self.rank = rank
+        self.seq = 0
+        self.step = 0
+        self.records: list[dict[str, Any]] = []  # in memory: timings for the straggler judge
+        self._file = open(log_path(directory, rank), "a", buffering=1) if directory else None
+        self._names: dict[int, str] = {}
+
+    def name_parameters(self, module: Any) -> None:
+        self._names = {p.data_ptr(): n for n, p in module.named_parameters()}
+
+    def _write(self, line: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(line) + "\n")
+
+    def enqueue(self, op: str, shape: tuple[int, ...], *, tag: str, bucket: int | None = None,
+                params: list[str] | None = None) -> int:
+        self.seq += 1
+        line = {"event": "enqueued", "seq": self.seq, "op": op, "shape": list(shape), "tag": tag,
+                "step": self.step, "bucket": bucket, "params": params or [], "t": time.time(),
+                "t_perf": time.perf_counter()}
+        self.records.append(line)
+        self._write(line)
+        return self.seq
+
+    def complete(self, seq: int) -> None:
+        line = {"event": "completed", "seq": seq, "t": time.time(), "t_perf": time.perf_counter()}
+        self.records.append(line)
+        self._write(line)
+
+    def all_reduce(self, tensor: Any, *, tag: str, group: Any = None) -> Any:
+        """An explicit all-reduce, recorded before it is issued and after it returns."""
+        import torch.distributed as dist
+
+        seq = self.enqueue("all_reduce", tuple(tensor.shape), tag=tag)
+        dist.all_reduce(tensor, group=group)
+        self.complete(seq)
+        return tensor
+
+    def hook(self, state, bucket):  # type: ignore[no-untyped-def]
+        # No annotations on purpose: DDP rejects a hook whose ``bucket`` annotation is not
+        # dist.GradBucket, and postponed annotations (PEP 563) would make it the string "Any".
+        """A DDP comm hook: the default all-reduce + average, with enqueue/complete recorded."""
+        import torch.distributed as dist
+
+        params = [self._names.get(p.data_ptr(), "?") for p in bucket.parameters()]
+        seq = self.enqueue("all_reduce", tuple(bucket.buffer().shape), tag=f"step{self.step}/bucket{bucket.index()}",
+                           bucket=bucket.index(), params=params)
+        world = dist.get_world_size(state)
+        fut = dist.all_reduce(bucket.buffer(), group=state, async_op=True).get_future()
+
+        def done(f: Any) -> Any:
+            # value() first: it raises for a failed all-reduce, which must stay "not completed".
+            reduced = f.value()[0]
+            self.complete(seq)
+            return reduced.div_(world)
+
+        return fut.then(done)
+
+    def attach(self, ddp_model: Any, group: Any = None) -> Any:
+        """Record every bucket all-reduce of ``ddp_model`` (replaces DDP's default hook);
+        ``group`` is the process group the all-reduces run in (the hook's state)."""
+        self.name_parameters(ddp_model.module)
+        ddp_model.register_comm_hook(group, self.hook)
+        return ddp_model
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_logs(directory: str | Path, world_size: int) -> dict[int, list[dict[str, Any]]]:
+    """Every rank's recorded lines (a rank that never wrote has an empty list)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for rank in range(world_size):
+        path = log_path(directory, rank)
+        lines: list[dict[str, Any]] = []
+        if path.exists():
+            for raw in path.read_text().splitlines():
+                try:
+                    lines.append(json.loads(raw))
+                except json.JSONDecodeError:  # a line cut by a kill mid-write
+                    pass
+        out[rank] = lines
+    return out

@@ -1,0 +1,28 @@
+"""Fixtures of the fault-injector and chaos-check tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def fault_target(name: str) -> str:
+    """Absolute path of a target under tests/faults/targets/ (broken or correct on purpose)."""
+    return str(HERE / "targets" / f"{name}.py")
+
+
+def child_pids() -> set[int]:
+    """Live processes whose parent is this process (from /proc, no psutil)."""
+    me, out = os.getpid(), set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != "Z":
+            out.add(int(entry.name))
+    return out

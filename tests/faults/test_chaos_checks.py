@@ -1,0 +1,117 @@
+"""The chaos checks, end to end in real worlds: injected faults must be reproduced and
+diagnosed (diagnosis == injection), broken targets must fail and correct ones pass.
+
+Budget: the persistent world of ``suite_session`` hosts everything that cannot hang; each
+check that hangs or kills ranks opens one fresh world and reuses it across its scenarios.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conformance.registry import BY_ID
+
+from .conftest import child_pids, fault_target
+
+pytestmark = pytest.mark.chaos
+
+
+def _run(session: Any, check: str, target: str = "builtin") -> tuple[Any, Any]:
+    session.world().start()  # started before the leak baseline: it is shared, not leaked
+    before = child_pids()
+    record, ctx = session.run_check(BY_ID[check], target)
+    leaked = child_pids() - before
+    assert not leaked, f"{check} left processes behind: {sorted(leaked)}"
+    return record, ctx
+
+
+def test_hang_detection_diagnoses_every_injected_hang(suite_session: Any) -> None:
+    record, ctx = _run(suite_session, "hang-detection")
+    assert record.status == "passed", record.message
+    scenarios = {s["scenario"]: s for s in record.evidence["scenarios"]}
+    assert set(scenarios) == {"rank-dependent-branch", "skipped-collective", "shape-mismatch",
+                              "dead-rank", "uneven-batches"}
+    for s in scenarios.values():
+        assert s["culprit_rank"] == 1 and s["injections"] >= 1 and not s["problems"]
+        assert s["latency_s"] <= 20.0 + 2.0
+    branch = scenarios["rank-dependent-branch"]
+    assert branch["collective"]["bucket"] is not None
+    assert branch["params"] and all(p.startswith("aux_head.") for p in branch["params"])
+    assert scenarios["dead-rank"]["classification"] == "dead-rank"
+    assert scenarios["skipped-collective"]["collective"]["tag"] == "step1"
+    assert {e.name for e in ctx.events} >= {"conditional-branch", "skip-collective", "dead-rank",
+                                            "uneven-batches"}
+
+
+def test_unused_parameters_injected_incident(suite_session: Any) -> None:
+    record, ctx = _run(suite_session, "unused-parameters")
+    assert record.status == "passed", record.message
+    assert record.metrics["find_unused_tax"] > 0
+    assert set(record.evidence["unused"]) == {"aux_head.0.bias", "aux_head.0.weight",
+                                              "aux_head.2.bias", "aux_head.2.weight"}
+    assert any(e.name == "conditional-branch" for e in ctx.events)
+
+
+def test_unused_parameters_fails_on_dynamic_branch_and_names_it(suite_session: Any) -> None:
+    record, _ = _run(suite_session, "unused-parameters", fault_target("branchy_unused"))
+    assert record.status == "failed"
+    assert "aux_head.weight" in record.message and "aux_head.bias" in record.message
+    assert record.evidence["reproduction"]["diagnosis"]["classification"] != "none"
+    assert record.metrics["static_graph_compatible"] is False
+
+
+def test_unused_parameters_passes_with_find_unused_and_reports_tax(suite_session: Any) -> None:
+    record, _ = _run(suite_session, "unused-parameters", fault_target("branchy_find_unused"))
+    assert record.status == "passed", record.message
+    assert record.metrics["find_unused_tax"] is not None and "tax" in record.metrics["key_figure"]
+    assert "find_unused_parameters=False" in (record.recommendation or "")
+
+
+def test_hang_detection_on_targets(suite_session: Any) -> None:
+    broken, _ = _run(suite_session, "hang-detection", fault_target("branchy_unused"))
+    assert broken.status == "failed"
+    assert "aux_head" in broken.message
+    assert broken.metrics["detection_latency_s"] <= 20.0 + 2.0
+    ok, _ = _run(suite_session, "hang-detection", fault_target("loop_ok"))
+    assert ok.status == "passed", ok.message
+
+
+def test_straggler_names_injected_rank_in_every_phase(suite_session: Any) -> None:
+    record, ctx = _run(suite_session, "straggler")
+    assert record.status == "passed", record.message
+    assert record.metrics["culprit_rank"] == 1
+    assert {p["phase"] for p in record.metrics["phases"]} == {"data", "forward", "backward", "optimizer"}
+    assert all(p["named_rank"] == 1 and p["fired"] > 0 for p in record.metrics["phases"])
+    assert {"rank", "compute_s", "wait_s", "score"} <= set(record.metrics["per_rank"][0])
+    assert {"rank", "step", "t_start", "t_end"} <= set(record.metrics["timeline"][0])
+    assert sum(e.name == "slow-rank" for e in ctx.events) >= 4
+
+
+def test_straggler_on_targets(suite_session: Any) -> None:
+    slow, _ = _run(suite_session, "straggler", fault_target("slow_rank1"))
+    assert slow.status == "failed" and slow.metrics["culprit_rank"] == 1, slow.message
+    ok, _ = _run(suite_session, "straggler", fault_target("loop_ok"))
+    assert ok.status == "passed", ok.message
+
+
+@pytest.mark.slow
+def test_bucket_config_sweep_and_mismatch(suite_session: Any) -> None:
+    record, ctx = _run(suite_session, "bucket-config")
+    assert record.status == "passed", record.message
+    caps = [p["bucket_cap_mb"] for p in record.metrics["sweep"]]
+    assert caps[0] == 0.01 and caps[-1] == 1000.0
+    assert record.metrics["buckets_tiny"] >= 4 * record.metrics["buckets_default"]
+    outcomes = {m["find_unused_parameters"]: m["outcome"] for m in record.evidence["mismatched_config"]}
+    assert outcomes == {False: "trained", True: "aborted"}
+    assert any(e.name == "bucket-config" for e in ctx.events)
+
+
+@pytest.mark.slow
+def test_bucket_config_flags_tiny_buckets(suite_session: Any) -> None:
+    record, _ = _run(suite_session, "bucket-config", fault_target("tiny_buckets"))
+    by_cap = {p["bucket_cap_mb"]: p for p in record.metrics["sweep"]}
+    assert by_cap[0.001]["buckets"] > by_cap[25.0]["buckets"]
+    assert record.status == "failed", record.message
+    assert "bucket_cap_mb" in (record.recommendation or "")

@@ -1,0 +1,65 @@
+"""Faults are deterministic data: schedules, seeded draws, validation messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from faults.injectors import (
+    BucketConfig,
+    ConditionalBranch,
+    DeadRank,
+    SkipCollective,
+    SlowRank,
+    UnevenBatches,
+)
+
+
+def test_slow_rank_fires_only_on_its_rank_phase_and_steps() -> None:
+    fault = SlowRank(rank=1, phase="backward", delay_s=0.05, steps=range(2, 4))
+    assert fault.steps == (2, 3)
+    assert fault.fires(1, 2, "backward") and fault.fires(1, 3, "backward")
+    assert not fault.fires(0, 2, "backward")
+    assert not fault.fires(1, 4, "backward")
+    assert not fault.fires(1, 2, "forward")
+
+
+def test_seeded_branch_is_reproducible_and_per_rank() -> None:
+    a, b = ConditionalBranch(seed=1207), ConditionalBranch(seed=1207)
+    draws = [(a.fires(r, s), b.fires(r, s)) for r in range(2) for s in range(16)]
+    assert all(x == y for x, y in draws)
+    # the incident's shape: at some step one rank takes the branch and the other does not
+    assert any(a.fires(0, s) != a.fires(1, s) for s in range(16))
+
+
+def test_branch_schedule_and_skip() -> None:
+    take = ConditionalBranch(ranks=(0,), steps=(2,))
+    assert take.fires(0, 2) and not take.fires(1, 2) and not take.fires(0, 1)
+    skip = ConditionalBranch(ranks=(1,), steps=(2,), skip=True)
+    assert skip.fires(0, 2) and skip.fires(1, 1) and not skip.fires(1, 2)
+    assert not take.fires(0, 2, "backward")
+
+
+def test_bucket_config_per_rank() -> None:
+    cfg = BucketConfig(per_rank=(0.01, 25))
+    assert cfg.mismatched and cfg.cap_for(0) == 0.01 and cfg.cap_for(1) == 25.0
+    assert not BucketConfig(bucket_cap_mb=5).mismatched
+
+
+def test_uneven_and_dead_and_skip() -> None:
+    assert UnevenBatches(rank=1).batches_for(1, 4) == 3
+    assert UnevenBatches(rank=1).batches_for(0, 4) == 4
+    assert DeadRank(rank=1, step=2, phase="forward").fires(1, 2, "forward")
+    assert SkipCollective(rank=1, step=1).fires(1, 1) and not SkipCollective(rank=1, step=1).fires(0, 1)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: SlowRank(rank=0, phase="sideways"), "phase='sideways' is not one of"),
+    (lambda: SlowRank(rank=0, delay_s=0), "delay_s=0 must be positive"),
+    (lambda: BucketConfig(per_rank=(1, 0)), "must all be positive"),
+    (lambda: DeadRank(rank=0, how="explode"), "how='explode' is not 'exit' or 'kill'"),
+    (lambda: UnevenBatches(rank=0, missing=0), "missing=0 must be at least 1"),
+    (lambda: ConditionalBranch(threshold=1.0), r"threshold=1.0 must be in \[0, 1\)"),
+])
+def test_bad_faults_are_rejected_with_the_rule(make, match) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=match):
+        make()
