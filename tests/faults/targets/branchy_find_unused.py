@@ -1,44 +1,21 @@
 """The dynamic branch of branchy_unused with the workaround find_unused_parameters=True.
 
-The data-dependent branch of the incident: DDP errors at the next forward on the rank that
-skipped the head while its peer waits in the all-reduce of the head's bucket.
+unused-parameters must pass on it and report the measured find_unused_parameters tax.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+import importlib.util
+from pathlib import Path
 
-AUX_PARAMETER_PREFIX = "aux_head."
+# Loaded by path (target files are not a package): the same model, data and loss.
+_spec = importlib.util.spec_from_file_location("_branchy_unused", Path(__file__).with_name("branchy_unused.py"))
+_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+
+AUX_PARAMETER_PREFIX = _base.AUX_PARAMETER_PREFIX
+needs_aux = _base.needs_aux
+build_model = _base.build_model
+make_batch = _base.make_batch
+loss_fn = _base.loss_fn
 ddp_kwargs = {"find_unused_parameters": True}
-
-
-def needs_aux(inputs: torch.Tensor) -> bool:
-    return bool(inputs[:, 0].mean() > 0)
-
-
-class Branchy(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.trunk = nn.Sequential(nn.Linear(8, 16), nn.Tanh())
-        self.head = nn.Linear(16, 2)
-        self.aux_head = nn.Linear(16, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.trunk(x)
-        out = self.head(h)
-        if needs_aux(x):
-            out = out + self.aux_head(h)
-        return out
-
-
-def build_model() -> nn.Module:
-    return Branchy()
-
-
-def make_batch(generator: torch.Generator, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(batch_size, 8, generator=generator), torch.randn(batch_size, 2, generator=generator)
-
-
-def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return nn.functional.mse_loss(outputs, targets)
