@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .registry import CHECKS, SUITES, select
+from .targets._loader import BUILTINS
 
 EXIT_READY, EXIT_NOT_READY, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 DEFAULT_REPORT_DIR = "./ddp-conformance-report"
@@ -65,8 +66,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _list() -> int:
-    from .targets import BUILTINS
-
     width = max(len(spec.id) for spec in CHECKS)
     for spec in CHECKS:
         suites = ",".join(s for s in SUITES if s in spec.suites)
@@ -173,7 +172,9 @@ def _run(args: argparse.Namespace) -> int:
     ]
     if args.target is not None:
         target = args.target
-        if os.path.exists(target):  # ranks and pytest may run elsewhere: pass an absolute path
+        # A file target travels as an absolute path (pytest runs from the suite's folder);
+        # built-in names win over same-named files or folders in the working directory.
+        if target not in BUILTINS and os.path.isfile(target):
             target = str(Path(target).resolve())
         argv += ["--ddp-target", target]
     if args.checks:

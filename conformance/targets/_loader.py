@@ -103,7 +103,7 @@ def _import(spec: str) -> tuple[ModuleType, str, bool]:
     if spec in BUILTINS:
         return importlib.import_module(f"conformance.targets.{spec.replace('-', '_')}"), spec, True
     path = Path(spec)
-    if spec.endswith(".py") or path.exists():
+    if spec.endswith(".py") or path.is_file():
         if not path.is_file():
             raise TargetError(f"target file {spec!r} does not exist; pass a path to a .py file, "
                               f"a module name, or one of {', '.join(BUILTINS)}")

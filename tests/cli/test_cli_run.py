@@ -105,3 +105,12 @@ def test_a_broken_target_file_exits_2_with_one_line(tmp_path: Path, body: str, m
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddp-conformance: error: ") and message in lines[0]
     assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_a_builtin_name_wins_over_a_same_named_folder(tmp_path: Path) -> None:
+    (tmp_path / "mlp").mkdir()  # e.g. a report dir called like the target
+    proc = subprocess.run([*CLI, "run", "--target", "mlp", "--checks", "sampler-coverage",
+                           "--report-dir", "mlp"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "[ddp] sampler-coverage on mlp: PASSED" in proc.stdout
