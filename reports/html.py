@@ -17,7 +17,8 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from ._format import DASH, STATUS_ICONS, VERDICT_TITLES, key_figure, pretty_json, seconds, timestamp, truncate
+from ._format import DASH, STATUS_ICONS, VERDICT_TITLES, key_figure, one_line, pretty_json, seconds,
+                      timestamp, truncate
 from .charts import charts_for
 from .recommend import recommend, warnings_of
 
@@ -61,7 +62,7 @@ def _check_view(c: Mapping[str, Any], index: int, events: list[Any], default_tar
         "anchor": _slug(c.get("id"), index), "id": _show(c.get("id")), "title": _show(c.get("title")),
         "kind": _show(c.get("kind")), "status": status, "icon": STATUS_ICONS[status],
         "target": _show(c.get("target") or default_target), "key_figure": key_figure(c),
-        "summary": (message.strip().splitlines() or [DASH])[0][:200], "message": message, "message_cut": message_cut,
+        "summary": one_line(message, 240) or DASH, "message": message, "message_cut": message_cut,
         "duration": seconds(c.get("duration_s")), "recommendation": c.get("recommendation") or recommend(c),
         "warnings": warnings_of(c), "evidence_json": evidence_json, "evidence_cut": evidence_cut,
         "charts": charts_for(c, events), "events": own_events,
