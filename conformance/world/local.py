@@ -32,9 +32,17 @@ BACKENDS = ("gloo", "nccl")
 # After one rank fails, how long its peers get to notice (a dead gloo peer is seen in ~0.03 s)
 # before the survivors are treated as blocked on it and the world is killed.
 DEFAULT_GRACE_S = 3.0
-# How long faulthandler gets to write a stack after SIGUSR1: it runs in the signal handler,
-# so this is only the time for the kernel to deliver the signal to a busy process.
-STACK_WAIT_S = 0.3
+# The longest faulthandler gets to write a stack after SIGUSR1. It writes from the signal
+# handler, even while the rank is blocked in C++, so this is only a bound for a process that
+# cannot be scheduled (the wait ends as soon as every dump has arrived).
+STACK_WAIT_S = 1.0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _is_timeout(error: RankError) -> bool:
@@ -304,6 +312,7 @@ class World:
         if not self._tmpdir:
             return {}
         offsets: dict[int, int] = {}
+        signalled: list[int] = []
         for rank in ranks:
             path = stack_file(self._tmpdir, rank)
             offsets[rank] = path.stat().st_size if path.exists() else 0
@@ -311,9 +320,15 @@ class World:
             if proc.is_alive():
                 try:
                     os.kill(proc.pid, signal.SIGUSR1)
+                    signalled.append(rank)
                 except ProcessLookupError:
                     pass
-        time.sleep(STACK_WAIT_S)
+        # Wait for the dumps themselves (each file grows once its handler ran), not a fixed time.
+        until = time.monotonic() + STACK_WAIT_S
+        while signalled and time.monotonic() < until:
+            signalled = [r for r in signalled if _size(stack_file(self._tmpdir, r)) <= offsets[r]]
+            time.sleep(0.005)
+        time.sleep(0.02)  # a dump that has started is a few writes long: let the last one land
         stacks = {}
         for rank in ranks:
             path = stack_file(self._tmpdir, rank)
