@@ -227,10 +227,18 @@ class World:
         self.start()
         budget = self.deadline if deadline is None else deadline
         call_id = next(self._calls)
-        payload = pickle.dumps((call_id, fn, args, kwargs))
+        try:
+            payload = pickle.dumps((call_id, fn, args, kwargs))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise TypeError(f"cannot send {getattr(fn, '__qualname__', fn)!r} to the ranks ({exc}); "
+                            f"work functions and their arguments must be picklable: define the "
+                            f"function at module level in an importable module") from None
         started = time.monotonic()
         for conn in self._conns:
-            conn.send_bytes(payload)
+            try:
+                conn.send_bytes(payload)
+            except OSError:
+                pass  # that rank just died; its sentinel reports it below with its exit code
         results: dict[int, RankResult] = {}
         first_failure: float | None = None
         waiting = set(range(self.world_size))

@@ -165,3 +165,11 @@ def test_a_rank_dying_between_calls_is_recorded_and_the_world_replaced(world: Wo
     time.sleep(0.2)
     assert [r.value for r in world.run(_work.allreduce_sum, 0.0)] == [1.0, 1.0]
     assert "exited between calls" in world.restarts[-1]
+
+
+def test_a_local_function_is_refused_with_the_fix(world: World) -> None:
+    def local(ctx):  # not importable by reference from a spawned rank
+        return ctx.rank
+
+    with pytest.raises(TypeError, match="define the function at module level"):
+        world.run(local)
