@@ -198,10 +198,11 @@ class World:
         for proc in self._procs:
             if proc.pid is None:
                 continue
-            for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL),
-                         lambda: os.kill(proc.pid, signal.SIGKILL)):
+            # The group first (the rank leads its own); the pid too, in case the rank was
+            # killed before its setpgid ran and still sits in ours.
+            for kill, target in ((os.killpg, proc.pid), (os.kill, proc.pid)):
                 try:
-                    kill()
+                    kill(target, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
         for proc in self._procs:
