@@ -15,6 +15,7 @@ from .injectors import (
     Injection,
     SkipCollective,
     SlowRank,
+    StalledRank,
     UnevenBatches,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "RankState",
     "SkipCollective",
     "SlowRank",
+    "StalledRank",
     "StragglerVerdict",
     "UnevenBatches",
     "diagnose_hang",

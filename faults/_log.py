@@ -3,17 +3,35 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 from .injectors import Injection
 
 
-class InjectionLog:
-    """Collects :class:`Injection` records in a rank; ``as_dicts()`` is what a rank returns."""
+def injections_path(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"injections-rank{rank}.jsonl"
 
-    def __init__(self) -> None:
+
+class InjectionLog:
+    """Collects :class:`Injection` records in a rank; ``as_dicts()`` is what a rank returns.
+
+    With ``directory`` set, each record is also written there as one flushed JSON line the
+    moment it is made: a rank that dies or is frozen by its own fault never returns its
+    results, and the supervisor reads the file instead (:func:`read_injections`).
+    """
+
+    def __init__(self, *, directory: str | Path | None = None, rank: int = 0) -> None:
         self.items: list[Injection] = []
+        self._path = injections_path(directory, rank) if directory is not None else None
+
+    def _add(self, item: Injection) -> None:
+        self.items.append(item)
+        if self._path is not None:
+            with open(self._path, "a") as f:  # closed (flushed) before the fault can strike
+                f.write(json.dumps(_as_dict(item)) + "\n")
 
     @contextlib.contextmanager
     def window(self, fault: Any, rank: int, step: int, phase: str, **data: Any) -> Iterator[None]:
@@ -22,16 +40,33 @@ class InjectionLog:
         try:
             yield
         finally:
-            self.items.append(Injection(fault.name, rank, step, phase, start, time.time(), data))
+            self._add(Injection(fault.name, rank, step, phase, start, time.time(), data))
 
     def mark(self, fault: Any, rank: int, step: int, phase: str, **data: Any) -> None:
         """Record an instantaneous injection (a branch taken, a collective skipped)."""
         now = time.time()
-        self.items.append(Injection(fault.name, rank, step, phase, now, now, data))
+        self._add(Injection(fault.name, rank, step, phase, now, now, data))
 
     def as_dicts(self) -> list[dict[str, Any]]:
-        return [{"fault": i.fault, "rank": i.rank, "step": i.step, "phase": i.phase,
-                 "t_start": i.t_start, "t_end": i.t_end, "data": i.data} for i in self.items]
+        return [_as_dict(i) for i in self.items]
+
+
+def _as_dict(i: Injection) -> dict[str, Any]:
+    return {"fault": i.fault, "rank": i.rank, "step": i.step, "phase": i.phase,
+            "t_start": i.t_start, "t_end": i.t_end, "data": i.data}
+
+
+def read_injections(directory: str | Path, rank: int) -> list[dict[str, Any]]:
+    """What ``rank`` recorded to its file (for a rank whose results never came back)."""
+    path = injections_path(directory, rank)
+    out = []
+    if path.exists():
+        for raw in path.read_text().splitlines():
+            try:
+                out.append(json.loads(raw))
+            except json.JSONDecodeError:  # a line cut by a kill mid-write
+                pass
+    return out
 
 
 def record_injections(ctx: Any, injections: list[dict[str, Any]]) -> int:

@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _flight
+
 _UNUSED_NAMES = re.compile(r"Parameters which did not receive grad for rank (\d+): ([^\n]+)")
 _UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
 _BARRIER = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
@@ -59,6 +61,10 @@ class HangDiagnosis:
     unused: dict[int, list[str]] = field(default_factory=dict)  # from DDP's error text
     barrier: list[int] = field(default_factory=list)  # ranks the monitored barrier named
     detail: str = ""
+    # Per rank that could still answer: the collective torch's flight recorder shows entered
+    # and never completed (None: everything it entered completed). A second, independent
+    # source for "entered vs completed" next to the suite's tracker.
+    flight: dict[int, dict[str, Any] | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.classification not in CLASSES:
@@ -82,7 +88,8 @@ class HangDiagnosis:
         return {"classification": self.classification, "kind": self.kind,
                 "culprit_rank": self.culprit_rank, "collective": self.collective,
                 "params": self.params, "unused": {str(k): v for k, v in self.unused.items()},
-                "barrier": self.barrier, "detail": self.detail}
+                "barrier": self.barrier, "detail": self.detail,
+                "flight_recorder": {str(k): v for k, v in self.flight.items()}}
 
 
 def _enqueued(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -130,14 +137,45 @@ def _collective(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: entry.get(k) for k in ("seq", "op", "shape", "tag", "bucket", "step")}
 
 
-def diagnose_hang(logs: dict[int, list[dict[str, Any]]], states: list[RankState]) -> HangDiagnosis:
-    """Name the culprit of a hang/failure from the ranks' collective logs and end states."""
+def _frozen(stuck: list[int], states: list[RankState]) -> int | None:
+    """The one rank among ``stuck`` (all inside the collective) that never came back while a
+    peer did: the peers were released by their process-group timeout and returned; a rank that
+    no timeout released is frozen (stopped, wedged in the driver). None when it is ambiguous."""
+    by_rank = {s.rank: s.state for s in states}
+    silent = [r for r in stuck if by_rank.get(r) == "stuck"]
+    answered = [r for r in stuck if by_rank.get(r) in ("raised", "ok")]
+    return silent[0] if len(silent) == 1 and answered else None
+
+
+def _flight_note(flight: dict[int, dict[str, Any] | None], tracker_pending: set[int]) -> str:
+    """What torch's recorder says, rank by rank, and whether it agrees with the tracker."""
+    notes = []
+    for rank, entry in sorted(flight.items()):
+        if entry is None:
+            notes.append(f"rank {rank} completed everything it entered"
+                         + (" (the tracker disagrees)" if rank in tracker_pending else ""))
+            continue
+        agrees = "" if rank in tracker_pending else " (the tracker disagrees)"
+        notes.append(f"rank {rank} entered {entry.get('op')} #{entry.get('seq')} {entry.get('input_sizes')} "
+                     f"and never completed it{agrees}")
+    return f" Flight recorder: {'; '.join(notes)}." if notes else ""
+
+
+def diagnose_hang(logs: dict[int, list[dict[str, Any]]], states: list[RankState], *,
+                  flight: dict[int, dict[str, Any]] | None = None) -> HangDiagnosis:
+    """Name the culprit of a hang/failure from the ranks' collective logs and end states.
+
+    ``flight`` is each answering rank's flight-recorder summary (:func:`faults._flight.summarize`);
+    it corroborates "entered vs completed" and is reported, but the tracker's logs decide: they
+    also cover the ranks that died or froze, whose recorder died with them.
+    """
     unused: dict[int, list[str]] = {}
     barrier: list[int] = []
     for s in states:
         unused.update(unused_from_error(s.text))
         barrier = barrier or barrier_culprits(s.text)
-    extra = {"unused": unused, "barrier": barrier}
+    recorded = {r: _flight.pending(summary) for r, summary in (flight or {}).items() if summary}
+    extra = {"unused": unused, "barrier": barrier, "flight": recorded}
     mismatch = _mismatch(logs)
     if mismatch is not None:
         return HangDiagnosis(mismatch.classification, mismatch.kind, mismatch.culprit_rank,
@@ -172,9 +210,19 @@ def diagnose_hang(logs: dict[int, list[dict[str, Any]]], states: list[RankState]
     stuck = sorted(r for r in enq if pending_of(r) is not None)
     if stuck:
         ref = pending_of(stuck[0]) or {}
-        return HangDiagnosis("transport", "entered-never-completed", barrier[0] if barrier else None,
+        # Every rank entered; who stalled it? The monitored barrier on the side group names a
+        # rank that is alive but never arrives (a SIGSTOPped process counts: it holds its
+        # connections open). Rank 0 collects the barrier's acks, so it cannot name itself:
+        # then the rank that never came back while its peers' timeouts released them is the one.
+        frozen = _frozen(stuck, states)
+        culprit = barrier[0] if barrier else frozen
+        named = (" (named by the monitored barrier)" if barrier else
+                 " (the only rank no timeout released)" if frozen is not None else "")
+        who = f"; rank {culprit} stalled inside it{named}" if culprit is not None else ""
+        return HangDiagnosis("transport", "entered-never-completed", culprit,
                              _collective(ref), list(ref.get("params") or []),
-                             detail=f"ranks {stuck} entered collective #{ref.get('seq')} and it never completed",
+                             detail=(f"ranks {stuck} entered collective #{ref.get('seq')} and it never "
+                                     f"completed{who}.{_flight_note(recorded, set(stuck))}"),
                              **extra)
     failed = [s for s in states if s.state in ("raised", "stuck")]
     if failed:

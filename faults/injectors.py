@@ -13,7 +13,9 @@ records them as events with wall-clock windows (see ``faults._events``).
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -160,6 +162,34 @@ class SkipCollective:
 
 
 @dataclass(frozen=True, slots=True)
+class StalledRank:
+    """A rank whose transport stalls inside the collective at ``step``: it enters the
+    all-reduce (the tracker records the enqueue) and its process is then frozen with SIGSTOP,
+    as a wedged NIC driver or a GPU stuck in a kernel leaves it -- alive, its sockets open, its
+    process-group timeout never firing, never progressing.
+
+    The freeze happens after the enqueue is recorded and before the rank's data leaves, not on
+    a timer after the issue: a 32-byte gloo all-reduce completes in well under a millisecond,
+    so a timer would race it, and a rank frozen *after* the exchange leaves its peers one
+    collective ahead (a "never entered" divergence, not a stall). Frozen first, the collective
+    is entered on every rank and completes on none, every run.
+    """
+
+    rank: int
+    step: int = 1
+    phase: str = "backward"
+    name: str = "stalled-rank"
+
+    def __post_init__(self) -> None:
+        _check_phase(self.phase)
+        if self.step < 0:
+            raise ValueError(f"step={self.step} must be a step number (0 or more)")
+
+    def fires(self, rank: int, step: int, phase: str = "backward") -> bool:
+        return rank == self.rank and step == self.step and phase == self.phase
+
+
+@dataclass(frozen=True, slots=True)
 class UnevenBatches:
     """A rank whose data pipeline yields ``missing`` fewer batches at the end of the epoch."""
 
@@ -194,3 +224,13 @@ def delay(seconds: float, device: Any = None) -> None:
         torch.cuda._sleep(int(seconds * khz * 1000))
         return
     time.sleep(seconds)
+
+
+def freeze() -> None:
+    """Stop this whole process (every thread) until a SIGCONT that never comes.
+
+    SIGSTOP cannot be caught or ignored, and ``kill`` to oneself delivers it before returning,
+    so nothing after this call runs -- not the gloo timeout, not faulthandler's SIGUSR1
+    handler. SIGKILL still ends a stopped process, which is how the supervisor clears it.
+    """
+    os.kill(os.getpid(), signal.SIGSTOP)

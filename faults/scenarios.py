@@ -8,7 +8,10 @@ the timeout (always shorter than the deadline), and the next scenario runs in th
 processes -- a world start costs ~5-10 s. Each rank catches its own exception and returns it
 as data, so a rank that raised still hands back its injections. A scenario that kills a rank
 (death, gloo's abort on a shape mismatch) makes the World replace its processes; one stuck
-past the deadline is killed by the supervisor with every rank's stack taken.
+past the deadline (a rank frozen inside a collective: no timeout reaches it) is killed by the
+supervisor with every rank's stack taken. Injections are also written to a file as they fire,
+so a rank that never returns is still counted; each rank that returns also hands back torch's
+own flight-recorder view of the scenario's collectives (:mod:`faults._flight`).
 """
 
 from __future__ import annotations
@@ -17,14 +20,15 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ._log import InjectionLog
+from . import _flight
+from ._log import InjectionLog, read_injections
 from .diagnosis import HangDiagnosis, RankState, diagnose_hang
-from .injectors import DeadRank, SkipCollective, UnevenBatches
+from .injectors import DeadRank, SkipCollective, StalledRank, UnevenBatches, freeze
 from .tracker import CollectiveTracker, read_logs
 
 KINDS = ("ddp", "collectives", "run_loop")
@@ -41,10 +45,15 @@ class Scenario:
     fault: Any = None
     steps: int = 4
     per_rank: int = 4  # samples per rank per step (1: single samples, a rare branch's trigger)
+    # A tighter supervisor deadline (seconds) than the check's, for a scenario whose stuck rank
+    # nothing inside the world can release (see STALL_DEADLINE_S); None: the check's deadline.
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"scenario kind={self.kind!r} is not one of {KINDS}")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise ValueError(f"deadline_s={self.deadline_s} must be positive seconds (or None)")
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class ScenarioResult:
     stacks: dict[int, str]
     deadline: float
     timings: dict[int, dict[str, float]]
+    flight: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank, from torch's recorder
 
 
 # -- rank side -----------------------------------------------------------------------------
@@ -120,7 +130,14 @@ def _collectives(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: Inject
                 continue
             log.mark(fault, ctx.rank, step, "backward", shape=[16])
             tensor = torch.ones(16, device=ctx.device)
-        tracker.all_reduce(tensor, tag=f"step{step}", group=group)
+        stall = None
+        if isinstance(fault, StalledRank) and fault.fires(ctx.rank, step, "backward"):
+            # Logged (to the file: this rank never returns) before it freezes, inside the
+            # collective: its enqueue is recorded, its data never leaves.
+            def stall() -> None:
+                log.mark(fault, ctx.rank, step, "backward", stalled=f"step{step}", pid=os.getpid())
+                freeze()
+        tracker.all_reduce(tensor, tag=f"step{step}", group=group, on_issue=stall)
 
 
 def _run_loop(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog, group: Any) -> None:
@@ -183,7 +200,7 @@ def scenario_rank(ctx: Any, sc: Scenario, log_dir: str) -> dict[str, Any]:
     """Run one scenario on this rank; report how it ended as data, never by raising."""
     import torch.distributed as dist
 
-    log = InjectionLog()
+    log = InjectionLog(directory=log_dir, rank=ctx.rank)
     tracker = CollectiveTracker(ctx.rank, log_dir)
     body = {"ddp": _ddp_loop, "collectives": _collectives, "run_loop": _run_loop}[sc.kind]
     _warm_up(ctx)
@@ -193,13 +210,20 @@ def scenario_rank(ctx: Any, sc: Scenario, log_dir: str) -> dict[str, Any]:
     state, text = "ok", ""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
+    # What torch itself saw this rank enter and complete, dumped while a collective is stuck
+    # (half the subgroup timeout in): once the timeout ends it, gloo counts it as completed.
+    snapshot = _flight.InFlightSnapshot(tracker, ctx.backend, since_ns=time.time_ns(),
+                                        groups=[getattr(group, "group_name", "")],
+                                        after_s=PG_TIMEOUT_S / 2)
     try:
-        body(ctx, sc, tracker, log, group)
+        with snapshot:
+            body(ctx, sc, tracker, log, group)
     except Exception as exc:
         state, text = "raised", f"{type(exc).__name__}: {exc}"
     finally:
         tracker.close()
     timings["scenario_s"] = time.perf_counter() - t0
+    flight = snapshot.result()  # before the monitored barrier (the recorder does not log it)
     barrier = _barrier_report(ctx)
     timings["barrier_s"] = time.perf_counter() - t0 - timings["scenario_s"]
     if ctx.rank == 0 and barrier:
@@ -209,7 +233,7 @@ def scenario_rank(ctx: Any, sc: Scenario, log_dir: str) -> dict[str, Any]:
     except Exception:  # a group broken by the hang may refuse; it is abandoned either way
         pass
     timings["total_s"] = time.perf_counter() - t0
-    return {"state": state, "text": text, "injections": log.as_dicts(),
+    return {"state": state, "text": text, "injections": log.as_dicts(), "flight": flight,
             "timings": {k: round(v, 3) for k, v in timings.items()}}
 
 
@@ -218,6 +242,12 @@ def scenario_rank(ctx: Any, sc: Scenario, log_dir: str) -> dict[str, Any]:
 # A gloo collective blocked on a live peer is released after this many seconds; the world
 # deadline is longer, so the blocked rank reports its own timeout instead of being killed.
 PG_TIMEOUT_S = 2.0
+# The deadline of a scenario that freezes a rank. No timeout inside the world reaches a
+# stopped process, so only the supervisor's deadline detects it; its peers are released by
+# the subgroup timeout (PG_TIMEOUT_S) and answer the monitored barrier (PG_TIMEOUT_S + 1) in
+# ~5 s. 8 s leaves them 3 s of slack on a loaded host, instead of waiting out the check's
+# whole deadline (20 s) for a rank that will never answer.
+STALL_DEADLINE_S = PG_TIMEOUT_S * 3 + 2.0
 
 
 def scenario_deadline(ctx: Any) -> float:
@@ -236,7 +266,9 @@ def scenario_world(ctx: Any) -> Any:
 def run_scenarios(ctx: Any, scenarios: list[Scenario]) -> list[ScenarioResult]:
     """Run the scenarios one after another in one fresh world (restarted after a death)."""
     with scenario_world(ctx) as world:
-        return [run_scenario(ctx, world, sc, deadline=scenario_deadline(ctx)) for sc in scenarios]
+        return [run_scenario(ctx, world, sc,
+                             deadline=min(scenario_deadline(ctx), sc.deadline_s or float("inf")))
+                for sc in scenarios]
 
 
 def run_scenario(ctx: Any, world: Any, sc: Scenario, *, deadline: float) -> ScenarioResult:
@@ -253,26 +285,36 @@ def run_scenario(ctx: Any, world: Any, sc: Scenario, *, deadline: float) -> Scen
     except WorldError as exc:
         results, stacks = exc.results, exc.stacks
     latency = time.perf_counter() - started
-    states, injections, timings = [], [], {}
+    states, injections, timings, flight = [], [], {}, {}
     for r in results:
         if r.error is None:
             value = r.value or {}
             timings[r.rank] = value.get("timings", {})
             states.append(RankState(r.rank, value.get("state", "ok"), value.get("text", "")))
             injections += value.get("injections", [])
-        elif r.error.kind == "died":
+            if value.get("flight"):
+                flight[r.rank] = value["flight"]
+            continue
+        # No result came back: what this rank injected before dying or freezing is on file.
+        injections += read_injections(log_dir, r.rank)
+        if r.error.kind == "died":
             states.append(RankState(r.rank, "died", r.error.describe(), r.error.exitcode))
+        elif r.error.kind == "stuck":
+            # faulthandler writes a stack from its SIGUSR1 handler even while the rank is
+            # blocked in C++; no stack means the process did not run at all -- stopped.
+            mute = "" if stacks.get(r.rank) else \
+                "; it did not answer the stack request (stopped, or in uninterruptible sleep)"
+            states.append(RankState(r.rank, "stuck", r.error.describe() + mute))
         else:
-            states.append(RankState(r.rank, "stuck" if r.error.kind == "stuck" else "raised",
-                                    r.error.describe()))
+            states.append(RankState(r.rank, "raised", r.error.describe()))
     logs = read_logs(log_dir, len(results))
-    # A rank that died logged its injection to the file only through its collectives record;
-    # recover the death itself from the fault spec, which is data.
+    # A death that left no injection record (killed before its line reached the file):
+    # recover it from the fault spec, which is data.
     if isinstance(sc.fault, DeadRank) and not any(i["fault"] == sc.fault.name for i in injections):
         for s in states:
             if s.state == "died" and s.rank == sc.fault.rank:
                 injections.append({"fault": sc.fault.name, "rank": s.rank, "step": sc.fault.step,
                                    "phase": sc.fault.phase, "t_start": started_wall,
                                    "t_end": started_wall + latency, "data": {"how": sc.fault.how}})
-    diagnosis = diagnose_hang(logs, states)
-    return ScenarioResult(sc, diagnosis, latency, states, injections, stacks, deadline, timings)
+    diagnosis = diagnose_hang(logs, states, flight=flight)
+    return ScenarioResult(sc, diagnosis, latency, states, injections, stacks, deadline, timings, flight)

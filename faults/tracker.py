@@ -1,10 +1,12 @@
 """The suite's own collective flight recorder: last enqueued vs last completed, per rank.
 
-PyTorch's flight recorder exists for NCCL (``TORCH_NCCL_TRACE_BUFFER_SIZE`` and
-``_dump_nccl_trace``); gloo on torch 2.13 has none that a supervisor can read after it
-killed a hung rank. So every rank writes one JSON line when it *enqueues* a collective and
-one when it *completes*, into a file outside the world's scratch directory (which dies with
-the world). Lines are flushed as written, so the record survives ``os._exit`` and SIGKILL.
+PyTorch's flight recorder covers NCCL (``_dump_nccl_trace_json``) and, on torch 2.13, gloo too
+(``_dump_fr_trace_json``), but only in the rank's own memory: a rank that died, froze or was
+killed by the supervisor takes its record along (the ranks that still answer hand theirs back,
+see ``faults._flight``). So every rank also writes one JSON line when it *enqueues* a
+collective and one when it *completes*, into a file outside the world's scratch directory
+(which dies with the world). Lines are flushed as written, so the record survives
+``os._exit``, SIGKILL and SIGSTOP.
 
 The supervisor compares the ranks' sequences: a rank whose last enqueued collective is
 behind its peers' never entered the collective (application divergence); every rank
@@ -17,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def log_path(directory: str | Path, rank: int) -> Path:
@@ -34,6 +36,7 @@ class CollectiveTracker:
         self.records: list[dict[str, Any]] = []  # in memory: timings for the straggler judge
         self._file = open(log_path(directory, rank), "a", buffering=1) if directory else None
         self._names: dict[int, str] = {}
+        self._open: dict[int, float] = {}  # seq -> t_perf of collectives enqueued, not completed
 
     def name_parameters(self, module: Any) -> None:
         self._names = {p.data_ptr(): n for n, p in module.named_parameters()}
@@ -49,19 +52,37 @@ class CollectiveTracker:
                 "step": self.step, "bucket": bucket, "params": params or [], "t": time.time(),
                 "t_perf": time.perf_counter()}
         self.records.append(line)
+        self._open[self.seq] = line["t_perf"]
         self._write(line)
         return self.seq
 
     def complete(self, seq: int) -> None:
         line = {"event": "completed", "seq": seq, "t": time.time(), "t_perf": time.perf_counter()}
         self.records.append(line)
+        self._open.pop(seq, None)
         self._write(line)
 
-    def all_reduce(self, tensor: Any, *, tag: str, group: Any = None) -> Any:
-        """An explicit all-reduce, recorded before it is issued and after it returns."""
+    def oldest_open(self) -> tuple[int, float] | None:
+        """(seq, perf_counter at enqueue) of the oldest collective still in flight, if any.
+
+        Read from another thread (the flight-recorder snapshot): single dict operations are
+        atomic under the GIL, and a copy is taken before looking at it.
+        """
+        items = list(self._open.items())
+        return min(items, key=lambda kv: kv[1]) if items else None
+
+    def all_reduce(self, tensor: Any, *, tag: str, group: Any = None,
+                   on_issue: Callable[[], None] | None = None) -> Any:
+        """An explicit all-reduce, recorded before it is issued and after it returns.
+
+        ``on_issue`` runs between the two: after the enqueue line is on disk, as the rank hands
+        the collective to the backend -- where an injected transport stall freezes the rank.
+        """
         import torch.distributed as dist
 
         seq = self.enqueue("all_reduce", tuple(tensor.shape), tag=tag)
+        if on_issue is not None:
+            on_issue()
         dist.all_reduce(tensor, group=group)
         self.complete(seq)
         return tensor

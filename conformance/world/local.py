@@ -45,6 +45,15 @@ def _size(path: Path) -> int:
         return 0
 
 
+def _proc_state(pid: int) -> str:
+    """The one-letter state of a process from /proc (R, S, D, T, Z...), or "" if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def _is_timeout(error: RankError) -> bool:
     text = f"{error.exc_type} {error.message}".lower()
     return error.kind == "exception" and ("timed out" in text or "timeout" in text)
@@ -332,6 +341,10 @@ class World:
                     signalled.append(rank)
                 except ProcessLookupError:
                     pass
+        # A stopped process (SIGSTOP, a frozen driver call traced by a debugger) runs no
+        # handler until it is continued: waiting for its dump would only add latency.
+        stopped = [r for r in signalled if _proc_state(self._procs[r].pid) in ("T", "t")]
+        signalled = [r for r in signalled if r not in stopped]
         # Wait for the dumps themselves (each file grows once its handler ran), not a fixed time.
         until = time.monotonic() + STACK_WAIT_S
         while signalled and time.monotonic() < until:
@@ -351,4 +364,6 @@ class World:
                 text = f.read().decode(errors="replace")
             if text.strip():
                 stacks[rank] = text
+        for rank in stopped:
+            stacks[rank] = stacks.get(rank, "") + "(process is stopped: no Python stack can be taken)\n"
         return stacks

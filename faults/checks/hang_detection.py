@@ -5,16 +5,20 @@ synchronisation points -- every rank must issue the same collectives in the same
 the same shapes; a rank that skips one (a branch not taken, a collective skipped, an epoch
 shorter than its peers', a crash) leaves its peers waiting until the process-group timeout.
 
-Injected mode runs five scenarios, each in a fresh world: a rank-dependent branch in DDP
+Injected mode runs six scenarios in one fresh world: a rank-dependent branch in DDP
 (unused parameters), a skipped all-reduce, an all-reduce with a different shape, a rank dying
-inside backward, and one rank with fewer batches. It passes iff every fault fired and the
-diagnosis names the injected rank (and, for DDP, the bucket and parameters), within the
-deadline. Target mode runs the target's ``run_loop`` (or a default few-step loop of its model,
-data and ``train_step``) and fails when it hangs or raises, with the diagnosis.
+inside backward, one rank with fewer batches -- a rank that never entered the collective
+(application divergence) -- and a rank frozen inside the all-reduce, as a stalled transport or
+driver leaves it (entered on every rank, completed on none). It passes iff every fault fired
+and the diagnosis names the injected rank and class (and, for DDP, the bucket and parameters),
+within the deadline. Target mode runs the target's ``run_loop`` (or a default few-step loop of
+its model, data and ``train_step``) and fails when it hangs or raises, with the diagnosis.
 
 Evidence: per-scenario classification (divergence | transport | dead-rank | error), culprit
 rank, collective (sequence number, op, shape, tag, DDP bucket and its parameter names), DDP's
-unused-parameter names, the monitored-barrier answer, stack excerpts, detection latency.
+unused-parameter names, the monitored-barrier answer, torch's flight recorder per answering
+rank (last entries: sequence number, op, input shapes, state; last enqueued vs completed),
+stack excerpts, detection latency.
 
     ddp-conformance run --checks hang-detection
     ddp-conformance run --target branchy --checks hang-detection
@@ -27,8 +31,8 @@ from typing import Any
 from conformance.outcome import Outcome
 
 from .._log import record_injections
-from ..injectors import ConditionalBranch, DeadRank, SkipCollective, UnevenBatches
-from ..scenarios import Scenario, ScenarioResult, run_scenarios
+from ..injectors import ConditionalBranch, DeadRank, SkipCollective, StalledRank, UnevenBatches
+from ..scenarios import STALL_DEADLINE_S, Scenario, ScenarioResult, run_scenarios
 from ..vehicles import VehicleSpec
 
 # The branch vehicle uses tiny buckets so the stuck bucket holds the aux head's parameters
@@ -54,6 +58,12 @@ def injected_scenarios() -> list[tuple[Scenario, dict[str, Any]]]:
          {"classification": "dead-rank", "culprit_rank": 1}),
         (Scenario("uneven-batches", "ddp", SMALL_MLP, UnevenBatches(rank=1, missing=1), steps=3),
          {"classification": "divergence", "kind": "never-entered", "culprit_rank": 1}),
+        # Last on purpose: the frozen rank can only be killed, which forces a world restart;
+        # here the world closes right after, so the restart is never paid.
+        (Scenario("stalled-transport", "collectives", fault=StalledRank(rank=1, step=1), steps=3,
+                  deadline_s=STALL_DEADLINE_S),
+         {"classification": "transport", "kind": "entered-never-completed", "culprit_rank": 1,
+          "tag": "step1"}),
     ]
 
 
@@ -81,7 +91,8 @@ def _entry(result: ScenarioResult, problems: list[str] | None = None) -> dict[st
     out = {"scenario": result.scenario.name, "latency_s": round(result.latency_s, 3),
            "injections": len(result.injections), "rank_timings": result.timings,
            **result.diagnosis.as_dict(),
-           "states": [{"rank": s.rank, "state": s.state, "text": s.text[-600:]} for s in result.states]}
+           "states": [{"rank": s.rank, "state": s.state, "text": s.text[-600:]} for s in result.states],
+           "flight_recorder_dump": {str(r): f for r, f in sorted(result.flight.items())}}
     if problems is not None:
         out["problems"] = problems
     return out

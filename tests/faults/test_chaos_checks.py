@@ -7,11 +7,13 @@ check that hangs or kills ranks opens one fresh world and reuses it across its s
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
 
 from conformance.registry import BY_ID
+from faults.scenarios import STALL_DEADLINE_S
 
 from .conftest import child_pids, fault_target
 
@@ -32,7 +34,7 @@ def test_hang_detection_diagnoses_every_injected_hang(suite_session: Any) -> Non
     assert record.status == "passed", record.message
     scenarios = {s["scenario"]: s for s in record.evidence["scenarios"]}
     assert set(scenarios) == {"rank-dependent-branch", "skipped-collective", "shape-mismatch",
-                              "dead-rank", "uneven-batches"}
+                              "dead-rank", "uneven-batches", "stalled-transport"}
     for s in scenarios.values():
         assert s["culprit_rank"] == 1 and s["injections"] >= 1 and not s["problems"]
         assert s["latency_s"] <= 20.0 + 2.0
@@ -41,8 +43,23 @@ def test_hang_detection_diagnoses_every_injected_hang(suite_session: Any) -> Non
     assert branch["params"] and all(p.startswith("aux_head.") for p in branch["params"])
     assert scenarios["dead-rank"]["classification"] == "dead-rank"
     assert scenarios["skipped-collective"]["collective"]["tag"] == "step1"
+    # never entered (application divergence) vs entered, never completed (transport)
+    assert (scenarios["uneven-batches"]["classification"], scenarios["uneven-batches"]["kind"]) == \
+        ("divergence", "never-entered")
+    stalled = scenarios["stalled-transport"]
+    assert (stalled["classification"], stalled["kind"]) == ("transport", "entered-never-completed")
+    assert stalled["barrier"] == [1] and stalled["collective"]["tag"] == "step1"
+    assert stalled["latency_s"] <= STALL_DEADLINE_S + 2.0
+    # torch's flight recorder on the rank that answered: it entered #2 and never completed it
+    assert stalled["flight_recorder"]["0"]["op"] == "gloo:all_reduce"
+    recorded = next(iter(stalled["flight_recorder_dump"]["0"]["groups"].values()))
+    assert recorded["last_enqueued"] > recorded["last_completed"]
+    assert "1" not in stalled["flight_recorder_dump"]  # the frozen rank could not answer
     assert {e.name for e in ctx.events} >= {"conditional-branch", "skip-collective", "dead-rank",
-                                            "uneven-batches"}
+                                            "uneven-batches", "stalled-rank"}
+    # the frozen (SIGSTOPped) rank was killed and reaped, not left stopped
+    frozen = next(e for e in ctx.events if e.name == "stalled-rank").data["pid"]
+    assert not os.path.exists(f"/proc/{frozen}")
 
 
 def test_unused_parameters_injected_incident(suite_session: Any) -> None:

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
+from faults._log import InjectionLog, read_injections
 from faults.injectors import (
     BucketConfig,
     ConditionalBranch,
     DeadRank,
     SkipCollective,
     SlowRank,
+    StalledRank,
     UnevenBatches,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_slow_rank_fires_only_on_its_rank_phase_and_steps() -> None:
@@ -59,7 +70,47 @@ def test_uneven_and_dead_and_skip() -> None:
     (lambda: DeadRank(rank=0, how="explode"), "how='explode' is not 'exit' or 'kill'"),
     (lambda: UnevenBatches(rank=0, missing=0), "missing=0 must be at least 1"),
     (lambda: ConditionalBranch(threshold=1.0), r"threshold=1.0 must be in \[0, 1\)"),
+    (lambda: StalledRank(rank=1, phase="allreduce"), "phase='allreduce' is not one of"),
+    (lambda: StalledRank(rank=1, step=-1), "step=-1 must be a step number"),
 ])
 def test_bad_faults_are_rejected_with_the_rule(make, match) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_stalled_rank_fires_once_at_its_rank_step_and_phase() -> None:
+    fault = StalledRank(rank=1, step=2)
+    assert fault.fires(1, 2) and fault.fires(1, 2, "backward")
+    assert not fault.fires(0, 2) and not fault.fires(1, 1) and not fault.fires(1, 2, "forward")
+
+
+def _state(pid: int) -> str:
+    return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_freeze_stops_the_process_and_sigkill_still_ends_it() -> None:
+    """What the stalled-rank injection relies on: after freeze() nothing in the process runs,
+    and the supervisor's SIGKILL still clears it (no process left behind)."""
+    code = "from faults.injectors import freeze; print('frozen', flush=True); freeze(); print('ran on')"
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "frozen"
+        until = time.monotonic() + 10
+        while _state(proc.pid) != "T" and time.monotonic() < until:
+            time.sleep(0.01)
+        assert _state(proc.pid) == "T"  # stopped, not sleeping: no timeout inside it can fire
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    assert proc.stdout.read() == ""  # nothing after freeze() ran
+
+
+def test_injection_log_writes_each_record_before_the_fault_strikes(tmp_path: Path) -> None:
+    log = InjectionLog(directory=tmp_path, rank=1)
+    log.mark(StalledRank(rank=1), 1, 1, "backward", stalled="step1")
+    with log.window(SlowRank(rank=1), 1, 2, "forward"):
+        pass
+    on_file = read_injections(tmp_path, 1)
+    assert on_file == log.as_dicts() and [i["fault"] for i in on_file] == ["stalled-rank", "slow-rank"]
+    assert on_file[0]["data"] == {"stalled": "step1"}
+    assert read_injections(tmp_path, 0) == []

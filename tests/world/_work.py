@@ -76,3 +76,13 @@ def spawn_grandchild(ctx: Any) -> int:
 
 def device_name(ctx: Any) -> str:
     return str(ctx.device)
+
+
+def freeze_on(ctx: Any, frozen_rank: int) -> None:
+    """``frozen_rank`` stops itself (like a process hung in a driver call); peers wait on it."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == frozen_rank:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    dist.all_reduce(torch.ones(1))

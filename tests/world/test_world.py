@@ -60,6 +60,18 @@ def test_a_blocked_rank_is_a_hang_with_stacks_and_a_fresh_world_after(world: Wor
     assert world.generation >= 2 and set(world.pids).isdisjoint(old_pids)
 
 
+def test_a_stopped_rank_is_a_hang_and_is_killed(world: World) -> None:
+    world.start()
+    stopped_pid = world.pids[1]
+    start = time.monotonic()
+    with pytest.raises(WorldHang) as info:
+        world.run(_work.freeze_on, 1, deadline=3.0)
+    assert time.monotonic() - start <= 3.0 + 2.0
+    assert info.value.stuck_ranks == [1] or 1 in info.value.stuck_ranks
+    assert "process is stopped" in info.value.stacks[1]
+    assert not _alive(stopped_pid)
+
+
 def test_a_rank_that_raises_is_named_with_its_traceback(world: World) -> None:
     world.start()  # a fresh world after the previous test's hang: its start-up is not detection
     start = time.monotonic()
