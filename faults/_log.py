@@ -56,9 +56,8 @@ def _as_dict(i: Injection) -> dict[str, Any]:
             "t_start": i.t_start, "t_end": i.t_end, "data": i.data}
 
 
-def read_injections(directory: str | Path, rank: int) -> list[dict[str, Any]]:
-    """What ``rank`` recorded to its file (for a rank whose results never came back)."""
-    path = injections_path(directory, rank)
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every whole line of a JSON-lines file a rank appended to (none if it never wrote)."""
     out = []
     if path.exists():
         for raw in path.read_text().splitlines():
@@ -67,6 +66,11 @@ def read_injections(directory: str | Path, rank: int) -> list[dict[str, Any]]:
             except json.JSONDecodeError:  # a line cut by a kill mid-write
                 pass
     return out
+
+
+def read_injections(directory: str | Path, rank: int) -> list[dict[str, Any]]:
+    """What ``rank`` recorded to its file (for a rank whose results never came back)."""
+    return read_jsonl(injections_path(directory, rank))
 
 
 def record_injections(ctx: Any, injections: list[dict[str, Any]]) -> int:

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ._log import read_jsonl
+
 
 def log_path(directory: str | Path, rank: int) -> Path:
     return Path(directory) / f"collectives-rank{rank}.jsonl"
@@ -122,15 +124,4 @@ class CollectiveTracker:
 
 def read_logs(directory: str | Path, world_size: int) -> dict[int, list[dict[str, Any]]]:
     """Every rank's recorded lines (a rank that never wrote has an empty list)."""
-    out: dict[int, list[dict[str, Any]]] = {}
-    for rank in range(world_size):
-        path = log_path(directory, rank)
-        lines: list[dict[str, Any]] = []
-        if path.exists():
-            for raw in path.read_text().splitlines():
-                try:
-                    lines.append(json.loads(raw))
-                except json.JSONDecodeError:  # a line cut by a kill mid-write
-                    pass
-        out[rank] = lines
-    return out
+    return {rank: read_jsonl(log_path(directory, rank)) for rank in range(world_size)}
