@@ -37,10 +37,6 @@ class CheckContext:
     attached: bool = False
     events: list[Event] = field(default_factory=list)
 
-    @property
-    def device_type(self) -> str:
-        return "cuda" if self.backend == "nccl" else "cpu"
-
     def world(self, world_size: int | None = None) -> Any:
         """The persistent world of this session (``world_size`` ranks; default the run's).
 

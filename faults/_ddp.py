@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -54,24 +53,6 @@ def rank_batch(target: Any, seed: int, rank: int, world_size: int, per_rank: int
     return inputs, targets
 
 
-def parameter_names(model: torch.nn.Module) -> list[str]:
-    """Names in the order DDP indexes parameters (those that require grad)."""
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
-def bucket_layout(ddp_model: Any) -> list[list[str]]:
-    """Parameter names per bucket, from DDP's logging data (rebuilt layout when there is one)."""
-    data = ddp_model._get_ddp_logging_data()
-    names = parameter_names(ddp_model.module)
-    raw = data.get("rebuilt_per_bucket_param_indices") or ""
-    buckets = []
-    for chunk in str(raw).split(","):
-        idx = [int(i) for i in chunk.split()]
-        if idx:
-            buckets.append([names[i] for i in idx if i < len(names)])
-    return buckets
-
-
 def bucket_count(ddp_model: Any) -> int:
     """How many buckets DDP reduces per step (rebuilt layout, else the initial one)."""
     data = ddp_model._get_ddp_logging_data()
@@ -117,8 +98,3 @@ class LoopContext:
         return ddp
 
 
-def timed(fn: Callable[[], Any], device: Any = None) -> float:
-    start = time.perf_counter()
-    fn()
-    sync_device(device)
-    return time.perf_counter() - start

@@ -137,10 +137,6 @@ def grad_state(model: Any) -> dict[str, Any]:
             for name, p in unwrap(model).named_parameters()}
 
 
-def buffer_state(model: Any) -> dict[str, Any]:
-    return {name: b.detach().cpu().clone() for name, b in unwrap(model).named_buffers()}
-
-
 def tensor_digest(tensor: Any) -> str:
     """Exact identity of a tensor's values (dtype and shape included): equal digests mean
     bit-identical tensors, which is what DDP promises for parameters across ranks."""

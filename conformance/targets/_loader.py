@@ -91,10 +91,6 @@ class Target:
                               f"use a multiple of {unit}")
         return self.global_batch_size
 
-    @property
-    def has_custom_train_step(self) -> bool:
-        return self.train_step is not default_train_step
-
 
 _CACHE: dict[str, Target] = {}
 

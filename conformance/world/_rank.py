@@ -58,10 +58,6 @@ class RankContext:
     pg_timeout_s: float = 60.0
     cache: dict[str, Any] = field(default_factory=dict)  # survives between calls in a persistent world
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
 
 @dataclass(frozen=True)
 class RankConfig:
