@@ -27,7 +27,7 @@ def sleep_forever_on_rank1(ctx: Any) -> None:
 
 
 def main() -> None:
-    from conformance.world import World, WorldHang
+    from conformance.harness.world import World, WorldHang
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--deadlines", type=float, nargs="+", default=[1.0, 2.0, 4.0])

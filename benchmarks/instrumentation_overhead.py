@@ -24,8 +24,8 @@ def step_loop(ctx: Any, target_spec: str, instrumented: bool, steps: int = STEPS
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from conformance.harness.targets import load_target
     from conformance.perf.profile import GradReadyRecorder, local_batch
-    from conformance.targets import load_target
 
     target = load_target(target_spec)
     if "ddp" not in ctx.cache:  # built once: the comparison is of steps, not of construction
@@ -48,7 +48,7 @@ def step_loop(ctx: Any, target_spec: str, instrumented: bool, steps: int = STEPS
 
 
 def main() -> None:
-    from conformance.world import World
+    from conformance.harness.world import World
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=30)

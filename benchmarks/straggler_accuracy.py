@@ -25,7 +25,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="timed steps per delay (median)")
     args = parser.parse_args()
 
-    from conformance.session import Session, Settings
+    from conformance.harness.session import Session, Settings
     from faults.checks.straggler import VEHICLE, measure
     from faults.injectors import SlowRank
 

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conformance.world import World  # noqa: E402
+from conformance.harness.world import World  # noqa: E402
 
 
 def small_ddp_check(ctx: Any, seed: int) -> str:

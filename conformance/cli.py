@@ -19,8 +19,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .registry import CHECKS, SUITES, select
-from .targets._loader import BUILTINS
+from .harness.registry import CHECKS, SUITES, select
+from .harness.timing import DEFAULT_DEADLINE_S
+from .harness.targets import BUILTINS
 
 EXIT_READY, EXIT_NOT_READY, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 DEFAULT_REPORT_DIR = "./ddp-conformance-report"
@@ -42,8 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--suite", default="full", help="ci | full (default full)")
     run.add_argument("--checks", default=None, help="comma-separated check ids (see `list`)")
     run.add_argument("--report-dir", default=DEFAULT_REPORT_DIR, help=f"default {DEFAULT_REPORT_DIR}")
-    run.add_argument("--deadline", type=float, default=60.0,
-                     help="seconds a distributed call may take before it is a hang (default 60)")
+    run.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S,
+                     help=f"seconds a distributed call may take before it is a hang (default {DEFAULT_DEADLINE_S:g})")
     run.add_argument("--attach", action="store_true", help="run as one rank under torchrun/srun")
     run.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
     report = sub.add_parser("report", help="re-render report.md/html from DIR/results.jsonl")
@@ -88,9 +89,9 @@ def _report(directory: Path) -> int:
 
 def _validate(args: argparse.Namespace) -> tuple[str, int]:
     """Reject bad input at the edge, before a single process starts. Returns (backend, world size)."""
-    from .targets import TargetError
-    from .world import WorldUnavailable
-    from .world.devices import check_world, default_world_size, resolve_backend
+    from .harness.targets import TargetError
+    from .harness.world import WorldUnavailable
+    from .harness.world.devices import check_world, default_world_size, resolve_backend
 
     if args.suite not in SUITES:
         raise UsageError(f"--suite {args.suite!r} is not one of {', '.join(SUITES)}")
@@ -104,7 +105,7 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
     if args.world_size is not None and args.world_size < 1:
         raise UsageError(f"--world-size {args.world_size} must be at least 1")
     if args.attach:
-        from .world.attach import launcher_env
+        from .harness.world.attach import launcher_env
 
         info = launcher_env()
         if info is None:
@@ -129,7 +130,7 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
 def _validate_target(spec: str, world_size: int) -> None:
     import torch
 
-    from .targets import build_model_checked, load_target, make_batch_checked
+    from .harness.targets import build_model_checked, load_target, make_batch_checked
 
     target = load_target(spec)
     torch.manual_seed(0)

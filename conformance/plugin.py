@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from .registry import BY_ID, SUITES, select
+from .harness.registry import BY_ID, SUITES, select
+from .harness.timing import DEFAULT_DEADLINE_S
 
 RECORD_KEY = "ddp_record"
 EVENTS_KEY = "ddp_events"
@@ -40,8 +41,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="ranks per world (default: GPU count for nccl, 2 for gloo)")
     group.addoption("--ddp-target", default=None,
                     help="target file, module or built-in name (default: the built-in targets)")
-    group.addoption("--ddp-deadline", type=float, default=60.0,
-                    help="seconds one distributed call may take before it is declared a hang (default 60)")
+    group.addoption("--ddp-deadline", type=float, default=DEFAULT_DEADLINE_S,
+                    help=f"seconds one distributed call may take before it is declared a hang (default {DEFAULT_DEADLINE_S:g})")
     group.addoption("--ddp-report-dir", default=None,
                     help="write results.jsonl and report.{json,md,html} here")
     group.addoption("--ddp-checks", default=None, help="comma-separated check ids (default: the suite's)")
@@ -71,9 +72,9 @@ def _is_writer(config: pytest.Config) -> bool:
 
 def settings_from(config: pytest.Config) -> Any:
     """Resolve options into Settings (imports torch to count GPUs; call from fixtures only)."""
-    from .session import Settings
-    from .world.attach import launcher_env
-    from .world.devices import default_world_size, resolve_backend
+    from .harness.session import Settings
+    from .harness.world.attach import launcher_env
+    from .harness.world.devices import default_world_size, resolve_backend
 
     backend = resolve_backend(config.getoption("--ddp-backend"))
     world_size = config.getoption("--ddp-world-size") or 0
@@ -89,7 +90,7 @@ def settings_from(config: pytest.Config) -> Any:
 @pytest.fixture(scope="session")
 def ddp_session(pytestconfig: pytest.Config) -> Any:
     """The process's suite session: settings plus persistent worlds, closed at the end."""
-    from .session import Session
+    from .harness.session import Session
 
     session = Session(settings_from(pytestconfig))
     yield session
@@ -100,7 +101,7 @@ def ddp_session(pytestconfig: pytest.Config) -> Any:
 @pytest.fixture(scope="session")
 def ddp_world(ddp_session: Any) -> Any:
     """The persistent world for the configured backend and world size."""
-    from .world import WorldUnavailable
+    from .harness.world import WorldUnavailable
 
     try:
         return ddp_session.world()
@@ -112,7 +113,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "ddp_case" not in metafunc.fixturenames:
         return
     config = metafunc.config
-    from .session import Settings
+    from .harness.session import Settings
 
     settings = Settings(target=config.getoption("--ddp-target"))
     specs = select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"))
@@ -140,7 +141,7 @@ def run_case(request: pytest.FixtureRequest, session: Any, check_id: str, target
     Used by the suite's test function. ``inconclusive`` fails the pytest item (a CI gate must
     not go green on something it could not decide); the CLI's exit code keeps the nuance (3).
     """
-    from .targets import TargetError
+    from .harness.targets import TargetError
 
     try:
         record, ctx = session.run_check(BY_ID[check_id], target)
@@ -242,7 +243,7 @@ def _first_line(text: str) -> str:
 
 
 def _builtin_names() -> list[str]:
-    from .targets._loader import BUILTINS
+    from .harness.targets import BUILTINS
 
     return list(BUILTINS)
 

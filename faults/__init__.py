@@ -6,7 +6,14 @@ checks import it when a world runs them.
 
 from __future__ import annotations
 
-from .diagnosis import HangDiagnosis, RankState, StragglerVerdict, diagnose_hang, score_stragglers, unused_from_error
+from .diagnosis import (
+    HangDiagnosis,
+    RankState,
+    StragglerVerdict,
+    diagnose_hang,
+    score_stragglers,
+    unused_from_error,
+)
 from .injectors import (
     PHASES,
     BucketConfig,

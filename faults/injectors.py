@@ -6,7 +6,7 @@ chance). The incident's ``random.random() > 0.5`` is modelled by ``ConditionalBr
 a per-rank draw from an RNG seeded by (seed, rank, step) -- random-looking, but reproducible.
 
 Injections are logged in the rank (:class:`Injection`) and returned to the supervisor, which
-records them as events with wall-clock windows (see ``faults._events``).
+records them as events with wall-clock windows (``faults._log``).
 
     SlowRank(rank=1, phase="backward", delay_s=0.05, steps=range(2, 8)).fires(1, 3, "backward")
 """
@@ -169,7 +169,7 @@ class StalledRank:
     process-group timeout never firing, never progressing.
 
     The freeze happens after the enqueue is recorded and before the rank's data leaves, not on
-    a timer after the issue: a 32-byte gloo all-reduce completes in well under a millisecond,
+    a timer after the collective is issued: a 32-byte gloo all-reduce completes in well under a millisecond,
     so a timer would race it, and a rank frozen *after* the exchange leaves its peers one
     collective ahead (a "never entered" divergence, not a stall). Frozen first, the collective
     is entered on every rank and completes on none, every run.

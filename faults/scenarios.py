@@ -82,7 +82,8 @@ def _die(fault: DeadRank, log: InjectionLog, rank: int, step: int) -> None:
 def _ddp_loop(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog, group: Any) -> None:
     import torch
 
-    from ._ddp import rank_batch, wrap
+    from conformance.harness.ddp import SCENARIO_DATA_SEED, rank_batch, wrap
+
     from .vehicles import resolve
 
     target = resolve(sc.source, ctx.rank, log)
@@ -97,7 +98,7 @@ def _ddp_loop(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: Injection
             log.mark(sc.fault, ctx.rank, steps, "data", batches=steps, peers_batches=sc.steps)
     for step in range(steps):
         tracker.step = step
-        batch = rank_batch(target, 1000 + step, ctx.rank, ctx.world_size, per_rank=sc.per_rank,
+        batch = rank_batch(target, ctx.rank, ctx.world_size, seed=SCENARIO_DATA_SEED + step, per_rank=sc.per_rank,
                            device=ctx.device)
         fault = sc.fault
         if isinstance(fault, DeadRank) and fault.rank == ctx.rank and fault.step == step:
@@ -141,7 +142,8 @@ def _collectives(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: Inject
 
 
 def _run_loop(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog, group: Any) -> None:
-    from ._ddp import LoopContext
+    from conformance.harness.ddp import LoopContext
+
     from .vehicles import resolve
 
     target = resolve(sc.source, ctx.rank, log)
@@ -187,7 +189,7 @@ def _warm_up(ctx: Any) -> None:
     if "faults.warm" not in ctx.cache:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        from ._ddp import debug_info_on
+        from conformance.harness.ddp import debug_info_on
 
         debug_info_on()
         DDP(torch.nn.Linear(1, 1).to(ctx.device),
@@ -273,7 +275,7 @@ def run_scenarios(ctx: Any, scenarios: list[Scenario]) -> list[ScenarioResult]:
 
 def run_scenario(ctx: Any, world: Any, sc: Scenario, *, deadline: float) -> ScenarioResult:
     """Run ``sc`` in ``world`` and diagnose it from the ranks' logs, states and stacks."""
-    from conformance.world import WorldError
+    from conformance.harness.world import WorldError
 
     log_dir = Path(ctx.tmpdir) / f"scenario-{sc.name}"
     log_dir.mkdir(parents=True, exist_ok=True)

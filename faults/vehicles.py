@@ -82,7 +82,7 @@ class VehicleSpec:
 
 def _default_step(model: Any, optimizer: Any, microbatches: list[tuple[Any, Any]],
                   loss_fn: Callable[[Any, Any], Any]) -> None:
-    from conformance.targets import default_train_step
+    from conformance.harness.targets import default_train_step
 
     default_train_step(model, optimizer, microbatches, loss_fn)
 
@@ -122,6 +122,6 @@ def resolve(source: Any, rank: int, log: InjectionLog | None = None) -> Any:
     """A target (spec string) or a vehicle (VehicleSpec), with the same interface."""
     if isinstance(source, VehicleSpec):
         return build_vehicle(source, rank, log)
-    from conformance.targets import load_target
+    from conformance.harness.targets import load_target
 
     return load_target(source)

@@ -164,7 +164,7 @@ def _torch_facts(errors: list[str]) -> dict[str, Any]:
 
 
 def collect(*, backend: str, world_size: int, hostnames: list[str] | None = None) -> dict[str, Any]:
-    """The ``environment`` block of run.json/report.json (DESIGN.md 3.4).
+    """The ``environment`` block of run.json/report.json (docs/architecture.md, 'Results').
 
     ``hostnames`` are the hosts of every rank when the launcher knows them (attach mode);
     the local host otherwise.

@@ -17,8 +17,17 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from ._format import (DASH, STATUS_ICONS, VERDICT_TITLES, key_figure, one_line, pretty_json,
-                      seconds, timestamp, truncate)
+from ._format import (
+    DASH,
+    STATUS_ICONS,
+    VERDICT_TITLES,
+    key_figure,
+    one_line,
+    pretty_json,
+    seconds,
+    timestamp,
+    truncate,
+)
 from .charts import charts_for
 from .recommend import recommend, warnings_of
 

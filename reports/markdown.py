@@ -15,7 +15,17 @@ from typing import Any
 
 from tabulate import tabulate
 
-from ._format import DASH, STATUS_ICONS, VERDICT_TITLES, key_figure, one_line, pretty_json, seconds, timestamp, truncate
+from ._format import (
+    DASH,
+    STATUS_ICONS,
+    VERDICT_TITLES,
+    key_figure,
+    one_line,
+    pretty_json,
+    seconds,
+    timestamp,
+    truncate,
+)
 from .recommend import recommend, warnings_of
 
 MAX_BYTES = 1_000_000  # GitHub's limit is 1 MiB per step summary; keep a margin

@@ -1,6 +1,6 @@
 """Recommendations: each failed, inconclusive or warning check mapped to concrete advice.
 
-The advice is the production checklist of BACKGROUND.md, specialised with what the check
+The advice is the production checklist of docs/ddp-background.md, specialised with what the check
 measured (the best bucket size it found, the cost of ``find_unused_parameters`` it timed, the
 culprit rank it named). A check that knows better sets its record's ``recommendation``; that
 always wins. Otherwise the rule for the check id supplies one, refined by evidence keys.

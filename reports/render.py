@@ -34,7 +34,7 @@ def _check_dict(record: CheckRecord) -> dict[str, Any]:
 
 
 def build_report(meta: Mapping[str, Any], records: Iterable[CheckRecord], events: Iterable[Event]) -> dict[str, Any]:
-    """The report.json dict (DESIGN.md 3.4) plus ``complete``, ``counts``, ``events``,
+    """The report.json dict (docs/architecture.md, 'Results') plus ``complete``, ``counts``, ``events``,
     ``reasons`` and, when there are any, ``harness_errors`` and ``missing_checks``."""
     records, events = list(records), list(events)
     complete = meta.get("finished") is not None

@@ -3,7 +3,7 @@ for the renderers' tests and for eyeballing report.html without a GPU cluster::
 
     python -m reports.sample out/      # writes out/run.json, results.jsonl and the reports
 
-The story is the incident of BACKGROUND.md on an 8-GPU node: everything conforms except an
+The story is the incident of docs/ddp-background.md on an 8-GPU node: everything conforms except an
 auxiliary head under a random branch (``unused-parameters`` fails, the hang reproduced); an
 injected slow rank is named; the configured 25 MB buckets are slower than the best 50 MB.
 All numbers are deterministic (seeded), so the output is stable.

@@ -1,4 +1,4 @@
-"""The result schema (DESIGN.md 3.4): one record per check, plus fault-injection events.
+"""The result schema (docs/architecture.md, 'Results'): one record per check, plus fault-injection events.
 
 Both live in the same stream, ``results.jsonl``, one JSON object per line. A line with
 ``"record": "event"`` is an event; every other line is a check record. Unknown keys are

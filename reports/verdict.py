@@ -1,6 +1,6 @@
 """The verdict: one word for the whole run, and the exit code the CLI returns for it.
 
-Tri-state on purpose (STYLE.md 5, after jepsen's ``checker.clj`` validity priorities):
+Tri-state on purpose (after jepsen's ``checker.clj`` validity priorities):
 ``failed`` outranks ``inconclusive`` outranks ``passed``. A run is *ready* only when it
 positively showed something and nothing went wrong; a run that checked nothing, was killed
 halfway or tripped over its own harness cannot vouch for the target, so it is
@@ -97,7 +97,7 @@ def decide(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[s
 
 
 def exit_code(verdict: str) -> int:
-    """CLI exit status (DESIGN.md 3.1): 0 ready, 1 not ready, 3 inconclusive (2 is usage)."""
+    """CLI exit status (the README's 'Command line'): 0 ready, 1 not ready, 3 inconclusive (2 is usage)."""
     try:
         return EXIT_CODES[verdict]
     except KeyError:

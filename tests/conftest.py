@@ -22,7 +22,7 @@ def suite_session() -> Iterator[Any]:
     Its persistent worlds are started on first use and reused (a failed call replaces
     them), so tests pay the ~5 s world start-up once per worker, not once per test.
     """
-    from conformance.session import Session, Settings
+    from conformance.harness.session import Session, Settings
 
     session = Session(Settings(backend="gloo", world_size=2, deadline=60.0))
     yield session

@@ -1,1 +1,1 @@
-"""The conformance checks: one module per check id (see conformance.registry)."""
+"""The conformance checks: one module per check id (see conformance.harness.registry)."""

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..outcome import Outcome
-from ..world import RankFailure, WorldHang
+from ..harness.outcome import Outcome
+from ..harness.world import RankFailure, WorldHang
 from ._compare import TensorDiff, diff_states, fmt, worst
-from ._ddp import RunPlan, run_recorded
+from ._recorded import RunPlan, run_recorded
 
 
 @dataclass(frozen=True, slots=True)

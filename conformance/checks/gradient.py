@@ -4,7 +4,7 @@
     ddp-conformance run --checks gradient-equivalence --target my_target.py
 
 Contract (DDP docs, "DDP is mathematically equivalent to single-process training on the
-global batch"; BACKGROUND.md): with identical initial parameters (DDP broadcasts rank 0's at
+global batch"; docs/ddp-background.md): with identical initial parameters (DDP broadcasts rank 0's at
 construction), gradients all-reduced and divided by N, and a loss that is a *mean* over
 samples, the gradient on each rank after backward equals the gradient of the global batch.
 Users break it with a loss that is a sum or is rescaled by the world size, with clipping or
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..outcome import Outcome
-from ..world import RankFailure, WorldHang
+from ..harness.outcome import Outcome
+from ..harness.world import RankFailure, WorldHang
 from ._equivalence import run_equivalence, world_error_outcome
 
 STEPS = 3

@@ -4,7 +4,7 @@ price of one all-reduce per K microbatches.
     ddp-conformance run --checks no-sync-equivalence
     ddp-conformance run --checks no-sync-equivalence --target my_target.py
 
-Contract (DDP ``no_sync()`` docstring; BACKGROUND.md "Gradient accumulation"): inside
+Contract (DDP ``no_sync()`` docstring; docs/ddp-background.md, "Gradient accumulation"): inside
 ``no_sync()`` backward only accumulates local gradients; the first backward outside it
 all-reduces the accumulated sum. So K microbatches per rank, ``no_sync`` on the first K-1 and
 the loss divided by K, give exactly the gradient of the global batch, with one bucket-set of
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..outcome import Outcome
-from ..targets import TargetError
-from ..world import RankFailure, WorldHang
+from ..harness.outcome import Outcome
+from ..harness.targets import TargetError
+from ..harness.world import RankFailure, WorldHang
 from ._equivalence import run_equivalence, world_error_outcome
 
 MICROBATCH_CHOICES = (4, 2)

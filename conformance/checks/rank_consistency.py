@@ -30,10 +30,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..outcome import Outcome
-from ..world import RankFailure, WorldHang
-from ._ddp import (SEED, build_model, disable_tf32, effective_ddp_kwargs, global_batch, shard,
-                   tensor_digest, to_device, unwrap, wrap)
+from ..harness.ddp import (
+    MODEL_SEED,
+    build_model,
+    disable_tf32,
+    effective_ddp_kwargs,
+    global_batch,
+    shard,
+    tensor_digest,
+    to_device,
+    unwrap,
+    wrap,
+)
+from ..harness.outcome import Outcome
+from ..harness.world import RankFailure, WorldHang
 from ._equivalence import world_error_outcome
 
 STEPS = 3
@@ -41,9 +51,9 @@ STEPS = 3
 
 def fingerprint(rank_ctx: Any, target_spec: str) -> list[tuple[str, str, tuple[int, ...], str]]:
     """(kind, name, shape, dtype) of every parameter and buffer, in registration order."""
-    from ..targets import load_target
+    from ..harness.targets import load_target
 
-    model = build_model(load_target(target_spec), rank_ctx.device, seed=SEED)
+    model = build_model(load_target(target_spec), rank_ctx.device, seed=MODEL_SEED)
     entries = [("parameter", n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()]
     entries += [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
     return entries
@@ -56,11 +66,11 @@ def _snapshot(tensors: Any) -> dict[str, tuple[str, float]]:
 
 def track(rank_ctx: Any, target_spec: str, batch_size: int, steps: int) -> list[dict[str, Any]]:
     """Digests of parameters and buffers at every checkpoint of a short DDP run on this rank."""
-    from ..targets import load_target
+    from ..harness.targets import load_target
 
     disable_tf32()
     target = load_target(target_spec)
-    model = build_model(target, rank_ctx.device, seed=SEED)
+    model = build_model(target, rank_ctx.device, seed=MODEL_SEED)
     # Construction broadcasts rank 0's parameters and buffers (a collective on every rank).
     ddp = wrap(model, rank_ctx.device, effective_ddp_kwargs(target))
     optimizer = target.build_optimizer(ddp.parameters())
@@ -85,7 +95,7 @@ def track(rank_ctx: Any, target_spec: str, batch_size: int, steps: int) -> list[
     try:
         for step in range(steps):
             current["step"] = step
-            micro = to_device(shard(global_batch(target, step, batch_size), rank_ctx.rank,
+            micro = to_device(shard(global_batch(target, batch_size, seed=MODEL_SEED + step), rank_ctx.rank,
                                     rank_ctx.world_size, 1), rank_ctx.device)
             target.train_step(ddp, optimizer, micro, target.loss_fn)
             checkpoints.append({"when": f"after step {step}", "step": step, "kind": "parameter",

@@ -4,7 +4,7 @@ a new order every epoch, the same permutation on every rank.
     ddp-conformance run --checks sampler-coverage
     ddp-conformance run --checks sampler-coverage --target my_target.py   # its epoch_batches
 
-Contract (``torch.utils.data.DistributedSampler`` docstring; BACKGROUND.md): all ranks shuffle
+Contract (``torch.utils.data.DistributedSampler`` docstring; docs/ddp-background.md): all ranks shuffle
 with the same generator seeded ``seed + epoch`` and rank r takes ``indices[r::N]``; with
 ``drop_last=False`` the list is padded by repeating its head up to ``ceil(len/N)·N``, with
 ``drop_last=True`` the tail is dropped to ``floor(len/N)·N``; ``set_epoch`` must be called
@@ -30,7 +30,7 @@ import math
 from collections import Counter
 from typing import Any, Iterable
 
-from ..outcome import Outcome
+from ..harness.outcome import Outcome
 
 EPOCHS = 3
 WORLD_SIZES = (2, 3, 4)

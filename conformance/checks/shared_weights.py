@@ -4,7 +4,7 @@ summed over its uses, averaged over ranks — in every DDP mode production might
     ddp-conformance run --checks shared-weights --target tied-lm
     ddp-conformance run --checks shared-weights --target my_target.py
 
-Contract (BACKGROUND.md "How DDP synchronises"; DDP docs on shared parameters): a parameter
+Contract (docs/ddp-background.md, "How DDP synchronises"; DDP docs on shared parameters): a parameter
 reached by several uses receives several gradient contributions in one backward, and DDP may
 mark it ready only after the last one; with ``find_unused_parameters=True`` or
 ``static_graph=True`` the reducer's bookkeeping differs, so each mode is run. A use whose
@@ -37,11 +37,20 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..outcome import Outcome
-from ..world import RankFailure, WorldHang
+from ..harness.ddp import (
+    MODEL_SEED,
+    build_model,
+    disable_tf32,
+    effective_ddp_kwargs,
+    global_batch,
+    shard,
+    to_device,
+    unwrap,
+    wrap,
+)
+from ..harness.outcome import Outcome
+from ..harness.world import RankFailure, WorldHang
 from ._compare import diff_tensor, fmt
-from ._ddp import (SEED, build_model, disable_tf32, effective_ddp_kwargs, global_batch, shard,
-                   to_device, unwrap, wrap)
 from ._equivalence import world_error_outcome
 
 ITERATIONS = 2
@@ -122,14 +131,14 @@ def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
 
 def probe(rank_ctx: Any, target_spec: str, batch_size: int) -> dict[str, Any]:
     """Discovery, per-use gradients and the reference (rank 0), then every DDP variant."""
-    from ..targets import load_target
+    from ..harness.targets import load_target
 
     disable_tf32()
     target = load_target(target_spec)
     device, rank, n = rank_ctx.device, rank_ctx.rank, rank_ctx.world_size
-    batches = [global_batch(target, step, batch_size) for step in range(ITERATIONS)]
+    batches = [global_batch(target, batch_size, seed=MODEL_SEED + step) for step in range(ITERATIONS)]
     out: dict[str, Any] = {"rank": rank}
-    model = build_model(target, device, seed=SEED)
+    model = build_model(target, device, seed=MODEL_SEED)
     groups = _alias_groups(model)
     calls = _count_calls(copy.deepcopy(model), to_device(shard(batches[0], rank, n, 1), device)[0][0])
     shared = sorted({name for g in groups for name in g[:1]}
@@ -143,7 +152,7 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int) -> dict[str, Any]:
         kwargs = effective_ddp_kwargs(target, overrides)
         if any(v["kwargs"] == repr(kwargs) for v in variants):
             continue
-        fresh = build_model(target, device, seed=SEED)
+        fresh = build_model(target, device, seed=MODEL_SEED)
         # Construction broadcasts rank 0's weights: the reference below starts from them.
         ddp = wrap(fresh, device, kwargs)
         if rank == 0 and "reference" not in out:

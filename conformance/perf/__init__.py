@@ -1,12 +1,22 @@
-"""Performance and scale: bus bandwidth, the alpha-beta fit, the overlapped-step simulator and
-scaling projection, and DDP's own overlap accounting. Pure math lives in ``busbw``,
-``alphabeta`` and ``simulator``; ``sweep``, ``profile`` and ``overlap`` hold the work
-functions that run on ranks (module-level, so a World can pickle them by reference)."""
+"""Performance and scale: the ``allreduce-bandwidth`` check and the maths beside it.
+
+Pure maths: ``bandwidth_math`` (nccl-tests bus bandwidth), ``alphabeta`` (the ring model fit)
+and ``simulator`` (the overlapped DDP step and the scaling projection). Rank-side work
+functions (module-level, so a World pickles them by reference): ``sweep``, ``profile`` and
+``overlap``. The check itself: ``allreduce_bandwidth``."""
 
 from __future__ import annotations
 
 from .alphabeta import AlphaBeta, fit_alpha_beta, ring_allreduce_time
-from .bandwidth import SweepPoint, algbw, bus_factor, busbw, key_figure, median_of_slowest, nccl_tests_table
+from .bandwidth_math import (
+    SweepPoint,
+    algbw,
+    bus_factor,
+    busbw,
+    key_figure,
+    median_of_slowest,
+    nccl_tests_table,
+)
 from .simulator import (
     BackwardProfile,
     Projection,

@@ -4,7 +4,7 @@ Ring all-reduce = reduce-scatter + all-gather: 2(N-1) steps, each moving V/N byt
 
     T(V, N) = 2(N-1)*alpha + 2(N-1)/N * V/beta
 
-(BACKGROUND.md, "Ring all-reduce cost model"). For a fixed N this is a line ``T = a + b*V``;
+(docs/ddp-background.md, "Ring all-reduce cost model"). For a fixed N this is a line ``T = a + b*V``;
 a least-squares fit of the sweep gives ``alpha = a / 2(N-1)`` and ``beta = 2(N-1)/(N*b)``.
 The fit weights every point by ``1/T`` (it minimises *relative* error): message sizes span four
 orders of magnitude, and an unweighted fit would let the largest messages decide alpha alone.

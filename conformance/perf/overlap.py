@@ -14,14 +14,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .profile import _sync, local_batch
+from ..harness.ddp import (
+    PROBE_SEED,
+    build_model,
+    effective_ddp_kwargs,
+    logging_data,
+    sync_device,
+    wrap,
+)
+from .profile import local_batch
 
 STEPS, WARMUP = 12, 2
 _NS = 1e-9
-LOGGING_KEYS = ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time",
-                "avg_backward_compute_comm_overlap_time", "rebuilt_bucket_sizes",
-                "rebuilt_per_bucket_param_indices", "bucket_sizes", "bucket_cap_bytes", "iteration",
-                "backend_name", "find_unused_parameters", "static_graph", "gradient_as_bucket_view")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,38 +59,26 @@ def parse_bucket_indices(text: str) -> list[list[int]]:
     return [[int(i) for i in part.split()] for part in text.split(",") if part.strip()]
 
 
-def ddp_kwargs_for(target: Any) -> dict[str, Any]:
-    # process_group would name a group of the user's process, which does not exist here.
-    return {k: v for k, v in target.ddp_kwargs.items() if k != "process_group"}
-
-
 def ddp_steps(ctx: Any, target_spec: str, *, steps: int = STEPS, warmup: int = WARMUP) -> dict[str, Any]:
     """World work function: ``steps`` DDP forward+backward steps of the target on every rank.
 
     Returns the median step time after ``warmup`` (bucket rebuild happens in iteration 0)
     and the DDP logging fields above.
     """
-    import torch
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ..targets import build_model_checked, load_target
+    from ..harness.targets import load_target
 
     target = load_target(target_spec)
-    torch.manual_seed(0)
-    model = build_model_checked(target).to(ctx.device)
-    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    ddp = DDP(model, device_ids=ids, **ddp_kwargs_for(target))
+    ddp = wrap(build_model(target, ctx.device, seed=PROBE_SEED), ctx.device, effective_ddp_kwargs(target))
     inputs, targets = local_batch(target, ctx.rank, ctx.world_size, ctx.device)
     times = []
     for i in range(steps):
         ddp.zero_grad(set_to_none=True)
-        _sync(ctx.device)
+        sync_device(ctx.device)
         t0 = time.perf_counter()
         # backward() returns only after DDP waited for every bucket's all-reduce, so this is
         # the whole overlapped step the simulator predicts.
         target.loss_fn(ddp(inputs), targets).backward()
-        _sync(ctx.device)
+        sync_device(ctx.device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    data = ddp._get_ddp_logging_data()
-    return {"step_s": statistics.median(times), "logging": {k: data[k] for k in LOGGING_KEYS if k in data}}
+    return {"step_s": statistics.median(times), "logging": logging_data(ddp)}

@@ -12,6 +12,7 @@ import statistics
 import time
 from typing import Any
 
+from ..harness.ddp import PROBE_SEED, build_model, rank_batch, sync_device
 from .simulator import BackwardProfile
 
 WARMUP, REPEATS = 2, 5
@@ -50,25 +51,10 @@ class GradReadyRecorder:
         self._handles.clear()
 
 
-def _sync(device: Any) -> None:
-    if device.type == "cuda":
-        import torch
-
-        # Kernels run asynchronously: time is only meaningful once the device is idle.
-        torch.cuda.synchronize(device)
-
-
 def local_batch(target: Any, rank: int, world_size: int, device: Any) -> tuple[Any, Any]:
-    """This rank's contiguous chunk of the target's global batch (DESIGN 3.2), seeded."""
-    import torch
-
-    from ..targets import make_batch_checked
-
-    size = target.batch_size_for(world_size)
-    inputs, targets = make_batch_checked(target, torch.Generator().manual_seed(0), size)
-    per = size // world_size
-    rows = slice(rank * per, (rank + 1) * per)
-    return inputs[rows].to(device), targets[rows].to(device)
+    """This rank's contiguous chunk of the target's global batch, drawn with the probe seed."""
+    return rank_batch(target, rank, world_size, seed=PROBE_SEED,
+                      batch_size=target.batch_size_for(world_size), device=device)
 
 
 def profile_backward(ctx: Any, target_spec: str, *, warmup: int = WARMUP, repeats: int = REPEATS) -> dict[str, Any]:
@@ -76,27 +62,24 @@ def profile_backward(ctx: Any, target_spec: str, *, warmup: int = WARMUP, repeat
 
     Returns a plain dict (picklable) that ``to_profile`` turns into a BackwardProfile.
     """
-    import torch
-
-    from ..targets import build_model_checked, load_target
+    from ..harness.targets import load_target
 
     target = load_target(target_spec)
-    torch.manual_seed(0)
-    model = build_model_checked(target).to(ctx.device)
+    model = build_model(target, ctx.device, seed=PROBE_SEED)
     inputs, targets = local_batch(target, ctx.rank, ctx.world_size, ctx.device)
     recorder = GradReadyRecorder(model)
     sizes = [p.numel() * p.element_size() for p in model.parameters()]
     forward, backward, ready = [], [], []
     for i in range(warmup + repeats):
         model.zero_grad(set_to_none=True)
-        _sync(ctx.device)
+        sync_device(ctx.device)
         t0 = time.perf_counter()
         loss = target.loss_fn(model(inputs), targets)
-        _sync(ctx.device)
+        sync_device(ctx.device)
         t1 = time.perf_counter()
         recorder.start()
         loss.backward()
-        _sync(ctx.device)
+        sync_device(ctx.device)
         t2 = time.perf_counter()
         if i >= warmup:
             forward.append(t1 - t0)

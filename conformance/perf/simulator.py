@@ -1,6 +1,6 @@
 """The bucketed, overlapped DDP step, simulated; and the scaling projection it implies.
 
-The seeds' model (BACKGROUND.md, "Scaling cliffs"): layers' backward times run in sequence;
+The seeds' model (docs/ddp-background.md, "Scaling cliffs"): layers' backward times run in sequence;
 bucket b is *released* when the last gradient it holds is ready; all-reduces queue on one
 communication stream, ``t = max(t, release_b) + comm_b``; the step's backward phase ends at
 ``max(backward end, last all-reduce end)``. Serial (no overlap) = backward + sum(comm).

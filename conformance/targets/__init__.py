@@ -1,25 +1,6 @@
-"""Targets: what is checked. Built-ins double as examples of the target-file contract."""
+"""The built-in targets (``mlp``, ``tied-lm``, ``branchy``, ``convbn``): plain target files.
 
-from __future__ import annotations
-
-from ._loader import (
-    BUILTINS,
-    Target,
-    TargetError,
-    build_model_checked,
-    default_build_optimizer,
-    default_train_step,
-    load_target,
-    make_batch_checked,
-)
-
-__all__ = [
-    "BUILTINS",
-    "Target",
-    "TargetError",
-    "build_model_checked",
-    "default_build_optimizer",
-    "default_train_step",
-    "load_target",
-    "make_batch_checked",
-]
+Each module defines the names of the target contract (README, "Writing a target") and imports
+nothing of the suite, so it doubles as an example to copy. They are loaded by name through
+:func:`conformance.harness.targets.load_target`.
+"""

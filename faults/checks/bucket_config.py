@@ -1,6 +1,6 @@
 """Check ``bucket-config``: the bucket_cap_mb sweep, the best size and the configured penalty.
 
-Contract (BACKGROUND "How DDP synchronises", "Bucket size"): gradients are all-reduced in
+Contract (docs/ddp-background.md, "How DDP synchronises", "Bucket size"): gradients are all-reduced in
 buckets of at most ``bucket_cap_mb``; tiny buckets mean many latency-bound all-reduces, huge
 ones mean nothing overlaps with backward. The best size depends on model and network, so it
 is measured: every cap of :data:`SWEEP` (plus the configured one) is built side by side in
@@ -26,7 +26,8 @@ import statistics
 import time
 from typing import Any
 
-from conformance.outcome import Outcome
+from conformance.harness.ddp import BUCKET_MISMATCH_DATA_SEED, BUCKET_SWEEP_DATA_SEED
+from conformance.harness.outcome import Outcome
 
 from .._log import record_injections
 from ..injectors import BucketConfig
@@ -45,7 +46,7 @@ def sweep_rank(ctx: Any, source: Any, caps: list[float]) -> dict[str, Any]:
     """Step one DDP model per cap in alternating rounds; step times and bucket counts per cap."""
     import torch
 
-    from .._ddp import bucket_count, rank_batch, sync_device, wrap
+    from conformance.harness.ddp import bucket_count, rank_batch, sync_device, wrap
 
     target = resolve(source, ctx.rank)
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k != "bucket_cap_mb"}
@@ -56,7 +57,7 @@ def sweep_rank(ctx: Any, source: Any, caps: list[float]) -> dict[str, Any]:
         models.append((model, target.build_optimizer(model.parameters())))
     times: list[list[float]] = [[] for _ in caps]
     for rnd in range(WARMUP + ROUNDS):
-        batch = rank_batch(target, 7000 + rnd, ctx.rank, ctx.world_size, device=ctx.device)
+        batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_SWEEP_DATA_SEED + rnd, device=ctx.device)
         for i, (model, optimizer) in enumerate(models):
             t0 = time.perf_counter()
             target.train_step(model, optimizer, [batch], target.loss_fn)
@@ -71,7 +72,7 @@ def mismatch_rank(ctx: Any, source: Any, config: BucketConfig, find_unused: bool
     matched cap; return both final parameter vectors (they must be equal)."""
     import torch
 
-    from .._ddp import rank_batch, wrap
+    from conformance.harness.ddp import rank_batch, wrap
 
     target = resolve(source, ctx.rank)
     kwargs = {**target.ddp_kwargs, "find_unused_parameters": find_unused}
@@ -81,7 +82,7 @@ def mismatch_rank(ctx: Any, source: Any, config: BucketConfig, find_unused: bool
         model = wrap(target.build_model(), ctx.device, {**kwargs, "bucket_cap_mb": cap})
         optimizer = target.build_optimizer(model.parameters())
         for step in range(steps):
-            batch = rank_batch(target, 9000 + step, ctx.rank, ctx.world_size, device=ctx.device)
+            batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_MISMATCH_DATA_SEED + step, device=ctx.device)
             target.train_step(model, optimizer, [batch], target.loss_fn)
         finals.append(torch.cat([p.detach().flatten().cpu() for p in model.parameters()]))
     now = time.time()
@@ -115,7 +116,7 @@ def sweep(world: Any, source: Any, configured: float) -> dict[str, Any]:
 
 def reproduce_mismatch(ctx: Any, source: Any, find_unused_options: tuple[bool, ...]) -> list[dict[str, Any]]:
     """Run a per-rank-different cap in a fresh world, once per find_unused_parameters value."""
-    from conformance.world import WorldError
+    from conformance.harness.world import WorldError
 
     config = BucketConfig(per_rank=(0.01,) + (DEFAULT_CAP,) * (ctx.world_size - 1))
     out = []

@@ -28,10 +28,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.outcome import Outcome
+from conformance.harness.outcome import Outcome
 
 from .._log import record_injections
-from ..injectors import ConditionalBranch, DeadRank, SkipCollective, StalledRank, UnevenBatches
+from ..injectors import (
+    ConditionalBranch,
+    DeadRank,
+    SkipCollective,
+    StalledRank,
+    UnevenBatches,
+)
 from ..scenarios import STALL_DEADLINE_S, Scenario, ScenarioResult, run_scenarios
 from ..vehicles import VehicleSpec
 

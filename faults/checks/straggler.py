@@ -1,6 +1,6 @@
 """Check ``straggler``: name the slow rank and its cost from per-rank compute vs wait time.
 
-Contract: every DDP all-reduce waits for the slowest rank (BACKGROUND "Stragglers"), so step
+Contract: every DDP all-reduce waits for the slowest rank (docs/ddp-background.md, "Stragglers"), so step
 time inflates equally on every rank and cannot find the culprit. Per rank and step the suite
 times the whole step and, through a comm hook, how long the rank sat waiting for its bucket
 all-reduces after launching the last one (``wait``); ``compute = step - wait``. The culprit
@@ -22,7 +22,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from conformance.outcome import Outcome
+from conformance.harness.ddp import STRAGGLER_DATA_SEED
+from conformance.harness.outcome import Outcome
 
 from .._log import InjectionLog, record_injections
 from ..diagnosis import STRAGGLER_THRESHOLD, score_stragglers
@@ -37,7 +38,8 @@ def straggler_rank(ctx: Any, source: Any, faults: list[SlowRank | None], steps_e
     """Run ``steps_each`` timed steps per entry of ``faults`` (None = unfaulted baseline)."""
     import torch
 
-    from .._ddp import ddp_timing, rank_batch, sync_device, wrap
+    from conformance.harness.ddp import ddp_timing, rank_batch, sync_device, wrap
+
     from ..tracker import CollectiveTracker
 
     log = InjectionLog()
@@ -80,7 +82,7 @@ def straggler_rank(ctx: Any, source: Any, faults: list[SlowRank | None], steps_e
             t_wall = time.time()
             t0 = time.perf_counter()
             slow("data")
-            inputs, targets = rank_batch(target, 5000 + step, ctx.rank, ctx.world_size, device=ctx.device)
+            inputs, targets = rank_batch(target, ctx.rank, ctx.world_size, seed=STRAGGLER_DATA_SEED + step, device=ctx.device)
             if fault is None and not isinstance(source, VehicleSpec):
                 # A user target as configured: its own step (accumulation, clipping, extras).
                 target.train_step(model, optimizer, [(inputs, targets)], loss_fn)

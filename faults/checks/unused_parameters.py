@@ -2,7 +2,7 @@
 
 Contract (DDP docstring): with ``find_unused_parameters=False`` every parameter must receive a
 gradient in every iteration on every rank; a parameter that does not never marks its bucket
-ready, so the peers' all-reduce of that bucket waits forever (the incident of BACKGROUND.md:
+ready, so the peers' all-reduce of that bucket waits forever (the incident of docs/ddp-background.md:
 an auxiliary head under ``random.random() > 0.5``). ``static_graph=True`` requires the same
 graph in every iteration.
 
@@ -31,7 +31,10 @@ import statistics
 import time
 from typing import Any
 
-from conformance.outcome import Outcome
+from conformance.harness.ddp import (
+    SCENARIO_DATA_SEED as DATA_SEED,  # the reproduction replays the scenarios' batches
+)
+from conformance.harness.outcome import Outcome
 
 from .._log import InjectionLog, record_injections
 from ..injectors import ConditionalBranch
@@ -40,7 +43,6 @@ from ..vehicles import VehicleSpec, resolve
 
 STEPS = 8  # seeded global batches per rank in discovery
 TAX_STEPS = 12
-DATA_SEED = 1000  # the same seeds as the scenarios' DDP loop, so the reproduction replays them
 # Seed 1207: both ranks take the aux head at step 0 (DDP sees it used), then at step 1 rank 0
 # takes it and rank 1 does not -- the incident's "ranks 0-1 took the branch, 2-7 did not".
 INCIDENT = VehicleSpec(kind="branchy", branch=ConditionalBranch(seed=1207))
@@ -51,7 +53,7 @@ def discover_rank(ctx: Any, source: Any, steps: int, singles: int) -> dict[str, 
     """Names of the parameters without a gradient, per step (this rank's chunk) and sample."""
     import torch
 
-    from .._ddp import rank_batch
+    from conformance.harness.ddp import rank_batch
 
     log = InjectionLog()
     target = resolve(source, ctx.rank, log)
@@ -66,7 +68,7 @@ def discover_rank(ctx: Any, source: Any, steps: int, singles: int) -> dict[str, 
 
     per_step = []
     for step in range(steps):
-        inputs, targets = rank_batch(target, DATA_SEED + step, ctx.rank, ctx.world_size, device=ctx.device)
+        inputs, targets = rank_batch(target, ctx.rank, ctx.world_size, seed=DATA_SEED + step, device=ctx.device)
         per_step.append(unused_after(inputs, targets))
     # Single samples: rank r gets row r of a seeded global batch of world_size rows -- the
     # same rows the reproduction replays with per_rank=1. A branch that every 4-sample chunk
@@ -74,7 +76,7 @@ def discover_rank(ctx: Any, source: Any, steps: int, singles: int) -> dict[str, 
     per_sample: list[list[str] | None] = []
     for step in range(singles):
         try:
-            inputs, targets = rank_batch(target, DATA_SEED + step, ctx.rank, ctx.world_size, per_rank=1,
+            inputs, targets = rank_batch(target, ctx.rank, ctx.world_size, seed=DATA_SEED + step, per_rank=1,
                                          device=ctx.device)
             per_sample.append(unused_after(inputs, targets))
         except Exception:  # e.g. BatchNorm refuses one sample: that probe says nothing
@@ -86,7 +88,7 @@ def tax_rank(ctx: Any, source: Any, seed: int, steps: int) -> dict[str, Any]:
     """Median step time with find_unused_parameters False and True, alternating steps."""
     import torch
 
-    from .._ddp import rank_batch, sync_device, wrap
+    from conformance.harness.ddp import rank_batch, sync_device, wrap
 
     target = resolve(source, ctx.rank)
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k not in ("find_unused_parameters", "static_graph")}
@@ -95,7 +97,7 @@ def tax_rank(ctx: Any, source: Any, seed: int, steps: int) -> dict[str, Any]:
         torch.manual_seed(0)
         model = wrap(target.build_model(), ctx.device, {**kwargs, "find_unused_parameters": flag})
         models[flag] = (model, target.build_optimizer(model.parameters()))
-    batch = rank_batch(target, seed, ctx.rank, ctx.world_size, device=ctx.device)
+    batch = rank_batch(target, ctx.rank, ctx.world_size, seed=seed, device=ctx.device)
     times: dict[bool, list[float]] = {False: [], True: []}
     for step in range(steps + 2):
         for flag, (model, optimizer) in models.items():

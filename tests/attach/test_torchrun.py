@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.registry import BY_ID
+from conformance.harness.registry import BY_ID
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ def target_spec(name: str) -> str:
 
 
 def run_check(session: Any, check_id: str, target: str) -> Any:
-    from conformance.registry import BY_ID
+    from conformance.harness.registry import BY_ID
 
     record, _ = session.run_check(BY_ID[check_id], target_spec(target))
     assert record.status != "inconclusive", record.evidence.get("harness_error", record.message)

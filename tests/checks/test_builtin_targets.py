@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.targets import BUILTINS, build_model_checked, load_target, make_batch_checked
+from conformance.harness.targets import (
+    BUILTINS,
+    build_model_checked,
+    load_target,
+    make_batch_checked,
+)
 
 
 @pytest.mark.parametrize("name", BUILTINS)

@@ -16,7 +16,7 @@ def nccl_session():
 
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         pytest.skip(f"needs 2 CUDA GPUs for an NCCL world of 2; {torch.cuda.device_count()} visible")
-    from conformance.session import Session, Settings
+    from conformance.harness.session import Session, Settings
 
     session = Session(Settings(backend="nccl", world_size=2, deadline=120.0))
     yield session
@@ -32,7 +32,7 @@ def nccl_session():
     ("shared-weights", "tied-lm", "passed"),
 ])
 def test_checks_on_nccl(nccl_session, check_id, target, status):
-    from conformance.registry import BY_ID
+    from conformance.harness.registry import BY_ID
 
     record, _ = nccl_session.run_check(BY_ID[check_id], target_spec(target))
     assert record.status == status, record.message

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ._check_helpers import run_check
 from conformance.checks.sampler import _expected, check_distributed_sampler
+
+from ._check_helpers import run_check
 
 
 def test_distributed_sampler_matches_documentation():

@@ -44,7 +44,7 @@ def test_report_of_a_missing_run_exits_2(tmp_path, capsys) -> None:
 
 
 def test_list_names_every_check_and_builtin_target(capsys) -> None:
-    from conformance.registry import CHECKS
+    from conformance.harness.registry import CHECKS
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conformance.registry import BY_ID
+from conformance.harness.registry import BY_ID
 from faults.scenarios import STALL_DEADLINE_S
 
 from .conftest import child_pids, fault_target

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from faults.diagnosis import RankState, barrier_culprits, diagnose_hang, score_stragglers, unused_from_error
+from faults.diagnosis import (
+    RankState,
+    barrier_culprits,
+    diagnose_hang,
+    score_stragglers,
+    unused_from_error,
+)
 
 DDP_ERROR = (
     "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.\n"

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def nccl_world() -> Any:
-    from conformance.world import World
-    from conformance.world.devices import my_gpus
+    from conformance.harness.world import World
+    from conformance.harness.world.devices import my_gpus
 
     gpus = my_gpus()
     if len(gpus) < 2:

@@ -15,8 +15,8 @@ def _gpus() -> int:
 
 @pytest.mark.skipif(_gpus() < 2, reason="needs at least 2 CUDA GPUs for an NCCL all-reduce sweep")
 def test_nccl_sweep_is_exact_and_fast() -> None:
-    from conformance.session import Session, Settings
-    from conformance.registry import BY_ID
+    from conformance.harness.registry import BY_ID
+    from conformance.harness.session import Session, Settings
 
     session = Session(Settings(backend="nccl", world_size=2, deadline=300.0))
     try:

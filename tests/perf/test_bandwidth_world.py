@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from conformance.checks.bandwidth import judge, measure
+from conformance.harness.registry import BY_ID
+from conformance.perf.allreduce_bandwidth import judge, measure
+from conformance.perf.alphabeta import AlphaBeta
 from conformance.perf.overlap import ddp_steps
 from conformance.perf.profile import profile_backward, to_profile
 from conformance.perf.simulator import ddp_bucket_caps, greedy_buckets, step_at
-from conformance.perf.alphabeta import AlphaBeta
-from conformance.registry import BY_ID
 
 WIDE = str(Path(__file__).with_name("wide_target.py"))
 SMALL_SIZES = [4096 << k for k in range(0, 9, 2)]  # 4 KB .. 1 MB: enough to fit a line, fast

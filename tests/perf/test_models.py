@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-from conformance.checks.bandwidth import judge
 from conformance.perf import (
     BackwardProfile,
     SweepPoint,
@@ -22,6 +21,7 @@ from conformance.perf import (
     simulate,
     simulate_layers,
 )
+from conformance.perf.allreduce_bandwidth import judge
 from conformance.perf.alphabeta import AlphaBeta
 from conformance.perf.overlap import OverlapSample, parse_bucket_indices
 
@@ -79,7 +79,7 @@ def test_fit_refuses_unusable_timings() -> None:
         fit_alpha_beta([1024, 2048, 4096], [3e-3, 2e-3, 1e-3], 2)
 
 
-# -- bucketing and the simulator (BACKGROUND.md "Scaling cliffs") ---------------------------------
+# -- bucketing and the simulator (docs/ddp-background.md, "Scaling cliffs") ---------------------------------
 
 def test_greedy_bucketing_seed_example() -> None:
     buckets = greedy_buckets([2 * MB] * 40, 10 * MB)

@@ -30,7 +30,7 @@ def test_world_{n}(ddp_world):
 
 
 def test_loading_the_plugin_does_not_import_torch() -> None:
-    code = "import sys, conformance.plugin, conformance.registry; print('torch' in sys.modules)"
+    code = "import sys, conformance.plugin, conformance.harness.registry; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -1,6 +1,6 @@
 """The verdict rules, exhaustively: every multiset of up to 3 statuses × complete × harness.
 
-The oracle below is written independently of reports.verdict, straight from the issue:
+The oracle below is written independently of reports.verdict, straight from the verdict rules in docs/architecture.md ("Results"):
 any failed → not-ready; else inconclusive/harness error/incomplete/nothing passed → inconclusive.
 """
 

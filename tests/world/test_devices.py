@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.world import WorldUnavailable
-from conformance.world import devices
+from conformance.harness.world import WorldUnavailable, devices
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conformance.world import RankFailure, World, WorldHang, WorldUnavailable
+from conformance.harness.world import RankFailure, World, WorldHang, WorldUnavailable
 
 from . import _work
 
@@ -119,7 +119,7 @@ def test_bad_worlds_are_rejected_with_the_fix() -> None:
 
 @pytest.mark.gpu
 def test_nccl_world_puts_one_rank_per_gpu() -> None:
-    from conformance.world.devices import my_gpus
+    from conformance.harness.world.devices import my_gpus
 
     gpus = my_gpus()
     if len(gpus) < 2:
@@ -140,7 +140,7 @@ def test_ranks_die_when_the_supervisor_is_killed(tmp_path) -> None:
     script.write_text(
         "import sys, time\n"
         f"sys.path.insert(0, {root!r})\n"
-        "from conformance.world import World\n"
+        "from conformance.harness.world import World\n"
         "from tests.world import _work\n"
         "if __name__ == '__main__':\n"
         "    w = World(2, 'gloo', deadline=30)\n"

@@ -7,7 +7,7 @@ import time
 import torch.distributed as dist
 from torch import nn
 
-from conformance.targets import default_train_step
+from conformance.harness.targets import default_train_step
 
 ddp_kwargs = {"find_unused_parameters": False}
 

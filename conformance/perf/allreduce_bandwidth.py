@@ -1,7 +1,7 @@
 """``allreduce-bandwidth``: is the all-reduce correct and fast here, and where does scaling break?
 
 Contract enforced: an all-reduce SUM returns the exact sum on every rank (DDP's gradient
-averaging is nothing else — BACKGROUND.md "Why DDP equals large-batch training"), at a bus
+averaging is nothing else — docs/ddp-background.md, "Why DDP equals large-batch training"), at a bus
 bandwidth reported the nccl-tests way (``busbw = algbw * 2(n-1)/n``).
 
 Evidence: a sweep of message sizes (4 KB..16 MB on gloo/CPU, 4 KB..256 MB on NCCL; warm-up,
@@ -26,14 +26,14 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from ..outcome import Outcome
-from ..perf import bandwidth as bw
-from ..perf.alphabeta import AlphaBeta, fit_alpha_beta
-from ..perf.overlap import OverlapSample, ddp_steps, parse_bucket_indices
-from ..perf.profile import profile_backward, to_profile
-from ..perf.simulator import MB, ddp_bucket_caps, greedy_buckets, project, step_at
-from ..perf.sweep import ITERS, WARMUP, allreduce_sweep, default_sizes, split_sweep
-from ..world import WorldError
+from ..harness.outcome import Outcome
+from ..harness.world import WorldError
+from . import bandwidth_math as bw
+from .alphabeta import AlphaBeta, fit_alpha_beta
+from .overlap import OverlapSample, ddp_steps, parse_bucket_indices
+from .profile import profile_backward, to_profile
+from .simulator import MB, ddp_bucket_caps, greedy_buckets, project, step_at
+from .sweep import ITERS, WARMUP, allreduce_sweep, default_sizes, split_sweep
 
 SPLIT_SIZES = tuple(4096 << k for k in range(0, 13, 3))  # a shorter sweep per link kind
 

@@ -24,6 +24,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
 
+from ..timing import DEFAULT_DEADLINE_S, pg_timeout_for
 from ._rank import RankConfig, rank_main, stack_file
 from ._results import RankError, RankFailure, RankResult, WorldHang, WorldUnavailable
 
@@ -66,7 +67,7 @@ class World:
     is killed at once and the next call starts a fresh one (``generation`` counts restarts).
     """
 
-    def __init__(self, world_size: int = 2, backend: str = "gloo", *, deadline: float = 60.0,
+    def __init__(self, world_size: int = 2, backend: str = "gloo", *, deadline: float = DEFAULT_DEADLINE_S,
                  pg_timeout: float | None = None, start_timeout: float = 120.0,
                  devices: list[int] | None = None, env: dict[str, str] | None = None,
                  threads: int = 1, grace: float = DEFAULT_GRACE_S) -> None:
@@ -88,7 +89,7 @@ class World:
         self.deadline = deadline
         # The process-group timeout is shorter than the deadline, so a rank blocked on a dead
         # or stuck peer raises by itself before the supervisor has to kill it.
-        self.pg_timeout = pg_timeout if pg_timeout is not None else max(deadline * 0.8, 1.0)
+        self.pg_timeout = pg_timeout if pg_timeout is not None else pg_timeout_for(deadline)
         self.start_timeout = start_timeout
         self.devices = devices
         self.env = {"TORCH_DISTRIBUTED_DEBUG": "INFO", **(env or {})}

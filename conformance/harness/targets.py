@@ -4,7 +4,7 @@
     load_target("path/to/my_target.py")   # a file
     load_target("mypkg.ddp_target")       # an importable module
 
-The names a target defines are the public contract of DESIGN.md 3.2. Everything a user can
+The names a target defines are the public contract written down in the README section 'Writing a target'. Everything a user can
 get wrong is caught here, at the edge, as a TargetError whose one-line message says what is
 wrong and how to fix it; the CLI turns it into exit code 2.
 """
@@ -79,7 +79,7 @@ class Target:
     def batch_size_for(self, world_size: int, microbatches: int = 1) -> int:
         """The global batch a check uses: the target's own, or 4 samples per microbatch per rank.
 
-        Raises TargetError when the target's batch cannot be split evenly (DESIGN 3.2 splits
+        Raises TargetError when the target's batch cannot be split evenly (the README's 'Writing a target' splits
         it into world_size contiguous chunks, each into K microbatches).
         """
         unit = world_size * microbatches
@@ -145,7 +145,7 @@ def load_target(spec: str) -> Target:
         value = getattr(module, attr, None)
         if value is None:
             raise TargetError(f"target {name!r} does not define {attr}(); add a module-level "
-                              f"function {attr} (see DESIGN.md 3.2 / README 'Writing a target')")
+                              f"function {attr} (see the README section 'Writing a target')")
         if not callable(value):
             raise TargetError(f"target {name!r}: {attr} is a {type(value).__name__}, not a function")
         found[attr] = value
@@ -180,7 +180,7 @@ def _check_arity(name: str, attr: str, fn: Callable[..., Any], n: int) -> None:
         inspect.signature(fn).bind(*range(n))
     except TypeError:
         raise TargetError(f"target {name!r}: {attr} must accept {n} positional arguments "
-                          f"(see DESIGN.md 3.2), its signature is {attr}{inspect.signature(fn)}") from None
+                          f"(see the README section 'Writing a target'), its signature is {attr}{inspect.signature(fn)}") from None
     except ValueError:  # builtins without a signature: let the call decide
         pass
 

@@ -1,4 +1,4 @@
-"""Every check id (DESIGN.md 3.3), what it asserts, and where its code lives.
+"""Every check id (the README's 'What it checks'), what it asserts, and where its code lives.
 
 Import-light on purpose: ``ddp-conformance list``, ``--checks`` validation and pytest
 collection read this table without importing torch. The check's code is named by a
@@ -90,7 +90,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec(
         "allreduce-bandwidth", "All-reduce bandwidth", "perf",
         "bus bandwidth over message sizes (nccl-tests formula) and the scaling projection it implies",
-        "conformance.checks.bandwidth:run",
+        "conformance.perf.allreduce_bandwidth:run",
         suites=frozenset({"full"}), slow=True,
     ),
 )

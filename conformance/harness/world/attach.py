@@ -22,6 +22,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
+from ..timing import DEFAULT_DEADLINE_S, pg_timeout_for
 from ._rank import RankContext, _error
 from ._results import RankFailure, RankResult, WorldUnavailable
 
@@ -41,7 +42,7 @@ def launcher_env() -> dict[str, int] | None:
 class AttachedWorld:
     """The current process as one rank of a launcher-made world."""
 
-    def __init__(self, backend: str = "gloo", *, deadline: float = 60.0,
+    def __init__(self, backend: str = "gloo", *, deadline: float = DEFAULT_DEADLINE_S,
                  pg_timeout: float | None = None) -> None:
         info = launcher_env()
         if info is None:
@@ -50,7 +51,7 @@ class AttachedWorld:
         self.rank, self.world_size, self.local_rank = info["rank"], info["world_size"], info["local_rank"]
         self.backend = backend
         self.deadline = deadline
-        self.pg_timeout = pg_timeout if pg_timeout is not None else max(deadline * 0.8, 1.0)
+        self.pg_timeout = pg_timeout if pg_timeout is not None else pg_timeout_for(deadline)
         self.generation = 1
         self.restarts: list[str] = []
         self.hostnames: list[str] = []  # every rank's host, known after the first call

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from ._rank import RankContext
-from ._results import RankError, RankFailure, RankResult, WorldError, WorldHang, WorldUnavailable
+from ._results import (
+    RankError,
+    RankFailure,
+    RankResult,
+    WorldError,
+    WorldHang,
+    WorldUnavailable,
+)
 from .local import World
 
 __all__ = [

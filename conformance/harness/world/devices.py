@@ -37,7 +37,7 @@ def my_gpus() -> list[int]:
 
 
 def resolve_backend(backend: str) -> str:
-    """``auto`` means nccl when at least two GPUs are visible, else gloo (DESIGN 3.1)."""
+    """``auto`` means nccl when at least two GPUs are visible, else gloo (the README's 'Command line')."""
     if backend == "auto":
         return "nccl" if gpu_count() >= 2 else "gloo"
     if backend not in ("gloo", "nccl"):

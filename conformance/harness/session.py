@@ -19,6 +19,7 @@ from reports.schema import CheckRecord
 from .context import CheckContext
 from .outcome import Outcome
 from .registry import CheckSpec
+from .timing import DEFAULT_DEADLINE_S
 from .targets import BUILTINS, TargetError, load_target
 from .world import WorldUnavailable
 
@@ -27,7 +28,7 @@ from .world import WorldUnavailable
 class Settings:
     backend: str = "gloo"  # resolved: gloo | nccl
     world_size: int = 2
-    deadline: float = 60.0
+    deadline: float = DEFAULT_DEADLINE_S
     target: str | None = None  # None: the built-in targets
     attach: bool = False
 

@@ -1,0 +1,294 @@
+"""The one rank-side DDP module: seeds, building and wrapping, sharding data, device sync, timing.
+
+Every check family (conformance checks, perf, faults) builds its rank-side experiments from
+these pieces, so "how the suite builds a model", "which rows rank r gets" and "what DDP
+reported about its buckets" have one answer each. Functions here run inside rank processes
+(World work functions call them); they import torch lazily so that importing this module
+stays cheap for the supervisor.
+
+The data contract (README, "Writing a target"): ``make_batch(generator, B)`` makes one *global*
+batch; rank r takes the contiguous rows ``[r·B/N, (r+1)·B/N)``, split into K contiguous
+microbatches. At world size 1 with K = N·K' that yields exactly the N-rank run's microbatches in
+rank order, which is what makes a single-process reference comparable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+# -- seeds --------------------------------------------------------------------------------
+# Named, because two sides of one experiment must agree on them by value: an N-rank run and
+# its single-process reference, or a scenario and the check that re-creates its data.
+
+#: ``torch.manual_seed`` before every ``build_model()`` in the equivalence checks, and the base
+#: of their data: the global batch of step s is drawn with a generator seeded ``MODEL_SEED + s``.
+MODEL_SEED = 1234
+#: Model and data seed of the measurement probes (perf profiles, chaos vehicles): any fixed
+#: value works there, nothing compares against another run's values.
+PROBE_SEED = 0
+#: Data seeds of the chaos experiments, one range per family so their batches never coincide
+#: by accident: step s of a hang scenario draws ``SCENARIO_DATA_SEED + s``, and so on.
+SCENARIO_DATA_SEED = 1000
+STRAGGLER_DATA_SEED = 5000
+BUCKET_SWEEP_DATA_SEED = 7000
+BUCKET_MISMATCH_DATA_SEED = 9000
+
+# DDP constructor arguments that cannot travel to a rank or would bypass the suite's own
+# process group; the target's value is ignored (and reported) rather than crashing a rank.
+_NOT_FORWARDED = ("process_group",)
+
+#: Fields of ``DDP._get_ddp_logging_data()`` the suite reads (timings in ns, bucket layout).
+LOGGING_KEYS = ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time",
+                "avg_backward_compute_comm_overlap_time", "rebuilt_bucket_sizes",
+                "rebuilt_per_bucket_param_indices", "bucket_sizes", "bucket_cap_bytes", "iteration",
+                "backend_name", "find_unused_parameters", "static_graph", "gradient_as_bucket_view")
+_TIMING_KEYS = LOGGING_KEYS[:4]
+
+
+# -- numerics and the device --------------------------------------------------------------
+
+
+def disable_tf32() -> None:
+    """Equivalence checks compare fp32 to fp32: TF32 matmuls (10-bit mantissa) would differ by
+    ~1e-3 between the N-rank and the reference runs for reasons that have nothing to do with DDP."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def sync_device(device: Any) -> None:
+    """Wait for the device to be idle. Kernels run asynchronously: a wall-clock reading is only
+    meaningful after this (a no-op on CPU)."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def debug_info_on() -> None:
+    """Re-read TORCH_DISTRIBUTED_DEBUG before building DDP.
+
+    c10d reads the variable once, when torch.distributed is first imported; a rank that
+    imported torch before the world set ``TORCH_DISTRIBUTED_DEBUG=INFO`` would otherwise build
+    DDP at level OFF, and DDP's unused-parameter error would give indices instead of names
+    (measured on torch 2.13). Never DETAIL: it segfaults DDP construction with gloo.
+    """
+    import torch.distributed as dist
+
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() != "DETAIL":
+        dist.set_debug_level_from_env()
+
+
+# -- the model ----------------------------------------------------------------------------
+
+
+def build_model(target: Any, device: Any, *, seed: int = MODEL_SEED) -> Any:
+    """The target's model, seeded as the suite promises, on ``device``.
+
+    A loaded :class:`~conformance.harness.targets.Target` is built through its checked
+    constructor (a failure is a TargetError); a chaos vehicle is built directly.
+    """
+    import torch
+
+    from .targets import Target, build_model_checked
+
+    torch.manual_seed(seed)
+    model = build_model_checked(target) if isinstance(target, Target) else target.build_model()
+    return model.to(device)
+
+
+def effective_ddp_kwargs(target: Any, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The target's ``ddp_kwargs`` as the suite applies them, with ``overrides`` on top."""
+    kwargs = {k: v for k, v in target.ddp_kwargs.items() if k not in _NOT_FORWARDED}
+    kwargs.update(overrides or {})
+    if kwargs.get("static_graph"):
+        # static_graph replaces the unused-parameter search; asking for both is contradictory.
+        kwargs.pop("find_unused_parameters", None)
+    return kwargs
+
+
+def wrap(model: Any, device: Any, kwargs: dict[str, Any]) -> Any:
+    """DDP around ``model`` on ``device`` with exactly ``kwargs`` (a ``process_group`` included).
+
+    Construction broadcasts rank 0's parameters and buffers to every rank: it is a collective,
+    so every rank of the group must reach this line.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    debug_info_on()
+    model = model.to(device)
+    device_ids = [device.index] if getattr(device, "type", "cpu") == "cuda" else None
+    return DDP(model, device_ids=device_ids, **kwargs)
+
+
+def unwrap(model: Any) -> Any:
+    return getattr(model, "module", model)
+
+
+def has_local_batchnorm(model: Any) -> bool:
+    """True when the model normalises with per-batch statistics that DDP does *not* sync.
+
+    Plain BatchNorm under DDP normalises each rank's microbatch by its own statistics
+    (SyncBatchNorm is the documented fix), so the N-rank step equals the single-process step
+    on the same microbatches, not on one big batch.
+    """
+    from torch import nn
+
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, nn.SyncBatchNorm)
+               and m.training for m in unwrap(model).modules())
+
+
+# -- data ---------------------------------------------------------------------------------
+
+
+def global_batch(target: Any, batch_size: int, *, seed: int) -> tuple[Any, Any]:
+    """The global batch drawn with a generator seeded ``seed``: every rank and the reference
+    draw the very same samples without communicating. A loaded target's output is validated
+    at the edge (a TargetError names the mistake)."""
+    import torch
+
+    from .targets import Target, make_batch_checked
+
+    generator = torch.Generator().manual_seed(seed)
+    if isinstance(target, Target):
+        return make_batch_checked(target, generator, batch_size)
+    inputs, targets = target.make_batch(generator, batch_size)
+    return inputs, targets
+
+
+def shard(batch: tuple[Any, Any], rank: int, world_size: int,
+          microbatches: int = 1) -> list[tuple[Any, Any]]:
+    """Rank r's contiguous rows [r·B/N, (r+1)·B/N), split into K contiguous microbatches."""
+    inputs, targets = batch
+    size = inputs.shape[0]
+    if size % (world_size * microbatches):
+        raise ValueError(f"global batch {size} is not divisible by world_size={world_size} x "
+                         f"microbatches={microbatches}")
+    per_rank = size // world_size
+    per_micro = per_rank // microbatches
+    start = rank * per_rank
+    return [(inputs[start + i * per_micro:start + (i + 1) * per_micro],
+             targets[start + i * per_micro:start + (i + 1) * per_micro])
+            for i in range(microbatches)]
+
+
+def to_device(batches: list[tuple[Any, Any]], device: Any) -> list[tuple[Any, Any]]:
+    return [(x.to(device), y.to(device)) for x, y in batches]
+
+
+def rank_batch(target: Any, rank: int, world_size: int, *, seed: int, per_rank: int = 4,
+               batch_size: int | None = None, device: Any = None) -> tuple[Any, Any]:
+    """This rank's contiguous chunk of a seeded global batch of ``batch_size`` rows
+    (default ``per_rank`` rows per rank), on ``device`` when given."""
+    batch = global_batch(target, batch_size or per_rank * world_size, seed=seed)
+    (inputs, targets), = shard(batch, rank, world_size)
+    if device is not None:
+        inputs, targets = inputs.to(device), targets.to(device)
+    return inputs, targets
+
+
+# -- what DDP did -------------------------------------------------------------------------
+
+
+def param_state(model: Any) -> dict[str, Any]:
+    """Parameters by name as CPU copies (deduplicated: a tied weight appears once)."""
+    return {name: p.detach().cpu().clone() for name, p in unwrap(model).named_parameters()}
+
+
+def grad_state(model: Any) -> dict[str, Any]:
+    """Gradients by parameter name (None where the parameter has none) as CPU copies."""
+    return {name: None if p.grad is None else p.grad.detach().cpu().clone()
+            for name, p in unwrap(model).named_parameters()}
+
+
+def tensor_digest(tensor: Any) -> str:
+    """Exact identity of a tensor's values (dtype and shape included): equal digests mean
+    bit-identical tensors, which is what DDP promises for parameters across ranks."""
+    import torch
+
+    t = tensor.detach().cpu().contiguous()
+    h = hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode())
+    if t.numel():
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def logging_data(ddp_model: Any) -> dict[str, Any]:
+    """The fields of DDP's own logging data that the suite reads (see ``LOGGING_KEYS``)."""
+    data = ddp_model._get_ddp_logging_data()
+    return {k: data[k] for k in LOGGING_KEYS if k in data}
+
+
+def bucket_count(ddp_model: Any) -> int:
+    """How many buckets DDP reduces per step (rebuilt layout, else the initial one)."""
+    data = ddp_model._get_ddp_logging_data()
+    for key in ("rebuilt_bucket_sizes", "bucket_sizes"):
+        raw = str(data.get(key) or "").strip()
+        if raw:
+            return len([s for s in raw.split(",") if s.strip()])
+    return int(data.get("num_buckets_reduced") or 0)
+
+
+def ddp_timing(ddp_model: Any) -> dict[str, float]:
+    """DDP's own sampled averages in seconds (gloo on CPU fills these in too, torch 2.13)."""
+    data = ddp_model._get_ddp_logging_data()
+    return {k: float(data.get(k) or 0) / 1e9 for k in _TIMING_KEYS}
+
+
+@contextlib.contextmanager
+def counting_allreduce(ddp_model: Any) -> Iterator[dict[str, Any]]:
+    """Count bucket all-reduces with a comm hook that wraps the stock ``allreduce_hook``.
+
+    A comm hook is called once per *bucket* whose gradients are ready in a synchronising
+    backward; ``bucket.is_last()`` marks the end of one synchronisation round. Rounds per
+    optimizer step is the quantity the no_sync contract fixes at 1 per K microbatches.
+    The hook must be registered before the first backward (DDP refuses it afterwards).
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    counts: dict[str, Any] = {"calls": 0, "rounds": 0, "indices": set()}
+
+    # Deliberately unannotated: DDP inspects the hook's signature and rejects a ``bucket``
+    # annotation other than dist.GradBucket (and postponed annotations are strings).
+    def hook(state, bucket):  # type: ignore[no-untyped-def]
+        counts["calls"] += 1
+        counts["indices"].add(bucket.index())
+        if bucket.is_last():
+            counts["rounds"] += 1
+        # The stock hook divides by the world size then all-reduces: same mean as DDP's
+        # built-in path, a different (equally valid) summation order.
+        return default_hooks.allreduce_hook(state, bucket)
+
+    ddp_model.register_comm_hook(state=None, hook=hook)
+    yield counts
+
+
+# -- the run_loop context -----------------------------------------------------------------
+
+
+@dataclass
+class LoopContext:
+    """What a target's ``run_loop(ctx)`` receives (README, "Writing a target")."""
+
+    rank: int
+    world_size: int
+    device: Any
+    steps: int
+    tmpdir: Path
+    ddp_kwargs: dict[str, Any] = field(default_factory=dict)
+    on_wrap: Callable[[Any], Any] | None = None  # instrumentation (the collective tracker)
+    models: list[Any] = field(default_factory=list)
+
+    def wrap(self, model: Any) -> Any:
+        """``model`` wrapped in DDP with the target's ddp_kwargs on this rank's device."""
+        ddp = wrap(model, self.device, self.ddp_kwargs)
+        if self.on_wrap is not None:
+            self.on_wrap(ddp)
+        self.models.append(ddp)
+        return ddp
