@@ -1,4 +1,4 @@
-"""The report's charts, one function per data contract of the checks (docs/architecture.md, 'Where a new chart goes').
+"""The report's charts, one function per data contract of the checks (docs/architecture.md, "Where a new piece goes").
 
 Every chart reads optional metrics keys and returns inline SVG, or ``None`` when its data is
 absent or malformed: a chart is decoration around a verdict, so bad data costs the chart,
