@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from reports.keys import BATCHNORM_PER_RANK, WARNINGS
+
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._compare import TensorDiff, diff_states, fmt, worst
@@ -80,11 +82,10 @@ class Equivalence:
                 for s, diffs in enumerate(self.param_diffs)],
             "parameters_after_last_step": [d.to_json() for d in last],
             "ddp_kwargs": self.ranks[0].get("ddp_kwargs") if self.ranks else None,
-            "batchnorm_per_rank_statistics": self.local_batchnorm,
             # Plain BatchNorm normalises over each rank's shard, so DDP equals large-batch
             # training only up to per-rank statistics: conformant, but worth a warning.
-            "batchnorm": self.local_batchnorm,
-            "warnings": (["BatchNorm statistics are computed per rank (per microbatch), not over "
+            BATCHNORM_PER_RANK: self.local_batchnorm,
+            WARNINGS: (["BatchNorm statistics are computed per rank (per microbatch), not over "
                           "the global batch; the reference was run with the same microbatches. "
                           "Use SyncBatchNorm if per-GPU batches are small."]
                          if self.local_batchnorm else []),

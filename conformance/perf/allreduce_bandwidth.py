@@ -13,7 +13,10 @@ hiding behind backward); the simulator checked against a measured DDP step at th
 size; DDP's own overlap accounting per rank; each rank's host and node.
 
 Verdict: failed if any all-reduce result was wrong; inconclusive if the timings cannot be
-fitted (noise, non-positive times); passed otherwise. The projection informs, it never fails.
+fitted (noise, non-positive times); passed otherwise. The projection informs, it never fails:
+a cliff is claimed (metric ``cliff_world_size`` and a warning) only when the simulator
+predicted the measured DDP step within ``SIMULATOR_ERROR_BOUND``; otherwise the message says
+the projection is unreliable here and no cliff is claimed.
 
     ddp-conformance run --checks allreduce-bandwidth
     ddp-conformance run --checks allreduce-bandwidth --backend nccl --world-size 8
@@ -26,6 +29,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
+from reports.keys import CLIFF_WORLD_SIZE, SIMULATOR_ERROR, WARNINGS
+
 from ..harness.outcome import Outcome
 from ..harness.world import WorldError
 from . import bandwidth_math as bw
@@ -36,6 +41,12 @@ from .simulator import MB, ddp_bucket_caps, greedy_buckets, project, step_at
 from .sweep import ITERS, WARMUP, allreduce_sweep, default_sizes, split_sweep
 
 SPLIT_SIZES = tuple(4096 << k for k in range(0, 13, 3))  # a shorter sweep per link kind
+# The projection to 1024 ranks stands on the simulator, and the only world it can be checked
+# on is this one. DDP's fixed per-step costs that the simulator leaves out (hooks, the
+# reducer) stay well under a quarter of a real step; a larger miss means it is missing
+# something that matters here (cores shared with gloo's reductions, another bucket layout),
+# and extrapolating it hundreds of times further would be presenting a guess as a finding.
+SIMULATOR_ERROR_BOUND = 0.25
 
 
 def run(ctx: Any) -> Outcome:
@@ -149,7 +160,7 @@ def _model_part(data: dict[str, Any], model: AlphaBeta, metrics: dict[str, Any],
     """Projection and simulator validation; returns a message suffix."""
     if "model_error" in data:
         evidence["model_error"] = data["model_error"]
-        metrics["cliff_world_size"] = None
+        metrics[CLIFF_WORLD_SIZE] = None
         return "; no projection (the target model could not be profiled, see evidence)"
     if "profile" not in data:
         return ""
@@ -160,7 +171,6 @@ def _model_part(data: dict[str, Any], model: AlphaBeta, metrics: dict[str, Any],
     projections = [project(profile, model, bucket_cap_mb=c) for c in caps]
     main = projections[0]
     metrics["projection"] = [{k: p[k] for k in ("world_size", "step_time_s", "efficiency")} for p in main.points]
-    metrics["cliff_world_size"] = main.cliff_world_size
     metrics["projection_by_cap"] = [p.to_metric() | {"bucket_cap_mb": c if c is not None else 25.0}
                                     for p, c in zip(projections, caps)]
     metrics["model_gradient_bytes"] = profile.total_bytes
@@ -169,10 +179,31 @@ def _model_part(data: dict[str, Any], model: AlphaBeta, metrics: dict[str, Any],
         evidence["notes"].append(f"the model's {bw.fmt_bytes(profile.total_bytes)} of gradients make "
                                  f"{main.buckets} bucket(s) at every cap tried: bucket_cap_mb does not move the cliff")
     _validate(data, profile, model, metrics, evidence)
-    where = f"; projected cliff at {main.cliff_world_size} ranks" if main.cliff_world_size else \
-        f"; communication stays hidden up to {main.points[-1]['world_size']} ranks"
-    err = metrics.get("simulator_error")
-    return where + (f"; simulator error {err:.0%} at {data['world_size']} ranks" if err is not None else "")
+    return _projection_claim(main.cliff_world_size, int(main.points[-1]["world_size"]),
+                             metrics.get(SIMULATOR_ERROR), data["world_size"], metrics, evidence)
+
+
+def _projection_claim(cliff: int | None, largest: int, error: float | None, n: int,
+                      metrics: dict[str, Any], evidence: dict[str, Any]) -> str:
+    """What the message may say about the projection: a cliff only when the simulator was
+    checked against a measured step and stayed within :data:`SIMULATOR_ERROR_BOUND`."""
+    reliable = error is not None and error <= SIMULATOR_ERROR_BOUND
+    metrics["projection_reliable"] = reliable
+    metrics[CLIFF_WORLD_SIZE] = cliff if reliable else None
+    if not reliable:
+        metrics["unconfirmed_cliff_world_size"] = cliff
+        why = ("no DDP step was measured to check it against" if error is None else
+               f"the simulator is off by {error:.0%} against the measured DDP step at {n} ranks "
+               f"(bound {SIMULATOR_ERROR_BOUND:.0%})")
+        evidence["notes"].append(f"projection unreliable: {why}; no scaling cliff is claimed. Re-run "
+                                 f"on an idle machine (or on the production GPUs) to project.")
+        return f"; projection unreliable here: {why}, so no scaling cliff is claimed"
+    within = f" (simulator within {error:.0%} of the measured step at {n} ranks)"
+    if cliff is None:
+        return f"; communication stays hidden up to {largest} ranks{within}"
+    evidence[WARNINGS] = [f"projected scaling cliff: from {cliff} ranks on, communication no "
+                          f"longer hides behind backward at the configured bucket_cap_mb"]
+    return f"; projected cliff at {cliff} ranks{within}"
 
 
 def _validate(data: dict[str, Any], profile: Any, model: AlphaBeta, metrics: dict[str, Any],
@@ -199,7 +230,7 @@ def _validate(data: dict[str, Any], profile: Any, model: AlphaBeta, metrics: dic
     measured = statistics.median(run["step_s"] for run in runs)
     metrics["simulator"] = {"world_size": n, "predicted_step_s": predicted, "measured_step_s": measured,
                             "buckets": len(layout)}
-    metrics["simulator_error"] = round(abs(predicted - measured) / measured, 4)
+    metrics[SIMULATOR_ERROR] = round(abs(predicted - measured) / measured, 4)
     if profile.total_bytes < 1 * MB:
         evidence["notes"].append("the model is small: DDP's fixed per-step overhead (hooks, reducer) "
                                  "dominates its step, which the simulator does not model")

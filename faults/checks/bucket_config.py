@@ -28,6 +28,7 @@ from typing import Any
 
 from conformance.harness.ddp import BUCKET_MISMATCH_DATA_SEED, BUCKET_SWEEP_DATA_SEED
 from conformance.harness.outcome import Outcome
+from reports.keys import BEST_BUCKET_CAP_MB, CONFIGURED_BUCKET_CAP_MB
 
 from .._log import record_injections
 from ..injectors import BucketConfig
@@ -154,8 +155,8 @@ def run(ctx: Any) -> Outcome:
         mismatch = reproduce_mismatch(ctx, source, options)
     by_cap = {p["bucket_cap_mb"]: p for p in result["sweep"]}
     metrics = {"key_figure": f"best {result['best']:g} MB, configured {configured:g} MB x{result['penalty']:.2f}",
-               "sweep": result["sweep"], "configured_bucket_cap_mb": configured,
-               "best_bucket_cap_mb": result["best"], "penalty": result["penalty"],
+               "sweep": result["sweep"], CONFIGURED_BUCKET_CAP_MB: configured,
+               BEST_BUCKET_CAP_MB: result["best"], "penalty": result["penalty"],
                "clear_gap": result["clear_gap"], "penalty_limit": PENALTY_LIMIT}
     evidence = {"mismatched_config": mismatch}
     if ctx.injected:
@@ -194,7 +195,7 @@ def _judge_injected(by_cap: dict[float, Any], mismatch: list[dict[str, Any]], me
                               metrics=metrics, evidence=evidence)
     return Outcome.passed(
         f"0.01 MB buckets: {tiny} all-reduces per step vs {default} at 25 MB; best "
-        f"{metrics['best_bucket_cap_mb']:g} MB; caps differing across ranks train identically by "
+        f"{metrics[BEST_BUCKET_CAP_MB]:g} MB; caps differing across ranks train identically by "
         f"default and abort with find_unused_parameters=True", metrics=metrics, evidence=evidence,
         recommendation="Use the same bucket_cap_mb on every rank; tune it by measurement "
                        "(~25 MB in one NVLink node, ~50 MB across nodes).")

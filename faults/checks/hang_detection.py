@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.harness.outcome import Outcome
+from reports.keys import CULPRIT_RANK
 
 from .._log import record_injections
 from ..injectors import (
@@ -170,7 +171,7 @@ def _target(ctx: Any) -> Outcome:
     metrics = {"key_figure": "no hang" if d.classification == "none"
                else f"{d.classification}: rank {d.culprit_rank} after {result.latency_s:.1f} s",
                "detection_latency_s": round(result.latency_s, 3), "classification": d.classification,
-               "culprit_rank": d.culprit_rank}
+               CULPRIT_RANK: d.culprit_rank}
     evidence = {"scenarios": [entry], "stacks": _stacks_excerpt(result)}
     if d.classification == "none":
         return Outcome.passed(f"{target.name}: {source} completed on every rank in "

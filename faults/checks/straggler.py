@@ -24,6 +24,7 @@ from typing import Any
 
 from conformance.harness.ddp import STRAGGLER_DATA_SEED
 from conformance.harness.outcome import Outcome
+from reports.keys import CULPRIT_RANK
 
 from .._log import InjectionLog, record_injections
 from ..diagnosis import STRAGGLER_THRESHOLD, score_stragglers
@@ -164,7 +165,7 @@ def _injected(ctx: Any, world: Any) -> Outcome:
                             f"{fault.delay_s * 1e3:.0f} ms")
     fwd = next(s for s in segments if s["fault"] is not None and s["fault"].phase == "forward")
     metrics = {"key_figure": f"rank {victim} named in {len(checks) - len(problems)}/{len(checks)} phases",
-               "per_rank": fwd["verdict"].per_rank, "culprit_rank": fwd["verdict"].culprit_rank,
+               "per_rank": fwd["verdict"].per_rank, CULPRIT_RANK: fwd["verdict"].culprit_rank,
                "timeline": timeline, "baseline_step_s": base, "phases": checks,
                "threshold": STRAGGLER_THRESHOLD}
     evidence = {"ddp_timing": {str(k): v for k, v in fwd["ddp_timing"].items()}}
@@ -184,7 +185,7 @@ def _target(ctx: Any, world: Any) -> Outcome:
     v = seg["verdict"]
     top = max(v.per_rank, key=lambda d: d["score"])
     metrics = {"key_figure": f"max imbalance {top['score']:.2f} (rank {top['rank']})",
-               "per_rank": v.per_rank, "culprit_rank": v.culprit_rank, "timeline": seg["timeline"],
+               "per_rank": v.per_rank, CULPRIT_RANK: v.culprit_rank, "timeline": seg["timeline"],
                "step_s": v.step_s, "threshold": STRAGGLER_THRESHOLD}
     evidence = {"ddp_timing": {str(k): t for k, t in seg["ddp_timing"].items()}}
     if v.clear:

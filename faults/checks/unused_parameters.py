@@ -35,6 +35,7 @@ from conformance.harness.ddp import (
     SCENARIO_DATA_SEED as DATA_SEED,  # the reproduction replays the scenarios' batches
 )
 from conformance.harness.outcome import Outcome
+from reports.keys import FIND_UNUSED_TAX, UNUSED_TABLE
 
 from .._log import InjectionLog, record_injections
 from ..injectors import ConditionalBranch
@@ -175,9 +176,9 @@ def run(ctx: Any) -> Outcome:
     metrics = {"key_figure": (f"{len(table)} unused params" if table else "all params used")
                + (f", tax x{tax_info['tax']:.2f}" if tax_info.get("tax") else ""),
                "parameters": len(names), "unused_parameters": len(table),
-               "find_unused_tax": tax_info.get("tax"), "step_s_find_unused_false": tax_info.get("false_s"),
+               FIND_UNUSED_TAX: tax_info.get("tax"), "step_s_find_unused_false": tax_info.get("false_s"),
                "step_s_find_unused_true": tax_info.get("true_s"), "static_graph_compatible": static_ok}
-    evidence: dict[str, Any] = {"unused": table, "tax": tax_info}
+    evidence: dict[str, Any] = {UNUSED_TABLE: table, "tax": tax_info}
     if repro is not None:
         evidence["reproduction"] = {"diagnosis": repro.diagnosis.as_dict(), "describe": repro.diagnosis.describe(),
                                     "latency_s": round(repro.latency_s, 3),

@@ -1,0 +1,46 @@
+"""The metric and evidence keys that the report reads, named once for writer and reader.
+
+A check writes these keys into its record's ``metrics`` or ``evidence``; the recommendations
+(:mod:`reports.recommend`), the key-figure column and the charts read them back. Both sides
+import the constant, so a rename on either side is a NameError in CI instead of a rule that
+silently never fires (docs/architecture.md, "Where a new piece goes": a new recommendation is
+keyed on evidence constants that the producing check imports).
+
+Every constant names its producer; ``tests/reports/test_recommendations.py`` checks that each
+one is imported by that producer and that :mod:`reports.recommend` reads no key from anywhere
+else. A check that starts emitting a new hint adds its constant here, beside its producer.
+"""
+
+from __future__ import annotations
+
+# conformance/checks/_equivalence.py (gradient-equivalence, no-sync-equivalence), evidence.
+WARNINGS = "warnings"  # list[str]: a passed check that still has something to say
+BATCHNORM_PER_RANK = "batchnorm_per_rank_statistics"  # bool: plain BatchNorm, statistics per rank
+
+# faults/checks/unused_parameters.py.
+UNUSED_TABLE = "unused"  # evidence: {parameter name: {"ranks", "steps", ...}} of unused parameters
+FIND_UNUSED_TAX = "find_unused_tax"  # metric: step time with find_unused_parameters=True / False
+
+# faults/checks/straggler.py and faults/checks/hang_detection.py, metrics.
+CULPRIT_RANK = "culprit_rank"  # int | None: the rank named as the cause
+
+# faults/checks/bucket_config.py, metrics.
+BEST_BUCKET_CAP_MB = "best_bucket_cap_mb"  # float: the fastest cap of the sweep
+CONFIGURED_BUCKET_CAP_MB = "configured_bucket_cap_mb"  # float: the target's cap (25 when unset)
+
+# conformance/perf/allreduce_bandwidth.py, metrics.
+CLIFF_WORLD_SIZE = "cliff_world_size"  # int | None: first projected world size that stops overlapping
+SIMULATOR_ERROR = "simulator_error"  # float: |predicted - measured| / measured step time
+
+# Which module produces which key: what the test of this module holds the producers to.
+PRODUCERS: dict[str, tuple[str, ...]] = {
+    WARNINGS: ("conformance.checks._equivalence",),
+    BATCHNORM_PER_RANK: ("conformance.checks._equivalence",),
+    UNUSED_TABLE: ("faults.checks.unused_parameters",),
+    FIND_UNUSED_TAX: ("faults.checks.unused_parameters",),
+    CULPRIT_RANK: ("faults.checks.straggler", "faults.checks.hang_detection"),
+    BEST_BUCKET_CAP_MB: ("faults.checks.bucket_config",),
+    CONFIGURED_BUCKET_CAP_MB: ("faults.checks.bucket_config",),
+    CLIFF_WORLD_SIZE: ("conformance.perf.allreduce_bandwidth",),
+    SIMULATOR_ERROR: ("conformance.perf.allreduce_bandwidth",),
+}
