@@ -18,6 +18,7 @@ import os
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from .harness.registry import CHECKS, SUITES, select
 from .harness.timing import DEFAULT_DEADLINE_S
@@ -183,12 +184,24 @@ def _run(args: argparse.Namespace) -> int:
     if args.attach:
         argv += ["--ddp-attach"]
     argv += args.pytest_args
-    code = pytest.main(argv)
+    stopped = _ExitMessage()
+    code = pytest.main(argv, plugins=[stopped])
     if code == pytest.ExitCode.USAGE_ERROR:
+        if stopped.message:  # a target error found while running: its one line, as at the edge
+            print(f"ddp-conformance: error: {stopped.message}", file=sys.stderr)
         return EXIT_USAGE
     if args.attach and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) != "0":
         return EXIT_READY if code == pytest.ExitCode.OK else EXIT_NOT_READY
     return _verdict_exit(report_dir)
+
+
+class _ExitMessage:
+    """Keeps the message of a ``pytest.exit`` (the plugin's exit on a target error)."""
+
+    message: str | None = None
+
+    def pytest_keyboard_interrupt(self, excinfo: Any) -> None:
+        self.message = getattr(excinfo.value, "msg", None)
 
 
 def _verdict_exit(report_dir: Path) -> int:

@@ -90,7 +90,7 @@ def _ddp_loop(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: Injection
     torch.manual_seed(0)
     model = wrap(target.build_model(), ctx.device, {**target.ddp_kwargs, "process_group": group})
     tracker.attach(model, group)
-    optimizer = target.build_optimizer(model.parameters())
+    optimizer = target.make_optimizer(model)
     steps = sc.steps
     if isinstance(sc.fault, UnevenBatches):
         steps = sc.fault.batches_for(ctx.rank, sc.steps)
@@ -108,11 +108,11 @@ def _ddp_loop(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: Injection
                 # Die from inside backward: the peers have launched their all-reduce by then,
                 # so this is a rank lost mid-collective, as a crashed node would be.
                 optimizer.zero_grad(set_to_none=True)
-                loss = target.loss_fn(model(batch[0]), batch[1])
+                loss = target.compute_loss(model, batch[0], batch[1])
                 loss.register_hook(lambda g: _die(fault, log, ctx.rank, step))
                 loss.backward()
                 continue
-        target.train_step(model, optimizer, [batch], target.loss_fn)
+        target.run_step(model, optimizer, [batch], step=step)
         if isinstance(fault, DeadRank) and fault.phase == "optimizer" and fault.rank == ctx.rank \
                 and fault.step == step:
             _die(fault, log, ctx.rank, step)

@@ -15,6 +15,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from conformance.harness.targets import TargetCalls
+
 from ._log import InjectionLog
 from .injectors import ConditionalBranch
 
@@ -88,7 +90,7 @@ def _default_step(model: Any, optimizer: Any, microbatches: list[tuple[Any, Any]
 
 
 @dataclass
-class Vehicle:
+class Vehicle(TargetCalls):
     """The target interface (the fields the chaos checks use) for a built vehicle."""
 
     name: str

@@ -73,7 +73,7 @@ def track(rank_ctx: Any, target_spec: str, batch_size: int, steps: int) -> list[
     model = build_model(target, rank_ctx.device, seed=MODEL_SEED)
     # Construction broadcasts rank 0's parameters and buffers (a collective on every rank).
     ddp = wrap(model, rank_ctx.device, effective_ddp_kwargs(target))
-    optimizer = target.build_optimizer(ddp.parameters())
+    optimizer = target.make_optimizer(ddp)
     checkpoints: list[dict[str, Any]] = [
         {"when": "after DDP construction", "step": None, "kind": "parameter",
          "digests": _snapshot(unwrap(ddp).named_parameters())},
@@ -97,7 +97,7 @@ def track(rank_ctx: Any, target_spec: str, batch_size: int, steps: int) -> list[
             current["step"] = step
             micro = to_device(shard(global_batch(target, batch_size, seed=MODEL_SEED + step), rank_ctx.rank,
                                     rank_ctx.world_size, 1), rank_ctx.device)
-            target.train_step(ddp, optimizer, micro, target.loss_fn)
+            target.run_step(ddp, optimizer, micro, step=step)
             checkpoints.append({"when": f"after step {step}", "step": step, "kind": "parameter",
                                 "digests": _snapshot(unwrap(ddp).named_parameters())})
     finally:

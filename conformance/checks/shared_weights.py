@@ -20,7 +20,7 @@ contribute a gradient (a use that forward reads — perturbing it moves the loss
 copy gets no gradient is *lost*);
 the single-process reference gradient of the global batch (plain autograd, same initial
 weights as DDP's broadcast); (3) for the configured ``ddp_kwargs``, ``find_unused_parameters=True``
-and ``static_graph=True``: 2 DDP iterations of forward/backward (``loss_fn(model(x), y)``, no
+and ``static_graph=True``: 2 DDP iterations of forward/backward (``target.compute_loss``, no
 optimizer step, so the reference stays valid) on each rank's shard, gradients compared with
 the reference (tolerance as gradient-equivalence; a ratio of ~2 or ~0 is named double-counted
 or lost).
@@ -90,7 +90,7 @@ def _count_calls(model: Any, inputs: Any) -> dict[str, int]:
 
 
 def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
-             loss_fn: Any) -> list[dict[str, Any]]:
+             compute_loss: Any) -> list[dict[str, Any]]:
     """Untie every alias into its own Parameter and see which uses contribute a gradient.
 
     A use is *lost* when its copy changes the output (perturbing it moves the loss: forward
@@ -107,7 +107,7 @@ def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
             module = untied.get_submodule(owner)
             setattr(module, attr, nn.Parameter(getattr(module, attr).detach().clone()))
     untied.zero_grad(set_to_none=True)
-    loss = loss_fn(untied(batch[0]), batch[1])
+    loss = compute_loss(untied, batch[0], batch[1])
     loss.backward()
     report = []
     for names in groups:
@@ -121,7 +121,7 @@ def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
             with torch.no_grad():
                 saved = param.detach().clone()
                 param.add_(0.1 * saved.abs().mean().clamp_min(1e-3) * torch.ones_like(param))
-                moved = float(loss_fn(untied(batch[0]), batch[1])) != float(loss)
+                moved = float(compute_loss(untied, batch[0], batch[1])) != float(loss)
                 param.copy_(saved)
             (lost if moved else unread).append(name)
         report.append({"names": names, "gradient_norm_per_use": uses, "lost_uses": lost,
@@ -158,12 +158,12 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int) -> dict[str, Any]:
         if rank == 0 and "reference" not in out:
             ref_model = copy.deepcopy(unwrap(ddp))
             out["per_use"] = _per_use(ref_model, groups, to_device([batches[0]], device)[0],
-                                      target.loss_fn)
+                                      target.compute_loss)
             refs = []
             for batch in batches:
                 ref_model.zero_grad(set_to_none=True)
                 x, y = to_device([batch], device)[0]
-                target.loss_fn(ref_model(x), y).backward()
+                target.compute_loss(ref_model, x, y).backward()
                 refs.append({s: _grad(ref_model, s) for s in shared})
             out["reference"] = refs
         grads = []
@@ -172,7 +172,7 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int) -> dict[str, Any]:
             x, y = to_device(shard(batch, rank, n, 1), device)[0]
             # A synchronising backward on every rank: each variant runs the same iterations
             # everywhere, so the reducer's all-reduces pair up.
-            target.loss_fn(ddp(x), y).backward()
+            target.compute_loss(ddp, x, y).backward()
             grads.append({s: _grad(unwrap(ddp), s) for s in shared})
         variants.append({"label": label, "kwargs": repr(kwargs), "grads": grads})
         del ddp

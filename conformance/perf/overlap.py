@@ -77,7 +77,7 @@ def ddp_steps(ctx: Any, target_spec: str, *, steps: int = STEPS, warmup: int = W
         t0 = time.perf_counter()
         # backward() returns only after DDP waited for every bucket's all-reduce, so this is
         # the whole overlapped step the simulator predicts.
-        target.loss_fn(ddp(inputs), targets).backward()
+        target.compute_loss(ddp, inputs, targets).backward()
         sync_device(ctx.device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)

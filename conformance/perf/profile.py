@@ -74,7 +74,7 @@ def profile_backward(ctx: Any, target_spec: str, *, warmup: int = WARMUP, repeat
         model.zero_grad(set_to_none=True)
         sync_device(ctx.device)
         t0 = time.perf_counter()
-        loss = target.loss_fn(model(inputs), targets)
+        loss = target.compute_loss(model, inputs, targets)
         sync_device(ctx.device)
         t1 = time.perf_counter()
         recorder.start()

@@ -55,13 +55,13 @@ def sweep_rank(ctx: Any, source: Any, caps: list[float]) -> dict[str, Any]:
     for cap in caps:
         torch.manual_seed(0)
         model = wrap(target.build_model(), ctx.device, {**kwargs, "bucket_cap_mb": cap})
-        models.append((model, target.build_optimizer(model.parameters())))
+        models.append((model, target.make_optimizer(model)))
     times: list[list[float]] = [[] for _ in caps]
     for rnd in range(WARMUP + ROUNDS):
         batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_SWEEP_DATA_SEED + rnd, device=ctx.device)
         for i, (model, optimizer) in enumerate(models):
             t0 = time.perf_counter()
-            target.train_step(model, optimizer, [batch], target.loss_fn)
+            target.run_step(model, optimizer, [batch], step=rnd)
             sync_device(ctx.device)
             if rnd >= WARMUP:  # the first step builds buckets, the second runs the rebuilt ones
                 times[i].append(time.perf_counter() - t0)
@@ -81,10 +81,10 @@ def mismatch_rank(ctx: Any, source: Any, config: BucketConfig, find_unused: bool
     for cap in (config.cap_for(ctx.rank), config.cap_for(0)):
         torch.manual_seed(0)
         model = wrap(target.build_model(), ctx.device, {**kwargs, "bucket_cap_mb": cap})
-        optimizer = target.build_optimizer(model.parameters())
+        optimizer = target.make_optimizer(model)
         for step in range(steps):
             batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_MISMATCH_DATA_SEED + step, device=ctx.device)
-            target.train_step(model, optimizer, [batch], target.loss_fn)
+            target.run_step(model, optimizer, [batch], step=step)
         finals.append(torch.cat([p.detach().flatten().cpu() for p in model.parameters()]))
     now = time.time()
     injection = {"fault": config.name, "rank": ctx.rank, "step": 0, "phase": "data", "t_start": now,

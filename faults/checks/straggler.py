@@ -51,9 +51,8 @@ def straggler_rank(ctx: Any, source: Any, faults: list[SlowRank | None], steps_e
         model = wrap(target.build_model(), ctx.device, dict(target.ddp_kwargs))
         tracker = CollectiveTracker(ctx.rank)
         tracker.attach(model)
-        ctx.cache[key] = (model, target.build_optimizer(model.parameters()), tracker)
+        ctx.cache[key] = (model, target.make_optimizer(model), tracker)
     model, optimizer, tracker = ctx.cache[key]
-    loss_fn = target.loss_fn
     rows: list[dict[str, Any]] = []
     step = 0
     for segment, fault in enumerate([None] * WARMUP + list(faults)):
@@ -86,11 +85,11 @@ def straggler_rank(ctx: Any, source: Any, faults: list[SlowRank | None], steps_e
             inputs, targets = rank_batch(target, ctx.rank, ctx.world_size, seed=STRAGGLER_DATA_SEED + step, device=ctx.device)
             if fault is None and not isinstance(source, VehicleSpec):
                 # A user target as configured: its own step (accumulation, clipping, extras).
-                target.train_step(model, optimizer, [(inputs, targets)], loss_fn)
+                target.run_step(model, optimizer, [(inputs, targets)], step=step)
             else:
                 optimizer.zero_grad(set_to_none=True)
                 slow("forward")
-                loss = SlowLoss.apply(loss_fn(model(inputs), targets))
+                loss = SlowLoss.apply(target.compute_loss(model, inputs, targets))
                 loss.backward()
                 slow("optimizer")
                 optimizer.step()

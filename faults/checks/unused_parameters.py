@@ -64,7 +64,7 @@ def discover_rank(ctx: Any, source: Any, steps: int, singles: int) -> dict[str, 
 
     def unused_after(inputs: Any, targets: Any) -> list[str]:
         model.zero_grad(set_to_none=True)
-        target.loss_fn(model(inputs), targets).backward()
+        target.compute_loss(model, inputs, targets).backward()
         return [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
 
     per_step = []
@@ -97,13 +97,13 @@ def tax_rank(ctx: Any, source: Any, seed: int, steps: int) -> dict[str, Any]:
     for flag in (False, True):
         torch.manual_seed(0)
         model = wrap(target.build_model(), ctx.device, {**kwargs, "find_unused_parameters": flag})
-        models[flag] = (model, target.build_optimizer(model.parameters()))
+        models[flag] = (model, target.make_optimizer(model))
     batch = rank_batch(target, ctx.rank, ctx.world_size, seed=seed, device=ctx.device)
     times: dict[bool, list[float]] = {False: [], True: []}
     for step in range(steps + 2):
         for flag, (model, optimizer) in models.items():
             t0 = time.perf_counter()
-            target.train_step(model, optimizer, [batch], target.loss_fn)
+            target.run_step(model, optimizer, [batch], step=step)
             sync_device(ctx.device)
             if step >= 2:  # skip the bucket build and rebuild steps
                 times[flag].append(time.perf_counter() - t0)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..timing import DEFAULT_DEADLINE_S, pg_timeout_for
+from ..targets import raise_target_error
 from ._rank import RankContext, _error
 from ._results import RankFailure, RankResult, WorldUnavailable
 
@@ -114,6 +115,7 @@ class AttachedWorld:
         results = [r for r in gathered]
         self.hostnames = [r.hostname or "?" for r in results]
         if any(r.error is not None for r in results):
+            raise_target_error(results)  # the user's own code raised: exit 2, not a finding
             bad = "; ".join(f"rank {r.rank} {r.error.describe()}" for r in results if r.error)
             raise RankFailure(bad, results=results, elapsed_s=time.perf_counter() - start)
         return results

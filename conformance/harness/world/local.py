@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..timing import DEFAULT_DEADLINE_S, pg_timeout_for
+from ..targets import raise_target_error
 from ._rank import RankConfig, rank_main, stack_file
 from ._results import RankError, RankFailure, RankResult, WorldHang, WorldUnavailable
 
@@ -286,6 +287,9 @@ class World:
         ordered = [results[r] for r in range(self.world_size)]
         self.restarts.append("hang" if not failed else "failure")
         self._kill()
+        # The user's own code raised on a rank (a TargetError there): the run ends as a usage
+        # error with its one line (exit 2), never as a check's finding.
+        raise_target_error(ordered)
         # A peer that gave up on a collective because of its own process-group timeout is a
         # symptom, not a cause: with ranks still running, that is a hang, not a crash.
         if failed and waiting and all(_is_timeout(r.error) for r in ordered
