@@ -41,10 +41,9 @@ from .target_calls import (
 )
 
 BUILTINS = ("mlp", "tied-lm", "branchy", "convbn")
-#: The README section every target error cites (tests/test_readme_citations.py holds it to the
-#: README's real headings).
-README_SECTION = "Writing a target"
-SEE = f"see the README section '{README_SECTION}'"
+#: Every target error cites the README section that documents the names, by its real title
+#: (tests/test_architecture.py holds every citation in the code to the headings of README.md).
+SEE = "see the README section 'Writing a target'"
 REQUIRED = ("build_model", "make_batch")  # and loss_fn, unless forward_loss is defined
 OPTIONAL_CALLABLES = ("loss_fn", "forward_loss", "build_optimizer", "train_step", "epoch_batches",
                       "run_loop")

@@ -143,3 +143,13 @@ def test_errors_that_are_not_the_users_propagate_unchanged(tmp_path):
     with pytest.raises(RuntimeError, match="Expected to have finished reduction"):
         call_target(target, "train_step", target.train_step, model, optimizer, [], None, step=0,
                     hook=_ddp_error)
+
+
+def test_target_errors_cite_a_real_readme_section():
+    import re
+
+    from conformance.harness import targets
+
+    title = re.fullmatch(r"see the README section '(.+)'", targets.SEE).group(1)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"\n## {title}\n" in readme
