@@ -20,11 +20,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from reports.verdict import EXIT_INCONCLUSIVE, EXIT_NOT_READY, EXIT_READY, EXIT_USAGE
+
 from .harness.registry import CHECKS, SUITES, select
 from .harness.timing import DEFAULT_DEADLINE_S
 from .harness.targets import BUILTINS
 
-EXIT_READY, EXIT_NOT_READY, EXIT_USAGE, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 DEFAULT_REPORT_DIR = "./ddp-conformance-report"
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 

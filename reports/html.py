@@ -30,6 +30,7 @@ from ._format import (
 )
 from .charts import charts_for
 from .recommend import recommend, warnings_of
+from .verdict import EXIT_CODES
 
 TEMPLATES = Path(__file__).parent / "templates"
 MESSAGE_CHARS = 20_000
@@ -104,7 +105,7 @@ def render(report: Mapping[str, Any]) -> str:
     facts, settings, env_errors = _environment(report.get("environment"))
     checked = {id(e) for v in views for e in v["events"]}
     return _jinja().get_template("report.html.j2").render(
-        report=report, verdict=verdict, verdict_title=VERDICT_TITLES[verdict],
+        report=report, verdict=verdict, verdict_title=VERDICT_TITLES[verdict], exit_code=EXIT_CODES[verdict],
         reasons=[str(r) for r in report.get("reasons") or []], complete=bool(report.get("complete", False)),
         checks=views, tally=tally, statuses=STATUS_ORDER, facts=facts, settings=settings, env_errors=env_errors,
         harness_errors=[str(e) for e in report.get("harness_errors") or []],

@@ -18,7 +18,13 @@ from typing import Any
 from .schema import STATUSES, VERDICTS
 
 READY, NOT_READY, INCONCLUSIVE = VERDICTS
-EXIT_CODES: dict[str, int] = {READY: 0, NOT_READY: 1, INCONCLUSIVE: 3}
+USAGE = "usage"  # not a verdict: the run never started (bad input, a target that cannot load)
+
+# The one exit-code table (README, "Command line"; docs/architecture.md, "Results"): the CLI
+# imports these names and the HTML report receives the table from its renderer.
+EXIT_CODES: dict[str, int] = {READY: 0, NOT_READY: 1, USAGE: 2, INCONCLUSIVE: 3}
+EXIT_READY, EXIT_NOT_READY, EXIT_USAGE, EXIT_INCONCLUSIVE = (
+    EXIT_CODES[READY], EXIT_CODES[NOT_READY], EXIT_CODES[USAGE], EXIT_CODES[INCONCLUSIVE])
 HARNESS_KIND = "harness"
 
 
@@ -97,8 +103,7 @@ def decide(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[s
 
 
 def exit_code(verdict: str) -> int:
-    """CLI exit status (the README's 'Command line'): 0 ready, 1 not ready, 3 inconclusive (2 is usage)."""
-    try:
-        return EXIT_CODES[verdict]
-    except KeyError:
-        raise ValueError(f"verdict={verdict!r} is not one of {', '.join(VERDICTS)}") from None
+    """The CLI's exit status for a run's verdict (:data:`EXIT_CODES`; usage is not a verdict)."""
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict={verdict!r} is not one of {', '.join(VERDICTS)}")
+    return EXIT_CODES[verdict]

@@ -11,7 +11,8 @@ import itertools
 import pytest
 
 from reports.schema import STATUSES, VERDICTS, CheckRecord
-from reports.verdict import counts, decide, exit_code, reasons
+from reports import html
+from reports.verdict import EXIT_CODES, EXIT_USAGE, counts, decide, exit_code, reasons
 
 
 def _oracle(statuses: tuple[str, ...], complete: bool, harness: bool) -> str:
@@ -70,6 +71,26 @@ def test_exit_codes(verdict: str, code: int) -> None:
 
 def test_every_verdict_has_an_exit_code() -> None:
     assert {exit_code(v) for v in VERDICTS} == {0, 1, 3}
+
+
+def test_the_one_exit_code_table_includes_usage_and_the_cli_uses_it() -> None:
+    from conformance import cli
+
+    assert EXIT_CODES == {"ready": 0, "not-ready": 1, "usage": 2, "inconclusive": 3}
+    assert (cli.EXIT_READY, cli.EXIT_NOT_READY, cli.EXIT_USAGE, cli.EXIT_INCONCLUSIVE) == (0, 1, 2, 3)
+    assert cli.EXIT_USAGE is EXIT_USAGE  # imported, not copied
+    with pytest.raises(ValueError, match=r"verdict='usage' is not one of"):
+        exit_code("usage")  # a run that never started has no verdict
+
+
+@pytest.mark.parametrize("verdict", VERDICTS)
+def test_the_html_report_shows_the_exit_code_of_the_table(monkeypatch: pytest.MonkeyPatch, verdict: str) -> None:
+    """The template receives the code from the renderer: change the table, the page follows."""
+    report = {"verdict": verdict, "complete": True, "checks": []}
+    code = EXIT_CODES[verdict]
+    assert f"exit code {code}<" in html.render(report)
+    monkeypatch.setitem(html.EXIT_CODES, verdict, 40 + code)
+    assert f"exit code {40 + code}<" in html.render(report)
 
 
 def test_unknown_verdict_is_rejected_with_the_known_ones() -> None:
