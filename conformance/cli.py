@@ -9,12 +9,17 @@
     ddp-conformance list                                 # every check id
 
 Exit codes: 0 ready, 1 not ready (a check failed), 2 usage or target error, 3 inconclusive.
+The exit code comes from this run's records only (its run id is stamped on each of them and
+on report.json), and from pytest's own status: an interrupted, crashed or unusable pytest run
+is never 0. SIGTERM is handled like Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import signal
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -23,7 +28,7 @@ from typing import Any
 from reports.verdict import EXIT_INCONCLUSIVE, EXIT_NOT_READY, EXIT_READY, EXIT_USAGE
 
 from .harness.registry import CHECKS, SUITES, select
-from .harness.timing import DEFAULT_DEADLINE_S
+from .harness.timing import DEFAULT_DEADLINE_S, MAX_DEADLINE_S
 from .harness.targets import BUILTINS
 
 DEFAULT_REPORT_DIR = "./ddp-conformance-report"
@@ -48,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S,
                      help=f"seconds a distributed call may take before it is a hang (default {DEFAULT_DEADLINE_S:g})")
     run.add_argument("--attach", action="store_true", help="run as one rank under torchrun/srun")
+    run.add_argument("--keep-tmp", action="store_true",
+                     help="keep the run's temp dir (ddp-session-*) for debugging; its path is printed")
     run.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
     report = sub.add_parser("report", help="re-render report.md/html from DIR/results.jsonl")
     report.add_argument("dir")
@@ -57,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    previous = _terminate_as_interrupt()
     try:
         if args.command == "list":
             return _list()
@@ -66,6 +74,27 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"ddp-conformance: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        # A second Ctrl-C that escaped pytest: the report (if any) is incomplete, never ready.
+        print("ddp-conformance: interrupted; the run is inconclusive (its report, if any, is "
+              "marked incomplete)", file=sys.stderr)
+        return EXIT_INCONCLUSIVE
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_as_interrupt() -> Any:
+    """SIGTERM (a CI runner cancelling a job, ``timeout``, ``kill``) takes the Ctrl-C path:
+    ranks killed, report written as incomplete, exit 3. The plugin installs the same handler
+    for the session, recording that the run was interrupted."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM received")
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (main() called from a thread): leave it alone
+        return None
 
 
 def _list() -> int:
@@ -81,11 +110,19 @@ def _report(directory: Path) -> int:
     from reports.render import write_reports
     from reports.verdict import exit_code
 
-    if not (directory / "results.jsonl").exists():
+    if not str(directory):
+        raise UsageError("report needs the --report-dir of a run, not an empty path")
+    if not (directory / "results.jsonl").is_file():
         raise UsageError(f"{directory}/results.jsonl does not exist; pass the --report-dir of a run")
-    report = write_reports(directory)
+    try:
+        report = write_reports(directory)
+    except OSError as exc:
+        raise UsageError(f"cannot write the report into {str(directory)!r} ({exc.strerror or exc}); "
+                         f"copy the directory somewhere writable and run `report` there") from None
     print(f"verdict: {report['verdict']}{'' if report.get('complete', True) else ' (incomplete run)'}"
           f" — {directory}/report.html")
+    for reason in report.get("harness_errors", []):
+        print(f"ddp-conformance: {reason}", file=sys.stderr)
     return exit_code(report["verdict"])
 
 
@@ -97,15 +134,29 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
 
     if args.suite not in SUITES:
         raise UsageError(f"--suite {args.suite!r} is not one of {', '.join(SUITES)}")
+    if args.checks is not None and not any(c.strip() for c in args.checks.split(",")):
+        # "" or "," would otherwise mean "no filter" and silently run everything.
+        raise UsageError(f"--checks {args.checks!r} names no check; pass check ids separated by "
+                         f"commas (see `ddp-conformance list`), or leave --checks out")
     try:
         select(args.checks, args.suite)
         backend = resolve_backend(args.backend)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.deadline <= 0:
-        raise UsageError(f"--deadline {args.deadline:g} must be a positive number of seconds")
+    if not (math.isfinite(args.deadline) and 0 < args.deadline <= MAX_DEADLINE_S):
+        raise UsageError(f"--deadline {args.deadline:g} must be a positive number of seconds, "
+                         f"finite and at most {MAX_DEADLINE_S:g} (default {DEFAULT_DEADLINE_S:g})")
     if args.world_size is not None and args.world_size < 1:
         raise UsageError(f"--world-size {args.world_size} must be at least 1")
+    if not args.report_dir:
+        raise UsageError("--report-dir '' is empty; pass a directory (default "
+                         f"{DEFAULT_REPORT_DIR})")
+    for arg in args.pytest_args:
+        if arg.startswith(("--ddp-", "--report-dir")):
+            # A second report dir (or backend, target...) behind the CLI's back would make the
+            # CLI read one directory while pytest writes another.
+            raise UsageError(f"{arg.split('=')[0]} after -- would override ddp-conformance's own "
+                             f"option; pass it as a ddp-conformance option before --")
     if args.attach:
         from .harness.world.attach import launcher_env
 
@@ -121,24 +172,25 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
         except WorldUnavailable as exc:
             raise UsageError(str(exc)) from None
     _check_writable(Path(args.report_dir))
+    _own(Path(args.report_dir))
     if args.target is not None:
+        from .harness.world.validate import validate_target
+
         try:
-            _validate_target(args.target, world_size)
+            # In a child, under the run's deadline: the target's import or build_model()
+            # may hang, and the supervisor must not hang with it.
+            validate_target(_target_arg(args.target), world_size, deadline=args.deadline)
         except TargetError as exc:
             raise UsageError(str(exc)) from None
     return backend, world_size
 
 
-def _validate_target(spec: str, world_size: int) -> None:
-    import torch
-
-    from .harness.targets import build_model_checked, load_target, make_batch_checked
-
-    target = load_target(spec)
-    torch.manual_seed(0)
-    build_model_checked(target)
-    size = target.batch_size_for(world_size)
-    make_batch_checked(target, torch.Generator().manual_seed(0), size)
+def _target_arg(target: str) -> str:
+    """A file target travels as an absolute path (pytest runs from the suite's folder);
+    built-in names win over same-named files or folders in the working directory."""
+    if target not in BUILTINS and os.path.isfile(target):
+        return str(Path(target).resolve())
+    return target
 
 
 def _check_writable(directory: Path) -> None:
@@ -150,6 +202,20 @@ def _check_writable(directory: Path) -> None:
     except OSError as exc:
         raise UsageError(f"--report-dir {str(directory)!r} is not writable ({exc.strerror}); "
                          f"pass a directory you can write to") from None
+    for name in ("results.jsonl", "run.json"):
+        path = directory / name
+        if path.exists() and not path.is_file():
+            raise UsageError(f"{path} is not a regular file; remove it or pass another --report-dir")
+
+
+def _own(directory: Path) -> None:
+    """Lock the report dir for this run (held until the process exits)."""
+    from reports.store import ReportDirBusy, ResultStore
+
+    try:
+        ResultStore(directory).lock()
+    except ReportDirBusy as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _plugin_args() -> list[str]:
@@ -164,26 +230,26 @@ def _plugin_args() -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     import pytest
 
+    from reports.store import new_run_id
+
     backend, world_size = _validate(args)
     report_dir = Path(args.report_dir)
+    run_id = new_run_id()
     argv = [
         str(SUITE_DIR), "-c", str(SUITE_DIR / "pytest.ini"), "--rootdir", str(SUITE_DIR),
         *_plugin_args(), "-q", "-rfEs",
         "--ddp-backend", backend, "--ddp-world-size", str(world_size),
         "--ddp-deadline", str(args.deadline), "--ddp-report-dir", str(report_dir),
-        "--ddp-suite", args.suite,
+        "--ddp-suite", args.suite, "--ddp-run-id", run_id,
     ]
     if args.target is not None:
-        target = args.target
-        # A file target travels as an absolute path (pytest runs from the suite's folder);
-        # built-in names win over same-named files or folders in the working directory.
-        if target not in BUILTINS and os.path.isfile(target):
-            target = str(Path(target).resolve())
-        argv += ["--ddp-target", target]
+        argv += ["--ddp-target", _target_arg(args.target)]
     if args.checks:
         argv += ["--ddp-checks", args.checks]
     if args.attach:
         argv += ["--ddp-attach"]
+    if args.keep_tmp:
+        argv += ["--ddp-keep-tmp"]
     argv += args.pytest_args
     stopped = _ExitMessage()
     code = pytest.main(argv, plugins=[stopped])
@@ -193,7 +259,7 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.attach and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) != "0":
         return EXIT_READY if code == pytest.ExitCode.OK else EXIT_NOT_READY
-    return _verdict_exit(report_dir)
+    return _verdict_exit(report_dir, run_id, int(code))
 
 
 class _ExitMessage:
@@ -205,19 +271,44 @@ class _ExitMessage:
         self.message = getattr(excinfo.value, "msg", None)
 
 
-def _verdict_exit(report_dir: Path) -> int:
+#: pytest statuses after which the records can be trusted as far as they go; anything else
+#: (interrupted, internal error, nothing collected) cannot yield a ready verdict.
+_PYTEST_RAN = (0, 1)  # OK, TESTS_FAILED
+
+
+def _verdict_exit(report_dir: Path, run_id: str, pytest_code: int) -> int:
+    """The exit code from *this* run's report, cross-checked with pytest's own status."""
     import json
 
     from reports.verdict import exit_code
 
+    def inconclusive(why: str) -> int:
+        print(f"ddp-conformance: {why}; the run is inconclusive (exit {EXIT_INCONCLUSIVE})",
+              file=sys.stderr)
+        return EXIT_INCONCLUSIVE
+
     try:
         report = json.loads((report_dir / "report.json").read_text())
     except (OSError, ValueError):
-        print(f"ddp-conformance: no report was written to {report_dir}; the run is inconclusive",
-              file=sys.stderr)
-        return EXIT_INCONCLUSIVE
-    print(f"ddp-conformance: verdict {report['verdict']} — {report_dir}/report.html, report.md, report.json")
-    return exit_code(report["verdict"])
+        report = None
+    if not isinstance(report, dict) or report.get("run_id") != run_id:
+        # Whatever sits in the dir belongs to another run (an older one, say): never ours.
+        return inconclusive(f"this run (id {run_id}) wrote no report to {report_dir} "
+                            f"(pytest exit status {pytest_code})")
+    verdict = str(report.get("verdict"))
+    print(f"ddp-conformance: verdict {verdict} — {report_dir}/report.html, report.md, report.json")
+    try:
+        code = exit_code(verdict)
+    except ValueError:
+        return inconclusive(f"report.json has no valid verdict ({verdict!r})")
+    if pytest_code not in _PYTEST_RAN and code != EXIT_NOT_READY:
+        # A defect that was found stays found (1); anything else after an interrupted or
+        # crashed pytest is undecided, whatever the records say.
+        return inconclusive(f"pytest did not run to its end (exit status {pytest_code})")
+    if code == EXIT_READY and pytest_code != 0:
+        return inconclusive(f"pytest reported failures (exit status {pytest_code}) "
+                            f"that no record explains")
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import signal
+import threading
+from typing import Any, Iterator
 
 import pytest
 
@@ -49,6 +51,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--ddp-suite", default="full", choices=SUITES, help="ci (fast subset) or full")
     group.addoption("--ddp-attach", action="store_true", default=False,
                     help="run as one rank of a torchrun/srun launch instead of spawning a world")
+    group.addoption("--ddp-run-id", default=None,
+                    help="the run id stamped on every record and on report.json (default: a new one)")
+    group.addoption("--ddp-keep-tmp", action="store_true", default=False,
+                    help="keep the session's temp dir (ddp-session-*) for debugging")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -59,7 +65,13 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     if config.getoption("--ddp-report-dir", None) and _is_writer(config):
-        config.pluginmanager.register(_ReportWriter(config), "ddp-report-writer")
+        from reports.store import ReportDirBusy
+
+        try:
+            writer = _ReportWriter(config)
+        except ReportDirBusy as exc:  # another live run owns the directory: a usage error
+            raise pytest.UsageError(str(exc)) from None
+        config.pluginmanager.register(writer, "ddp-report-writer")
 
 
 def _is_writer(config: pytest.Config) -> bool:
@@ -84,18 +96,44 @@ def settings_from(config: pytest.Config) -> Any:
         world_size = info["world_size"] if info else world_size
     world_size = world_size or default_world_size(backend)
     return Settings(backend=backend, world_size=world_size, deadline=config.getoption("--ddp-deadline"),
-                    target=config.getoption("--ddp-target"), attach=attach)
+                    target=config.getoption("--ddp-target"), attach=attach,
+                    keep_tmp=bool(config.getoption("--ddp-keep-tmp", False)))
+
+
+INTERRUPTED = pytest.StashKey[bool]()
+
+
+def _terminate_as_interrupt(config: pytest.Config) -> Any:
+    """SIGTERM is handled like Ctrl-C: KeyboardInterrupt in the main thread, so the same path
+    kills the ranks, writes an incomplete report and exits. Both are remembered: a run that
+    was interrupted is never marked complete, even if pytest's own status says otherwise."""
+    def handler(signum: int, frame: Any) -> None:
+        config.stash[INTERRUPTED] = True
+        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
 @pytest.fixture(scope="session")
-def ddp_session(pytestconfig: pytest.Config) -> Any:
+def ddp_session(pytestconfig: pytest.Config) -> Iterator[Any]:
     """The process's suite session: settings plus persistent worlds, closed at the end."""
     from .harness.session import Session
 
+    previous = _terminate_as_interrupt(pytestconfig)
     session = Session(settings_from(pytestconfig))
-    yield session
-    pytestconfig.stash[HOSTNAMES] = session.hostnames  # for the report, written after teardown
-    session.close()
+    try:
+        yield session
+    finally:
+        pytestconfig.stash[HOSTNAMES] = session.hostnames  # for the report, written after teardown
+        try:
+            session.close()
+        finally:
+            if session.settings.keep_tmp:
+                _say(pytestconfig, f"[ddp] --keep-tmp: the session's temp dir is kept: {session.tmpdir}")
+            for sig, old in (previous or {}).items():
+                signal.signal(sig, old)
 
 
 @pytest.fixture(scope="session")
@@ -166,7 +204,23 @@ class _ReportWriter:
 
         self.config = config
         self.store = ResultStore(config.getoption("--ddp-report-dir"))
+        self.store.lock()  # one run per report dir, for the life of this process
         self.harness_errors: list[str] = []
+        self.session: pytest.Session | None = None
+        self.broken: str | None = None  # why the report dir could not be written (a full disk...)
+
+    def _write(self, session: pytest.Session | None, action: Any, *args: Any, **kwargs: Any) -> None:
+        """Write to the report dir; on an OS error stop the run: checks whose records cannot
+        be kept prove nothing, and the CLI reads the missing report as inconclusive."""
+        if self.broken:
+            return
+        try:
+            action(*args, **kwargs)
+        except OSError as exc:
+            self.broken = f"cannot write to the report dir {str(self.store.dir)!r} ({exc.strerror or exc})"
+            self._say(f"[ddp] {self.broken}; the run stops and is inconclusive")
+            if session is not None:
+                session.shouldstop = self.broken
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         config = self.config
@@ -177,6 +231,8 @@ class _ReportWriter:
             "suite": config.getoption("--ddp-suite"),
             "checks_selected": [s.id for s in _selected(config)],
             "attach": bool(config.getoption("--ddp-attach")),
+            "run_id": config.getoption("--ddp-run-id"),
+            "pid": os.getpid(),
         }
         try:
             settings = settings_from(config)
@@ -186,17 +242,18 @@ class _ReportWriter:
             meta["environment"] = collect(backend=settings.backend, world_size=settings.world_size)
         except Exception as exc:  # the run goes on; the report says what could not be read
             meta["environment"] = {"error": f"{type(exc).__name__}: {exc}"}
-        self.store.start(meta)
+        self.session = session
+        self._write(session, self.store.start, meta)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         from reports.schema import CheckRecord, Event
 
-        props = dict(report.user_properties)
+        props = {str(k): str(v) for k, v in report.user_properties}
         if RECORD_KEY in props and report.when == "call":
             for data in json.loads(props.get(EVENTS_KEY, "[]")):
-                self.store.append(Event.from_json(data))
+                self._write(self.session, self.store.append, Event.from_json(data))
             record = CheckRecord.from_json(json.loads(props[RECORD_KEY]))
-            self.store.append(record)
+            self._write(self.session, self.store.append, record)
             self._say(f"[ddp] {record.id} on {record.target}: {record.status.upper()} "
                       f"({record.duration_s:.1f} s) {record.message}")
         elif CASE_KEY in props and report.failed and RECORD_KEY not in props:
@@ -205,14 +262,18 @@ class _ReportWriter:
             check_id, target = json.loads(props[CASE_KEY])
             message = _first_line(report.longreprtext) or "harness error"
             spec = BY_ID[check_id]
-            self.store.append(CheckRecord(id=check_id, title=spec.title, kind=spec.kind,
-                                          status="inconclusive", duration_s=report.duration,
-                                          message=f"harness error: {message}", target=target,
-                                          evidence={"harness_error": report.longreprtext[-8000:]}))
+            self._write(self.session, self.store.append, CheckRecord(
+                id=check_id, title=spec.title, kind=spec.kind, status="inconclusive",
+                duration_s=report.duration, message=f"harness error: {message}", target=target,
+                evidence={"harness_error": report.longreprtext[-8000:]}))
             self.harness_errors.append(f"{check_id} on {target}: {message}")
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
+        # Complete only when pytest itself ran to its end: a Ctrl-C (even a second one that
+        # pytest swallowed), an internal error, a usage error or nothing collected leaves the
+        # report incomplete, so it can never read as ready.
+        interrupted = (self.config.stash.get(INTERRUPTED, False)
+                       or exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED))
         extra: dict[str, Any] = {"pytest_exit": int(exitstatus)}
         if self.harness_errors:
             extra["harness_error"] = "; ".join(self.harness_errors)
@@ -222,19 +283,29 @@ class _ReportWriter:
         if hosts:  # attach mode: the hosts of every rank, not only rank 0's
             environment = self.store.run_meta().get("environment") or {}
             extra["environment"] = {**environment, "hostnames": hosts}
+        if self.broken:
+            return
         if interrupted:
-            self.store.update_meta(**extra)  # not finished: the report says incomplete
+            self._write(None, self.store.update_meta, **extra)  # not finished: incomplete
         else:
-            self.store.finish(**extra)
+            self._write(None, self.store.finish, **extra)
         from reports.render import write_reports
 
-        report = write_reports(self.store.dir)
+        try:
+            report = write_reports(self.store.dir)
+        except OSError as exc:
+            self._say(f"[ddp] cannot write the report into {self.store.dir} ({exc.strerror or exc})")
+            return
         self._say(f"[ddp] verdict: {report['verdict']} — report in {self.store.dir}/report.html")
 
     def _say(self, line: str) -> None:
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(line)
+        _say(self.config, line)
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
 
 
 def _first_line(text: str) -> str:

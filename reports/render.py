@@ -56,6 +56,7 @@ def build_report(meta: Mapping[str, Any], records: Iterable[CheckRecord], events
     report: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "verdict": verdict,
+        "run_id": meta.get("run_id"),  # ties this report to the run that wrote run.json
         "reasons": reasons(checks, complete=complete, harness_errors=harness_errors),
         "complete": complete,
         "target": meta.get("target"),

@@ -18,6 +18,7 @@ from reports.schema import Event
 
 from .registry import CheckSpec
 from .targets import Target
+from .world import World, WorldLike
 
 
 @dataclass
@@ -32,12 +33,12 @@ class CheckContext:
     # False with --target: chaos checks examine the user's target as configured.
     injected: bool
     tmpdir: Path
-    pool: Callable[..., Any]  # (world_size=None) -> a persistent World / AttachedWorld
-    new_world: Callable[..., Any] | None  # (**World kwargs) -> a fresh World; None under --attach
+    pool: Callable[..., WorldLike]  # (world_size=None) -> the session's persistent world
+    new_world: Callable[..., World] | None  # (**World kwargs) -> a fresh World; None under --attach
     attached: bool = False
     events: list[Event] = field(default_factory=list)
 
-    def world(self, world_size: int | None = None) -> Any:
+    def world(self, world_size: int | None = None) -> WorldLike:
         """The persistent world of this session (``world_size`` ranks; default the run's).
 
         A 1-rank world is how equivalence checks run the target's own ``train_step`` as the
@@ -46,7 +47,7 @@ class CheckContext:
         return self.pool(world_size=world_size)
 
     @contextlib.contextmanager
-    def fresh_world(self, *, world_size: int | None = None, **kwargs: Any) -> Iterator[Any]:
+    def fresh_world(self, *, world_size: int | None = None, **kwargs: Any) -> Iterator[WorldLike]:
         """An isolated world for one scenario; always killed afterwards.
 
         Under --attach there is no supervisor to kill a hung rank, so scenarios that need one

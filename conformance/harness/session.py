@@ -7,6 +7,7 @@ call failed or hung, so a broken world never serves the next check.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 import traceback
@@ -21,7 +22,15 @@ from .outcome import Outcome
 from .registry import CheckSpec
 from .timing import DEFAULT_DEADLINE_S
 from .targets import BUILTINS, TargetError, load_target
-from .world import WorldUnavailable
+from .world import World, WorldLike, WorldUnavailable
+from .world._containment import guardian
+
+
+def _session_tmp() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="ddp-session-"))
+    # Removed by close(); if this process is killed first, the guardian removes it.
+    guardian().watch(path=str(path))
+    return path
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,7 @@ class Settings:
     deadline: float = DEFAULT_DEADLINE_S
     target: str | None = None  # None: the built-in targets
     attach: bool = False
+    keep_tmp: bool = False  # keep the session's temp dir (scratch of every check) for debugging
 
     def targets_for(self, spec: CheckSpec) -> list[str]:
         """Conformance checks run on every built-in target; chaos and perf checks run once,
@@ -43,10 +53,14 @@ class Settings:
 @dataclass
 class Session:
     settings: Settings
-    _worlds: dict[tuple[str, int], Any] = field(default_factory=dict)
-    _tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ddp-session-")))
+    _worlds: dict[tuple[str, int], WorldLike] = field(default_factory=dict)
+    _tmp: Path = field(default_factory=_session_tmp)
 
-    def world(self, backend: str | None = None, world_size: int | None = None) -> Any:
+    @property
+    def tmpdir(self) -> Path:
+        return self._tmp
+
+    def world(self, backend: str | None = None, world_size: int | None = None) -> WorldLike:
         """The persistent world for (backend, world size), started on first use."""
         key = (backend or self.settings.backend, world_size or self.settings.world_size)
         world = self._worlds.get(key)
@@ -54,22 +68,21 @@ class Session:
             if self.settings.attach:
                 from .world.attach import AttachedWorld, RankZeroLocalWorld
 
-                launched = self._worlds.get((key[0], self.settings.world_size))
-                if launched is None:
-                    launched = AttachedWorld(key[0], deadline=self.settings.deadline)
-                    self._worlds[(key[0], self.settings.world_size)] = launched
-                world = launched if key[1] == self.settings.world_size else RankZeroLocalWorld(launched)
                 if key[1] not in (1, self.settings.world_size):
                     raise RuntimeError(f"under --attach only the launched world of "
                                        f"{self.settings.world_size} and 1-rank references exist")
+                launched = self._worlds.get((key[0], self.settings.world_size))
+                if not isinstance(launched, AttachedWorld):
+                    launched = AttachedWorld(key[0], deadline=self.settings.deadline)
+                    self._worlds[(key[0], self.settings.world_size)] = launched
+                world = launched if key[1] == self.settings.world_size else RankZeroLocalWorld(launched)
             else:
                 world = self.new_world(backend=key[0], world_size=key[1])
             self._worlds[key] = world
         return world
 
     def new_world(self, *, backend: str | None = None, world_size: int | None = None,
-                  **kwargs: Any) -> Any:
-        from .world import World
+                  **kwargs: Any) -> World:
         from .world.devices import check_world
 
         backend = backend or self.settings.backend
@@ -81,13 +94,23 @@ class Session:
     @property
     def hostnames(self) -> list[str]:
         """Every rank's host seen so far (attach mode knows them after its first call)."""
-        return sorted({h for w in self._worlds.values() for h in getattr(w, "hostnames", [])})
+        return sorted({h for w in self._worlds.values() for h in w.hostnames})
 
     def close(self) -> None:
-        # References first: the launched world must outlive the broadcasts they rely on.
-        for world in sorted(self._worlds.values(), key=lambda w: w.world_size):
-            world.close()
-        self._worlds.clear()
+        """Close every world and remove the temp dir (kept with ``keep_tmp``). Safe twice."""
+        try:
+            # References first: the launched world must outlive the broadcasts they rely on.
+            for world in sorted(self._worlds.values(), key=lambda w: w.world_size):
+                world.close()
+        finally:
+            # Even if a close raised (or Ctrl-C came twice): no world may keep running.
+            for world in self._worlds.values():
+                if isinstance(world, World):
+                    world._kill()
+            self._worlds.clear()
+            if not self.settings.keep_tmp:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+            guardian().forget(path=str(self._tmp))
 
     def context(self, spec: CheckSpec, target_spec: str) -> CheckContext:
         label = "mlp" if target_spec == "builtin" else target_spec

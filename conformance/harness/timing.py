@@ -26,3 +26,76 @@ MIN_PG_TIMEOUT_S = 1.0
 def pg_timeout_for(deadline: float) -> float:
     """The process-group timeout of a world whose calls have ``deadline`` seconds."""
     return max(deadline * PG_TIMEOUT_SHARE, MIN_PG_TIMEOUT_S)
+
+#: How long ``World.close()`` lets *all* ranks together leave the process group after the
+#: stop message before they are killed. One shared second: an idle rank exits in ~0.1 s, a
+#: busy one never reads the message, and the whole teardown must fit the interrupt budget.
+CLOSE_GRACE_S = 1.0
+
+#: Ctrl-C or SIGTERM of a run -> every rank gone, whatever the ranks are doing
+#: (benchmarks/interrupt_latency.py measures it).
+INTERRUPT_BUDGET_S = 2.0
+
+#: The longest --deadline accepted. A call that may legitimately take longer than an hour is
+#: not a check; beyond that the deadline is no longer a deadline, and values near 1e9 s
+#: overflow the millisecond timeouts that gloo and the store take.
+MAX_DEADLINE_S = 3600.0
+
+# -- chaos scenarios (faults/) ----------------------------------------------------------------
+# The model of the rule above, at the scale of one scenario: the scenario's own subgroup
+# timeout releases a rank blocked on a live peer, the monitored barrier after it names a rank
+# that is alive but stuck, and both fire well before the supervisor's deadline.
+
+#: A gloo collective of a hang scenario, blocked on a live peer, is released after this many
+#: seconds (the scenario's fresh subgroup has this timeout); the world deadline is longer, so
+#: the blocked rank reports its own timeout instead of being killed. Two seconds: a healthy
+#: scenario collective takes milliseconds once the ranks are lined up (faults.scenarios warms
+#: them up first), and a hang costs every scenario this much.
+SCENARIO_PG_TIMEOUT_S = 2.0
+#: The monitored barrier every rank meets after a scenario: one second past the subgroup
+#: timeout, so a rank that timeout released still arrives, and one that never arrives (stuck,
+#: frozen) is named by it.
+SCENARIO_BARRIER_TIMEOUT_S = SCENARIO_PG_TIMEOUT_S + 1.0
+#: torch's flight recorder is dumped once a collective has been in flight this long: far past
+#: a healthy collective, before the subgroup timeout ends it (gloo then counts it completed
+#: and the recorder forgets that it was stuck).
+FLIGHT_SNAPSHOT_AFTER_S = SCENARIO_PG_TIMEOUT_S / 2
+#: How long a rank waits for the flight-recorder thread to stop. It polls every 0.1 s, so it
+#: stops at once unless a dump is in progress (a private torch API, slow on a full recorder);
+#: the thread is a daemon, so one stuck past this never keeps the rank from answering.
+FLIGHT_THREAD_JOIN_S = 5.0
+#: The deadline of a scenario that freezes a rank. No timeout inside the world reaches a
+#: stopped process, so only the supervisor's deadline detects it; its peers are released by
+#: the subgroup timeout and answer the monitored barrier in ~5 s. 8 s leaves them 3 s of slack
+#: on a loaded host, instead of waiting out the whole scenario deadline for a rank that will
+#: never answer.
+STALL_DEADLINE_S = SCENARIO_PG_TIMEOUT_S * 3 + 2.0
+#: The longest one hang scenario may take (the check's deadline, if shorter): a blocked rank
+#: is released in 2 s and answers the barrier by 3 s, and a first DDP construction costs ~2 s
+#: (torch 2.13 CPU); 20 s is several times that on a loaded host, while a check that runs six
+#: scenarios still ends in about a minute when every one of them hangs.
+SCENARIO_DEADLINE_CAP_S = 20.0
+#: The default process group of a scenario world: longer than the scenarios' subgroup timeout
+#: (the warm-up barrier on it must outlast a rank that is late from the previous scenario's
+#: timeout), and never below 5 s, gloo's connect time on a loaded host.
+SCENARIO_WORLD_PG_TIMEOUT_S = max(SCENARIO_PG_TIMEOUT_S * 3, 5.0)
+#: After a rank of a scenario world died or raised, how long the supervisor still waits for
+#: its peers: more than twice the subgroup timeout, so a blocked peer is released by its own
+#: timeout and answers the monitored barrier (naming the culprit) before it is killed.
+SCENARIO_WORLD_GRACE_S = SCENARIO_PG_TIMEOUT_S * 3 + 2.0
+#: A hang counts as detected in time when it was diagnosed within the deadline plus this: the
+#: supervisor collects every rank's stack and kills the world after the deadline fired
+#: (benchmarks/hang_latency.py measures that fixed cost, well under a second on one host).
+DETECTION_SLACK_S = 2.0
+#: The bucket-config mismatch reproduction (a bucket_cap_mb that differs across ranks): with
+#: find_unused_parameters=True it aborts a process at step 0 and its peers are released by
+#: this process-group timeout; 5 s is far beyond the milliseconds a step of its MLP takes.
+MISMATCH_PG_TIMEOUT_S = 5.0
+#: ...and its world's deadline (the check's, if shorter): two runs of three steps of a small
+#: MLP and, after an abort, the peers' 5 s timeout, with room for a loaded host.
+MISMATCH_DEADLINE_CAP_S = 30.0
+
+#: How long N spawned ranks (or a validation child) get to import torch and join. Not user
+#: code, so not under --deadline: on a loaded 2-core CI host a cold torch import takes
+#: several seconds per process, and N of them share the cores.
+WORLD_START_S = 120.0

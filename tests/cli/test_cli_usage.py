@@ -21,12 +21,24 @@ def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
     (["--checks", "gradient-equivalence,nope"], "unknown check id 'nope'; known ids: gradient-equivalence"),
     (["--suite", "nightly"], "--suite 'nightly' is not one of ci, full"),
     (["--deadline", "0"], "--deadline 0 must be a positive number of seconds"),
+    (["--deadline", "nan"], "--deadline nan must be a positive number of seconds, finite and at most 3600"),
+    (["--deadline", "inf"], "--deadline inf must be a positive number of seconds, finite and at most 3600"),
+    (["--deadline", "1e9"], "--deadline 1e+09 must be a positive number of seconds, finite and at most 3600"),
+    (["--checks", ","], "--checks ',' names no check; pass check ids separated by commas"),
+    (["--checks", ""], "--checks '' names no check; pass check ids separated by commas"),
+    (["--report-dir", ""], "--report-dir '' is empty; pass a directory"),
+    (["--world-size", "4096"], "world_size=4096 gloo ranks cannot start on"),
+    (["--", "--ddp-report-dir", "elsewhere"], "--ddp-report-dir after -- would override ddp-conformance's own option"),
     (["--attach"], "--attach needs a launcher: run it under torchrun or srun"),
 ])
 def test_bad_run_options_exit_2(argv: list[str], message: str, tmp_path, capsys, monkeypatch) -> None:
     for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)
-    assert main(["run", "--report-dir", str(tmp_path / "out"), *argv]) == 2
+    if "--report-dir" in argv:
+        argv = ["run", *argv]
+    else:
+        argv = ["run", "--report-dir", str(tmp_path / "out"), *argv]
+    assert main(argv) == 2
     assert message in _error_line(capsys)
     assert not (tmp_path / "out" / "report.json").exists()
 
@@ -51,3 +63,42 @@ def test_list_names_every_check_and_builtin_target(capsys) -> None:
     for spec in CHECKS:
         assert spec.id in out
     assert "built-in targets: mlp, tied-lm, branchy, convbn" in out
+
+
+def test_a_report_dir_with_a_directory_for_results_exits_2(tmp_path, capsys) -> None:
+    (tmp_path / "out" / "results.jsonl").mkdir(parents=True)
+    assert main(["run", "--report-dir", str(tmp_path / "out")]) == 2
+    assert "results.jsonl is not a regular file; remove it or pass another --report-dir" in _error_line(capsys)
+
+
+def test_report_of_a_nan_line_is_inconclusive_with_one_line(tmp_path, capsys) -> None:
+    from reports import CheckRecord, ResultStore
+
+    store = ResultStore(tmp_path)
+    store.start({"target": "mlp", "checks_selected": ["gradient-equivalence"]})
+    store.append(CheckRecord("gradient-equivalence", "Gradient equivalence", "conformance", "passed", 1.0))
+    with open(store.results_path, "a") as f:
+        f.write('{"id": "rank-consistency", "status": "passed", "duration_s": NaN}\n')
+    store.finish()
+    assert main(["report", str(tmp_path)]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "results.jsonl line 2 is unreadable (NaN is not JSON)" in err[0], err
+
+
+def test_report_into_a_read_only_dir_exits_2_with_one_line(tmp_path, capsys) -> None:
+    import os
+
+    from reports import CheckRecord, ResultStore
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only directories; run as a normal user to see this")
+    store = ResultStore(tmp_path / "ro")
+    store.start({"target": "mlp"})
+    store.append(CheckRecord("gradient-equivalence", "Gradient equivalence", "conformance", "passed", 1.0))
+    store.finish()
+    os.chmod(store.dir, 0o555)
+    try:
+        assert main(["report", str(store.dir)]) == 2
+        assert "cannot write the report into" in _error_line(capsys)
+    finally:
+        os.chmod(store.dir, 0o755)

@@ -11,6 +11,7 @@ from ._results import (
     WorldHang,
     WorldUnavailable,
 )
+from .like import WorldLike
 from .local import World
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "World",
     "WorldError",
     "WorldHang",
+    "WorldLike",
     "WorldUnavailable",
 ]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -24,6 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ._protocol import NO_CALL, ProtocolError, decode, encode
 from ._results import RankError, RankResult
 
 _PR_SET_PDEATHSIG = 1
@@ -90,6 +90,7 @@ def _init_process_group(cfg: RankConfig) -> RankContext:
     # or DDP errors name parameter indices instead of parameter names.
     dist.set_debug_level_from_env()
     if cfg.backend == "nccl":
+        assert cfg.device_index is not None, "an NCCL rank is always given its device"
         torch.cuda.set_device(cfg.device_index)
         device = torch.device("cuda", cfg.device_index)
     else:
@@ -127,18 +128,18 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
     try:
         ctx = _init_process_group(cfg)
     except BaseException as exc:  # report instead of dying silently: the supervisor is waiting
-        conn.send_bytes(pickle.dumps(("failed", _error(exc))))
+        conn.send_bytes(encode("failed", NO_CALL, _error(exc)))
         return
-    conn.send_bytes(pickle.dumps(("ready", os.getpid())))
+    conn.send_bytes(encode("ready", NO_CALL, os.getpid()))
     while True:
         try:
-            message = conn.recv_bytes()
-        except (EOFError, OSError):
-            break  # the supervisor is gone: nothing left to serve
-        work = pickle.loads(message)
-        if work is None:
+            message = decode(conn.recv_bytes())
+        except (EOFError, OSError, ProtocolError):
+            break  # the supervisor is gone (or garbled): nothing left to serve
+        if message.kind != "call":
             break
-        call_id, fn, args, kwargs = work
+        call_id = message.call_id
+        fn, args, kwargs = message.payload
         start = time.perf_counter()
         try:
             value = fn(ctx, *args, **kwargs)
@@ -148,10 +149,10 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
             result = RankResult(cfg.rank, None, time.perf_counter() - start, error=_error(exc),
                                 pid=os.getpid(), hostname=ctx.hostname)
         try:
-            payload = pickle.dumps((call_id, result))
+            payload = encode("result", call_id, result)
         except Exception as exc:  # an unpicklable return value is the caller's bug; say so
-            payload = pickle.dumps((call_id, RankResult(cfg.rank, None, result.duration_s,
-                                                        error=_error(exc), pid=os.getpid())))
+            payload = encode("result", call_id, RankResult(cfg.rank, None, result.duration_s,
+                                                           error=_error(exc), pid=os.getpid()))
         conn.send_bytes(payload)
     _shutdown()
     sys.stdout.flush()

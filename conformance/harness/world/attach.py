@@ -26,6 +26,7 @@ from ..timing import DEFAULT_DEADLINE_S, pg_timeout_for
 from ..targets import raise_target_error
 from ._rank import RankContext, _error
 from ._results import RankFailure, RankResult, WorldUnavailable
+from .local import World
 
 
 def launcher_env() -> dict[str, int] | None:
@@ -55,12 +56,16 @@ class AttachedWorld:
         self.pg_timeout = pg_timeout if pg_timeout is not None else pg_timeout_for(deadline)
         self.generation = 1
         self.restarts: list[str] = []
-        self.hostnames: list[str] = []  # every rank's host, known after the first call
+        self._hostnames: list[str] = []  # every rank's host, known after the first call
         self._ctx: RankContext | None = None
 
     @property
     def alive(self) -> bool:
         return self._ctx is not None
+
+    @property
+    def hostnames(self) -> list[str]:
+        return self._hostnames
 
     def start(self) -> AttachedWorld:
         if self._ctx is not None:
@@ -113,7 +118,7 @@ class AttachedWorld:
         finally:
             faulthandler.cancel_dump_traceback_later()
         results = [r for r in gathered]
-        self.hostnames = [r.hostname or "?" for r in results]
+        self._hostnames = [r.hostname or "?" for r in results]
         if any(r.error is not None for r in results):
             raise_target_error(results)  # the user's own code raised: exit 2, not a finding
             bad = "; ".join(f"rank {r.rank} {r.error.describe()}" for r in results if r.error)
@@ -147,13 +152,21 @@ class RankZeroLocalWorld:
         self.attached = attached
         self.world_size = 1
         self.backend = attached.backend
-        self._local: Any = None
+        self.generation = 1
+        self.restarts: list[str] = []
+        self._local: World | None = None
+
+    @property
+    def hostnames(self) -> list[str]:
+        return self._local.hostnames if self._local is not None else []
+
+    def start(self) -> RankZeroLocalWorld:
+        self.attached.start()
+        return self
 
     def run(self, fn: Callable[..., Any], *args: Any, deadline: float | None = None,
             **kwargs: Any) -> list[RankResult]:
         import torch.distributed as dist
-
-        from .local import World
 
         ctx = self.attached.start()._ctx
         assert ctx is not None

@@ -10,6 +10,12 @@ import os
 
 from ._results import WorldUnavailable
 
+#: The most gloo ranks per CPU core a world may have. Each rank is a whole Python process
+#: with torch (~1-2 s of CPU to start, ~200 MB); past 8 per core a world takes minutes to
+#: start and its collectives time out on scheduling alone, so the run could not decide
+#: anything. Refused up front with the fix instead.
+MAX_GLOO_RANKS_PER_CORE = 8
+
 
 def gpu_count() -> int:
     try:
@@ -57,6 +63,12 @@ def check_world(backend: str, world_size: int) -> list[int] | None:
     if world_size < 1:
         raise WorldUnavailable(f"--world-size {world_size} must be at least 1")
     if backend != "nccl":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if world_size > MAX_GLOO_RANKS_PER_CORE * cores:
+            raise WorldUnavailable(
+                f"world_size={world_size} gloo ranks cannot start on {cores} CPU core(s) "
+                f"(at most {MAX_GLOO_RANKS_PER_CORE} per core); pass --world-size "
+                f"{MAX_GLOO_RANKS_PER_CORE * cores} or fewer, or run on a larger machine")
         return None
     gpus = my_gpus()
     if not gpus:

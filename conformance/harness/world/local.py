@@ -18,13 +18,17 @@ import os
 import pickle
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
 
-from ..timing import DEFAULT_DEADLINE_S, pg_timeout_for
+from ..timing import CLOSE_GRACE_S, DEFAULT_DEADLINE_S, WORLD_START_S, pg_timeout_for
+from ._containment import cookie_in_environment, guardian, new_cookie, reap
+from ._loopback import LOOPBACK_HOST, loopback_interface
+from ._protocol import ProtocolError, decode, encode
 from ..targets import raise_target_error
 from ._rank import RankConfig, rank_main, stack_file
 from ._results import RankError, RankFailure, RankResult, WorldHang, WorldUnavailable
@@ -56,6 +60,13 @@ def _proc_state(pid: int) -> str:
         return ""
 
 
+def _rank_of_cause(error: RankError | None) -> int:
+    """Sort key: a death or a protocol breach is a root cause; an exception may be a symptom."""
+    if error is None:
+        return 3
+    return {"died": 0, "protocol": 0, "exception": 1}.get(error.kind, 2)
+
+
 def _is_timeout(error: RankError) -> bool:
     text = f"{error.exc_type} {error.message}".lower()
     return error.kind == "exception" and ("timed out" in text or "timeout" in text)
@@ -69,7 +80,7 @@ class World:
     """
 
     def __init__(self, world_size: int = 2, backend: str = "gloo", *, deadline: float = DEFAULT_DEADLINE_S,
-                 pg_timeout: float | None = None, start_timeout: float = 120.0,
+                 pg_timeout: float | None = None, start_timeout: float = WORLD_START_S,
                  devices: list[int] | None = None, env: dict[str, str] | None = None,
                  threads: int = 1, grace: float = DEFAULT_GRACE_S) -> None:
         if world_size < 1:
@@ -102,6 +113,7 @@ class World:
         self._conns: list[Any] = []
         self._store: Any = None
         self._tmpdir: str | None = None
+        self._cookie: str | None = None
         self._calls = itertools.count()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -109,6 +121,11 @@ class World:
     @property
     def alive(self) -> bool:
         return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    @property
+    def hostnames(self) -> list[str]:
+        """Local ranks all run on this host."""
+        return [socket.gethostname()] if self._procs else []
 
     @property
     def pids(self) -> list[int]:
@@ -130,26 +147,51 @@ class World:
         import torch.distributed as dist
 
         self.generation += 1
+        self._cookie = new_cookie()
         self._tmpdir = tempfile.mkdtemp(prefix=f"ddp-world-g{self.generation}-")
-        # Port 0 on loopback: the kernel picks a free port, so concurrent pytest-xdist
-        # workers never race for one, and nothing is exposed beyond this machine.
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        # Registered before any rank exists: if this supervisor is SIGKILLed from here on,
+        # the guardian kills everything carrying the cookie and removes the temp dir.
+        guardian().watch(cookie=self._cookie, path=self._tmpdir)
+        # Loopback only, by construction: the store serves on a socket bound to 127.0.0.1
+        # (TCPStore("127.0.0.1", 0, is_master=True) alone listens on the wildcard address,
+        # reachable from the network). Port 0: the kernel picks a free port, so concurrent
+        # pytest-xdist workers never race for one.
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            listener.bind((LOOPBACK_HOST, 0))
+            listener.listen(max(128, 2 * self.world_size))
+            port = listener.getsockname()[1]
+            self._store = dist.TCPStore(LOOPBACK_HOST, port, is_master=True, wait_for_workers=False,
+                                        master_listen_fd=listener.fileno())
+        except BaseException:
+            listener.close()
+            raise
+        listener.detach()  # the store owns the descriptor now and closes it when it goes
+        # gloo picks its interface from the hostname unless told; pin it to loopback so the
+        # ranks' own listening sockets are on 127.0.0.1 whatever /etc/hosts says.
+        env = {"GLOO_SOCKET_IFNAME": loopback_interface(), **self.env}
         ctx = mp.get_context("spawn")  # never fork: a forked CUDA context is unusable
-        for rank in range(self.world_size):
-            parent, child = ctx.Pipe(duplex=True)
-            cfg = RankConfig(
-                rank=rank, world_size=self.world_size, backend=self.backend,
-                store_host="127.0.0.1", store_port=self._store.port,
-                store_prefix=f"g{self.generation}", tmpdir=self._tmpdir,
-                generation=self.generation, pg_timeout_s=self.pg_timeout,
-                device_index=self.devices[rank] if self.devices else None,
-                env=self.env, threads=self.threads, parent_pid=os.getpid())
-            proc = ctx.Process(target=rank_main, args=(cfg, child), name=f"ddp-rank{rank}",
-                               daemon=True)
-            proc.start()
-            child.close()
-            self._procs.append(proc)
-            self._conns.append(parent)
+        # spawn starts the supervisor's resource tracker with the first rank; start it before
+        # the cookie is set, or it would carry the cookie and be killed with this world.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+        with cookie_in_environment(self._cookie):
+            for rank in range(self.world_size):
+                parent, child = ctx.Pipe(duplex=True)
+                cfg = RankConfig(
+                    rank=rank, world_size=self.world_size, backend=self.backend,
+                    store_host=LOOPBACK_HOST, store_port=port,
+                    store_prefix=f"g{self.generation}", tmpdir=self._tmpdir,
+                    generation=self.generation, pg_timeout_s=self.pg_timeout,
+                    device_index=self.devices[rank] if self.devices else None,
+                    env=env, threads=self.threads, parent_pid=os.getpid())
+                proc = ctx.Process(target=rank_main, args=(cfg, child), name=f"ddp-rank{rank}",
+                                   daemon=True)
+                proc.start()
+                child.close()
+                self._procs.append(proc)
+                self._conns.append(parent)
         self._await_ready()
         return self
 
@@ -163,10 +205,13 @@ class World:
                 break
             for rank, kind, payload in self._poll(waiting, left):
                 waiting.discard(rank)
-                if kind == "dead":
+                if kind in ("dead", "protocol"):
                     errors[rank] = payload
-                elif payload[0] == "failed":
-                    errors[rank] = payload[1]
+                elif payload.kind == "failed":
+                    errors[rank] = payload.payload
+                elif payload.kind != "ready":
+                    errors[rank] = RankError(kind="protocol", message=f"sent {payload.kind!r} "
+                                             f"before it was ready; the world is replaced")
         if waiting or errors:
             stacks = self._collect_stacks(sorted(waiting))
             self._kill()
@@ -178,14 +223,20 @@ class World:
                               results=results, stacks=stacks)
 
     def close(self) -> None:
-        """Stop the ranks cleanly (they leave the process group), then make sure they are gone."""
+        """Stop the ranks cleanly (they leave the process group), then make sure they are gone.
+
+        The ranks get one shared grace period (CLOSE_GRACE_S), not one each: a rank still busy
+        in user code or a collective will not read the stop message, and Ctrl-C must take
+        every rank down within the interrupt budget however many are busy.
+        """
         for conn in self._conns:
             try:
-                conn.send_bytes(pickle.dumps(None))
+                conn.send_bytes(encode("stop"))
             except OSError:
                 pass
+        until = time.monotonic() + CLOSE_GRACE_S
         for proc in self._procs:
-            proc.join(timeout=5)
+            proc.join(timeout=max(0.0, until - time.monotonic()))
             if proc.exitcode not in (0, None):
                 # Seen rarely with gloo on torch 2.13: a rank aborts during interpreter shutdown
                 # after all its work was returned. Nothing it computed is affected; keep a note.
@@ -205,7 +256,8 @@ class World:
             pass
 
     def _kill(self) -> None:
-        """Kill every rank's whole process group (DataLoader workers included) and reap it."""
+        """Kill every process of this world — ranks, their process groups (DataLoader workers)
+        and anything they started, setsid children included (the cookie) — and reap the ranks."""
         for proc in self._procs:
             if proc.pid is None:
                 continue
@@ -216,7 +268,12 @@ class World:
                     kill(target, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+        if self._cookie:
+            # Children that left the rank's process group (setsid, double fork) carry the
+            # cookie in their environment: without this sweep they outlive a passing run.
+            reap(self._cookie)
         for proc in self._procs:
+            # SIGKILL cannot be caught: the join only waits for the kernel to tear it down.
             proc.join(timeout=5)
         for conn in self._conns:
             conn.close()
@@ -224,7 +281,9 @@ class World:
         self._store = None
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        if self._cookie or self._tmpdir:
+            guardian().forget(cookie=self._cookie, path=self._tmpdir)
+        self._cookie, self._tmpdir = None, None
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -240,11 +299,24 @@ class World:
         budget = self.deadline if deadline is None else deadline
         call_id = next(self._calls)
         try:
-            payload = pickle.dumps((call_id, fn, args, kwargs))
+            payload = encode("call", call_id, (fn, args, kwargs))
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             raise TypeError(f"cannot send {getattr(fn, '__qualname__', fn)!r} to the ranks ({exc}); "
                             f"work functions and their arguments must be picklable: define the "
                             f"function at module level in an importable module") from None
+        try:
+            return self._call(call_id, payload, budget)
+        except BaseException:
+            # Ctrl-C, SIGTERM (raised as KeyboardInterrupt) or any error in the supervisor
+            # while ranks are busy: kill them now. A busy rank never reads a stop message, so
+            # leaving it to close() would cost its whole grace period; the interrupt budget
+            # is 2 s for every rank together.
+            if self._procs:
+                self.restarts.append("supervisor interrupted during a call")
+                self._kill()
+            raise
+
+    def _call(self, call_id: int, payload: bytes, budget: float) -> list[RankResult]:
         started = time.monotonic()
         for conn in self._conns:
             try:
@@ -252,30 +324,42 @@ class World:
             except OSError:
                 pass  # that rank just died; its sentinel reports it below with its exit code
         results: dict[int, RankResult] = {}
-        first_failure: float | None = None
+        # When each failed rank's failure reached the supervisor: the first one is the
+        # culprit the headline names (a peer's "connection reset" comes after the death).
+        failed_at: dict[int, float] = {}
         waiting = set(range(self.world_size))
         while waiting:
             now = time.monotonic()
             until = started + budget
-            if first_failure is not None:
-                until = min(until, first_failure + self.grace)
+            if failed_at:
+                until = min(until, min(failed_at.values()) + self.grace)
             if now >= until:
                 break
-            for rank, kind, payload_ in self._poll(waiting, until - now):
+            for rank, kind, message in self._poll(waiting, until - now):
                 waiting.discard(rank)
-                if kind == "dead":
-                    results[rank] = RankResult(rank, error=payload_, pid=self._procs[rank].pid)
+                if kind in ("dead", "protocol"):
+                    results[rank] = RankResult(rank, error=message, pid=self._procs[rank].pid)
+                elif message.kind != "result" or message.call_id != call_id:
+                    results[rank] = RankResult(rank, error=RankError(
+                        kind="protocol", message=f"answered call {message.call_id} with "
+                        f"{message.kind!r} while call {call_id} was running; the world is replaced"),
+                        pid=self._procs[rank].pid)
+                elif not isinstance(message.payload, RankResult):
+                    results[rank] = RankResult(rank, error=RankError(
+                        kind="protocol", message=f"sent a {type(message.payload).__name__} as its "
+                        f"result; the world is replaced"), pid=self._procs[rank].pid)
                 else:
-                    results[rank] = payload_[1]
-                if results[rank].error is not None and first_failure is None:
-                    first_failure = time.monotonic()
+                    results[rank] = message.payload
+                if results[rank].error is not None and rank not in failed_at:
+                    failed_at[rank] = time.monotonic()
         elapsed = time.monotonic() - started
-        if not waiting and first_failure is None:
+        if not waiting and not failed_at:
             return [results[r] for r in range(self.world_size)]
-        return self._fail(results, sorted(waiting), budget, elapsed, first_failure is not None)
+        return self._fail(results, sorted(waiting), budget, elapsed, failed_at)
 
     def _fail(self, results: dict[int, RankResult], waiting: list[int], budget: float,
-              elapsed: float, failed: bool) -> list[RankResult]:
+              elapsed: float, failed_at: dict[int, float]) -> list[RankResult]:
+        failed = bool(failed_at)
         # Stacks from *every* rank: the finished ones show where they are waiting on the
         # stuck one, which is often the only clue to which collective it never joined.
         stacks = self._collect_stacks(list(range(self.world_size)))
@@ -296,10 +380,12 @@ class World:
                                       if r.error is not None and r.error.kind != "stuck"):
             failed = False
         if failed:
-            # Root causes first: a death explains its peers' "connection reset" errors.
-            culprits = sorted((r for r in ordered if r.error is not None and r.error.kind != "stuck"),
-                              key=lambda r: (r.error.kind != "died", r.rank))
-            bad = "; ".join(f"rank {r.rank} {r.error.describe()}" for r in culprits)
+            culprits = [r for r in ordered if r.error is not None and r.error.kind != "stuck"]
+            # Root causes first: a death explains its peers' "connection reset" errors, and
+            # the rank whose failure arrived first is the one that stopped first.
+            culprits.sort(key=lambda r: (_rank_of_cause(r.error), failed_at.get(r.rank, 0.0), r.rank))
+            bad = "; ".join(f"rank {r.rank} {r.error.describe()}" for r in culprits
+                            if r.error is not None)
             extra = f"; ranks {waiting} were blocked and killed" if waiting else ""
             raise RankFailure(f"{bad}{extra}", results=ordered, stacks=stacks, elapsed_s=elapsed)
         raise WorldHang(
@@ -308,7 +394,8 @@ class World:
             stuck_ranks=waiting, results=ordered, stacks=stacks, elapsed_s=elapsed)
 
     def _poll(self, ranks: set[int], timeout: float) -> list[tuple[int, str, Any]]:
-        """Wait for a message or a death among ``ranks``: (rank, "msg"|"dead", payload)."""
+        """Wait for a message or a death among ``ranks``:
+        (rank, "msg", Message) | (rank, "dead" | "protocol", RankError)."""
         by_obj: dict[Any, tuple[int, str]] = {}
         for rank in ranks:
             by_obj[self._conns[rank]] = (rank, "msg")
@@ -322,10 +409,17 @@ class World:
             # A rank can send its result and exit in the same instant: read the pipe first.
             if conn.poll():
                 try:
-                    out[rank] = (rank, "msg", pickle.loads(conn.recv_bytes()))
-                    continue
+                    frame = conn.recv_bytes()
                 except (EOFError, OSError):
                     pass
+                else:
+                    try:
+                        out[rank] = (rank, "msg", decode(frame))
+                    except ProtocolError as exc:
+                        out[rank] = (rank, "protocol", RankError(
+                            kind="protocol", message=f"sent a malformed message: {exc}; the world "
+                            f"is replaced"))
+                    continue
             proc = self._procs[rank]
             proc.join(timeout=1.0)
             out[rank] = (rank, "dead", RankError(kind="died", message="", exitcode=proc.exitcode))
