@@ -17,6 +17,18 @@ from __future__ import annotations
 WARNINGS = "warnings"  # list[str]: a passed check that still has something to say
 BATCHNORM_PER_RANK = "batchnorm_per_rank_statistics"  # bool: plain BatchNorm, statistics per rank
 
+# conformance/checks/_equivalence.py, measured hypotheses behind a gradient mismatch.
+DROPOUT_DISABLED = "dropout_disabled"  # evidence list[str]: dropout switched off in both runs
+GRADIENT_FACTOR = "gradient_factor"  # metric float | None: one N-rank/reference factor on every gradient
+HYPOTHESES = "hypotheses"  # evidence list[str]: causes a measurement supports (empty: none matched)
+DDP_BYPASSED = "ddp_bypassed"  # evidence bool: forwards reached the inner module only, 0 all-reduces
+# conformance/checks/_equivalence.py and rank_consistency.py, evidence.
+NONFINITE = "nonfinite"  # dict: first NaN/Inf {"step", "rank", "kind", "name"}
+
+# conformance/checks/sampler.py, evidence.
+DATASET_DIFFERS_ON_RANKS = "dataset_differs_on_ranks"  # list[int]: ranks whose dataset is not rank 0's
+SAMPLER_SEEDS = "sampler_seeds"  # list: DistributedSampler seed per rank, present only when they differ
+
 # faults/checks/unused_parameters.py.
 UNUSED_TABLE = "unused"  # evidence: {parameter name: {"ranks", "steps", ...}} of unused parameters
 FIND_UNUSED_TAX = "find_unused_tax"  # metric: step time with find_unused_parameters=True / False
@@ -36,6 +48,13 @@ SIMULATOR_ERROR = "simulator_error"  # float: |predicted - measured| / measured 
 PRODUCERS: dict[str, tuple[str, ...]] = {
     WARNINGS: ("conformance.checks._equivalence",),
     BATCHNORM_PER_RANK: ("conformance.checks._equivalence",),
+    DROPOUT_DISABLED: ("conformance.checks._equivalence",),
+    GRADIENT_FACTOR: ("conformance.checks._equivalence",),
+    HYPOTHESES: ("conformance.checks._equivalence",),
+    DDP_BYPASSED: ("conformance.checks._equivalence",),
+    NONFINITE: ("conformance.checks._equivalence", "conformance.checks.rank_consistency"),
+    DATASET_DIFFERS_ON_RANKS: ("conformance.checks.sampler",),
+    SAMPLER_SEEDS: ("conformance.checks.sampler",),
     UNUSED_TABLE: ("faults.checks.unused_parameters",),
     FIND_UNUSED_TAX: ("faults.checks.unused_parameters",),
     CULPRIT_RANK: ("faults.checks.straggler", "faults.checks.hang_detection"),

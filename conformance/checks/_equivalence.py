@@ -2,10 +2,15 @@
 
 Supervisor side. The N-rank run goes to the session's persistent world; its rank 0 returns the
 parameters and buffers it holds after DDP's construction broadcast, which seed the reference:
-the same ``run_recorded`` on the persistent 1-rank world, with the whole global batch (as one
-microbatch, or as the N·K microbatches of the N-rank run when the model has BatchNorm, whose
-statistics DDP keeps per rank). The judge compares first-step gradients and the parameters
-after every step, rank by rank, within the dtype tolerance of ``_compare``.
+the same ``run_recorded`` on the persistent 1-rank world, with the whole global batch as one
+microbatch (BatchNorm normalises in the N-rank run's microbatch-sized groups on both sides,
+see ``_normalisation``). The judge compares the gradients ``optimizer.step()`` consumed at
+step 0 (and, when the step clips, the gradients before clipping) and the parameters after
+every step, rank by rank, within the dtype tolerance of ``_compare``.
+
+What the judge decides, in order: a NaN/Inf anywhere is a failure of its own; no gradient
+reaching the optimizer on either side is ``skipped`` (nothing to compare); a mismatch is a
+failure whose hint names a cause only when a measurement supports it (``_hypotheses``).
 """
 
 from __future__ import annotations
@@ -13,23 +18,44 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from reports.keys import BATCHNORM_PER_RANK, WARNINGS
+from reports.keys import (
+    BATCHNORM_PER_RANK,
+    DDP_BYPASSED,
+    DROPOUT_DISABLED,
+    GRADIENT_FACTOR,
+    HYPOTHESES,
+    NONFINITE,
+    WARNINGS,
+)
 
+from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._compare import TensorDiff, diff_states, fmt, worst
+from ._hypotheses import Scale, scale_causes, scale_of
 from ._recorded import RunPlan, run_recorded
+
+_TENSORS = ("initial", "grads0", "pre_clip0", "params")
 
 
 @dataclass(frozen=True, slots=True)
 class Equivalence:
     plan: RunPlan
-    reference_microbatches: int
-    local_batchnorm: bool
-    grad_diffs: list[TensorDiff]  # per parameter: the worst rank's first-step gradient
+    grad_diffs: list[TensorDiff]  # per parameter with a gradient on either side: worst rank
     grad_worst_rank: dict[str, int]
+    no_gradient: list[str]  # parameters that reached the optimizer without a gradient on both sides
+    pre_clip_diffs: list[TensorDiff]  # as grad_diffs, before clipping (empty: no clipping)
     param_diffs: list[list[TensorDiff]]  # per step, per parameter (worst rank)
     ranks: list[dict[str, Any]]  # the N-rank values (counts etc.), without tensors
+    reference: dict[str, Any]  # the reference's values, without tensors
+    scale: Scale  # N-rank step-0 gradients against the reference's, per parameter
+    pre_clip_scale: Scale | None
+
+    # -- what was compared ---------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
 
     @property
     def worst_grad(self) -> TensorDiff | None:
@@ -47,17 +73,58 @@ class Equivalence:
         return None
 
     @property
+    def grads_ok(self) -> bool:
+        return all(d.ok for d in self.grad_diffs)
+
+    @property
+    def pre_clip_ok(self) -> bool:
+        return all(d.ok for d in self.pre_clip_diffs)
+
+    @property
     def ok(self) -> bool:
-        return all(d.ok for d in self.grad_diffs) and self.first_bad_step is None
+        return self.grads_ok and self.pre_clip_ok and self.first_bad_step is None
+
+    @property
+    def judged_scale(self) -> Scale:
+        """The factor the hints read: before clipping when clipping differs (clipping rescales
+        both sides to max_norm and would hide a uniform factor), else at optimizer.step()."""
+        if self.pre_clip_scale is not None and not self.pre_clip_ok:
+            return self.pre_clip_scale
+        return self.scale
+
+    def _all(self, key: str) -> list[Any]:
+        return [r.get(key) for r in self.ranks]
+
+    @property
+    def clip_engaged(self) -> bool:
+        calls = [c for r in [*self.ranks, self.reference] for c in (r.get("clip_calls") or [[]])[0]]
+        return any(c["total_norm"] > c["max_norm"] for c in calls)
+
+    def compared(self) -> dict[str, Any]:
+        """What the judgement rests on: the subject counts of this record."""
+        return {
+            "parameters_with_gradient": len(self.grad_diffs),
+            "parameters_without_gradient": self.no_gradient,
+            "microbatches_per_rank": self.plan.microbatches,
+            "steps": self.plan.steps,
+            "optimizer_steps_per_step": self._all("optimizer_steps"),
+            "ddp_forwards_per_step": self._all("ddp_forwards"),
+            "module_forwards_per_step": self._all("inner_forwards"),
+            "allreduce_rounds_per_step": self._all("allreduce_rounds"),
+            "reference_optimizer_steps_per_step": self.reference.get("optimizer_steps"),
+            "gradients_before_clipping_compared": len(self.pre_clip_diffs),
+            "clipping_engaged": self.clip_engaged,
+        }
 
     def metrics(self) -> dict[str, Any]:
         wg, wp = self.worst_grad, self.worst_param
         return {
-            "world_size": None if not self.ranks else len(self.ranks),
+            "world_size": self.world_size,
             "global_batch": self.plan.global_batch,
             "microbatches_per_rank": self.plan.microbatches,
-            "reference_microbatches": self.reference_microbatches,
+            "reference_microbatches": 1,
             "steps": self.plan.steps,
+            "parameters_compared": len(self.grad_diffs),
             "max_abs_grad_diff": wg.max_abs if wg else 0.0,
             "max_rel_grad_diff": wg.max_rel if wg else 0.0,
             "grad_atol": wg.tolerance.atol if wg else None,
@@ -69,26 +136,48 @@ class Equivalence:
             "param_rtol": wp.tolerance.rtol if wp else None,
             "worst_param": wp.name if wp else None,
             "first_diverging_step": self.first_bad_step,
+            GRADIENT_FACTOR: self.scale.uniform,
         }
 
     def evidence(self) -> dict[str, Any]:
         last = self.param_diffs[-1] if self.param_diffs else []
+        head = self.ranks[0]
+        grouped = head.get("batchnorm_grouped") or []
+        dropout = head.get("dropout_disabled") or []
+        warnings = []
+        if grouped:
+            warnings.append(
+                f"BatchNorm ({', '.join(grouped)}) normalises over each rank's batch, not the "
+                f"global batch; both runs normalised in groups of {head.get('batchnorm_group')} "
+                f"samples. Use SyncBatchNorm if per-GPU batches are small.")
+        if dropout:
+            warnings.append(f"dropout ({', '.join(dropout)}) was switched off in both runs: random "
+                            f"masks cannot match between N ranks and one process")
         return {
+            "compared": self.compared(),
             "first_step_gradients": [dict(d.to_json(), rank=self.grad_worst_rank.get(d.name))
                                      for d in self.grad_diffs],
+            "gradients_before_clipping": [d.to_json() for d in self.pre_clip_diffs],
+            "clip_calls_step0": {"ranks": [(r.get("clip_calls") or [[]])[0] for r in self.ranks],
+                                 "reference": (self.reference.get("clip_calls") or [[]])[0]},
+            "gradient_scale": self.scale.to_json(),
+            "gradient_scale_before_clipping": (self.pre_clip_scale.to_json()
+                                               if self.pre_clip_scale else None),
             "parameters_after_each_step": [
-                {"step": s, "worst": (worst(diffs).to_json() if diffs else None),
+                {"step": s, "worst": (w.to_json() if (w := worst(diffs)) is not None else None),
                  "outside_tolerance": [d.name for d in diffs if not d.ok]}
                 for s, diffs in enumerate(self.param_diffs)],
             "parameters_after_last_step": [d.to_json() for d in last],
-            "ddp_kwargs": self.ranks[0].get("ddp_kwargs") if self.ranks else None,
-            # Plain BatchNorm normalises over each rank's shard, so DDP equals large-batch
-            # training only up to per-rank statistics: conformant, but worth a warning.
-            BATCHNORM_PER_RANK: self.local_batchnorm,
-            WARNINGS: (["BatchNorm statistics are computed per rank (per microbatch), not over "
-                          "the global batch; the reference was run with the same microbatches. "
-                          "Use SyncBatchNorm if per-GPU batches are small."]
-                         if self.local_batchnorm else []),
+            "ddp_kwargs": head.get("ddp_kwargs"),
+            DROPOUT_DISABLED: dropout,
+            DDP_BYPASSED: self.bypassed() is not None and self.bypassed_wrapper(),
+            "rng_in_forward": any(self._all("rng_in_forward")) or bool(self.reference.get("rng_in_forward")),
+            "batchnorm_grouped": grouped,
+            "batchnorm_group": head.get("batchnorm_group"),
+            "batchnorm_sizes_seen": {"ranks": self._all("batchnorm_sizes_seen"),
+                                     "reference": self.reference.get("batchnorm_sizes_seen")},
+            BATCHNORM_PER_RANK: bool(grouped),
+            WARNINGS: warnings,
         }
 
     def key_figure(self) -> str:
@@ -98,16 +187,117 @@ class Equivalence:
                     f"(step {self.first_bad_step})")
         if wg is None:
             return "no gradients compared"
-        return f"max |Δgrad| {fmt(wg.max_abs)} = {fmt(wg.ratio)}× tolerance"
+        return (f"max |Δgrad| {fmt(wg.max_abs)} = {fmt(wg.ratio)}× tolerance over "
+                f"{len(self.grad_diffs)} parameters")
+
+    # -- the judgement -------------------------------------------------------------------
+
+    def nonfinite(self) -> tuple[str, dict[str, Any]] | None:
+        """The first NaN/Inf: (message, where) or None."""
+        found = [(v["nonfinite"]["step"], rank, v["nonfinite"]) for rank, v in enumerate(self.ranks)
+                 if v.get("nonfinite")]
+        ref: dict[str, Any] | None = self.reference.get("nonfinite")
+        if not found and not ref:
+            return None
+        if found:
+            step, rank, where = min(found, key=lambda f: (f[0], f[1]))
+            also = (f"; the single-process reference has one too (step {ref['step']}, {ref['kind']}): "
+                    f"the training diverges on its own — lower the learning rate, check the data "
+                    f"and the loss — rather than because of DDP" if ref else
+                    "; the single-process reference stays finite: the DDP run alone produces it")
+            message = (f"non-finite value (NaN/Inf) first at step {step} on rank {rank}: "
+                       f"{where['kind']} {where['name']!r}{also}")
+            return message, {"step": step, "rank": rank, **where, "reference": ref}
+        assert ref is not None
+        message = (f"non-finite value (NaN/Inf) in the single-process reference at step "
+                   f"{ref['step']}: {ref['kind']} {ref['name']!r} (the DDP run stayed finite)")
+        return message, {"rank": None, **ref, "reference": ref}
+
+    def empty_reason(self) -> str | None:
+        """Why nothing could be compared, or None."""
+        if self.grad_diffs:
+            return None
+        steps = [s for r in [*self.ranks, self.reference] for s in (r.get("optimizer_steps") or [])]
+        if not any(steps):
+            return ("no gradient reached the optimizer: train_step never called optimizer.step() "
+                    "(an optimizer step pre-hook saw no call)")
+        return (f"no gradient reached the optimizer: at optimizer.step() none of the "
+                f"{len(self.no_gradient)} parameters had a gradient, under DDP or in the "
+                f"single-process reference")
+
+    def bypassed_wrapper(self) -> bool:
+        """Forwards reached the inner module, none went through the DDP wrapper."""
+        return (sum(sum(r.get("ddp_forwards") or []) for r in self.ranks) == 0
+                and sum(sum(r.get("inner_forwards") or []) for r in self.ranks) > 0)
+
+    def bypassed(self) -> str | None:
+        """Measured: forwards reached the inner module only, and no all-reduce ran."""
+        ddp_fw = sum(sum(r.get("ddp_forwards") or []) for r in self.ranks)
+        inner_fw = sum(sum(r.get("inner_forwards") or []) for r in self.ranks)
+        rounds = sum(sum(r.get("allreduce_rounds") or []) for r in self.ranks)
+        if rounds == 0 and ddp_fw == 0 and inner_fw > 0:
+            return (f"the forward bypassed DDP: {inner_fw} forwards reached the wrapped module, 0 "
+                    f"went through the DDP wrapper and 0 all-reduces were observed, so gradients "
+                    f"were never averaged over ranks (call model(x), not model.module(x))")
+        if rounds == 0 and ddp_fw > 0:
+            return (f"0 all-reduces were observed in {ddp_fw} DDP forwards: every backward ran "
+                    f"without synchronising (no_sync or require_backward_grad_sync=False on the "
+                    f"last microbatch too)")
+        return None
+
+    def hints(self) -> tuple[list[str], bool]:
+        """(measured causes, decidable). Not decidable: randomness left in forward."""
+        causes: list[str] = []
+        bypass = self.bypassed()
+        if bypass:
+            causes.append(bypass)
+        rng = any(self._all("rng_in_forward")) or bool(self.reference.get("rng_in_forward"))
+        if rng:
+            causes.append("forward still draws random numbers after every dropout was switched off "
+                          "(a random op outside nn.Dropout): N ranks and one process cannot draw "
+                          "the same values, so the runs cannot be compared exactly")
+        group = self.ranks[0].get("batchnorm_group")
+        if group:
+            seen = sorted({s for r in [*self.ranks, self.reference]
+                           for s in (r.get("batchnorm_sizes_seen") or []) if s % group})
+            if seen:
+                causes.append(f"BatchNorm saw batches of {seen} samples, which cannot be split "
+                              f"into the reference's groups of {group}: its statistics differ "
+                              f"from the single-process run's (BatchNorm per rank)")
+        clips = max(len((r.get("clip_calls") or [[]])[0]) for r in self.ranks)
+        ref_clips = len((self.reference.get("clip_calls") or [[]])[0])
+        if clips > max(ref_clips, 1):
+            causes.append(f"clip_grad_norm_ ran {clips} times in one optimizer step under DDP "
+                          f"(reference: {ref_clips}): clipping inside the accumulation window "
+                          f"rescales rank-local partial sums before they are synchronised")
+        factor = self.judged_scale.uniform
+        if factor is not None and not bypass:
+            causes += scale_causes(factor, world_size=self.world_size,
+                                   microbatches=self.plan.microbatches)
+        return causes, not rng
+
+    def no_known_cause(self) -> str:
+        s = self.judged_scale
+        spread = (f"per-parameter gradient factors {s.low:.3g}..{s.high:.3g} (residual "
+                  f"{s.residual:.2g})" if s.parameters else "no comparable gradient")
+        return (f"no known cause matched (not a uniform factor of N={self.world_size} or "
+                f"K={self.plan.microbatches}, all-reduces observed, no randomness left in "
+                f"forward): {spread}")
 
     def mismatch_message(self) -> str:
         wg, wp = self.worst_grad, self.worst_param
         parts = []
         if wg is not None and not wg.ok:
-            parts.append(f"first-step gradient of {wg.name!r} differs from the single-process "
-                         f"reference by {fmt(wg.max_abs)} (rel {fmt(wg.max_rel)}) on rank "
-                         f"{self.grad_worst_rank.get(wg.name)}, tolerance {wg.tolerance.describe()}"
+            parts.append(f"first-step gradient of {wg.name!r} (as optimizer.step() consumed it) "
+                         f"differs from the single-process reference by {fmt(wg.max_abs)} (rel {fmt(wg.max_rel)}) on "
+                         f"rank {self.grad_worst_rank.get(wg.name)}, tolerance {wg.tolerance.describe()}"
                          + (f" ({wg.note})" if wg.note else ""))
+        if self.pre_clip_diffs and not self.pre_clip_ok:
+            pc = worst(self.pre_clip_diffs)
+            assert pc is not None
+            hidden = " (clipping made the clipped gradients agree)" if self.grads_ok else ""
+            parts.append(f"before clip_grad_norm_ the gradient of {pc.name!r} differs by "
+                         f"{fmt(pc.max_abs)} (rel {fmt(pc.max_rel)}){hidden}")
         if wp is not None and not wp.ok:
             parts.append(f"parameters diverge from step {self.first_bad_step}: worst {wp.name!r} "
                          f"by {fmt(wp.max_abs)} (tolerance {wp.tolerance.describe()})")
@@ -119,36 +309,89 @@ def _merge_worst(per_rank: list[list[TensorDiff]]) -> tuple[list[TensorDiff], di
     best: dict[str, tuple[TensorDiff, int]] = {}
     for rank, diffs in enumerate(per_rank):
         for d in diffs:
-            if d.name not in best or d.ratio > best[d.name][0].ratio:
+            if d.name not in best or not d.ratio <= best[d.name][0].ratio:
                 best[d.name] = (d, rank)
     return [v[0] for v in best.values()], {k: v[1] for k, v in best.items()}
 
 
-def run_equivalence(ctx: Any, *, microbatches: int, steps: int = 3,
-                    count_allreduce: bool = False) -> Equivalence:
+def _with_gradient(states: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(names with a gradient on some side, names with none anywhere), in model order."""
+    names: list[str] = []
+    for state in states:
+        names += [n for n in state if n not in names]
+    has = [n for n in names if any(s.get(n) is not None for s in states)]
+    return has, [n for n in names if n not in has]
+
+
+def _summary(value: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in value.items() if k not in _TENSORS}
+
+
+def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> Equivalence:
     """N-rank run on the persistent world, reference on the persistent 1-rank world, judged."""
     n = ctx.world_size
-    plan = RunPlan(target_spec=ctx.target.spec,
-                   global_batch=ctx.target.batch_size_for(n, microbatches),
-                   microbatches=microbatches, steps=steps, count_allreduce=count_allreduce)
+    batch = ctx.target.batch_size_for(n, microbatches)
+    plan = RunPlan(target_spec=ctx.target.spec, global_batch=batch, microbatches=microbatches,
+                   steps=steps, norm_group=batch // (n * microbatches))
     # Both calls carry the check's deadline: a target whose step hangs under DDP (an unused
     # parameter with find_unused_parameters=False on some ranks) must become a verdict.
     values = [r.value for r in ctx.world().run(run_recorded, plan, deadline=ctx.deadline)]
-    local_bn = bool(values[0]["local_batchnorm"])
-    ref_k = n * microbatches if local_bn else 1
-    ref_plan = replace(plan, microbatches=ref_k, count_allreduce=False)
+    ref_plan = replace(plan, microbatches=1, count_allreduce=False)
     ref = ctx.world(world_size=1).run(run_recorded, ref_plan, values[0]["initial"],
                                       deadline=ctx.deadline)[0].value
-    grads, grad_rank = _merge_worst([diff_states(v["grads0"], ref["grads0"], grad=True)
-                                     for v in values])
+    ref_grads = ref.get("grads0") or {}
+    rank_grads = [v.get("grads0") or {} for v in values]
+    has, none = _with_gradient([ref_grads, *rank_grads])
+    grads, grad_rank = _merge_worst([diff_states({k: g.get(k) for k in has},
+                                                 {k: ref_grads.get(k) for k in has}, grad=True)
+                                     for g in rank_grads])
+    pre_clip: list[TensorDiff] = []
+    pre_scale = None
+    ref_clip = ref.get("pre_clip0")
+    if ref_clip and all(v.get("pre_clip0") for v in values):
+        pre_clip, _ = _merge_worst([diff_states(v["pre_clip0"], ref_clip, grad=True) for v in values])
+        pre_scale = scale_of([v["pre_clip0"] for v in values], ref_clip)
     params = []
     for step in range(steps):
         merged, _ = _merge_worst([diff_states(v["params"][step], ref["params"][step], grad=False)
                                   for v in values])
         params.append(merged)
-    summaries = [{k: v for k, v in val.items() if k not in ("initial", "grads0", "params")}
-                 for val in values]
-    return Equivalence(plan, ref_k, local_bn, grads, grad_rank, params, summaries)
+    return Equivalence(plan, grads, grad_rank, none, pre_clip, params,
+                       [_summary(v) for v in values], _summary(ref),
+                       scale_of(rank_grads, ref_grads), pre_scale)
+
+
+def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
+    """The outcome every equivalence check shares: non-finite, nothing to compare, mismatch.
+
+    None: the numbers match (the caller decides pass, or a failure of its own contract).
+    """
+    metrics = {**eq.metrics(), "key_figure": eq.key_figure()}
+    evidence = eq.evidence()
+    bad = eq.nonfinite()
+    if bad is not None:
+        message, where = bad
+        metrics["key_figure"] = (f"NaN/Inf at step {where['step']}"
+                                 + (f" on rank {where['rank']}" if where["rank"] is not None else ""))
+        return Outcome.failed(message, metrics=metrics, evidence={**evidence, NONFINITE: where},
+                              recommendation="find where the value first becomes non-finite (loss "
+                                             "scale, learning rate, a log or division of zero, fp16 "
+                                             "overflow): nothing trained on NaN can be verified")
+    empty = eq.empty_reason()
+    if empty is not None:
+        metrics["key_figure"] = "no gradient reached the optimizer"
+        return Outcome.skipped(empty, metrics=metrics, evidence=evidence)
+    if eq.ok:
+        return None
+    causes, decidable = eq.hints()
+    cause = ("; ".join(causes) if causes else eq.no_known_cause())
+    message = f"{what} differs from the single-process step: {eq.mismatch_message()} — {cause}"
+    evidence[HYPOTHESES] = causes
+    if not decidable:
+        return Outcome.inconclusive(message, metrics=metrics, evidence=evidence,
+                                    recommendation="make forward deterministic for the check (seed "
+                                                   "or switch off the random op) to compare it")
+    return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)
 
 
 def world_error_outcome(exc: Exception, what: str) -> Outcome:

@@ -2,9 +2,17 @@
 
 Build the target's model from the suite's seed, wrap it in DDP with the target's
 ``ddp_kwargs``, feed each rank its contiguous shard of the global batch as K microbatches, run
-the target's own ``train_step`` and record gradients and parameters. The single-process
+the target's own ``train_step`` and record what the optimizer consumed. The single-process
 reference is the *same function* run in a 1-rank world with the whole global batch, so nothing
 about "what a step should do" is re-implemented here.
+
+Recorded per step (see ``_instruments``): the gradients at the first ``optimizer.step()``
+(a step pre-hook: ``zero_grad`` before or after the step, ``set_to_none`` or not, all read
+the same), how many optimizer steps, forwards through DDP and through the inner module,
+all-reduce calls and rounds (a counting comm hook), what ``clip_grad_norm_`` measured and the
+gradients before it clipped them, and the first NaN/Inf (forward output, gradient, parameter).
+Before the run, dropout is switched off and BatchNorm normalises in fixed groups on both sides
+(``_randomness``, ``_normalisation``): the record says so.
 
 ``run_recorded`` is module-level so that it pickles by reference into the spawned rank
 processes; it returns CPU tensors and plain Python only.
@@ -23,22 +31,23 @@ from ..harness.ddp import (
     disable_tf32,
     effective_ddp_kwargs,
     global_batch,
-    grad_state,
-    has_local_batchnorm,
     param_state,
     shard,
     to_device,
     unwrap,
     wrap,
 )
+from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
+from ._normalisation import group_batchnorm, sizes_seen
+from ._randomness import disable_dropout, forward_is_random
 
 
 @dataclass(frozen=True, slots=True)
 class RunPlan:
     """One recorded training run on every rank of a world.
 
-    ``microbatches`` is K *per rank*; the reference passes the N-rank run's K (or N·K for
-    models whose BatchNorm statistics are per microbatch, see ``has_local_batchnorm``).
+    ``microbatches`` is K *per rank*. ``norm_group`` is the N-rank run's microbatch size
+    B/(N·K): both the N-rank run and its reference normalise BatchNorm over groups of it.
     """
 
     target_spec: str
@@ -46,67 +55,130 @@ class RunPlan:
     microbatches: int = 1
     steps: int = 3
     seed: int = MODEL_SEED
+    norm_group: int = 0  # 0: global_batch / microbatches on this world (set by for_world)
     ddp_overrides: dict[str, Any] = field(default_factory=dict)
-    count_allreduce: bool = False
+    count_allreduce: bool = True
     record_all_ranks: bool = True
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.microbatches < 1 or self.global_batch < 1:
-            raise ValueError(f"steps={self.steps}, microbatches={self.microbatches} and "
-                             f"global_batch={self.global_batch} must all be >= 1")
+        if self.steps < 1 or self.microbatches < 1 or self.global_batch < 1 or self.norm_group < 0:
+            raise ValueError(f"steps={self.steps}, microbatches={self.microbatches}, "
+                             f"global_batch={self.global_batch} must all be >= 1 and "
+                             f"norm_group={self.norm_group} >= 0")
+
+
+def _nonfinite_output(output: Any) -> bool:
+    import torch
+
+    tensors = output if isinstance(output, (tuple, list)) else (output,)
+    return any(isinstance(t, torch.Tensor) and t.is_floating_point()
+               and not bool(torch.isfinite(t.detach()).all()) for t in tensors)
 
 
 def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run ``plan.steps`` steps of the target's ``train_step`` under DDP on this rank.
 
-    Returns (rank 0 always, other ranks when ``plan.record_all_ranks``): ``initial`` (the
+    Returns (rank 0 always, other ranks when ``plan.record_all_ranks``): ``initial`` (rank 0's
     parameters and buffers after DDP's broadcast, to seed the reference), ``grads0`` (the
-    gradients ``train_step`` left after step 0: synchronised, before any later step),
-    ``params`` (parameters after every step), and all-reduce counts per step when asked.
-    ``initial`` given: load it before wrapping (the reference starts where rank 0 started).
+    gradients ``optimizer.step()`` consumed at step 0), ``pre_clip0`` (the gradients before
+    step 0's last clip, when the step clips), ``params`` (after every step), and per step:
+    ``optimizer_steps``, ``ddp_forwards``, ``inner_forwards``, ``allreduce_calls``,
+    ``allreduce_rounds``, ``buckets_per_step``, ``clip_calls``; once: ``nonfinite`` (the
+    first NaN/Inf), ``dropout_disabled``, ``rng_in_forward``, ``batchnorm_grouped``,
+    ``batchnorm_sizes_seen``. ``initial`` given: load it before wrapping (the reference
+    starts where rank 0 started).
     """
     from ..harness.targets import load_target
 
     disable_tf32()
+    n, rank = rank_ctx.world_size, rank_ctx.rank
     target = load_target(plan.target_spec)
     model = build_model(target, rank_ctx.device, seed=plan.seed)
     if initial is not None:
         model.load_state_dict(initial)
+    first = to_device(shard(global_batch(target, plan.global_batch, seed=plan.seed), rank, n,
+                            plan.microbatches), rank_ctx.device)[0]
+    dropout = disable_dropout(model)
+    # After switching dropout off: what randomness is left cannot be made equal on both sides.
+    rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *first), device=rank_ctx.device)
+    group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
+    grouped = group_batchnorm(model, group)
     kwargs = effective_ddp_kwargs(target, plan.ddp_overrides)
     ddp = wrap(model, rank_ctx.device, kwargs)
-    optimizer = target.build_optimizer(ddp.parameters())
-    record = rank_ctx.rank == 0 or plan.record_all_ranks
-    out: dict[str, Any] = {"rank": rank_ctx.rank, "ddp_kwargs": repr(kwargs),
-                           "local_batchnorm": has_local_batchnorm(model)}
-    if rank_ctx.rank == 0:
-        out["initial"] = {k: v.detach().cpu().clone() for k, v in unwrap(ddp).state_dict().items()}
-    counter = contextlib.ExitStack()
-    counts = counter.enter_context(counting_allreduce(ddp)) if plan.count_allreduce else None
-    params, calls, rounds, buckets = [], [], [], []
-    with counter:
+    inner = unwrap(ddp)
+    optimizer = target.make_optimizer(ddp)
+    record = rank == 0 or plan.record_all_ranks
+    out: dict[str, Any] = {"rank": rank, "ddp_kwargs": repr(kwargs), "dropout_disabled": dropout,
+                           "rng_in_forward": rng_left, "batchnorm_grouped": grouped,
+                           "batchnorm_group": group if grouped else None}
+    if rank == 0:
+        out["initial"] = {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
+    per_step: dict[str, list[Any]] = {k: [] for k in (
+        "optimizer_steps", "ddp_forwards", "inner_forwards", "allreduce_calls", "allreduce_rounds",
+        "buckets_per_step", "clip_calls")}
+    params: list[dict[str, Any]] = []
+    nonfinite: dict[str, Any] | None = None
+    current = {"step": 0}
+
+    def watch_output(module: Any, args: Any, output: Any) -> None:
+        nonlocal nonfinite
+        if nonfinite is None and _nonfinite_output(output):
+            nonfinite = {"step": current["step"], "kind": "forward output (loss or logits)",
+                         "name": type(module).__name__}
+
+    namespaces = [vars(target.module), getattr(target.train_step, "__globals__", {})]
+    with contextlib.ExitStack() as stack:
+        counts = stack.enter_context(counting_allreduce(ddp)) if plan.count_allreduce else None
+        recorder = StepRecorder.attach(inner, optimizer)
+        stack.callback(recorder.close)
+        forwards = ForwardCounter.attach(ddp, inner)
+        stack.callback(forwards.close)
+        clip = ClipProbe.attach(inner, namespaces)
+        stack.callback(clip.close)
+        stack.callback(inner.register_forward_hook(watch_output).remove)
         for step in range(plan.steps):
+            current["step"] = step
             batch = global_batch(target, plan.global_batch, seed=plan.seed + step)
-            micro = to_device(shard(batch, rank_ctx.rank, rank_ctx.world_size, plan.microbatches),
-                              rank_ctx.device)
-            before = dict(counts) if counts is not None else None
+            micro = to_device(shard(batch, rank, n, plan.microbatches), rank_ctx.device)
+            before = (counts["calls"], counts["rounds"]) if counts is not None else (0, 0)
             if counts is not None:
                 counts["indices"] = set()
+            recorder.reset()
+            clip.calls = []
             # train_step runs forward/backward on every rank: each backward that is not under
             # no_sync is a collective, so all ranks execute the same number of steps.
-            target.train_step(ddp, optimizer, micro, target.loss_fn)
-            if counts is not None and before is not None:
-                calls.append(counts["calls"] - before["calls"])
-                rounds.append(counts["rounds"] - before["rounds"])
+            target.run_step(ddp, optimizer, micro, step=step)
+            clip.frozen = True  # pre_clip0 is step 0's: later steps must not overwrite it
+            per_step["optimizer_steps"].append(recorder.steps)
+            ddp_fw, inner_fw = forwards.take()
+            per_step["ddp_forwards"].append(ddp_fw)
+            per_step["inner_forwards"].append(inner_fw)
+            per_step["clip_calls"].append(list(clip.calls))
+            if counts is not None:
+                per_step["allreduce_calls"].append(counts["calls"] - before[0])
+                per_step["allreduce_rounds"].append(counts["rounds"] - before[1])
                 # DDP rebuilds its buckets after the first iteration (in gradient-ready
                 # order), so the bucket count is measured per step, not once.
-                buckets.append(len(counts["indices"]))
+                per_step["buckets_per_step"].append(len(counts["indices"]))
+            grads = recorder.grads or {}
+            state = param_state(ddp)
+            if nonfinite is None:
+                # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
+                # the loss computed on them, or from the backward.
+                for kind, tensors in (("gradient at optimizer.step() (the forward's outputs were "
+                                       "finite: the loss or the backward produced it)", grads),
+                                      ("parameter", state)):
+                    bad = first_nonfinite(tensors.items())
+                    if bad is not None:
+                        nonfinite = {"step": step, "kind": kind, "name": bad}
+                        break
             if record and step == 0:
-                out["grads0"] = grad_state(ddp)
+                out["grads0"] = recorder.grads
+                out["pre_clip0"] = clip.pre_clip
             if record:
-                params.append(param_state(ddp))
+                params.append(state)
+    out.update(per_step)
     out["params"] = params
-    if counts is not None:
-        out["allreduce_calls"] = calls
-        out["allreduce_rounds"] = rounds
-        out["buckets_per_step"] = buckets
+    out["nonfinite"] = nonfinite
+    out["batchnorm_sizes_seen"] = sizes_seen(inner)
     return out

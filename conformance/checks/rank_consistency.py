@@ -28,6 +28,7 @@ Evidence: ``structure`` (per rank: counts and the first differing entry), ``firs
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..harness.ddp import (
@@ -42,6 +43,9 @@ from ..harness.ddp import (
     unwrap,
     wrap,
 )
+from reports.keys import NONFINITE
+
+from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._equivalence import world_error_outcome
@@ -62,6 +66,11 @@ def fingerprint(rank_ctx: Any, target_spec: str) -> list[tuple[str, str, tuple[i
 def _snapshot(tensors: Any) -> dict[str, tuple[str, float]]:
     return {name: (tensor_digest(t), float(t.detach().double().sum()) if t.is_floating_point()
                    else float(t.detach().sum())) for name, t in tensors}
+
+
+def _nonfinite(digests: dict[str, tuple[str, float]]) -> str | None:
+    """The first tensor whose sum is NaN/Inf: bit-identical NaN on every rank is no consistency."""
+    return next((name for name, (_, total) in digests.items() if not math.isfinite(total)), None)
 
 
 def track(rank_ctx: Any, target_spec: str, batch_size: int, steps: int) -> list[dict[str, Any]]:
@@ -133,7 +142,7 @@ def _describe_entry(entry: list[Any] | None) -> str:
     return f"{kind} {name!r} {tuple(shape)} {dtype.replace('torch.', '')}"
 
 
-def run(ctx: Any) -> Outcome:
+def run(ctx: CheckContext) -> Outcome:
     world = ctx.world()
     try:
         # Before wrapping in DDP: with a structural mismatch, DDP construction either raises
@@ -159,6 +168,22 @@ def run(ctx: Any) -> Outcome:
                                                deadline=ctx.deadline)]
     except (RankFailure, WorldHang) as exc:
         return world_error_outcome(exc, "the DDP training step")
+    for index, point in enumerate(per_rank[0]):
+        for rank, points in enumerate(per_rank):
+            name = _nonfinite(points[index]["digests"])
+            if name is None:
+                continue
+            where = {"tensor": name, "kind": point["kind"], "rank": rank, "step": point["step"],
+                     "when": point["when"]}
+            return Outcome.failed(
+                f"non-finite {point['kind']} {name!r} (NaN/Inf) first {point['when']} on rank "
+                f"{rank}: identical NaN on every rank is not consistency, training has diverged",
+                metrics={"key_figure": f"NaN/Inf at {point['when']} on rank {rank}",
+                         NONFINITE: where, "tensors_compared": 0},
+                evidence={"structure": structure, NONFINITE: where,
+                          "checkpoints": [p["when"] + f" ({p['kind']}s)" for p in per_rank[0]]},
+                recommendation="find where the value first becomes non-finite (learning rate, loss "
+                               "scale, a log or division of zero, fp16 overflow)")
     compared = 0
     for index, point in enumerate(per_rank[0]):
         for name, (digest, total) in point["digests"].items():

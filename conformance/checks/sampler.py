@@ -25,11 +25,13 @@ Evidence: per epoch ``missing`` and ``duplicates`` counts, ``batches_per_rank``,
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import Counter
 from typing import Any, Iterable
 
+from reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS
+
+from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 
 EPOCHS = 3
@@ -67,8 +69,9 @@ def check_distributed_sampler(world_sizes: Iterable[int]) -> tuple[list[str], di
                 for epoch in range(EPOCHS):
                     shards = []
                     for rank in range(n):
-                        s = DistributedSampler(range(length), num_replicas=n, rank=rank, shuffle=True,
-                                               seed=0, drop_last=drop_last)
+                        s: DistributedSampler[int] = DistributedSampler(
+                            range(length), num_replicas=n, rank=rank,  # type: ignore[arg-type]
+                            shuffle=True, seed=0, drop_last=drop_last)
                         s.set_epoch(epoch)
                         shards.append(list(s))
                         if shards[-1] != _expected(length, n, rank, epoch, drop_last):
@@ -92,64 +95,85 @@ def check_distributed_sampler(world_sizes: Iterable[int]) -> tuple[list[str], di
 # -- the target's own pipeline ---------------------------------------------------------------
 
 
-def _first_tensor(batch: Any) -> Any:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch
-    if isinstance(batch, dict):
-        for value in batch.values():
-            found = _first_tensor(value)
-            if found is not None:
-                return found
-    if isinstance(batch, (tuple, list)):
-        for value in batch:
-            found = _first_tensor(value)
-            if found is not None:
-                return found
-    return None
-
-
-def _sample_ids(batch: Any) -> list[str]:
-    """One content hash per sample (row) of the batch's inputs."""
-    inputs = _first_tensor(batch)
-    if inputs is None:
-        raise TypeError(f"epoch_batches yielded a {type(batch).__name__} without a tensor; "
-                        f"yield (inputs, targets) tensors whose dim 0 is the batch")
-    if inputs.dim() == 0:
-        inputs = inputs.reshape(1)
-    rows = inputs.detach().cpu().contiguous().reshape(inputs.shape[0], -1)
-    return [hashlib.sha1(row.numpy().tobytes()).hexdigest()[:16] for row in rows]
+def _per_rank_differences(built: list[dict[str, Any]]) -> dict[str, Any]:
+    """What differs from rank 0 in how each rank's DataLoader was built (measured)."""
+    if not built or any(not b for b in built):
+        return {}
+    out: dict[str, Any] = {}
+    dataset_keys = ("dataset", "base_dataset", "length", "subset_digest")
+    differs = [r for r, b in enumerate(built) if any(b.get(k) != built[0].get(k) for k in dataset_keys)]
+    if differs:
+        out[DATASET_DIFFERS_ON_RANKS] = differs
+    seeds = [b.get("seed") for b in built]
+    if len(set(seeds)) > 1:
+        out[SAMPLER_SEEDS] = seeds
+    epochs = [b.get("epoch") for b in built]
+    if len(set(epochs)) > 1:
+        out["sampler_epochs"] = epochs
+    return out
 
 
-def check_epoch_batches(epoch_batches: Any, world_size: int) -> tuple[list[str], dict[str, Any]]:
+def _overlap_cause(differences: dict[str, Any], identity: str) -> str:
+    """The named cause of duplicates *and* missing samples with equal counts, when measured."""
+    if DATASET_DIFFERS_ON_RANKS in differences:
+        ranks = differences[DATASET_DIFFERS_ON_RANKS]
+        return (f"rank {ranks[0]}'s dataset differs from rank 0's (its length or Subset indices): "
+                f"the dataset is built differently per rank — e.g. random_split without "
+                f"generator=torch.Generator().manual_seed(...), whose default seed differs between "
+                f"processes")
+    if SAMPLER_SEEDS in differences:
+        return (f"ranks shuffle with different permutations (sampler seed differs per rank: "
+                f"{differences[SAMPLER_SEEDS]})")
+    if "sampler_epochs" in differences:
+        return f"ranks shuffle with different permutations (set_epoch got different epochs: {differences['sampler_epochs']})"
+    inspected = "identity by " + identity.split(" ")[0]
+    return (f"ranks draw overlapping samples — no known cause matched (each rank's dataset and "
+            f"sampler {'look identical' if identity.startswith('index (from') else 'cannot be inspected: not a DataLoader'}; "
+            f"{inspected})")
+
+
+def check_epoch_batches(epoch_batches: Any, world_size: int, *,
+                        identity: str = "content") -> tuple[list[str], dict[str, Any]]:
     """Run the target's pipeline for every rank and epoch and judge what it yields."""
+    from ._pipeline import read_epoch
+
     n = world_size
-    per_epoch: list[list[list[str]]] = []  # [epoch][rank] -> sample ids in order
+    per_epoch: list[list[list[Any]]] = []  # [epoch][rank] -> sample ids in order
     batch_counts: list[list[int]] = []
+    built: list[list[dict[str, Any]]] = []
+    how = ""
     biggest = 1
     for epoch in range(EPOCHS):
-        ranks, counts = [], []
+        ranks, counts, builds = [], [], []
         for rank in range(n):
-            ids: list[str] = []
-            count = 0
-            for batch in epoch_batches(rank, n, epoch):
-                rows = _sample_ids(batch)
-                biggest = max(biggest, len(rows))
-                ids.extend(rows)
-                count += 1
-            ranks.append(ids)
-            counts.append(count)
+            got, how = read_epoch(epoch_batches, rank, n, epoch, identity=identity)
+            if got.batches:
+                biggest = max(biggest, -(-len(got.ids) // got.batches))
+            ranks.append(got.ids)
+            counts.append(got.batches)
+            builds.append(got.built)
         per_epoch.append(ranks)
         batch_counts.append(counts)
+        built.append(builds)
+    # Content identity only: a value the dataset itself holds c times appears c times in every
+    # epoch of a correct pipeline; count it as c samples (identity by index needs no such rule).
+    multiplicity: Counter[Any] = Counter()
     universe = {i for ranks in per_epoch for ids in ranks for i in ids}
+    # Every rank yielding every sample is "not sharded", whatever the multiplicities: then each
+    # value's count per epoch is N times its count in the dataset, not a repetition within it.
+    unsharded = n > 1 and all(set(ids) == universe for ranks in per_epoch for ids in ranks)
+    if how.startswith("content") and not unsharded:
+        counts_per_epoch = [Counter(i for ids in ranks for i in ids) for ranks in per_epoch]
+        keys = set().union(*counts_per_epoch)
+        multiplicity = Counter({k: max(1, min(c[k] for c in counts_per_epoch)) for k in keys})
     pad_allowance = n - 1
     drop_allowance = n - 1 + n * (biggest - 1)
+    differences = _per_rank_differences(built[0])
     problems: list[str] = []
     epochs = []
     for epoch, ranks in enumerate(per_epoch):
         seen = Counter(i for ids in ranks for i in ids)
-        duplicates = sum(c - 1 for c in seen.values())
+        duplicates = sum(max(0, c - multiplicity.get(i, 1)) for i, c in seen.items())
         missing = len(universe - set(seen))
         shared = sum(1 for i in seen if sum(i in set(ids) for ids in ranks) > 1)
         epochs.append({"epoch": epoch, "samples": sum(seen.values()), "distinct": len(seen),
@@ -163,39 +187,58 @@ def check_epoch_batches(epoch_batches: Any, world_size: int) -> tuple[list[str],
         if duplicates > pad_allowance:
             if missing > drop_allowance:
                 problems.append(f"epoch {epoch}: {duplicates} duplicate and {missing} missing samples "
-                                f"with equal counts — ranks shuffle with different permutations "
-                                f"(sampler seed differs per rank)")
+                                f"with equal counts — {_overlap_cause(differences, how)}")
             else:
                 problems.append(f"epoch {epoch}: {duplicates} samples seen more than once across "
                                 f"ranks ({shared} on several ranks) — the data is not sharded by rank")
         elif missing > drop_allowance:
             problems.append(f"epoch {epoch}: {missing} of {len(universe)} samples never seen")
+    if DATASET_DIFFERS_ON_RANKS in differences and not any("dataset differs" in p for p in problems):
+        problems.append(_overlap_cause(differences, how))
     orders = [[i for ids in ranks for i in ids] for ranks in per_epoch]
     repeated = [e for e in range(1, len(orders)) if orders[e] == orders[e - 1]]
     if repeated:
         problems.append(f"epochs {repeated} repeat the previous epoch's order — set_epoch(epoch) is "
                         f"not called (or shuffling is off)")
     return problems, {"world_size": n, "dataset_samples": len(universe), "epochs": epochs,
+                      "sample_identity": how, "built_per_rank": built[0], **differences,
+                      "content_repeated_in_dataset": sum(1 for c in multiplicity.values() if c > 1),
                       "epochs_with_repeated_order": repeated,
                       "allowed_padding_duplicates": pad_allowance, "allowed_dropped": drop_allowance}
 
 
-def run(ctx: Any) -> Outcome:
+def run(ctx: CheckContext) -> Outcome:
+    target = ctx.target
+    if getattr(target, "sampling", "epochs") == "with-replacement":
+        return Outcome.skipped(
+            f"sampling with replacement: no epoch to cover (target {target.name!r} declares "
+            f"sampling = 'with-replacement'; its samples are random draws, not a permutation)",
+            metrics={"key_figure": "sampling with replacement"},
+            evidence={"sampling": "with-replacement"})
+    if target.epoch_batches is None and not target.builtin:
+        return Outcome.skipped(
+            f"target {target.name!r} defines no epoch_batches(rank, world_size, epoch): its data "
+            f"pipeline cannot be checked (define it to return this rank's DataLoader)",
+            metrics={"key_figure": "no epoch_batches"}, evidence={"epoch_batches": None})
     sampler_problems, sampler_info = check_distributed_sampler((*WORLD_SIZES, ctx.world_size))
     evidence: dict[str, Any] = {"distributed_sampler": {**sampler_info, "problems": sampler_problems}}
     metrics: dict[str, Any] = {"sampler_configurations": sampler_info["configurations_checked"],
                                "sampler_problems": len(sampler_problems)}
     problems = list(sampler_problems)
     source = "DistributedSampler"
-    if ctx.target.epoch_batches is not None:
-        source = f"{ctx.target.name}.epoch_batches"
+    if target.epoch_batches is not None:
+        source = f"{target.name}.epoch_batches"
         try:
-            target_problems, info = check_epoch_batches(ctx.target.epoch_batches, ctx.world_size)
+            target_problems, info = check_epoch_batches(
+                target.epoch_batches, ctx.world_size,
+                identity=getattr(target, "sample_identity", "content"))
         except Exception as exc:
             return Outcome.failed(f"epoch_batches(rank, {ctx.world_size}, epoch) raised "
                                   f"{type(exc).__name__}: {exc}",
                                   metrics={"key_figure": "epoch_batches raised"}, evidence=evidence)
         evidence["epoch_batches"] = info
+        # The per-rank measurements a recommendation reads, at the top of the evidence.
+        evidence.update({k: info[k] for k in (DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS) if k in info})
         problems += target_problems
         metrics.update({
             "missing_per_epoch": [e["missing"] for e in info["epochs"]],
@@ -203,22 +246,30 @@ def run(ctx: Any) -> Outcome:
             "batches_per_rank": [e["batches_per_rank"] for e in info["epochs"]],
             "epochs_with_repeated_order": info["epochs_with_repeated_order"],
             "dataset_samples": info["dataset_samples"],
+            "samples_seen": sum(e["samples"] for e in info["epochs"]),
+            "sample_identity": info["sample_identity"],
         })
+        if info["dataset_samples"] == 0:
+            return Outcome.skipped(f"{source} yielded no samples in {EPOCHS} epochs: nothing to cover",
+                                   metrics={**metrics, "key_figure": "no samples"}, evidence=evidence)
     if problems:
         metrics["key_figure"] = f"{len(problems)} coverage problem(s) in {source}"
         return Outcome.failed(
             f"{source}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
             metrics=metrics, evidence={**evidence, "problems": problems},
-            recommendation="use DistributedSampler(dataset, num_replicas=world_size, rank=rank, "
+            recommendation="build the dataset identically on every rank (seed random_split), use "
+                           "DistributedSampler(dataset, num_replicas=world_size, rank=rank, "
                            "seed=<same on every rank>) and call sampler.set_epoch(epoch) every epoch; "
                            "shard IterableDatasets by rank; make every rank yield the same number of batches")
-    if ctx.target.epoch_batches is not None:
+    if target.epoch_batches is not None:
         e0 = evidence["epoch_batches"]["epochs"][0]
         metrics["key_figure"] = (f"{e0['distinct']}/{evidence['epoch_batches']['dataset_samples']} "
                                  f"samples/epoch, batches/rank {e0['batches_per_rank']}")
     else:
         metrics["key_figure"] = f"{sampler_info['configurations_checked']} sampler configurations exact"
+    seen = (f" ({metrics['samples_seen']} samples seen, identified by "
+            f"{metrics['sample_identity']})" if "samples_seen" in metrics else "")
     return Outcome.passed(
         f"{source}: every sample once per epoch (padding/drop_last as documented), disjoint "
-        f"shards, equal batch counts, a new order each epoch over {EPOCHS} epochs",
+        f"shards, equal batch counts, a new order each epoch over {EPOCHS} epochs{seen}",
         metrics=metrics, evidence=evidence)

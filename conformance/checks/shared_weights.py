@@ -25,8 +25,8 @@ optimizer step, so the reference stays valid) on each rank's shard, gradients co
 the reference (tolerance as gradient-equivalence; a ratio of ~2 or ~0 is named double-counted
 or lost).
 
-A model without shared parameters passes with evidence ``shared: []`` — the invariant holds
-trivially, and the report should say so rather than skip.
+A model without shared parameters is *skipped* with evidence ``shared: []``: there is no
+shared gradient to compare, and a check that compared nothing never passes.
 
 Evidence: ``tied`` (alias groups and per-use gradient norms), ``reused_modules`` (calls per
 forward), ``variants`` (per DDP mode: worst parameter, max |Δgrad|, ratio to the reference).
@@ -35,6 +35,7 @@ forward), ``variants`` (per DDP mode: worst parameter, max |Δgrad|, ratio to th
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from ..harness.ddp import (
@@ -48,6 +49,7 @@ from ..harness.ddp import (
     unwrap,
     wrap,
 )
+from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._compare import diff_tensor, fmt
@@ -111,7 +113,9 @@ def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
     loss.backward()
     report = []
     for names in groups:
-        uses, lost, unread = {}, [], []
+        uses: dict[str, float] = {}
+        lost: list[str] = []
+        unread: list[str] = []
         for name in names:
             param = untied.get_parameter(name)
             norm = 0.0 if param.grad is None else float(param.grad.detach().double().norm())
@@ -147,7 +151,7 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int) -> dict[str, Any]:
     out.update(groups=groups, reused={m: c for m, c in calls.items() if c > 1}, shared=shared)
     if not shared:
         return out
-    variants = []
+    variants: list[dict[str, Any]] = []
     for label, overrides in VARIANTS:
         kwargs = effective_ddp_kwargs(target, overrides)
         if any(v["kwargs"] == repr(kwargs) for v in variants):
@@ -186,8 +190,12 @@ def _grad(model: Any, name: str) -> Any:
 
 
 def _classify(got: Any, ref: Any) -> str:
+    import torch
+
     if got is None:
         return "lost (no gradient)"
+    if not bool(torch.isfinite(got).all()) or (ref is not None and not bool(torch.isfinite(ref).all())):
+        return "non-finite (NaN/Inf)"
     ref_norm = float(ref.double().norm()) if ref is not None else 0.0
     if ref_norm == 0.0:
         return "unexpected gradient"
@@ -199,7 +207,7 @@ def _classify(got: Any, ref: Any) -> str:
     return f"wrong (norm ratio {ratio:.2f})"
 
 
-def run(ctx: Any) -> Outcome:
+def run(ctx: CheckContext) -> Outcome:
     batch_size = ctx.target.batch_size_for(ctx.world_size, 1)
     try:
         values = [r.value for r in ctx.world().run(probe, ctx.target.spec, batch_size,
@@ -210,9 +218,10 @@ def run(ctx: Any) -> Outcome:
     tied = head.get("per_use", [{"names": g} for g in head["groups"]])
     evidence: dict[str, Any] = {"shared": head["shared"], "tied": tied, "reused_modules": head["reused"]}
     if not head["shared"]:
-        return Outcome.passed(
-            "no shared parameters: no tied aliases and no module called twice per forward "
-            "(the invariant holds trivially)",
+        # The subject is absent: nothing was compared, so nothing may be claimed as passed.
+        return Outcome.skipped(
+            "no shared parameters: no tied aliases and no module called twice per forward, so "
+            "there is no shared gradient to check",
             metrics={"key_figure": "no shared parameters", "shared_parameters": 0}, evidence=evidence)
     lost = [name for group in tied for name in group.get("lost_uses", [])]
     rows, failures = [], []
@@ -223,7 +232,8 @@ def run(ctx: Any) -> Outcome:
                 for value in values:
                     got = value["variants"][index]["grads"][step][name]
                     d = diff_tensor(name, got, ref_grad, grad=True)
-                    if d.ratio > worst_ratio:
+                    # `not <=` also takes a NaN ratio: a non-finite gradient is never the best row.
+                    if not math.isnan(worst_ratio) and not d.ratio <= worst_ratio:
                         worst_ratio = d.ratio
                         worst_row = {"variant": variant["label"], "ddp_kwargs": variant["kwargs"],
                                      "param": name, "rank": value["rank"], "iteration": step,

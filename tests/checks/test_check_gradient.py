@@ -1,5 +1,8 @@
-"""gradient-equivalence: passes on correct targets (SGD, Adam, tiny buckets), fails on a loss
-scaled by the world size with SGD and with Adam (where only the gradients show it)."""
+"""gradient-equivalence: judged on the gradients ``optimizer.step()`` consumed. Passes on
+correct targets (SGD, Adam, tiny buckets, BatchNorm with joined microbatches, dropout, the
+nanoGPT step order); fails on a loss scaled by the world size (SGD, Adam, nanoGPT order), a
+summed loss on a BatchNorm model, a forward that bypasses DDP — each with the hint that names
+the measured cause; skipped when no gradient reaches the optimizer; failed on NaN."""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import pytest
 from ._check_helpers import run_check
 
 
-@pytest.mark.parametrize("target", ["mlp", "adam_mlp", "tiny_buckets", "convbn"])
+@pytest.mark.parametrize("target", ["mlp", "adam_mlp", "tiny_buckets", "convbn", "nanogpt_order",
+                                    "bn_joined", "dropout_mlp", "no_accumulation"])
 def test_passes_on_correct_targets(suite_session, target):
     record = run_check(suite_session, "gradient-equivalence", target)
     assert record.status == "passed", record.message
@@ -17,6 +21,38 @@ def test_passes_on_correct_targets(suite_session, target):
     assert m["max_abs_param_diff"] < 1e-6
     assert m["first_diverging_step"] is None
     assert "tolerance" in m["key_figure"]
+    compared = record.evidence["compared"]
+    # What was compared is counted: every parameter's gradient reached the optimizer.
+    assert m["parameters_compared"] == compared["parameters_with_gradient"] > 0
+    assert compared["parameters_without_gradient"] == []
+    assert all(s == [1, 1, 1] for s in compared["optimizer_steps_per_step"])
+
+
+def test_nanogpt_order_is_judged_on_what_the_optimizer_consumed(suite_session):
+    # zero_grad(set_to_none=True) after optimizer.step(): no .grad is left after train_step,
+    # yet 6 real gradients were compared (not "no gradient on either side").
+    record = run_check(suite_session, "gradient-equivalence", "nanogpt_order")
+    assert record.status == "passed" and record.metrics["parameters_compared"] == 6
+    assert "6 gradients as optimizer.step() consumed them" in record.message
+    broken = run_check(suite_session, "gradient-equivalence", "nanogpt_order_times_world")
+    assert broken.status == "failed"
+    assert broken.metrics["gradient_factor"] == pytest.approx(2.0, rel=1e-4)
+    assert "the loss is multiplied by the world size" in broken.message
+
+
+def test_no_gradient_reaching_the_optimizer_is_skipped_not_passed(suite_session):
+    record = run_check(suite_session, "gradient-equivalence", "wiped_before_step")
+    assert record.status == "skipped"
+    assert record.message.startswith("no gradient reached the optimizer")
+    assert record.evidence["compared"]["parameters_with_gradient"] == 0
+
+
+def test_dropout_is_switched_off_and_said(suite_session):
+    record = run_check(suite_session, "gradient-equivalence", "dropout_mlp")
+    assert record.status == "passed", record.message
+    assert record.evidence["dropout_disabled"] == ["2", "5"]
+    assert record.evidence["rng_in_forward"] is False
+    assert any("dropout" in w for w in record.evidence["warnings"])
 
 
 def test_fails_on_loss_times_world_sgd(suite_session):
@@ -26,7 +62,8 @@ def test_fails_on_loss_times_world_sgd(suite_session):
     assert m["max_rel_grad_diff"] == pytest.approx(1.0, rel=1e-3)  # 2x on 2 ranks
     assert m["first_diverging_step"] == 0  # SGD: parameters move visibly too
     assert m["worst_grad_param"] in {n["name"] for n in record.evidence["first_step_gradients"]}
-    assert "world size" in record.message and record.recommendation
+    assert "multiplied by the world size (factor 2 = N)" in record.message and record.recommendation
+    assert record.evidence["gradient_scale"]["uniform_factor"] == pytest.approx(2.0, rel=1e-4)
 
 
 def test_fails_on_loss_times_world_adam_through_gradients(suite_session):
@@ -37,3 +74,32 @@ def test_fails_on_loss_times_world_adam_through_gradients(suite_session):
     # Adam normalises the update: the parameters barely show it, the gradients do.
     assert m["max_abs_param_diff"] < 1e-3
     assert "first-step gradient" in record.message
+    assert "multiplied by the world size" in record.message
+
+
+def test_summed_loss_on_a_batchnorm_model_is_caught_and_named(suite_session):
+    record = run_check(suite_session, "gradient-equivalence", "bn_sum_loss")
+    assert record.status == "failed"
+    assert record.metrics["gradient_factor"] == pytest.approx(0.5, rel=1e-3)
+    assert "the loss is a sum over samples (reduction='sum')" in record.message
+    assert "world size (factor" not in record.message  # not blamed on a world-size rescale
+    assert record.evidence["batchnorm_grouped"] == ["1", "4"]
+
+
+def test_forward_through_model_module_is_named_as_a_ddp_bypass(suite_session):
+    record = run_check(suite_session, "gradient-equivalence", "module_bypass")
+    assert record.status == "failed"
+    assert "the forward bypassed DDP" in record.message
+    assert "0 all-reduces were observed" in record.message
+    assert "loss is multiplied" not in record.message
+    compared = record.evidence["compared"]
+    assert compared["ddp_forwards_per_step"] == [[0, 0, 0]] * 2
+    assert compared["allreduce_rounds_per_step"] == [[0, 0, 0]] * 2
+
+
+def test_nan_is_a_finding_with_its_own_message(suite_session):
+    record = run_check(suite_session, "gradient-equivalence", "nan_loss")
+    assert record.status == "failed"
+    assert record.message.startswith("non-finite value (NaN/Inf) first at step 0 on rank 0")
+    assert "the forward's outputs were finite: the loss or the backward produced it" in record.message
+    assert record.evidence["nonfinite"]["step"] == 0

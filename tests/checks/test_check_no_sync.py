@@ -1,6 +1,7 @@
 """no-sync-equivalence: one all-reduce round per K microbatches and the large-batch numbers;
-fails on forgotten no_sync (K× waste), on syncing the wrong microbatch and on clipping per
-microbatch."""
+fails on forgotten no_sync (K× waste), on syncing the wrong microbatch, on clipping per
+microbatch and on a loss not divided by K even when clipping hides it; skipped when
+train_step does no accumulation."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from ._check_helpers import run_check
 
 
-@pytest.mark.parametrize("target", ["mlp", "tiny_buckets"])
+@pytest.mark.parametrize("target", ["mlp", "tiny_buckets", "nanogpt_order", "dropout_mlp", "convbn"])
 def test_passes_with_one_round_per_step(suite_session, target):
     record = run_check(suite_session, "no-sync-equivalence", target)
     assert record.status == "passed", record.message
@@ -45,3 +46,30 @@ def test_clip_per_microbatch_is_harmless_without_accumulation(suite_session):
     # K=1: the only clip comes after the synchronising backward, which is correct.
     record = run_check(suite_session, "gradient-equivalence", "clip_per_microbatch")
     assert record.status == "passed", record.message
+
+
+def test_no_accumulation_is_skipped_with_its_reason(suite_session):
+    record = run_check(suite_session, "no-sync-equivalence", "no_accumulation")
+    assert record.status == "skipped"
+    assert record.message.startswith("train_step does no accumulation: 1 forward per optimizer "
+                                     "step for K=4 microbatches")
+    assert "no_sync not exercised" in record.message
+    assert record.metrics["forwards_per_step"] == [[1, 1]] * 2
+
+
+def test_loss_not_divided_by_k_is_caught_through_clipping(suite_session):
+    record = run_check(suite_session, "no-sync-equivalence", "k_not_divided_clipped")
+    assert record.status == "failed"
+    # Clipping engaged on both sides and made the clipped gradients agree...
+    assert record.evidence["compared"]["clipping_engaged"] is True
+    assert record.metrics["max_abs_grad_diff"] < 1e-6
+    # ...but before clipping the gradient is K=4 times the single-process one.
+    assert record.evidence["gradient_scale_before_clipping"]["uniform_factor"] == pytest.approx(4.0, rel=1e-4)
+    assert "the loss is not divided by the K=4 accumulation steps" in record.message
+    assert "clipping made the clipped gradients agree" in record.message
+
+
+def test_clipping_per_microbatch_is_named_from_the_clip_count(suite_session):
+    record = run_check(suite_session, "no-sync-equivalence", "clip_per_microbatch")
+    assert record.status == "failed"
+    assert "clip_grad_norm_ ran 4 times in one optimizer step under DDP (reference: 1)" in record.message

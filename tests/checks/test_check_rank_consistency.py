@@ -38,3 +38,12 @@ def test_unsynchronised_parameters(suite_session):
     assert record.status == "failed"
     div = record.metrics["first_divergence"]
     assert div["kind"] == "parameter" and div["step"] == 0 and div["rank"] == 1
+
+
+def test_nan_parameters_are_never_consistent(suite_session):
+    # All-NaN weights are bit-identical on every rank; that is divergence, not consistency.
+    record = run_check(suite_session, "rank-consistency", "nan_loss")
+    assert record.status == "failed"
+    assert record.message.startswith("non-finite parameter")
+    assert "first after step 0 on rank 0" in record.message
+    assert record.metrics["nonfinite"]["step"] == 0

@@ -1,11 +1,13 @@
 """sampler-coverage: pure logic, no world. DistributedSampler against its documentation, the
-built-in pipeline, and four broken pipelines."""
+built-in pipeline, four broken pipelines, a per-rank dataset blamed on the dataset (not the
+sampler's seed), repeated content that is not a duplicate, and the modes with nothing to
+cover (sampling with replacement, no epoch_batches) skipped with the reason."""
 
 from __future__ import annotations
 
 import pytest
 
-from conformance.checks.sampler import _expected, check_distributed_sampler
+from conformance.checks.sampler import _expected, check_distributed_sampler, check_epoch_batches
 
 from ._check_helpers import run_check
 
@@ -24,7 +26,7 @@ def test_documented_padding_and_drop_last():
     assert len(dropped) == 8 and len(set(dropped)) == 8
 
 
-@pytest.mark.parametrize("target", ["mlp", "tied-lm"])
+@pytest.mark.parametrize("target", ["mlp", "tied-lm", "sampler_seeded_split", "sampler_repeated_windows"])
 def test_passes(suite_session, target):
     record = run_check(suite_session, "sampler-coverage", target)
     assert record.status == "passed", record.message
@@ -35,7 +37,7 @@ def test_passes(suite_session, target):
 
 @pytest.mark.parametrize("target, needle, metric", [
     ("sampler_no_set_epoch", "set_epoch", lambda m: m["epochs_with_repeated_order"] == [1, 2]),
-    ("sampler_seed_per_rank", "seed differs per rank",
+    ("sampler_seed_per_rank", "sampler seed differs per rank: [0, 1]",
      lambda m: m["duplicates_per_epoch"][0] > 1 and m["missing_per_epoch"][0] > 1),
     ("sampler_unsharded_iterable", "not sharded", lambda m: m["duplicates_per_epoch"] == [24] * 3),
     ("sampler_uneven_batches", "unequal batch counts", lambda m: m["batches_per_rank"][0] == [6, 5]),
@@ -45,3 +47,39 @@ def test_fails_on_broken_pipelines(suite_session, target, needle, metric):
     assert record.status == "failed"
     assert needle in record.message
     assert metric(record.metrics), record.metrics
+
+
+def test_unseeded_random_split_is_blamed_on_the_dataset_not_the_seed(suite_session):
+    record = run_check(suite_session, "sampler-coverage", "sampler_unseeded_split")
+    assert record.status == "failed"
+    assert "rank 1's dataset differs from rank 0's" in record.message
+    assert "random_split without generator=" in record.message
+    assert "sampler seed differs" not in record.message  # the sampler's seed is 0 on both ranks
+    info = record.evidence["epoch_batches"]
+    assert [b["seed"] for b in info["built_per_rank"]] == [0, 0]
+    assert info["dataset_differs_on_ranks"] == [1]
+
+
+def test_repeated_content_is_not_a_duplicate():
+    from tests.targets import sampler_repeated_windows as windows
+
+    # By index (the DataLoader's sampler): nothing to correct.
+    problems, info = check_epoch_batches(windows.epoch_batches, 2)
+    assert problems == [] and info["sample_identity"].startswith("index")
+    # By content (a generator of tensors): the windows repeat, every epoch alike — not duplicates.
+    problems, info = check_epoch_batches(windows.epoch_windows, 2)
+    assert problems == [], problems
+    assert info["sample_identity"].startswith("content") and info["content_repeated_in_dataset"] == 3
+    # Content identity without the correction would count every extra copy as a duplicate.
+    epoch0 = info["epochs"][0]
+    assert epoch0["samples"] - epoch0["distinct"] > 2 * info["allowed_padding_duplicates"]
+
+
+@pytest.mark.parametrize("target, reason", [
+    ("sampled_with_replacement", "sampling with replacement: no epoch to cover"),
+    ("nanogpt_order", "target 'nanogpt_order' defines no epoch_batches"),
+])
+def test_nothing_to_cover_is_skipped(suite_session, target, reason):
+    record = run_check(suite_session, "sampler-coverage", target)
+    assert record.status == "skipped"
+    assert record.message.startswith(reason)

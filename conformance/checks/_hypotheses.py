@@ -1,0 +1,100 @@
+"""Named causes of a gradient mismatch, each one a measured hypothesis.
+
+A cause is named only when a measurement in the record supports it:
+
+- a *uniform scale*: every compared gradient is the reference's times one common factor
+  (projection residual < 1e-3, factors within 2 % of each other), and that factor is N, 1/N,
+  K, 1/K or 1/(N·K) — the fingerprints of a loss rescaled by the world size, a summed loss,
+  a loss not divided (or divided twice) by the accumulation steps;
+- 0 all-reduces observed, and forwards through the inner module only: DDP was bypassed;
+- randomness left in forward after dropout was switched off;
+- BatchNorm batches that could not be normalised in the reference's groups.
+
+Otherwise the message says that no known cause matched and shows the evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+NEGLIGIBLE = 1e-4  # a reference gradient this small next to the largest one is rounding noise
+RESIDUAL = 1e-3  # |g - s·ref| / |g|: how far from "a multiple of the reference" still counts
+SPREAD = 0.02  # relative spread of the per-parameter factors that still counts as "one factor"
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """How the compared gradients relate to the reference's, parameter by parameter."""
+
+    parameters: int  # (rank, parameter) pairs with a non-zero reference gradient
+    low: float  # smallest per-parameter factor <g, ref> / <ref, ref>
+    high: float
+    residual: float  # worst |g - factor·ref| / |g|
+
+    @property
+    def uniform(self) -> float | None:
+        """The common factor when every gradient is the reference's times it, else None."""
+        if not self.parameters or self.residual > RESIDUAL:
+            return None
+        mid = (self.low + self.high) / 2
+        if mid == 0 or (self.high - self.low) > SPREAD * abs(mid):
+            return None
+        return mid
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pairs": self.parameters, "factor_min": self.low, "factor_max": self.high,
+                "worst_residual": self.residual, "uniform_factor": self.uniform}
+
+
+def scale_of(per_rank: list[dict[str, Any]], ref: dict[str, Any]) -> Scale:
+    """Per-parameter factors of every rank's gradients against the reference's.
+
+    Parameters whose reference gradient is negligible (a conv bias right before BatchNorm has
+    a gradient of exactly 0 in theory, ~1e-9 of rounding in practice) carry no factor and are
+    left out: their "factor" is noise.
+    """
+    norms = [float(r.double().norm()) for r in ref.values() if r is not None]
+    floor = NEGLIGIBLE * max([n for n in norms if math.isfinite(n)], default=0.0)
+    factors, residual = [], 0.0
+    for got in per_rank:
+        for name, r in ref.items():
+            g = got.get(name)
+            if g is None or r is None or tuple(g.shape) != tuple(r.shape):
+                continue
+            g64, r64 = g.double().reshape(-1), r.double().reshape(-1)
+            rr = float(r64 @ r64)
+            if rr == 0.0 or not math.isfinite(rr) or math.sqrt(rr) <= floor:
+                continue
+            factor = float(g64 @ r64) / rr
+            norm = float(g64.norm())
+            factors.append(factor)
+            if norm > 0:
+                residual = max(residual, float((g64 - factor * r64).norm()) / norm)
+    if not factors:
+        return Scale(0, 0.0, 0.0, 0.0)
+    return Scale(len(factors), min(factors), max(factors), residual)
+
+
+def scale_causes(factor: float, *, world_size: int, microbatches: int,
+                 reference_microbatches: int = 1) -> list[str]:
+    """Every known bug whose gradient factor (N-rank / reference) is ``factor``."""
+    n, k = world_size, microbatches
+    table: list[tuple[float, str]] = [
+        (n, f"the loss is multiplied by the world size (factor {n} = N): DDP already averages "
+            f"gradients over the {n} ranks, so the loss must stay a per-rank mean"),
+        (1 / (n * k) * reference_microbatches,
+         f"the loss is a sum over samples (reduction='sum'), not a mean (factor 1/{n * k}: each "
+         f"process's gradient grows with its microbatch, 1/{n * k} of the global batch)"
+         + (" — or it is divided by the world size" if k == 1 else "")),
+    ]
+    if k > 1:
+        table += [
+            (k, f"the loss is not divided by the K={k} accumulation steps (factor {k} = K): the "
+                f"accumulated gradient is the sum over microbatches, not their mean"),
+            (1 / k, f"the loss is divided by the K={k} accumulation steps once too often "
+                    f"(factor 1/{k})"),
+        ]
+    return [text for value, text in table
+            if value != 1 and abs(factor / value - 1) < SPREAD]

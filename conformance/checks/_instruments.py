@@ -1,0 +1,173 @@
+"""Rank-side instruments of a recorded run: what the optimizer consumed, what DDP did, what
+clipping hid, and the first non-finite value.
+
+Each instrument observes the target's own ``train_step`` without changing what it computes:
+
+- :class:`StepRecorder` — an optimizer *step pre-hook* copies every gradient at the moment
+  ``optimizer.step()`` reads it. Judging ``.grad`` after ``train_step`` returned is wrong for
+  real code: nanoGPT calls ``zero_grad(set_to_none=True)`` *after* the step, which leaves no
+  gradient to inspect (and a comparison of nothing against nothing "passes").
+- :class:`ForwardCounter` — forwards through the DDP wrapper and through the inner module.
+  Forwards through the inner module only mean DDP was bypassed (``model.module(x)``); one
+  forward per optimizer step means ``train_step`` does no accumulation.
+- :class:`ClipProbe` — wraps ``torch.nn.utils.clip_grad_norm_`` to copy the gradients it is
+  about to clip and the total norm it measured: a gradient K times too large and then clipped
+  to ``max_norm`` is indistinguishable from a correct one after clipping.
+- :func:`first_nonfinite` — the first NaN/Inf among named tensors.
+
+Functions here run inside rank processes; torch is imported lazily.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+
+def cpu_copy(tensor: Any) -> Any:
+    return None if tensor is None else tensor.detach().cpu().clone()
+
+
+def first_nonfinite(named: Iterable[tuple[str, Any]]) -> str | None:
+    """Name of the first tensor holding a NaN or an Inf (None when all are finite)."""
+    import torch
+
+    for name, tensor in named:
+        if tensor is not None and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
+@dataclass
+class StepRecorder:
+    """Gradients as ``optimizer.step()`` saw them, per train_step call.
+
+    ``names`` maps parameter identity to its name in the (unwrapped) model, so gradients are
+    keyed exactly as ``param_state`` keys parameters.
+    """
+
+    names: dict[int, str]
+    steps: int = 0  # optimizer.step() calls during the current train_step
+    grads: dict[str, Any] | None = None  # the first optimizer.step() of the current train_step
+    handle: Any = None
+
+    @classmethod
+    def attach(cls, model: Any, optimizer: Any) -> StepRecorder:
+        names = {id(p): n for n, p in model.named_parameters()}
+        recorder = cls(names=names)
+
+        def pre_step(opt: Any, args: Any, kwargs: Any) -> None:
+            recorder.steps += 1
+            if recorder.grads is None:
+                recorder.grads = recorder._snapshot(opt)
+
+        recorder.handle = optimizer.register_step_pre_hook(pre_step)
+        return recorder
+
+    def _snapshot(self, optimizer: Any) -> dict[str, Any]:
+        # Every parameter of the model gets an entry: None is "no gradient reached the
+        # optimizer for it" (frozen, unused, or zeroed with set_to_none before the step).
+        out: dict[str, Any] = dict.fromkeys(self.names.values())
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                name = self.names.get(id(p))
+                if name is not None:
+                    out[name] = cpu_copy(p.grad)
+        return out
+
+    def reset(self) -> None:
+        self.steps = 0
+        self.grads = None
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+
+
+@dataclass
+class ForwardCounter:
+    """Forward calls through the DDP wrapper and through the module it wraps."""
+
+    ddp: int = 0
+    inner: int = 0
+    handles: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def attach(cls, ddp_model: Any, inner: Any) -> ForwardCounter:
+        counter = cls()
+
+        def on_ddp(module: Any, args: Any) -> None:
+            counter.ddp += 1
+
+        def on_inner(module: Any, args: Any) -> None:
+            counter.inner += 1
+
+        counter.handles = [ddp_model.register_forward_pre_hook(on_ddp),
+                           inner.register_forward_pre_hook(on_inner)]
+        return counter
+
+    def take(self) -> tuple[int, int]:
+        counts = (self.ddp, self.inner)
+        self.ddp = self.inner = 0
+        return counts
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+@dataclass
+class ClipProbe:
+    """``clip_grad_norm_`` observed: the gradients before clipping and the norms it measured.
+
+    Patched where user code finds it: ``torch.nn.utils``, ``torch.nn.utils.clip_grad`` and any
+    global of the given namespaces bound to the original function (``from torch.nn.utils
+    import clip_grad_norm_`` in the target file).
+    """
+
+    names: dict[int, str]
+    calls: list[dict[str, float]] = field(default_factory=list)  # this train_step's calls
+    pre_clip: dict[str, Any] | None = None  # gradients at the last call before the first step
+    frozen: bool = False  # set once the first optimizer step of the step happened
+    _restore: list[tuple[Any, str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def attach(cls, model: Any, namespaces: Iterable[dict[str, Any]]) -> ClipProbe:
+        import torch.nn.utils as utils
+        import torch.nn.utils.clip_grad as clip_module
+
+        probe = cls(names={id(p): n for n, p in model.named_parameters()})
+        original: Callable[..., Any] = clip_module.clip_grad_norm_
+
+        def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
+            params = [parameters] if hasattr(parameters, "grad") else list(parameters)
+            if not probe.frozen:
+                probe.pre_clip = {probe.names[id(p)]: cpu_copy(p.grad) for p in params
+                                  if id(p) in probe.names}
+            total = original(params, max_norm, *args, **kwargs)
+            probe.calls.append({"total_norm": float(total), "max_norm": float(max_norm)})
+            return total
+
+        for owner in (utils, clip_module):
+            probe._restore.append((owner, "clip_grad_norm_", getattr(owner, "clip_grad_norm_")))
+            setattr(owner, "clip_grad_norm_", clip_grad_norm_)
+        for namespace in namespaces:
+            for key, value in list(namespace.items()):
+                if value is original:
+                    probe._restore.append((namespace, key, value))
+                    namespace[key] = clip_grad_norm_
+        return probe
+
+    def engaged(self) -> bool:
+        """Did any call actually scale gradients down (total norm above max_norm)?"""
+        return any(c["total_norm"] > c["max_norm"] and math.isfinite(c["total_norm"])
+                   for c in self.calls)
+
+    def close(self) -> None:
+        for owner, key, value in reversed(self._restore):
+            if isinstance(owner, dict):
+                owner[key] = value
+            else:
+                setattr(owner, key, value)
+        self._restore.clear()
