@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Any, Iterable
 
+from conformance.harness.timing import FLIGHT_THREAD_JOIN_S
+
 # Entries kept per rank in the evidence: enough to show the stuck collective and the few that
 # completed before it, small enough for a report.
 LAST_ENTRIES = 8
@@ -157,7 +159,8 @@ class InFlightSnapshot:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        # Bounded: a daemon thread stuck in a dump must not keep the rank from answering.
+        self._thread.join(timeout=FLIGHT_THREAD_JOIN_S)
 
     def result(self) -> dict[str, Any] | None:
         snap = self._snap

@@ -10,7 +10,7 @@ import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from . import _flight
 
@@ -90,6 +90,14 @@ class HangDiagnosis:
                 "params": self.params, "unused": {str(k): v for k, v in self.unused.items()},
                 "barrier": self.barrier, "detail": self.detail,
                 "flight_recorder": {str(k): v for k, v in self.flight.items()}}
+
+
+class _Seen(TypedDict):
+    """What every diagnosis carries besides its verdict: read from the ranks' texts and recorders."""
+
+    unused: dict[int, list[str]]
+    barrier: list[int]
+    flight: dict[int, dict[str, Any] | None]
 
 
 def _enqueued(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -175,7 +183,7 @@ def diagnose_hang(logs: dict[int, list[dict[str, Any]]], states: list[RankState]
         unused.update(unused_from_error(s.text))
         barrier = barrier or barrier_culprits(s.text)
     recorded = {r: _flight.pending(summary) for r, summary in (flight or {}).items() if summary}
-    extra = {"unused": unused, "barrier": barrier, "flight": recorded}
+    extra = _Seen(unused=unused, barrier=barrier, flight=recorded)
     mismatch = _mismatch(logs)
     if mismatch is not None:
         return HangDiagnosis(mismatch.classification, mismatch.kind, mismatch.culprit_rank,
@@ -215,11 +223,11 @@ def diagnose_hang(logs: dict[int, list[dict[str, Any]]], states: list[RankState]
         # connections open). Rank 0 collects the barrier's acks, so it cannot name itself:
         # then the rank that never came back while its peers' timeouts released them is the one.
         frozen = _frozen(stuck, states)
-        culprit = barrier[0] if barrier else frozen
+        stalled = barrier[0] if barrier else frozen
         named = (" (named by the monitored barrier)" if barrier else
                  " (the only rank no timeout released)" if frozen is not None else "")
-        who = f"; rank {culprit} stalled inside it{named}" if culprit is not None else ""
-        return HangDiagnosis("transport", "entered-never-completed", culprit,
+        who = f"; rank {stalled} stalled inside it{named}" if stalled is not None else ""
+        return HangDiagnosis("transport", "entered-never-completed", stalled,
                              _collective(ref), list(ref.get("params") or []),
                              detail=(f"ranks {stuck} entered collective #{ref.get('seq')} and it never "
                                      f"completed{who}.{_flight_note(recorded, set(stuck))}"),
@@ -263,7 +271,7 @@ def score_stragglers(compute: dict[int, list[float]], wait: dict[int, list[float
     med_w = {r: statistics.median(v) for r, v in wait.items()}
     step_s = statistics.median([x for v in step.values() for x in v])
     fastest = min(med_c.values())
-    per_rank = [{"rank": r, "compute_s": round(med_c[r], 6), "wait_s": round(med_w[r], 6),
+    per_rank: list[dict[str, Any]] = [{"rank": r, "compute_s": round(med_c[r], 6), "wait_s": round(med_w[r], 6),
                  "score": round((med_c[r] - fastest) / step_s, 4) if step_s > 0 else 0.0}
                 for r in sorted(med_c)]
     top = max(per_rank, key=lambda d: d["score"])

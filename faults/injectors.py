@@ -1,12 +1,14 @@
-"""Faults as data: what to inject, on which rank, at which step and phase.
+"""Faults as data, each owning its effect: what to inject, on which rank, at which step and phase.
 
 A fault is a frozen dataclass; ``fault.fires(rank, step, phase)`` is a pure function of its
-fields, so the same schedule replays identically on every run (STYLE 6: never wall-clock
-chance). The incident's ``random.random() > 0.5`` is modelled by ``ConditionalBranch(seed=...)``:
-a per-rank draw from an RNG seeded by (seed, rank, step) -- random-looking, but reproducible.
+fields, so the same schedule replays identically on every run (never wall-clock chance). The
+incident's ``random.random() > 0.5`` is modelled by ``ConditionalBranch(seed=...)``: a per-rank
+draw from an RNG seeded by (seed, rank, step) -- random-looking, but reproducible.
 
-Injections are logged in the rank (:class:`Injection`) and returned to the supervisor, which
-records them as events with wall-clock windows (``faults._log``).
+``fault.inject(site)`` is its effect (the :class:`~faults.sites.Fault` protocol): a rank's loop
+offers a :class:`~faults.sites.Site` at each injection point; where the schedule fires, the
+fault records an :class:`~faults._log.Injection` and strikes. Each fault acts at one kind of
+site only, so the loop can offer every site to whatever fault it runs with.
 
     SlowRank(rank=1, phase="backward", delay_s=0.05, steps=range(2, 8)).fires(1, 3, "backward")
 """
@@ -16,33 +18,20 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
-PHASES = ("data", "forward", "backward", "optimizer")
+from .sites import PHASES, Site, check_phase, fires_at
+
+__all__ = ["PHASES", "BucketConfig", "ConditionalBranch", "DeadRank", "SkipCollective", "SlowRank",
+           "StalledRank", "UnevenBatches", "delay", "freeze"]
 
 
 def _steps(value: Iterable[int] | None) -> tuple[int, ...] | None:
     return None if value is None else tuple(int(s) for s in value)
-
-
-def _check_phase(phase: str) -> None:
-    if phase not in PHASES:
-        raise ValueError(f"phase={phase!r} is not one of {', '.join(PHASES)}")
-
-
-@dataclass(frozen=True, slots=True)
-class Injection:
-    """One fault that fired: where, and its wall-clock window (``time.time()`` seconds)."""
-
-    fault: str
-    rank: int
-    step: int
-    phase: str
-    t_start: float
-    t_end: float
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +68,14 @@ class ConditionalBranch:
                    and (self.steps is None or step in self.steps))
         return matched != self.skip
 
+    def inject(self, site: Site) -> bool:
+        """At a "branch" site where it fires: the rank takes the optional path."""
+        if not fires_at(self, site, "branch"):
+            return False
+        site.mark(self, branch=site.label)
+        site.taken = True
+        return True
+
 
 @dataclass(frozen=True, slots=True)
 class SlowRank:
@@ -91,13 +88,21 @@ class SlowRank:
     name: str = "slow-rank"
 
     def __post_init__(self) -> None:
-        _check_phase(self.phase)
+        check_phase(self.phase)
         object.__setattr__(self, "steps", _steps(self.steps))
         if self.delay_s <= 0:
             raise ValueError(f"delay_s={self.delay_s} must be positive seconds")
 
     def fires(self, rank: int, step: int, phase: str) -> bool:
         return rank == self.rank and phase == self.phase and (self.steps is None or step in self.steps)
+
+    def inject(self, site: Site) -> bool:
+        """At a "step" site where it fires: this rank is ``delay_s`` slower (see :func:`delay`)."""
+        if not fires_at(self, site, "step"):
+            return False
+        with site.window(self, delay_s=self.delay_s):
+            delay(self.delay_s, site.device)
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +132,15 @@ class BucketConfig:
     def fires(self, rank: int, step: int, phase: str) -> bool:
         return self.mismatched and step == 0 and phase == "data"
 
+    def inject(self, site: Site) -> bool:
+        """At the "wrap" site, when the caps differ across ranks: this rank's DDP gets its own."""
+        if not fires_at(self, site, "wrap"):
+            return False
+        site.ddp_kwargs["bucket_cap_mb"] = self.cap_for(site.rank)
+        site.mark(self, bucket_cap_mb=self.cap_for(site.rank),
+                  find_unused_parameters=bool(site.ddp_kwargs.get("find_unused_parameters", False)))
+        return True
+
 
 @dataclass(frozen=True, slots=True)
 class DeadRank:
@@ -139,12 +153,26 @@ class DeadRank:
     name: str = "dead-rank"
 
     def __post_init__(self) -> None:
-        _check_phase(self.phase)
+        check_phase(self.phase)
         if self.how not in ("exit", "kill"):
             raise ValueError(f"how={self.how!r} is not 'exit' or 'kill'")
 
     def fires(self, rank: int, step: int, phase: str) -> bool:
         return rank == self.rank and step == self.step and phase == self.phase
+
+    def inject(self, site: Site) -> bool:
+        """At a "step" site where it fires: this process ends, recorded first (never returns).
+
+        The record is on file before the exit (the log closes each line it writes), so a rank
+        that dies here is counted although it never hands back its results.
+        """
+        if not fires_at(self, site, "step"):
+            return False
+        site.mark(self, how=self.how)
+        sys.stdout.flush()
+        if self.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +186,19 @@ class SkipCollective:
     name: str = "skip-collective"
 
     def fires(self, rank: int, step: int, phase: str = "backward") -> bool:
-        return rank == self.rank and step == self.step
+        return rank == self.rank and step == self.step and phase == "backward"
+
+    def inject(self, site: Site) -> bool:
+        """At a "collective" site where it fires: skip it, or issue twice as many elements."""
+        if not fires_at(self, site, "collective"):
+            return False
+        if self.shape_mismatch:
+            site.tensor = site.tensor.new_ones(2 * site.tensor.numel())
+            site.mark(self, shape=list(site.tensor.shape))
+        else:
+            site.mark(self, skipped=site.label)
+            site.skip = True
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,32 +221,55 @@ class StalledRank:
     name: str = "stalled-rank"
 
     def __post_init__(self) -> None:
-        _check_phase(self.phase)
+        check_phase(self.phase)
         if self.step < 0:
             raise ValueError(f"step={self.step} must be a step number (0 or more)")
 
     def fires(self, rank: int, step: int, phase: str = "backward") -> bool:
         return rank == self.rank and step == self.step and phase == self.phase
 
+    def inject(self, site: Site) -> bool:
+        """At a "collective" site where it fires: freeze as the rank hands the collective over.
+
+        Recorded (to the file: this rank never returns) before it freezes, inside the
+        collective: its enqueue is on record, its data never leaves.
+        """
+        if not fires_at(self, site, "collective"):
+            return False
+
+        def stall() -> None:
+            site.mark(self, stalled=site.label, pid=os.getpid())
+            freeze()
+
+        site.on_issue = stall
+        return True
+
 
 @dataclass(frozen=True, slots=True)
 class UnevenBatches:
-    """A rank whose data pipeline yields ``missing`` fewer batches at the end of the epoch."""
+    """A rank whose data pipeline yields only ``batches`` batches, while its peers go on: the
+    epoch that ends one step early on one rank (its peers then wait in a collective it never
+    enters)."""
 
     rank: int
-    missing: int = 1
+    batches: int
     name: str = "uneven-batches"
 
     def __post_init__(self) -> None:
-        if self.missing < 1:
-            raise ValueError(f"missing={self.missing} must be at least 1 batch")
-
-    def batches_for(self, rank: int, steps: int) -> int:
-        return steps - self.missing if rank == self.rank else steps
+        if self.batches < 0:
+            raise ValueError(f"batches={self.batches} must be a batch count (0 or more)")
 
     def fires(self, rank: int, step: int, phase: str = "data") -> bool:
-        """True where the short pipeline shows: the first step this rank has no batch for."""
-        return rank == self.rank and phase == "data" and step < 0
+        """True where the short pipeline shows: at "data" of every step past its last batch."""
+        return rank == self.rank and phase == "data" and step >= self.batches
+
+    def inject(self, site: Site) -> bool:
+        """At the "step" site of "data" where it fires: no batch -- the rank leaves its loop."""
+        if not fires_at(self, site, "step"):
+            return False
+        site.mark(self, batches=self.batches)
+        site.exhausted = True
+        return True
 
 
 def delay(seconds: float, device: Any = None) -> None:

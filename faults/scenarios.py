@@ -16,20 +16,33 @@ own flight-recorder view of the scenario's collectives (:mod:`faults._flight`).
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from conformance.harness.timing import (
+    FLIGHT_SNAPSHOT_AFTER_S,
+    SCENARIO_BARRIER_TIMEOUT_S,
+    SCENARIO_DEADLINE_CAP_S,
+    SCENARIO_PG_TIMEOUT_S,
+    SCENARIO_WORLD_GRACE_S,
+    SCENARIO_WORLD_PG_TIMEOUT_S,
+)
 
 from . import _flight
-from ._log import InjectionLog, read_injections
+from ._log import Injection, InjectionLog, read_injections
 from .diagnosis import HangDiagnosis, RankState, diagnose_hang
-from .injectors import DeadRank, SkipCollective, StalledRank, UnevenBatches, freeze
+from .sites import NO_FAULT, Fault, Site, faulted_step
 from .tracker import CollectiveTracker, read_logs
+
+if TYPE_CHECKING:  # at run time these import torch (vehicles) or are only annotations
+    from conformance.harness.context import CheckContext
+    from conformance.harness.world import RankContext, WorldLike
+
+    from .vehicles import VehicleSpec
 
 KINDS = ("ddp", "collectives", "run_loop")
 
@@ -41,12 +54,12 @@ class Scenario:
 
     name: str
     kind: str
-    source: Any = None
-    fault: Any = None
+    source: VehicleSpec | str | None = None
+    fault: Fault | None = None
     steps: int = 4
     per_rank: int = 4  # samples per rank per step (1: single samples, a rare branch's trigger)
     # A tighter supervisor deadline (seconds) than the check's, for a scenario whose stuck rank
-    # nothing inside the world can release (see STALL_DEADLINE_S); None: the check's deadline.
+    # nothing inside the world can release (timing.STALL_DEADLINE_S); None: the check's deadline.
     deadline_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -54,6 +67,10 @@ class Scenario:
             raise ValueError(f"scenario kind={self.kind!r} is not one of {KINDS}")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise ValueError(f"deadline_s={self.deadline_s} must be positive seconds (or None)")
+        if self.kind == "run_loop" and self.fault is not None:
+            raise ValueError(f"scenario {self.name!r}: a run_loop is the target's own code and offers "
+                             f"no injection site; inject {self.fault.name} into a 'ddp' or "
+                             f"'collectives' scenario")
 
 
 @dataclass(frozen=True)
@@ -62,7 +79,7 @@ class ScenarioResult:
     diagnosis: HangDiagnosis
     latency_s: float  # from the world call's start (or the fault firing) to the diagnosis
     states: list[RankState]
-    injections: list[dict[str, Any]]
+    injections: list[Injection]
     stacks: dict[int, str]
     deadline: float
     timings: dict[int, dict[str, float]]
@@ -71,77 +88,48 @@ class ScenarioResult:
 
 # -- rank side -----------------------------------------------------------------------------
 
-def _die(fault: DeadRank, log: InjectionLog, rank: int, step: int) -> None:
-    log.mark(fault, rank, step, fault.phase, how=fault.how)
-    sys.stdout.flush()
-    if fault.how == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    os._exit(1)
-
-
-def _ddp_loop(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog, group: Any) -> None:
+def _ddp_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog,
+              group: Any) -> None:
     import torch
 
-    from conformance.harness.ddp import SCENARIO_DATA_SEED, rank_batch, wrap
+    from conformance.harness.ddp import PROBE_SEED, SCENARIO_DATA_SEED, rank_batch, wrap
 
     from .vehicles import resolve
 
     target = resolve(sc.source, ctx.rank, log)
-    torch.manual_seed(0)
+    torch.manual_seed(PROBE_SEED)
     model = wrap(target.build_model(), ctx.device, {**target.ddp_kwargs, "process_group": group})
     tracker.attach(model, group)
     optimizer = target.make_optimizer(model)
-    steps = sc.steps
-    if isinstance(sc.fault, UnevenBatches):
-        steps = sc.fault.batches_for(ctx.rank, sc.steps)
-        if steps < sc.steps:
-            log.mark(sc.fault, ctx.rank, steps, "data", batches=steps, peers_batches=sc.steps)
-    for step in range(steps):
-        tracker.step = step
-        batch = rank_batch(target, ctx.rank, ctx.world_size, seed=SCENARIO_DATA_SEED + step, per_rank=sc.per_rank,
-                           device=ctx.device)
-        fault = sc.fault
-        if isinstance(fault, DeadRank) and fault.rank == ctx.rank and fault.step == step:
-            if fault.phase in ("data", "forward"):
-                _die(fault, log, ctx.rank, step)
-            if fault.phase == "backward":
-                # Die from inside backward: the peers have launched their all-reduce by then,
-                # so this is a rank lost mid-collective, as a crashed node would be.
-                optimizer.zero_grad(set_to_none=True)
-                loss = target.compute_loss(model, batch[0], batch[1])
-                loss.register_hook(lambda g: _die(fault, log, ctx.rank, step))
-                loss.backward()
-                continue
-        target.run_step(model, optimizer, [batch], step=step)
-        if isinstance(fault, DeadRank) and fault.phase == "optimizer" and fault.rank == ctx.rank \
-                and fault.step == step:
-            _die(fault, log, ctx.rank, step)
-
-
-def _collectives(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog, group: Any) -> None:
-    import torch
-
-    fault = sc.fault
     for step in range(sc.steps):
         tracker.step = step
-        tensor = torch.full((8,), float(ctx.rank + 1), device=ctx.device)
-        if isinstance(fault, SkipCollective) and fault.fires(ctx.rank, step):
-            if not fault.shape_mismatch:
-                log.mark(fault, ctx.rank, step, "backward", skipped=f"step{step}")
-                continue
-            log.mark(fault, ctx.rank, step, "backward", shape=[16])
-            tensor = torch.ones(16, device=ctx.device)
-        stall = None
-        if isinstance(fault, StalledRank) and fault.fires(ctx.rank, step, "backward"):
-            # Logged (to the file: this rank never returns) before it freezes, inside the
-            # collective: its enqueue is recorded, its data never leaves.
-            def stall() -> None:
-                log.mark(fault, ctx.rank, step, "backward", stalled=f"step{step}", pid=os.getpid())
-                freeze()
-        tracker.all_reduce(tensor, tag=f"step{step}", group=group, on_issue=stall)
+
+        def batch(step: int = step) -> tuple[Any, Any]:
+            return rank_batch(target, ctx.rank, ctx.world_size, seed=SCENARIO_DATA_SEED + step,
+                              per_rank=sc.per_rank, device=ctx.device)
+
+        if sc.fault is None:  # the target as configured: its own train_step
+            target.run_step(model, optimizer, [batch()], step=step)
+        elif not faulted_step(sc.fault, rank=ctx.rank, step=step, log=log, device=ctx.device, model=model,
+                              optimizer=optimizer, compute_loss=target.compute_loss, batch=batch):
+            break  # this rank's data ran out; its peers go on into a collective it never enters
 
 
-def _run_loop(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog, group: Any) -> None:
+def _collectives(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog,
+                 group: Any) -> None:
+    import torch
+
+    for step in range(sc.steps):
+        tracker.step = step
+        site = Site("collective", ctx.rank, step, "backward", log, device=ctx.device, label=f"step{step}",
+                    tensor=torch.full((8,), float(ctx.rank + 1), device=ctx.device))
+        (sc.fault or NO_FAULT).inject(site)
+        if not site.skip:
+            tracker.all_reduce(site.tensor, tag=site.label, group=group, on_issue=site.on_issue)
+
+
+def _run_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog,
+              group: Any) -> None:
     from conformance.harness.ddp import LoopContext
 
     from .vehicles import resolve
@@ -155,7 +143,7 @@ def _run_loop(ctx: Any, sc: Scenario, tracker: CollectiveTracker, log: Injection
     target.run_loop(loop)
 
 
-def _barrier_report(ctx: Any) -> str:
+def _barrier_report(ctx: RankContext) -> str:
     """Every rank meets at a monitored barrier on the side gloo group after the scenario.
 
     Ranks blocked in the scenario's subgroup are released by its timeout well within the
@@ -168,14 +156,14 @@ def _barrier_report(ctx: Any) -> str:
     if ctx.side_group is None:
         return ""
     try:
-        dist.monitored_barrier(group=ctx.side_group, timeout=timedelta(seconds=PG_TIMEOUT_S + 1),
+        dist.monitored_barrier(group=ctx.side_group, timeout=timedelta(seconds=SCENARIO_BARRIER_TIMEOUT_S),
                                wait_all_ranks=True)
         return "monitored_barrier: every rank reached it after the scenario"
     except Exception as exc:  # the answer we want when a rank is stuck: it names the ranks
         return f"monitored_barrier: {exc}"
 
 
-def _warm_up(ctx: Any) -> None:
+def _warm_up(ctx: RankContext) -> None:
     """Line the ranks up before the short-timeout subgroup exists.
 
     The first DDP construction in a process costs ~2 s (measured, torch 2.13 CPU) and ranks
@@ -198,7 +186,7 @@ def _warm_up(ctx: Any) -> None:
     dist.barrier()
 
 
-def scenario_rank(ctx: Any, sc: Scenario, log_dir: str) -> dict[str, Any]:
+def scenario_rank(ctx: RankContext, sc: Scenario, log_dir: str) -> dict[str, Any]:
     """Run one scenario on this rank; report how it ended as data, never by raising."""
     import torch.distributed as dist
 
@@ -208,7 +196,7 @@ def scenario_rank(ctx: Any, sc: Scenario, log_dir: str) -> dict[str, Any]:
     _warm_up(ctx)
     # A fresh subgroup per scenario with a short timeout: the hang this scenario provokes
     # breaks this group only, and its timeout releases the blocked rank before the deadline.
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=SCENARIO_PG_TIMEOUT_S))
     state, text = "ok", ""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -216,7 +204,7 @@ def scenario_rank(ctx: Any, sc: Scenario, log_dir: str) -> dict[str, Any]:
     # (half the subgroup timeout in): once the timeout ends it, gloo counts it as completed.
     snapshot = _flight.InFlightSnapshot(tracker, ctx.backend, since_ns=time.time_ns(),
                                         groups=[getattr(group, "group_name", "")],
-                                        after_s=PG_TIMEOUT_S / 2)
+                                        after_s=FLIGHT_SNAPSHOT_AFTER_S)
     try:
         with snapshot:
             body(ctx, sc, tracker, log, group)
@@ -235,37 +223,27 @@ def scenario_rank(ctx: Any, sc: Scenario, log_dir: str) -> dict[str, Any]:
     except Exception:  # a group broken by the hang may refuse; it is abandoned either way
         pass
     timings["total_s"] = time.perf_counter() - t0
-    return {"state": state, "text": text, "injections": log.as_dicts(), "flight": flight,
+    return {"state": state, "text": text, "injections": log.items, "flight": flight,
             "timings": {k: round(v, 3) for k, v in timings.items()}}
 
 
 # -- supervisor side -------------------------------------------------------------------------
 
-# A gloo collective blocked on a live peer is released after this many seconds; the world
-# deadline is longer, so the blocked rank reports its own timeout instead of being killed.
-PG_TIMEOUT_S = 2.0
-# The deadline of a scenario that freezes a rank. No timeout inside the world reaches a
-# stopped process, so only the supervisor's deadline detects it; its peers are released by
-# the subgroup timeout (PG_TIMEOUT_S) and answer the monitored barrier (PG_TIMEOUT_S + 1) in
-# ~5 s. 8 s leaves them 3 s of slack on a loaded host, instead of waiting out the check's
-# whole deadline (20 s) for a rank that will never answer.
-STALL_DEADLINE_S = PG_TIMEOUT_S * 3 + 2.0
+def scenario_deadline(ctx: CheckContext) -> float:
+    """The deadline of one scenario: the check's, capped (the reason is in timing.py)."""
+    return min(ctx.deadline, SCENARIO_DEADLINE_CAP_S)
 
 
-def scenario_deadline(ctx: Any) -> float:
-    return min(ctx.deadline, 20.0)
-
-
-def scenario_world(ctx: Any) -> Any:
+def scenario_world(ctx: CheckContext) -> AbstractContextManager[WorldLike]:
     """A fresh world for scenarios (a context manager); its default group's timeout is longer
-    than the scenarios' subgroup timeout and shorter than the deadline."""
-    # grace > 2 x PG_TIMEOUT_S: after a peer died or raised, the blocked rank gets time to be
-    # released by its own timeout and to answer the monitored barrier before it is killed.
-    return ctx.fresh_world(deadline=scenario_deadline(ctx), pg_timeout=max(PG_TIMEOUT_S * 3, 5.0),
-                           grace=PG_TIMEOUT_S * 3 + 2.0)
+    than the scenarios' subgroup timeout and shorter than the deadline, and after a rank died
+    or raised its peers get the time to be released by their own timeout and to answer the
+    monitored barrier before they are killed (conformance/harness/timing.py)."""
+    return ctx.fresh_world(deadline=scenario_deadline(ctx), pg_timeout=SCENARIO_WORLD_PG_TIMEOUT_S,
+                           grace=SCENARIO_WORLD_GRACE_S)
 
 
-def run_scenarios(ctx: Any, scenarios: list[Scenario]) -> list[ScenarioResult]:
+def run_scenarios(ctx: CheckContext, scenarios: list[Scenario]) -> list[ScenarioResult]:
     """Run the scenarios one after another in one fresh world (restarted after a death)."""
     with scenario_world(ctx) as world:
         return [run_scenario(ctx, world, sc,
@@ -273,21 +251,24 @@ def run_scenarios(ctx: Any, scenarios: list[Scenario]) -> list[ScenarioResult]:
                 for sc in scenarios]
 
 
-def run_scenario(ctx: Any, world: Any, sc: Scenario, *, deadline: float) -> ScenarioResult:
+def run_scenario(ctx: CheckContext, world: WorldLike, sc: Scenario, *, deadline: float) -> ScenarioResult:
     """Run ``sc`` in ``world`` and diagnose it from the ranks' logs, states and stacks."""
     from conformance.harness.world import WorldError
 
     log_dir = Path(ctx.tmpdir) / f"scenario-{sc.name}"
     log_dir.mkdir(parents=True, exist_ok=True)
     world.start()  # outside the timed window: a restart after a death is not detection time
-    started_wall, started = time.time(), time.perf_counter()
+    started = time.perf_counter()
     stacks: dict[int, str] = {}
     try:
         results = world.run(scenario_rank, sc, str(log_dir), deadline=deadline)
     except WorldError as exc:
         results, stacks = exc.results, exc.stacks
     latency = time.perf_counter() - started
-    states, injections, timings, flight = [], [], {}, {}
+    states: list[RankState] = []
+    injections: list[Injection] = []
+    timings: dict[int, dict[str, float]] = {}
+    flight: dict[int, dict[str, Any]] = {}
     for r in results:
         if r.error is None:
             value = r.value or {}
@@ -310,13 +291,5 @@ def run_scenario(ctx: Any, world: Any, sc: Scenario, *, deadline: float) -> Scen
         else:
             states.append(RankState(r.rank, "raised", r.error.describe()))
     logs = read_logs(log_dir, len(results))
-    # A death that left no injection record (killed before its line reached the file):
-    # recover it from the fault spec, which is data.
-    if isinstance(sc.fault, DeadRank) and not any(i["fault"] == sc.fault.name for i in injections):
-        for s in states:
-            if s.state == "died" and s.rank == sc.fault.rank:
-                injections.append({"fault": sc.fault.name, "rank": s.rank, "step": sc.fault.step,
-                                   "phase": sc.fault.phase, "t_start": started_wall,
-                                   "t_end": started_wall + latency, "data": {"how": sc.fault.how}})
     diagnosis = diagnose_hang(logs, states, flight=flight)
     return ScenarioResult(sc, diagnosis, latency, states, injections, stacks, deadline, timings, flight)

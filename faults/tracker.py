@@ -50,7 +50,7 @@ class CollectiveTracker:
     def enqueue(self, op: str, shape: tuple[int, ...], *, tag: str, bucket: int | None = None,
                 params: list[str] | None = None) -> int:
         self.seq += 1
-        line = {"event": "enqueued", "seq": self.seq, "op": op, "shape": list(shape), "tag": tag,
+        line: dict[str, Any] = {"event": "enqueued", "seq": self.seq, "op": op, "shape": list(shape), "tag": tag,
                 "step": self.step, "bucket": bucket, "params": params or [], "t": time.time(),
                 "t_perf": time.perf_counter()}
         self.records.append(line)

@@ -19,32 +19,36 @@ from conformance.harness.targets import TargetCalls
 
 from ._log import InjectionLog
 from .injectors import ConditionalBranch
+from .sites import Fault, Site
 
 AUX_PREFIX = "aux_head."
 IN, HIDDEN, OUT = 16, 32, 4
 
 
 class BranchyVehicle(nn.Module):
-    """Trunk + head, and an auxiliary head used only where ``fault.fires(rank, step)``.
+    """Trunk + head, and an auxiliary head used only where ``fault`` takes the branch.
 
-    ``aux_head`` is registered last, so DDP puts its gradients in the *first* bucket (buckets
-    follow reverse parameter order): the bucket a rank that skipped the branch never fills.
+    Each forward offers the fault a "branch" site (forward calls count the steps); the aux
+    head runs where the fault set ``site.taken``. ``aux_head`` is registered last, so DDP puts
+    its gradients in the *first* bucket (buckets follow reverse parameter order): the bucket a
+    rank that skipped the branch never fills.
     """
 
-    def __init__(self, fault: ConditionalBranch, rank: int, log: InjectionLog | None = None) -> None:
+    def __init__(self, fault: Fault, rank: int, log: InjectionLog | None = None) -> None:
         super().__init__()
         self.trunk = nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh())
         self.head = nn.Linear(HIDDEN, OUT)
         self.aux_head = nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT))
-        self.fault, self.rank, self.log = fault, rank, log
+        self.fault, self.rank = fault, rank
+        self.log = log if log is not None else InjectionLog()  # in memory: nobody reads it
         self.step = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.trunk(x)
         out = self.head(h)
-        if self.fault.fires(self.rank, self.step, "forward"):
-            if self.log is not None:
-                self.log.mark(self.fault, self.rank, self.step, "forward", branch="aux_head")
+        site = Site("branch", self.rank, self.step, "forward", self.log, label=AUX_PREFIX.rstrip("."))
+        self.fault.inject(site)
+        if site.taken:
             out = out + self.aux_head(h)
         self.step += 1
         return out

@@ -24,15 +24,22 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from conformance.harness.context import CheckContext
 from conformance.harness.ddp import BUCKET_MISMATCH_DATA_SEED, BUCKET_SWEEP_DATA_SEED
 from conformance.harness.outcome import Outcome
+from conformance.harness.timing import MISMATCH_DEADLINE_CAP_S, MISMATCH_PG_TIMEOUT_S
 from reports.keys import BEST_BUCKET_CAP_MB, CONFIGURED_BUCKET_CAP_MB
 
-from .._log import record_injections
+from .._log import Injection, InjectionLog, read_injections, record_injections
 from ..injectors import BucketConfig
+from ..sites import Site
 from ..vehicles import VehicleSpec, resolve
+
+if TYPE_CHECKING:
+    from conformance.harness.world import RankContext, WorldLike
 
 SWEEP = (0.01, 0.1, 1.0, 5.0, 25.0, 100.0, 1000.0)
 DEFAULT_CAP = 25.0
@@ -43,17 +50,23 @@ VEHICLE = VehicleSpec(kind="mlp", width=256, depth=12)
 ROUNDS, WARMUP = 7, 2
 
 
-def sweep_rank(ctx: Any, source: Any, caps: list[float]) -> dict[str, Any]:
+def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float]) -> dict[str, Any]:
     """Step one DDP model per cap in alternating rounds; step times and bucket counts per cap."""
     import torch
 
-    from conformance.harness.ddp import bucket_count, rank_batch, sync_device, wrap
+    from conformance.harness.ddp import (
+        PROBE_SEED,
+        bucket_count,
+        rank_batch,
+        sync_device,
+        wrap,
+    )
 
     target = resolve(source, ctx.rank)
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k != "bucket_cap_mb"}
     models = []
     for cap in caps:
-        torch.manual_seed(0)
+        torch.manual_seed(PROBE_SEED)
         model = wrap(target.build_model(), ctx.device, {**kwargs, "bucket_cap_mb": cap})
         models.append((model, target.make_optimizer(model)))
     times: list[list[float]] = [[] for _ in caps]
@@ -68,30 +81,31 @@ def sweep_rank(ctx: Any, source: Any, caps: list[float]) -> dict[str, Any]:
     return {"times": times, "buckets": [bucket_count(m) for m, _ in models]}
 
 
-def mismatch_rank(ctx: Any, source: Any, config: BucketConfig, find_unused: bool, steps: int = 3) -> dict[str, Any]:
-    """Train ``steps`` steps with this rank's cap from ``config`` and, for comparison, with a
-    matched cap; return both final parameter vectors (they must be equal)."""
+def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketConfig, find_unused: bool,
+                  log_dir: str, steps: int = 3) -> dict[str, Any]:
+    """Train ``steps`` steps with DDP built at a "wrap" site where ``config`` strikes (this
+    rank's own cap) and, for comparison, with rank 0's cap on every rank; return the largest
+    difference between the two runs' final parameters (it must be 0)."""
     import torch
 
-    from conformance.harness.ddp import rank_batch, wrap
+    from conformance.harness.ddp import PROBE_SEED, rank_batch, wrap
 
+    # Recorded to a file too: a run that aborts never hands back its results.
+    log = InjectionLog(directory=log_dir, rank=ctx.rank)
     target = resolve(source, ctx.rank)
-    kwargs = {**target.ddp_kwargs, "find_unused_parameters": find_unused}
+    matched = {**target.ddp_kwargs, "find_unused_parameters": find_unused, "bucket_cap_mb": config.cap_for(0)}
+    site = Site("wrap", ctx.rank, 0, "data", log, device=ctx.device, ddp_kwargs=dict(matched))
+    config.inject(site)
     finals = []
-    for cap in (config.cap_for(ctx.rank), config.cap_for(0)):
-        torch.manual_seed(0)
-        model = wrap(target.build_model(), ctx.device, {**kwargs, "bucket_cap_mb": cap})
+    for kwargs in (site.ddp_kwargs, matched):
+        torch.manual_seed(PROBE_SEED)
+        model = wrap(target.build_model(), ctx.device, kwargs)
         optimizer = target.make_optimizer(model)
         for step in range(steps):
             batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_MISMATCH_DATA_SEED + step, device=ctx.device)
             target.run_step(model, optimizer, [batch], step=step)
         finals.append(torch.cat([p.detach().flatten().cpu() for p in model.parameters()]))
-    now = time.time()
-    injection = {"fault": config.name, "rank": ctx.rank, "step": 0, "phase": "data", "t_start": now,
-                 "t_end": now, "data": {"bucket_cap_mb": config.cap_for(ctx.rank),
-                                        "find_unused_parameters": find_unused}}
-    return {"max_diff": float((finals[0] - finals[1]).abs().max()),
-            "injections": [injection] if config.mismatched else []}
+    return {"max_diff": float((finals[0] - finals[1]).abs().max()), "injections": log.items}
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
@@ -99,7 +113,7 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def sweep(world: Any, source: Any, configured: float) -> dict[str, Any]:
+def sweep(world: WorldLike, source: VehicleSpec | str, configured: float) -> dict[str, Any]:
     caps = sorted(set(SWEEP) | {configured})
     results = world.run(sweep_rank, source, caps)
     # A step ends for every rank at the last all-reduce: take the slowest rank's time per round.
@@ -115,34 +129,38 @@ def sweep(world: Any, source: Any, configured: float) -> dict[str, Any]:
             "configured": configured}
 
 
-def reproduce_mismatch(ctx: Any, source: Any, find_unused_options: tuple[bool, ...]) -> list[dict[str, Any]]:
+def reproduce_mismatch(ctx: CheckContext, source: VehicleSpec | str,
+                       find_unused_options: tuple[bool, ...]) -> list[dict[str, Any]]:
     """Run a per-rank-different cap in a fresh world, once per find_unused_parameters value."""
     from conformance.harness.world import WorldError
 
     config = BucketConfig(per_rank=(0.01,) + (DEFAULT_CAP,) * (ctx.world_size - 1))
     out = []
-    with ctx.fresh_world(deadline=min(ctx.deadline, 30.0), pg_timeout=5.0) as world:
+    with ctx.fresh_world(deadline=min(ctx.deadline, MISMATCH_DEADLINE_CAP_S),
+                         pg_timeout=MISMATCH_PG_TIMEOUT_S) as world:
         for find_unused in find_unused_options:
             entry: dict[str, Any] = {"per_rank_bucket_cap_mb": list(config.per_rank or ()),
                                      "find_unused_parameters": find_unused}
+            log_dir = Path(ctx.tmpdir) / f"bucket-mismatch-find_unused={find_unused}"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            injections: list[Injection] = []
             try:
-                results = world.run(mismatch_rank, source, config, find_unused)
+                results = world.run(mismatch_rank, source, config, find_unused, str(log_dir))
                 entry.update(outcome="trained", max_diff_vs_matched=max(r.value["max_diff"] for r in results))
                 injections = [i for r in results for i in r.value["injections"]]
             except WorldError as exc:
                 died = [r for r in exc.results if r.error is not None and r.error.kind == "died"]
                 entry.update(outcome="aborted" if died else "failed", error=str(exc)[:1500],
                              stacks_excerpt={str(k): v[-800:] for k, v in exc.stacks.items()})
-                injections = [{"fault": config.name, "rank": r, "step": 0, "phase": "data",
-                               "t_start": time.time(), "t_end": time.time(),
-                               "data": {"bucket_cap_mb": config.cap_for(r), "find_unused_parameters": find_unused}}
-                              for r in range(ctx.world_size)]
+                # The ranks recorded the mismatch before training; the abort took their results.
+                for rank in range(ctx.world_size):
+                    injections += read_injections(log_dir, rank)
             entry["fired"] = record_injections(ctx, injections)
             out.append(entry)
     return out
 
 
-def run(ctx: Any) -> Outcome:
+def run(ctx: CheckContext) -> Outcome:
     if ctx.world_size < 2:
         return Outcome.skipped("a bucket sweep needs at least 2 ranks to all-reduce")
     source = VEHICLE if ctx.injected else ctx.target.spec
@@ -180,8 +198,10 @@ def _judge_injected(by_cap: dict[float, Any], mismatch: list[dict[str, Any]], me
     if tiny < 4 * max(default, 1):
         problems.append(f"0.01 MB gave {tiny} buckets vs {default} at 25 MB (expected >= 4x)")
     by_fu = {m["find_unused_parameters"]: m for m in mismatch}
-    if not all(m["fired"] for m in mismatch):
-        problems.append("the mismatched config never fired")
+    for m in mismatch:
+        if not m["fired"]:
+            problems.append(f"the mismatched config never fired with find_unused_parameters="
+                            f"{m['find_unused_parameters']} (no rank recorded its bucket-config injection)")
     plain = by_fu.get(False, {})
     if plain.get("outcome") != "trained" or plain.get("max_diff_vs_matched", 1.0) > 1e-6:
         problems.append(f"mismatched caps without find_unused_parameters should train exactly as "

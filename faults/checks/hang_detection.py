@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from conformance.harness.context import CheckContext
 from conformance.harness.outcome import Outcome
+from conformance.harness.timing import DETECTION_SLACK_S, STALL_DEADLINE_S
 from reports.keys import CULPRIT_RANK
 
 from .._log import record_injections
@@ -39,7 +41,7 @@ from ..injectors import (
     StalledRank,
     UnevenBatches,
 )
-from ..scenarios import STALL_DEADLINE_S, Scenario, ScenarioResult, run_scenarios
+from ..scenarios import Scenario, ScenarioResult, run_scenarios
 from ..vehicles import VehicleSpec
 
 # The branch vehicle uses tiny buckets so the stuck bucket holds the aux head's parameters
@@ -63,7 +65,7 @@ def injected_scenarios() -> list[tuple[Scenario, dict[str, Any]]]:
          {"classification": "divergence", "kind": "shape-mismatch", "culprit_rank": 1, "tag": "step1"}),
         (Scenario("dead-rank", "ddp", SMALL_MLP, DeadRank(rank=1, step=1, phase="backward"), steps=3),
          {"classification": "dead-rank", "culprit_rank": 1}),
-        (Scenario("uneven-batches", "ddp", SMALL_MLP, UnevenBatches(rank=1, missing=1), steps=3),
+        (Scenario("uneven-batches", "ddp", SMALL_MLP, UnevenBatches(rank=1, batches=2), steps=3),
          {"classification": "divergence", "kind": "never-entered", "culprit_rank": 1}),
         # Last on purpose: the frozen rank can only be killed, which forces a world restart;
         # here the world closes right after, so the restart is never paid.
@@ -77,8 +79,9 @@ def injected_scenarios() -> list[tuple[Scenario, dict[str, Any]]]:
 def judge(result: ScenarioResult, expected: dict[str, Any]) -> list[str]:
     """What is wrong with a diagnosis (empty: diagnosis == injection, within the deadline)."""
     d, problems = result.diagnosis, []
-    if result.scenario.fault is not None and not result.injections:
-        problems.append("the fault never fired")
+    fault = result.scenario.fault
+    if fault is not None and not any(i.name == fault.name for i in result.injections):
+        problems.append(f"the fault never fired: no rank recorded a {fault.name} injection")
     for key in ("classification", "kind", "culprit_rank"):
         if key in expected and getattr(d, key) != expected[key]:
             problems.append(f"{key} {getattr(d, key)!r} != injected {expected[key]!r}")
@@ -89,8 +92,9 @@ def judge(result: ScenarioResult, expected: dict[str, Any]) -> list[str]:
     for rank, names in expected.get("unused", {}).items():
         if set(d.unused.get(rank, [])) != names:
             problems.append(f"rank {rank} unused {d.unused.get(rank)} != {sorted(names)}")
-    if result.latency_s > result.deadline + 2.0:
-        problems.append(f"detected after {result.latency_s:.1f} s > deadline {result.deadline:g} s + 2 s")
+    if result.latency_s > result.deadline + DETECTION_SLACK_S:
+        problems.append(f"detected after {result.latency_s:.1f} s > deadline {result.deadline:g} s "
+                        f"+ {DETECTION_SLACK_S:g} s")
     return problems
 
 
@@ -109,14 +113,14 @@ def _stacks_excerpt(result: ScenarioResult) -> dict[str, str]:
     return {str(rank): text[-1500:] for rank, text in result.stacks.items()}
 
 
-def run(ctx: Any) -> Outcome:
+def run(ctx: CheckContext) -> Outcome:
     if ctx.new_world is None:
         return Outcome.skipped("hang scenarios need a supervisor that can kill a hung world; "
                                "not available under --attach")
     return _injected(ctx) if ctx.injected else _target(ctx)
 
 
-def _injected(ctx: Any) -> Outcome:
+def _injected(ctx: CheckContext) -> Outcome:
     entries, bad, stacks = [], [], {}
     cases = injected_scenarios()
     for (scenario, expected), result in zip(cases, run_scenarios(ctx, [sc for sc, _ in cases])):
@@ -157,7 +161,7 @@ RECOMMENDATIONS = {
 }
 
 
-def _target(ctx: Any) -> Outcome:
+def _target(ctx: CheckContext) -> Outcome:
     target = ctx.target
     kind = "run_loop" if target.run_loop is not None else "ddp"
     # The default loop uses 2 samples per rank: small per-rank batches are where data-dependent

@@ -20,34 +20,53 @@ Target mode: the target's model, data and train_step; fails only on a clear stra
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from conformance.harness.context import CheckContext
 from conformance.harness.ddp import STRAGGLER_DATA_SEED
 from conformance.harness.outcome import Outcome
 from reports.keys import CULPRIT_RANK
 
 from .._log import InjectionLog, record_injections
 from ..diagnosis import STRAGGLER_THRESHOLD, score_stragglers
-from ..injectors import PHASES, SlowRank, delay
+from ..injectors import PHASES, SlowRank
+from ..sites import NO_FAULT, faulted_step
 from ..vehicles import VehicleSpec, resolve
+
+if TYPE_CHECKING:
+    from conformance.harness.world import RankContext, WorldLike
 
 VEHICLE = VehicleSpec(kind="mlp", width=128, depth=4)
 WARMUP = 2
+VICTIM = 1  # the rank the injected mode slows down
+# The injected delay: several times the vehicle's step on a CPU host (a few ms), so the culprit's
+# score clears the threshold by far, and short enough that 4 phases x 5 steps take about a second.
+INJECTED_DELAY_S = 0.05
+# The measured cost is the culprit's extra compute per step; scheduling noise on a shared host
+# moves it by tens of percent. Outside this band it no longer measures the injected delay.
+COST_RATIO_RANGE = (0.5, 2.0)
 
 
-def straggler_rank(ctx: Any, source: Any, faults: list[SlowRank | None], steps_each: int) -> dict[str, Any]:
+def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[SlowRank | None],
+                   steps_each: int) -> dict[str, Any]:
     """Run ``steps_each`` timed steps per entry of ``faults`` (None = unfaulted baseline)."""
     import torch
 
-    from conformance.harness.ddp import ddp_timing, rank_batch, sync_device, wrap
+    from conformance.harness.ddp import (
+        PROBE_SEED,
+        ddp_timing,
+        rank_batch,
+        sync_device,
+        wrap,
+    )
 
     from ..tracker import CollectiveTracker
 
     log = InjectionLog()
     target = resolve(source, ctx.rank)
-    key = ("straggler", repr(source))
+    key = f"faults.straggler/{source!r}"
     if key not in ctx.cache:  # the persistent world keeps the model between calls
-        torch.manual_seed(0)
+        torch.manual_seed(PROBE_SEED)
         model = wrap(target.build_model(), ctx.device, dict(target.ddp_kwargs))
         tracker = CollectiveTracker(ctx.rank)
         tracker.attach(model)
@@ -58,41 +77,22 @@ def straggler_rank(ctx: Any, source: Any, faults: list[SlowRank | None], steps_e
     for segment, fault in enumerate([None] * WARMUP + list(faults)):
         n = 1 if segment < WARMUP else steps_each
         for _ in range(n):
-            fires = {p: fault is not None and fault.fires(ctx.rank, step, p) for p in PHASES}
-
-            def slow(phase: str) -> None:
-                if fires[phase]:
-                    with log.window(fault, ctx.rank, step, phase, delay_s=fault.delay_s):
-                        delay(fault.delay_s, ctx.device)
-
-            class SlowLoss(torch.autograd.Function):
-                # The backward delay runs inside autograd, before any gradient reaches a
-                # parameter hook: the bucket all-reduces launch late, as on a slow GPU.
-                @staticmethod
-                def forward(c: Any, x: Any) -> Any:
-                    return x.view_as(x)
-
-                @staticmethod
-                def backward(c: Any, g: Any) -> Any:
-                    slow("backward")
-                    return g
+            def batch(step: int = step) -> tuple[Any, Any]:
+                return rank_batch(target, ctx.rank, ctx.world_size, seed=STRAGGLER_DATA_SEED + step,
+                                  device=ctx.device)
 
             mark = len(tracker.records)
             tracker.step = step
             t_wall = time.time()
             t0 = time.perf_counter()
-            slow("data")
-            inputs, targets = rank_batch(target, ctx.rank, ctx.world_size, seed=STRAGGLER_DATA_SEED + step, device=ctx.device)
             if fault is None and not isinstance(source, VehicleSpec):
                 # A user target as configured: its own step (accumulation, clipping, extras).
-                target.run_step(model, optimizer, [(inputs, targets)], step=step)
+                target.run_step(model, optimizer, [batch()], step=step)
             else:
-                optimizer.zero_grad(set_to_none=True)
-                slow("forward")
-                loss = SlowLoss.apply(target.compute_loss(model, inputs, targets))
-                loss.backward()
-                slow("optimizer")
-                optimizer.step()
+                # The vehicle's textbook step, with the fault (if any) offered every phase.
+                faulted_step(fault or NO_FAULT, rank=ctx.rank, step=step, log=log, device=ctx.device,
+                             model=model, optimizer=optimizer,
+                             compute_loss=target.compute_loss, batch=batch)
             sync_device(ctx.device)
             t1 = time.perf_counter()
             recs = tracker.records[mark:]
@@ -104,10 +104,10 @@ def straggler_rank(ctx: Any, source: Any, faults: list[SlowRank | None], steps_e
                              "t_end": t_wall + (t1 - t0), "step_s": t1 - t0, "wait_s": wait,
                              "compute_s": (t1 - t0) - wait})
             step += 1
-    return {"rows": rows, "ddp_timing": ddp_timing(model), "injections": log.as_dicts()}
+    return {"rows": rows, "ddp_timing": ddp_timing(model), "injections": log.items}
 
 
-def measure(world: Any, source: Any, faults: list[SlowRank | None], steps_each: int = 5) -> list[dict[str, Any]]:
+def measure(world: WorldLike, source: VehicleSpec | str, faults: list[SlowRank | None], steps_each: int = 5) -> list[dict[str, Any]]:
     """Per segment (one per fault): the straggler verdict, timeline, and DDP's timing."""
     results = world.run(straggler_rank, source, faults, steps_each)
     out = []
@@ -123,47 +123,61 @@ def measure(world: Any, source: Any, faults: list[SlowRank | None], steps_each: 
         out.append({"fault": fault, "verdict": score_stragglers(compute, wait, step),
                     "timeline": timeline,
                     "injections": [i for r in results for i in r.value["injections"]
-                                   if fault is not None and i["step"] in {row["step"] for row in
+                                   if fault is not None and i.step in {row["step"] for row in
                                    r.value["rows"] if row["segment"] == seg}],
                     "ddp_timing": {r.rank: r.value["ddp_timing"] for r in results}})
     return out
 
 
-def run(ctx: Any) -> Outcome:
+def run(ctx: CheckContext) -> Outcome:
     world = ctx.world()
     if ctx.world_size < 2:
         return Outcome.skipped("a straggler needs at least 2 ranks")
     return _injected(ctx, world) if ctx.injected else _target(ctx, world)
 
 
-def _injected(ctx: Any, world: Any) -> Outcome:
-    victim = 1
-    faults: list[SlowRank | None] = [None] + [SlowRank(rank=victim, phase=p, delay_s=0.05) for p in PHASES]
-    segments = measure(world, VEHICLE, faults)
+def injected_faults() -> list[SlowRank | None]:
+    """The injected mode's segments: an unfaulted baseline, then a slow rank in each phase."""
+    return [None] + [SlowRank(rank=VICTIM, phase=p, delay_s=INJECTED_DELAY_S) for p in PHASES]
+
+
+def _injected(ctx: CheckContext, world: WorldLike) -> Outcome:
+    segments = measure(world, VEHICLE, injected_faults())
+    for seg in segments:
+        record_injections(ctx, seg["injections"])
+    return judge_injected(segments)
+
+
+def judge_injected(segments: list[dict[str, Any]]) -> Outcome:
+    """Diagnosis == injection in every faulted segment of :func:`measure`: the delay fired, the
+    named culprit is the slowed rank, and its measured cost is within COST_RATIO_RANGE of the
+    injected delay. The first segment is the unfaulted baseline."""
     base = segments[0]["verdict"].step_s
+    low, high = COST_RATIO_RANGE
     checks, problems, timeline = [], [], []
     for seg in segments:
         timeline += seg["timeline"]
         fault, v = seg["fault"], seg["verdict"]
         if fault is None:
             continue
-        record_injections(ctx, seg["injections"])
+        fired = sum(1 for i in seg["injections"] if i.name == fault.name and i.rank == fault.rank)
         ratio = v.cost_s / fault.delay_s
         entry = {"phase": fault.phase, "injected_rank": fault.rank, "named_rank": v.culprit_rank,
                  "injected_delay_s": fault.delay_s, "measured_cost_s": v.cost_s,
                  "cost_ratio": round(ratio, 3), "step_s": v.step_s,
                  "inflation": round(v.step_s / base, 3) if base else None,
-                 "fired": len(seg["injections"]), "per_rank": v.per_rank}
+                 "fired": fired, "per_rank": v.per_rank}
         checks.append(entry)
-        if not seg["injections"]:
-            problems.append(f"{fault.phase}: the delay never fired")
+        if not fired:
+            problems.append(f"{fault.phase}: the delay never fired (no {fault.name} injection "
+                            f"recorded on rank {fault.rank})")
         if v.culprit_rank != fault.rank:
             problems.append(f"{fault.phase}: named rank {v.culprit_rank}, injected rank {fault.rank}")
-        elif not 0.5 <= ratio <= 2.0:
+        elif not low <= ratio <= high:
             problems.append(f"{fault.phase}: measured cost {v.cost_s * 1e3:.1f} ms vs injected "
-                            f"{fault.delay_s * 1e3:.0f} ms")
+                            f"{fault.delay_s * 1e3:.0f} ms (x{ratio:.2f}, outside {low}-{high}x)")
     fwd = next(s for s in segments if s["fault"] is not None and s["fault"].phase == "forward")
-    metrics = {"key_figure": f"rank {victim} named in {len(checks) - len(problems)}/{len(checks)} phases",
+    metrics = {"key_figure": f"rank {VICTIM} named in {len(checks) - len(problems)}/{len(checks)} phases",
                "per_rank": fwd["verdict"].per_rank, CULPRIT_RANK: fwd["verdict"].culprit_rank,
                "timeline": timeline, "baseline_step_s": base, "phases": checks,
                "threshold": STRAGGLER_THRESHOLD}
@@ -172,14 +186,14 @@ def _injected(ctx: Any, world: Any) -> Outcome:
         return Outcome.failed("injected slow rank not diagnosed: " + "; ".join(problems),
                               metrics=metrics, evidence=evidence)
     costs = ", ".join(f"{c['phase']} {c['measured_cost_s'] * 1e3:.0f} ms" for c in checks)
-    return Outcome.passed(f"injected 50 ms delay named on rank {victim} in every phase ({costs}); "
-                          f"every rank's step inflated ~{fwd['verdict'].step_s / base:.1f}x",
+    return Outcome.passed(f"injected {INJECTED_DELAY_S * 1e3:.0f} ms delay named on rank {VICTIM} in every "
+                          f"phase ({costs}); every rank's step inflated ~{fwd['verdict'].step_s / base:.1f}x",
                           metrics=metrics, evidence=evidence,
                           recommendation="Watch per-rank compute time, not step time; evict nodes "
                                          "that are persistently slower (thermal throttling, NIC retraining).")
 
 
-def _target(ctx: Any, world: Any) -> Outcome:
+def _target(ctx: CheckContext, world: WorldLike) -> Outcome:
     seg = measure(world, ctx.target.spec, [None], steps_each=8)[0]
     v = seg["verdict"]
     top = max(v.per_rank, key=lambda d: d["score"])

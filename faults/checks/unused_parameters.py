@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from conformance.harness.context import CheckContext
 from conformance.harness.ddp import (
     SCENARIO_DATA_SEED as DATA_SEED,  # the reproduction replays the scenarios' batches
 )
@@ -42,6 +43,11 @@ from ..injectors import ConditionalBranch
 from ..scenarios import Scenario, run_scenario, scenario_deadline, scenario_world
 from ..vehicles import VehicleSpec, resolve
 
+if TYPE_CHECKING:
+    from conformance.harness.world import RankContext, RankResult
+
+    from ..scenarios import ScenarioResult
+
 STEPS = 8  # seeded global batches per rank in discovery
 TAX_STEPS = 12
 # Seed 1207: both ranks take the aux head at step 0 (DDP sees it used), then at step 1 rank 0
@@ -50,15 +56,15 @@ INCIDENT = VehicleSpec(kind="branchy", branch=ConditionalBranch(seed=1207))
 ALWAYS = VehicleSpec(kind="branchy", branch=ConditionalBranch())
 
 
-def discover_rank(ctx: Any, source: Any, steps: int, singles: int) -> dict[str, Any]:
+def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singles: int) -> dict[str, Any]:
     """Names of the parameters without a gradient, per step (this rank's chunk) and sample."""
     import torch
 
-    from conformance.harness.ddp import rank_batch
+    from conformance.harness.ddp import PROBE_SEED, rank_batch
 
     log = InjectionLog()
     target = resolve(source, ctx.rank, log)
-    torch.manual_seed(0)
+    torch.manual_seed(PROBE_SEED)
     model = target.build_model().to(ctx.device)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
 
@@ -82,20 +88,20 @@ def discover_rank(ctx: Any, source: Any, steps: int, singles: int) -> dict[str, 
             per_sample.append(unused_after(inputs, targets))
         except Exception:  # e.g. BatchNorm refuses one sample: that probe says nothing
             per_sample.append(None)
-    return {"names": names, "steps": per_step, "singles": per_sample, "injections": log.as_dicts()}
+    return {"names": names, "steps": per_step, "singles": per_sample, "injections": log.items}
 
 
-def tax_rank(ctx: Any, source: Any, seed: int, steps: int) -> dict[str, Any]:
+def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, steps: int) -> dict[str, Any]:
     """Median step time with find_unused_parameters False and True, alternating steps."""
     import torch
 
-    from conformance.harness.ddp import rank_batch, sync_device, wrap
+    from conformance.harness.ddp import PROBE_SEED, rank_batch, sync_device, wrap
 
     target = resolve(source, ctx.rank)
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k not in ("find_unused_parameters", "static_graph")}
     models = {}
     for flag in (False, True):
-        torch.manual_seed(0)
+        torch.manual_seed(PROBE_SEED)
         model = wrap(target.build_model(), ctx.device, {**kwargs, "find_unused_parameters": flag})
         models[flag] = (model, target.make_optimizer(model))
     batch = rank_batch(target, ctx.rank, ctx.world_size, seed=seed, device=ctx.device)
@@ -110,11 +116,11 @@ def tax_rank(ctx: Any, source: Any, seed: int, steps: int) -> dict[str, Any]:
     return {"false_s": statistics.median(times[False]), "true_s": statistics.median(times[True])}
 
 
-def _usage(results: list[Any]) -> tuple[list[str], dict[str, dict[str, list[int]]], list[list[str]], bool]:
+def _usage(results: list[RankResult]) -> tuple[list[str], dict[str, dict[str, list[int]]], list[int], bool]:
     names = results[0].value["names"]
     unused: dict[str, dict[str, set[int]]] = {}
     observations: list[tuple[str, ...]] = []
-    all_used_steps = []
+    all_used_steps: list[int] = []
     for step in range(len(results[0].value["steps"])):
         if all(not r.value["steps"][step] for r in results):
             all_used_steps.append(step)
@@ -136,10 +142,10 @@ def _usage(results: list[Any]) -> tuple[list[str], dict[str, dict[str, list[int]
     table = {n: {"ranks": sorted(e["ranks"]), "steps": sorted(e["steps"]),
                  "single_sample_steps": sorted(e["single_steps"])} for n, e in sorted(unused.items())}
     static_ok = len(set(observations)) <= 1
-    return names, table, [[s] for s in all_used_steps], static_ok
+    return names, table, all_used_steps, static_ok
 
 
-def run(ctx: Any) -> Outcome:
+def run(ctx: CheckContext) -> Outcome:
     if ctx.new_world is None:
         return Outcome.skipped("the reproduction may hang on purpose; it needs a supervised "
                                "world, not available under --attach")
@@ -153,7 +159,7 @@ def run(ctx: Any) -> Outcome:
     first_single = min((s for e in table.values() for s in e["single_sample_steps"]), default=None)
     # Tax on a step where every parameter is used on every rank (False cannot run otherwise).
     # The vehicle's branch follows (rank, step), not data: its tax runs with the aux always on.
-    tax_source, tax_seed = source, (DATA_SEED + all_used[0][0]) if all_used else None
+    tax_source, tax_seed = source, (DATA_SEED + all_used[0]) if all_used else None
     if tax_seed is None or ctx.injected:
         tax_source, tax_seed = ALWAYS, DATA_SEED
     with scenario_world(ctx) as world:
@@ -167,10 +173,11 @@ def run(ctx: Any) -> Outcome:
         except Exception as exc:  # a random branch can still strike: the tax stays unmeasured
             tax_info = {"tax": None, "error": str(exc)[:500]}
         repro = None
-        if (first is not None or first_single is not None) and not kwargs.get("find_unused_parameters", False):
+        replay = (4, first) if first is not None else (1, first_single) if first_single is not None else None
+        if replay is not None and not kwargs.get("find_unused_parameters", False):
             # Replay the first data that left a parameter without gradient, plus one step:
             # DDP reports it at the next forward (or the peer hangs in the bucket all-reduce).
-            per_rank, upto = (4, first) if first is not None else (1, first_single)
+            per_rank, upto = replay
             sc = Scenario("unused-reproduce", "ddp", source, None, steps=upto + 2, per_rank=per_rank)
             repro = run_scenario(ctx, world, sc, deadline=scenario_deadline(ctx))
     metrics = {"key_figure": (f"{len(table)} unused params" if table else "all params used")
@@ -197,7 +204,8 @@ def _where(table: dict[str, dict[str, list[int]]]) -> str:
     return where + (f" (single-sample batches {singles[:10]})" if singles and not steps else "")
 
 
-def _judge_target(ctx: Any, kwargs: dict[str, Any], table: dict[str, Any], repro: Any, tax: dict[str, Any],
+def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, Any], repro: ScenarioResult | None,
+                  tax: dict[str, Any],
                   static_ok: bool, metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:
     name = ctx.target.name
     tax_text = f"{tax['tax']:.2f}x step time" if tax.get("tax") else "unmeasured"
@@ -234,19 +242,23 @@ def _judge_target(ctx: Any, kwargs: dict[str, Any], table: dict[str, Any], repro
                           metrics=metrics, evidence=evidence, recommendation=rec)
 
 
-def _judge_injected(found: list[Any], table: dict[str, Any], repro: Any, tax: dict[str, Any],
+def _judge_injected(found: list[RankResult], table: dict[str, Any], repro: ScenarioResult | None,
+                    tax: dict[str, Any],
                     metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:
     aux = set(INCIDENT.aux_parameter_names)
     problems = []
+    branch = INCIDENT.branch
+    fired = sum(1 for r in found for i in r.value["injections"] if i.name == branch.name)
+    if not fired:
+        problems.append(f"the {branch.name} fault never fired: no rank recorded taking the branch")
+    elif not table:
+        problems.append("the branch fired on every (rank, step), never skipped: pick another seed")
     for r in found:
         for step, missing in enumerate(r.value["steps"]):
-            expected = set() if INCIDENT.branch.fires(r.rank, step) else aux
+            expected = set() if branch.fires(r.rank, step) else aux
             if set(missing) != expected:
                 problems.append(f"rank {r.rank} step {step}: found unused {sorted(missing)}, "
                                 f"injected {sorted(expected)}")
-    fired = sum(1 for r in found for i in r.value["injections"])
-    if not fired or not table:
-        problems.append("the branch never fired on some and not on other (rank, step): pick another seed")
     if repro is None or repro.diagnosis.classification == "none":
         problems.append("find_unused_parameters=False did not fail in the reproduction")
     else:
@@ -255,7 +267,7 @@ def _judge_injected(found: list[Any], table: dict[str, Any], repro: Any, tax: di
             problems.append(f"DDP's error named {sorted(named)}, injected aux head {sorted(aux)}")
     if not tax.get("tax"):
         problems.append(f"find_unused_parameters tax not measured ({tax.get('error')})")
-    if problems:
+    if problems or repro is None:
         return Outcome.failed("unused-parameter diagnosis != injection: " + "; ".join(problems[:6]),
                               metrics=metrics, evidence=evidence)
     return Outcome.passed(

@@ -57,8 +57,9 @@ def test_bucket_config_per_rank() -> None:
 
 
 def test_uneven_and_dead_and_skip() -> None:
-    assert UnevenBatches(rank=1).batches_for(1, 4) == 3
-    assert UnevenBatches(rank=1).batches_for(0, 4) == 4
+    short = UnevenBatches(rank=1, batches=3)
+    assert [s for s in range(5) if short.fires(1, s, "data")] == [3, 4]  # no batch from step 3 on
+    assert not short.fires(0, 3, "data") and not short.fires(1, 3, "forward")
     assert DeadRank(rank=1, step=2, phase="forward").fires(1, 2, "forward")
     assert SkipCollective(rank=1, step=1).fires(1, 1) and not SkipCollective(rank=1, step=1).fires(0, 1)
 
@@ -68,7 +69,7 @@ def test_uneven_and_dead_and_skip() -> None:
     (lambda: SlowRank(rank=0, delay_s=0), "delay_s=0 must be positive"),
     (lambda: BucketConfig(per_rank=(1, 0)), "must all be positive"),
     (lambda: DeadRank(rank=0, how="explode"), "how='explode' is not 'exit' or 'kill'"),
-    (lambda: UnevenBatches(rank=0, missing=0), "missing=0 must be at least 1"),
+    (lambda: UnevenBatches(rank=0, batches=-1), "batches=-1 must be a batch count"),
     (lambda: ConditionalBranch(threshold=1.0), r"threshold=1.0 must be in \[0, 1\)"),
     (lambda: StalledRank(rank=1, phase="allreduce"), "phase='allreduce' is not one of"),
     (lambda: StalledRank(rank=1, step=-1), "step=-1 must be a step number"),
@@ -111,6 +112,6 @@ def test_injection_log_writes_each_record_before_the_fault_strikes(tmp_path: Pat
     with log.window(SlowRank(rank=1), 1, 2, "forward"):
         pass
     on_file = read_injections(tmp_path, 1)
-    assert on_file == log.as_dicts() and [i["fault"] for i in on_file] == ["stalled-rank", "slow-rank"]
-    assert on_file[0]["data"] == {"stalled": "step1"}
+    assert on_file == log.items and [i.name for i in on_file] == ["stalled-rank", "slow-rank"]
+    assert on_file[0].data == {"stalled": "step1"}
     assert read_injections(tmp_path, 0) == []

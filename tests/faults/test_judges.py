@@ -1,0 +1,270 @@
+"""The chaos judges shown failing: each injected-mode judge is fed a wrong diagnosis -- wrong
+rank, wrong bucket, missing parameter names, a fault that never fired -- and must fail naming
+what was wrong; fed the right one, it passes. Pure and fast: the judges' inputs are built by
+hand in the shapes the ranks and the scenarios really produce (no world is started)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conformance.harness.world import RankResult
+from faults import HangDiagnosis, Injection, RankState, score_stragglers
+from faults.checks import bucket_config, hang_detection, straggler, unused_parameters
+from faults.scenarios import Scenario, ScenarioResult
+
+T0 = 1_700_000_000.0  # a wall-clock second, as time.time() gives it
+
+
+def _injection(name: str, rank: int, step: int, phase: str, **data: Any) -> Injection:
+    return Injection(name, rank, step, phase, T0, T0 + 0.01, data)
+
+
+def _ctx() -> Any:
+    """What the checks touch of a CheckContext here: its id, its events, and the mode."""
+    return SimpleNamespace(spec=SimpleNamespace(id="chaos"), events=[], injected=True, new_world=object(),
+                           deadline=60.0, world_size=2)
+
+
+# -- hang-detection ------------------------------------------------------------------------------
+
+KINDS = {"rank-dependent-branch": "never-entered", "dead-rank": "dead"}
+
+
+def _diagnosis(name: str, expected: dict[str, Any]) -> HangDiagnosis:
+    """The right diagnosis of one injected scenario, as diagnose_hang shapes it."""
+    params = sorted(expected.get("params_subset_of", ()))
+    collective = {"seq": 2, "op": "all_reduce", "shape": [8], "tag": expected.get("tag", "step1/bucket0"),
+                  "bucket": 0 if params else None, "step": 1}
+    return HangDiagnosis(expected["classification"], expected.get("kind", KINDS.get(name, "")),
+                         expected["culprit_rank"], collective, params,
+                         unused={r: sorted(n) for r, n in expected.get("unused", {}).items()})
+
+
+def _results(**wrong: Callable[[ScenarioResult], ScenarioResult]) -> list[ScenarioResult]:
+    """One correct ScenarioResult per injected scenario; ``wrong[name]`` spoils that one."""
+    out = []
+    for sc, expected in hang_detection.injected_scenarios():
+        assert sc.fault is not None
+        result = ScenarioResult(sc, _diagnosis(sc.name, expected), latency_s=3.0,
+                                states=[RankState(0, "raised", "timed out"), RankState(1, "died", "", 1)],
+                                injections=[_injection(sc.fault.name, 1, 1, "backward")], stacks={},
+                                deadline=20.0, timings={})
+        out.append(wrong.get(sc.name.replace("-", "_"), lambda r: r)(result))
+    return out
+
+
+def _with(result: ScenarioResult, **diagnosis: Any) -> ScenarioResult:
+    return dataclasses.replace(result, diagnosis=dataclasses.replace(result.diagnosis, **diagnosis))
+
+
+def _run_hang_check(monkeypatch: pytest.MonkeyPatch, results: list[ScenarioResult]) -> Any:
+    monkeypatch.setattr(hang_detection, "run_scenarios", lambda ctx, scenarios: results)
+    ctx = _ctx()
+    return hang_detection.run(ctx), ctx
+
+
+def test_hang_detection_passes_on_the_right_diagnosis_of_every_injected_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    outcome, ctx = _run_hang_check(monkeypatch, _results())
+    assert outcome.status == "passed", outcome.message
+    assert len(ctx.events) == 6 and {e.check for e in ctx.events} == {"chaos"}
+
+
+@pytest.mark.parametrize(("wrong", "message"), [
+    ({"skipped_collective": lambda r: _with(r, culprit_rank=0)},
+     "skipped-collective: culprit_rank 0 != injected 1"),
+    ({"stalled_transport": lambda r: _with(r, classification="divergence", kind="never-entered")},
+     "stalled-transport: classification 'divergence' != injected 'transport'; kind 'never-entered' != injected"),
+    ({"shape_mismatch": lambda r: _with(r, collective={"tag": "step2"})},
+     "shape-mismatch: collective 'step2' != injected 'step1'"),
+    ({"rank_dependent_branch": lambda r: _with(r, params=["head.weight", "head.bias"])},
+     r"rank-dependent-branch: stuck bucket params \['head.weight', 'head.bias'\] are not the aux head's"),
+    ({"rank_dependent_branch": lambda r: _with(r, unused={1: ["aux_head.0.weight"]})},
+     r"rank-dependent-branch: rank 1 unused \['aux_head.0.weight'\] != \['aux_head.0.bias', "),
+    ({"dead_rank": lambda r: dataclasses.replace(r, injections=[])},
+     "dead-rank: the fault never fired: no rank recorded a dead-rank injection"),
+    ({"uneven_batches": lambda r: dataclasses.replace(r, injections=[_injection("slow-rank", 1, 2, "data")])},
+     "uneven-batches: the fault never fired: no rank recorded a uneven-batches injection"),
+    ({"dead_rank": lambda r: dataclasses.replace(r, latency_s=25.0)},
+     r"dead-rank: detected after 25.0 s > deadline 20 s \+ 2 s"),
+])
+def test_hang_detection_fails_on_a_wrong_diagnosis_and_names_it(
+        monkeypatch: pytest.MonkeyPatch, wrong: dict[str, Any], message: str) -> None:
+    outcome, _ = _run_hang_check(monkeypatch, _results(**wrong))
+    assert outcome.status == "failed"
+    assert outcome.message.startswith("1 injected hang(s) not diagnosed correctly: ")
+    assert outcome.metrics["diagnosed"] == 5
+    assert re.search(message, outcome.message), outcome.message
+
+
+def test_hang_judge_lists_every_problem_of_one_scenario() -> None:
+    result = _with(_results()[1], culprit_rank=0, collective={"tag": "step3"})
+    problems = hang_detection.judge(dataclasses.replace(result, injections=[]), hang_detection.injected_scenarios()[1][1])
+    assert problems == ["the fault never fired: no rank recorded a skip-collective injection",
+                        "culprit_rank 0 != injected 1", "collective 'step3' != injected 'step1'"]
+
+
+# -- bucket-config -------------------------------------------------------------------------------
+
+def _bucket_inputs() -> tuple[dict[float, Any], list[dict[str, Any]]]:
+    """The injected mode's sweep (bucket counts per cap) and mismatch entries, as measured."""
+    by_cap = {0.01: {"bucket_cap_mb": 0.01, "buckets": 24, "step_time_s": 0.03},
+              25.0: {"bucket_cap_mb": 25.0, "buckets": 1, "step_time_s": 0.01}}
+    mismatch = [{"per_rank_bucket_cap_mb": [0.01, 25.0], "find_unused_parameters": False,
+                 "outcome": "trained", "max_diff_vs_matched": 0.0, "fired": 2},
+                {"per_rank_bucket_cap_mb": [0.01, 25.0], "find_unused_parameters": True,
+                 "outcome": "aborted", "error": "rank 0 died", "fired": 2}]
+    return by_cap, mismatch
+
+
+def _judge_buckets(by_cap: dict[float, Any], mismatch: list[dict[str, Any]]) -> Any:
+    return bucket_config._judge_injected(by_cap, mismatch, {"best_bucket_cap_mb": 1.0}, {"mismatched_config": mismatch})
+
+
+def test_bucket_judge_passes_on_the_measured_cliff_and_mismatch() -> None:
+    outcome = _judge_buckets(*_bucket_inputs())
+    assert outcome.status == "passed", outcome.message
+    assert outcome.metrics["buckets_tiny"] == 24 and outcome.metrics["buckets_default"] == 1
+
+
+@pytest.mark.parametrize(("spoil", "message"), [
+    (lambda by_cap, mm: by_cap[0.01].update(buckets=2),
+     r"0.01 MB gave 2 buckets vs 1 at 25 MB \(expected >= 4x\)"),
+    (lambda by_cap, mm: mm[1].update(fired=0),
+     "the mismatched config never fired with find_unused_parameters=True"),
+    (lambda by_cap, mm: mm[0].update(max_diff_vs_matched=0.5),
+     r"mismatched caps without find_unused_parameters should train exactly as matched ones; got trained \(diff 0.5\)"),
+    (lambda by_cap, mm: mm[1].update(outcome="trained"),
+     "mismatched caps with find_unused_parameters=True should abort; got trained"),
+])
+def test_bucket_judge_fails_on_a_wrong_diagnosis_and_names_it(spoil: Callable[..., Any], message: str) -> None:
+    by_cap, mismatch = _bucket_inputs()
+    spoil(by_cap, mismatch)
+    outcome = _judge_buckets(by_cap, mismatch)
+    assert outcome.status == "failed"
+    assert outcome.message.startswith("bad bucket configs not reproduced: ")
+    assert re.search(message, outcome.message), outcome.message
+
+
+# -- unused-parameters -----------------------------------------------------------------------------
+
+AUX = sorted(unused_parameters.INCIDENT.aux_parameter_names)
+NAMES = ["trunk.0.weight", "trunk.0.bias", "head.weight", "head.bias", *AUX]
+
+
+def _found() -> list[RankResult]:
+    """What discover_rank returns on each rank for the seeded incident: the aux head unused
+    exactly where the branch was not taken, and one injection record where it was."""
+    branch = unused_parameters.INCIDENT.branch
+    out = []
+    for rank in (0, 1):
+        steps = [[] if branch.fires(rank, s) else list(AUX) for s in range(unused_parameters.STEPS)]
+        injections = [_injection(branch.name, rank, s, "forward", branch="aux_head")
+                      for s in range(unused_parameters.STEPS) if branch.fires(rank, s)]
+        out.append(RankResult(rank, {"names": NAMES, "steps": steps, "singles": [], "injections": injections}))
+    return out
+
+
+def _repro(unused: dict[int, list[str]], classification: str = "divergence") -> ScenarioResult:
+    d = HangDiagnosis(classification, "raised" if classification != "none" else "none",
+                      1 if classification != "none" else None, unused=unused)
+    sc = Scenario("unused-reproduce", "ddp", unused_parameters.INCIDENT, None, steps=3)
+    return ScenarioResult(sc, d, 2.5, [RankState(0, "raised", "timed out"), RankState(1, "raised", "Expected")],
+                          [], {}, 20.0, {})
+
+
+def _judge_unused(found: list[RankResult], repro: ScenarioResult | None,
+                  tax: dict[str, Any] | None = None) -> Any:
+    _, table, _, _ = unused_parameters._usage(found)
+    tax = tax if tax is not None else {"tax": 1.08, "false_s": 0.01, "true_s": 0.0108}
+    return unused_parameters._judge_injected(found, table, repro, tax, {}, {})
+
+
+def test_unused_judge_passes_when_discovery_and_ddps_error_match_the_injection() -> None:
+    outcome = _judge_unused(_found(), _repro({1: list(AUX)}))
+    assert outcome.status == "passed", outcome.message
+    assert ", ".join(AUX) in outcome.message
+
+
+def _swap_ranks(found: list[RankResult]) -> list[RankResult]:
+    return [dataclasses.replace(found[0], value={**found[0].value, "steps": found[1].value["steps"]}),
+            dataclasses.replace(found[1], value={**found[1].value, "steps": found[0].value["steps"]})]
+
+
+def _no_injections(found: list[RankResult]) -> list[RankResult]:
+    return [dataclasses.replace(r, value={**r.value, "injections": []}) for r in found]
+
+
+@pytest.mark.parametrize(("found", "repro", "tax", "message"), [
+    # DDP's error named only part of the aux head: missing parameter names
+    (_found, lambda: _repro({1: AUX[:2]}), None,
+     rf"DDP's error named {AUX[:2]!r}, injected aux head {AUX!r}".replace("[", r"\[").replace("]", r"\]")),
+    # the discovery blamed the wrong rank: rank 0's unused set is rank 1's
+    (lambda: _swap_ranks(_found()), lambda: _repro({1: list(AUX)}), None, r"rank 0 step \d+: found unused \["),
+    # the branch never fired: no injection recorded on any rank
+    (lambda: _no_injections(_found()), lambda: _repro({1: list(AUX)}), None,
+     "the conditional-branch fault never fired: no rank recorded taking the branch"),
+    # find_unused_parameters=False did not fail when replayed
+    (_found, lambda: _repro({}, classification="none"), None,
+     "find_unused_parameters=False did not fail in the reproduction"),
+    (_found, lambda: None, None, "find_unused_parameters=False did not fail in the reproduction"),
+    (_found, lambda: _repro({1: list(AUX)}), {"tax": None, "error": "Timed out"},
+     r"find_unused_parameters tax not measured \(Timed out\)"),
+])
+def test_unused_judge_fails_on_a_wrong_diagnosis_and_names_it(
+        found: Callable[[], list[RankResult]], repro: Callable[[], ScenarioResult | None],
+        tax: dict[str, Any] | None, message: str) -> None:
+    outcome = _judge_unused(found(), repro(), tax)
+    assert outcome.status == "failed"
+    assert outcome.message.startswith("unused-parameter diagnosis != injection: ")
+    assert re.search(message, outcome.message), outcome.message
+
+
+# -- straggler -------------------------------------------------------------------------------------
+
+def _segment(fault: Any, culprit: int, extra_s: float, fired: bool = True) -> dict[str, Any]:
+    """One segment of straggler.measure: 5 steps per rank, ``culprit`` computing ``extra_s``
+    more per step and the other rank waiting for it."""
+    base = 0.004
+    compute = {r: [base + (extra_s if r == culprit else 0.0)] * 5 for r in (0, 1)}
+    wait = {r: [0.0005 if r == culprit else extra_s] * 5 for r in (0, 1)}
+    step = {r: [base + extra_s + 0.0005] * 5 for r in (0, 1)}
+    injections = [] if fault is None or not fired else \
+        [_injection(fault.name, fault.rank, s, fault.phase, delay_s=fault.delay_s) for s in range(5)]
+    return {"fault": fault, "verdict": score_stragglers(compute, wait, step), "timeline": [],
+            "injections": injections, "ddp_timing": {0: {}, 1: {}}}
+
+
+def _segments(**spoil: tuple[int, float, bool]) -> list[dict[str, Any]]:
+    out = []
+    for fault in straggler.injected_faults():
+        if fault is None:
+            out.append(_segment(None, 0, 0.0))
+            continue
+        culprit, extra, fired = spoil.get(fault.phase, (fault.rank, fault.delay_s, True))
+        out.append(_segment(fault, culprit, extra, fired))
+    return out
+
+
+def test_straggler_judge_passes_when_the_slowed_rank_is_named_with_its_cost() -> None:
+    outcome = straggler.judge_injected(_segments())
+    assert outcome.status == "passed", outcome.message
+    assert [p["named_rank"] for p in outcome.metrics["phases"]] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(("spoil", "message"), [
+    ({"backward": (0, 0.05, True)}, "backward: named rank 0, injected rank 1"),
+    ({"optimizer": (1, 0.2, True)},
+     r"optimizer: measured cost 200.0 ms vs injected 50 ms \(x4.00, outside 0.5-2.0x\)"),
+    ({"data": (1, 0.05, False)}, r"data: the delay never fired \(no slow-rank injection recorded on rank 1\)"),
+])
+def test_straggler_judge_fails_on_a_wrong_diagnosis_and_names_it(spoil: dict[str, Any], message: str) -> None:
+    outcome = straggler.judge_injected(_segments(**spoil))
+    assert outcome.status == "failed"
+    assert outcome.message.startswith("injected slow rank not diagnosed: ")
+    assert re.search(message, outcome.message), outcome.message
