@@ -79,13 +79,6 @@ def fmt(v: float) -> str:
     return f"{v:.3g}"
 
 
-def fmt_bytes(v: float) -> str:
-    for div, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(v) >= div:
-            return f"{v / div:g} {suffix}"
-    return f"{v:g} B"
-
-
 class Canvas:
     """An SVG document being assembled: a plot area with x/y scales and axis labels."""
 

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._format import number
-from ._svg import MARGIN_B, MARGIN_T, PALETTE, Canvas, Scale, esc, fmt, fmt_bytes, r
+from ._svg import MARGIN_B, MARGIN_T, PALETTE, Canvas, Scale, esc, fmt, r
+from .units import fmt_bytes
 
 log = logging.getLogger(__name__)
 Chart = dict[str, Any]  # {"title": str, "svg": Markup, "caption": str}

@@ -101,7 +101,7 @@ def render(report: Mapping[str, Any]) -> str:
     events = [e for e in report.get("events") or [] if isinstance(e, Mapping)]
     views = [_check_view(c, i, events, report.get("target")) for i, c in enumerate(checks)]
     tally = {s: sum(1 for v in views if v["status"] == s) for s in STATUS_ORDER}
-    verdict = report.get("verdict") if report.get("verdict") in VERDICT_TITLES else "inconclusive"
+    verdict = str(report.get("verdict")) if report.get("verdict") in VERDICT_TITLES else "inconclusive"
     facts, settings, env_errors = _environment(report.get("environment"))
     checked = {id(e) for v in views for e in v["events"]}
     return _jinja().get_template("report.html.j2").render(

@@ -68,9 +68,11 @@ def _header(report: Mapping[str, Any]) -> list[str]:
     verdict = str(report.get("verdict", "inconclusive"))
     title = VERDICT_TITLES.get(verdict, cell(verdict))
     lines = [f"# {VERDICT_ICONS.get(verdict, '🟠')} DDP conformance: **{title}**", ""]
+    missing = _missing(report)
     if not report.get("complete", False):
-        lines += ["> [!WARNING]", "> **Incomplete run**: the run stopped before it finished (killed or crashed). "
-                  "This report shows only the checks that completed.", ""]
+        not_run = f" Not run: {', '.join(cell(m, 60) for m in missing)}." if missing else ""
+        lines += ["> [!WARNING]", ("> **Incomplete run**: the run stopped before it finished (killed or crashed). "
+                                   f"This report shows only the checks that completed.{not_run}"), ""]
     for reason in report.get("reasons") or []:
         lines.append(f"- {text(reason)}")
     lines.append("")
@@ -88,6 +90,22 @@ def _header(report: Mapping[str, Any]) -> list[str]:
             lines.append(f"- … and {len(errors) - 50} more (see report.json)")
         lines.append("")
     return lines
+
+
+def _missing(report: Mapping[str, Any]) -> list[str]:
+    """The selected checks that produced no result (report.json's ``missing_checks``)."""
+    return [str(m) for m in report.get("missing_checks") or []]
+
+
+def _not_run(report: Mapping[str, Any]) -> list[str]:
+    """Every check that never ran, one per line: a partial run must say what it did not check."""
+    missing = _missing(report)
+    if not missing:
+        return []
+    why = ("the run stopped before them" if not report.get("complete", False)
+           else "selected, but they produced no result (a harness error)")
+    return [f"## Checks that did not run ({len(missing)})", "", f"_{why}; none of them counts as passed._", ""] \
+        + [f"- ⏹️ {cell(m, 80)}" for m in missing] + [""]
 
 
 def _table(checks: list[Mapping[str, Any]], report: Mapping[str, Any]) -> list[str]:
@@ -154,7 +172,7 @@ def _environment(report: Mapping[str, Any]) -> list[str]:
 def render(report: Mapping[str, Any]) -> str:
     """The markdown document for a report.json dict; always under :data:`MAX_BYTES` bytes."""
     checks = [c for c in report.get("checks") or [] if isinstance(c, Mapping)]
-    lines = _header(report) + _table(checks, report)
+    lines = _header(report) + _table(checks, report) + _not_run(report)
     failing = [c for c in checks if c.get("status") in ("failed", "inconclusive")]
     advised = [c for c in checks if c.get("status") not in ("failed", "inconclusive") and (warnings_of(c) or c.get("recommendation"))]
     if failing:

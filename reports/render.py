@@ -13,10 +13,10 @@ import json
 import os
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from . import html, markdown
+from .atomic import atomic_write_text
 from .recommend import recommend
 from .schema import SCHEMA_VERSION, CheckRecord, Event
 from .store import ResultStore
@@ -79,12 +79,6 @@ def build_report(meta: Mapping[str, Any], records: Iterable[CheckRecord], events
     return report
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_reports(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """Write report.json, report.md and report.html into ``directory``; return report.json's dict."""
     store = ResultStore(directory)
@@ -96,7 +90,7 @@ def write_reports(directory: str | os.PathLike[str]) -> dict[str, Any]:
     except ValueError as exc:  # never expected (run.json is replaced atomically), but say so
         meta = {"harness_error": f"run.json is unreadable ({exc}); the run's metadata is lost"}
     report = build_report(meta, records, events)
-    _atomic_write_text(store.dir / REPORT_JSON, json.dumps(report, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n")
-    _atomic_write_text(store.dir / REPORT_MD, markdown.render(report))
-    _atomic_write_text(store.dir / REPORT_HTML, html.render(report))
+    atomic_write_text(store.dir / REPORT_JSON, json.dumps(report, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n")
+    atomic_write_text(store.dir / REPORT_MD, markdown.render(report))
+    atomic_write_text(store.dir / REPORT_HTML, html.render(report))
     return report

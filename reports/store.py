@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write_text
 from .schema import CheckRecord, Event
 
 RESULTS = "results.jsonl"
@@ -54,9 +55,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def _atomic_write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(tmp, path)  # atomic on POSIX: readers see the old or the new file, never half
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 class ResultStore:

@@ -4,7 +4,7 @@ Contract enforced: an all-reduce SUM returns the exact sum on every rank (DDP's 
 averaging is nothing else — docs/ddp-background.md, "Why DDP equals large-batch training"), at a bus
 bandwidth reported the nccl-tests way (``busbw = algbw * 2(n-1)/n``).
 
-Evidence: a sweep of message sizes (4 KB..16 MB on gloo/CPU, 4 KB..256 MB on NCCL; warm-up,
+Evidence: a sweep of message sizes (4 KiB..16 MiB on gloo/CPU, 4 KiB..256 MiB on NCCL; warm-up,
 then 10 timed iterations per size, median of the slowest rank), every result checked
 element-wise; a weighted least-squares alpha-beta fit of the ring model; the bucketed,
 overlapped DDP step simulated from the target's measured per-gradient backward timeline and
@@ -30,6 +30,7 @@ import statistics
 from typing import Any, Sequence
 
 from reports.keys import CLIFF_WORLD_SIZE, SIMULATOR_ERROR, WARNINGS
+from reports.units import fmt_bytes
 
 from ..harness.outcome import Outcome
 from ..harness.world import WorldError
@@ -108,7 +109,7 @@ def judge(data: dict[str, Any]) -> Outcome:
            for r, per in enumerate(data["wrong"]) for size, w in zip(data["sizes"], per) if w]
     if bad:
         evidence["wrong_results"] = bad
-        where = ", ".join(f"rank {b['rank']} @{bw.fmt_bytes(b['bytes'])}" for b in bad[:6])
+        where = ", ".join(f"rank {b['rank']} @{fmt_bytes(b['bytes'])}" for b in bad[:6])
         return Outcome.failed(
             f"{sum(b['wrong_iterations'] for b in bad)} all-reduce result(s) differ from the exact sum ({where})",
             metrics=metrics, evidence=evidence,
@@ -176,7 +177,7 @@ def _model_part(data: dict[str, Any], model: AlphaBeta, metrics: dict[str, Any],
     metrics["model_gradient_bytes"] = profile.total_bytes
     metrics["backward_s"] = profile.backward_end_s
     if len({p.buckets for p in projections}) == 1:
-        evidence["notes"].append(f"the model's {bw.fmt_bytes(profile.total_bytes)} of gradients make "
+        evidence["notes"].append(f"the model's {fmt_bytes(profile.total_bytes)} of gradients make "
                                  f"{main.buckets} bucket(s) at every cap tried: bucket_cap_mb does not move the cliff")
     _validate(data, profile, model, metrics, evidence)
     return _projection_claim(main.cliff_world_size, int(main.points[-1]["world_size"]),

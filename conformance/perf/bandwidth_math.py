@@ -6,8 +6,9 @@ nccl-tests (``doc/PERFORMANCE.md``) report for all-reduce
     busbw = algbw * 2(n-1)/n
 
 because a ring all-reduce moves ``2(n-1)/n`` times the message over each rank's link; busbw
-is then the link speed the collective achieved, independent of ``n``. GB here are 1e9 bytes,
-as in nccl-tests.
+is then the link speed the collective achieved, independent of ``n``. GB/s here are 1e9
+bytes per second, as in nccl-tests; message sizes are written in binary units
+(:func:`reports.units.fmt_bytes`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
+
+from reports.units import fmt_bytes
 
 GB = 1e9
 
@@ -82,13 +85,6 @@ def median_of_slowest(per_rank_times: Sequence[Sequence[float]]) -> float:
     iterations = min(len(times) for times in per_rank_times)
     slowest = [max(times[i] for times in per_rank_times) for i in range(iterations)]
     return statistics.median(slowest)
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:g} {unit}"
-    return f"{n:g} B"
 
 
 def nccl_tests_table(points: Sequence[SweepPoint], *, dtype: str = "float", redop: str = "sum") -> str:

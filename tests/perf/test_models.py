@@ -164,7 +164,7 @@ def test_judge_fails_on_a_wrong_result() -> None:
     times = [ring_allreduce_time(4096 << k, 2, 50e-6, 1e9) for k in range(4)]
     outcome = judge(_data(times, wrong=[[0, 0, 0, 0], [0, 2, 0, 0]]))
     assert outcome.status == "failed"
-    assert "rank 1 @8 KB" in outcome.message
+    assert "rank 1 @8 KiB" in outcome.message
     assert outcome.evidence["wrong_results"] == [{"rank": 1, "bytes": 8192, "wrong_iterations": 2}]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from reports.render import write_reports
-from reports.sample import write_sample_run
+from tests.reports.sample import write_sample_run
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,7 +63,8 @@ def test_a_hanging_nvidia_smi_is_an_error_not_a_hang(monkeypatch: pytest.MonkeyP
 
 
 def test_reports_package_never_imports_torch() -> None:
-    code = ("import sys, tempfile; import reports; from reports.sample import write_sample_run; "
+    code = ("import sys, tempfile; import reports; from tests.reports.sample import write_sample_run; "
             "d = tempfile.mkdtemp(); write_sample_run(d); reports.write_reports(d); "
             "assert 'torch' not in sys.modules, 'reports imported torch'")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    # From the repository root: the sample run is a test fixture (tests/reports/sample.py).
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=Path(__file__).resolve().parents[2])

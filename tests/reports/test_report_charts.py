@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from reports import charts
-from reports.sample import sample_run
+from tests.reports.sample import sample_run
 
 
 def _sample_checks() -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reports import CheckRecord, Event, ResultStore, write_reports
-from reports.sample import sample_run
+from tests.reports.sample import sample_run
 
 CHECK_IDS = [
     "gradient-equivalence", "no-sync-equivalence", "rank-consistency", "sampler-coverage", "shared-weights",
@@ -92,6 +92,9 @@ def test_selected_check_without_result_is_a_harness_error(tmp_path: Path) -> Non
     report = write_reports(tmp_path)
     assert report["verdict"] == "inconclusive"
     assert report["missing_checks"] == ["shared-weights"]
+    md = (tmp_path / "report.md").read_text()
+    assert "## Checks that did not run (1)" in md and "- ⏹️ shared-weights" in md
+    assert "produced no result (a harness error)" in md
 
 
 def test_all_passed_finished_run_is_ready(tmp_path: Path) -> None:
@@ -103,6 +106,7 @@ def test_all_passed_finished_run_is_ready(tmp_path: Path) -> None:
     report = write_reports(tmp_path)
     assert report["verdict"] == "ready"
     assert report["events"][0]["name"] == "slow-rank"
+    assert "did not run" not in (tmp_path / "report.md").read_text()
 
 
 KILLED_RUN = textwrap.dedent("""
@@ -135,6 +139,9 @@ def test_run_killed_mid_suite_leaves_a_partial_report(tmp_path: Path, second: st
     assert [c["id"] for c in report["checks"]] == ["gradient-equivalence", "rank-consistency"]
     assert report["missing_checks"] == ["shared-weights"]
     assert "harness_errors" not in report  # missing checks of a killed run are "not run", not a harness bug
-    assert "Incomplete run" in (tmp_path / "report.md").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert "Incomplete run" in md and "Not run: shared-weights." in md
+    assert "## Checks that did not run (1)" in md and "- ⏹️ shared-weights" in md
+    assert "the run stopped before them" in md
     html = (tmp_path / "report.html").read_text()
     assert 'id="incomplete"' in html and "not run: shared-weights" in html

@@ -1,7 +1,10 @@
 """A realistic sample run — one record of every check id, every chart type — for the README,
 for the renderers' tests and for eyeballing report.html without a GPU cluster::
 
-    python -m reports.sample out/      # writes out/run.json, results.jsonl and the reports
+    python -m tests.reports.sample out/      # writes out/run.json, results.jsonl and the reports
+
+A test fixture, not part of the package: it lives beside the tests that use it. The metric
+and evidence keys are the ``reports.keys`` constants the real checks write.
 
 The story is the incident of docs/ddp-background.md on an 8-GPU node: everything conforms except an
 auxiliary head under a random branch (``unused-parameters`` fails, the hang reproduced); an
@@ -17,9 +20,10 @@ import random
 import sys
 from typing import Any
 
-from .environment import settings
-from .schema import CheckRecord, Event
-from .store import ResultStore
+from reports import keys
+from reports.environment import settings
+from reports.schema import CheckRecord, Event
+from reports.store import ResultStore
 
 T0 = 1_750_000_000.0
 WORLD = 8
@@ -65,10 +69,12 @@ def sample_run(seed: int = 0) -> tuple[dict[str, Any], list[CheckRecord], list[E
     rec("gradient-equivalence", "Gradient equivalence", "conformance", "passed", 6.4,
         "8-rank DDP gradients match the single-process batch-64 step for all 14 parameters",
         metrics={"max_abs_diff": 3.2e-07, "tolerance": 1e-05, "parameters": 14, "dtype": "float32"},
-        evidence={"worst_parameter": "blocks.1.mlp.fc2.weight", "ddp_kwargs": {"bucket_cap_mb": 25, "gradient_as_bucket_view": True}})
+        evidence={"worst_parameter": "blocks.1.mlp.fc2.weight", "ddp_kwargs": "{'bucket_cap_mb': 25, 'gradient_as_bucket_view': True}"})
     rec("no-sync-equivalence", "no_sync equivalence", "conformance", "passed", 7.9,
         "K=4 microbatches with no_sync match one large step; 1 all-reduce per window",
-        metrics={"max_abs_diff": 4.1e-07, "tolerance": 1e-05, "allreduce_per_window": 1, "microbatches": 4})
+        metrics={"max_abs_diff": 4.1e-07, "tolerance": 1e-05, "allreduce_per_window": 1, "microbatches": 4},
+        evidence={keys.WARNINGS: ["dropout (blocks.0.drop, blocks.1.drop) was switched off in both runs: "
+                                  "random masks differ between the runs by design"]})
     rec("rank-consistency", "Rank consistency", "conformance", "passed", 3.1,
         "structure, parameters and buffers identical on all 8 ranks after init and 3 steps",
         metrics={"max_abs_diff": 0.0, "tolerance": 0.0, "tensors_compared": 16})
@@ -82,10 +88,11 @@ def sample_run(seed: int = 0) -> tuple[dict[str, Any], list[CheckRecord], list[E
         "hang reproduced: ranks 0-1 took the aux branch at step 3, ranks 2-7 did not\n"
         "rank 0 launched all-reduce of bucket 0 (aux_head.proj.weight, aux_head.proj.bias) that ranks 2-7 never filled; "
         "detected after 10.0 s (pg timeout)",
-        metrics={"find_unused_cost_pct": 14.2, "key_figure": "hang in 10.0 s; find_unused cost 14.2%",
+        metrics={keys.FIND_UNUSED_TAX: 1.142, "key_figure": "hang in 10.0 s; find_unused tax x1.14",
                  "ranks_taking_branch": [0, 1]},
-        evidence={"unused_parameters": ["aux_head.proj.weight", "aux_head.proj.bias"], "stuck_collective": "allreduce",
-                  "bucket": 0, "ddp_kwargs": {"find_unused_parameters": False, "bucket_cap_mb": 25}})
+        evidence={keys.UNUSED_TABLE: {name: {"ranks": [2, 3, 4, 5, 6, 7], "steps": [3], "single_sample_steps": []}
+                                      for name in ("aux_head.proj.weight", "aux_head.proj.bias")},
+                  "stuck_collective": "allreduce", "bucket": 0})
 
     slow = {(3, s): 0.045 for s in range(8, 14)}
     tl = _timeline(rng, t, 20, slow)
@@ -98,15 +105,14 @@ def sample_run(seed: int = 0) -> tuple[dict[str, Any], list[CheckRecord], list[E
         per_rank.append({"rank": rank, "compute_s": round(compute, 4), "wait_s": round(0.0985 - compute, 4), "score": round(compute / 0.082, 3)})
     rec("straggler", "Straggler", "chaos", "passed", 12.6,
         "injected slow rank 3 named (score 1.17); it cost every rank 16% step time over 6 steps",
-        metrics={"per_rank": per_rank, "culprit_rank": 3, "timeline": tl, "injected_rank": 3, "cost_pct": 16.4})
+        metrics={"per_rank": per_rank, keys.CULPRIT_RANK: 3, "timeline": tl, "injected_rank": 3, "cost_pct": 16.4})
 
     sizes = [1, 2, 5, 10, 25, 50, 100, 200, 400]
     sweep = [{"bucket_cap_mb": s, "step_time_s": round(0.300 + 0.022 * math.log(s / 50) ** 2 + rng.uniform(0, 0.002), 4),
               "buckets": max(1, math.ceil(1300 / s))} for s in sizes]
     rec("bucket-config", "Bucket configuration", "chaos/perf", "passed", 96.0,
         "best bucket_cap_mb=50 (300 ms/step); configured 25 MB is 2.5% slower; 1 MB buckets 6.8% slower",
-        metrics={"sweep": sweep, "configured_bucket_cap_mb": 25, "best_bucket_cap_mb": 50,
-                 "warnings": ["configured bucket_cap_mb=25 is 2.5% slower than the best measured (50 MB)"]})
+        metrics={"sweep": sweep, keys.CONFIGURED_BUCKET_CAP_MB: 25, keys.BEST_BUCKET_CAP_MB: 50})
 
     t = T0 + 200
     hang = _timeline(rng, t, 8, {}, stop={2: 6})
@@ -114,7 +120,7 @@ def sample_run(seed: int = 0) -> tuple[dict[str, Any], list[CheckRecord], list[E
     events.append(Event("hang-rank", hang_start, hang_start + 0.6, check="hang-detection", rank=2, step=6, phase="allreduce"))
     rec("hang-detection", "Hang detection", "chaos", "passed", 18.3,
         "injected hang on rank 2 (step 6, allreduce) detected in 0.6 s: culprit rank 2, collective ALLREDUCE seq 37",
-        metrics={"detection_latency_s": 0.6, "culprit_rank": 2, "timeline": hang},
+        metrics={"detection_latency_s": 0.6, keys.CULPRIT_RANK: 2, "timeline": hang},
         evidence={"collective": "ALLREDUCE", "seq": 37, "last_completed": {str(r): 37 if r != 2 else 36 for r in range(WORLD)}})
 
     alpha, beta = 12e-6, 180e9
@@ -129,7 +135,10 @@ def sample_run(seed: int = 0) -> tuple[dict[str, Any], list[CheckRecord], list[E
     projection = [{"world_size": n, "step_time_s": round(0.300 / e, 4), "efficiency": e} for n, e in efficiency.items()]
     rec("allreduce-bandwidth", "All-reduce bandwidth", "perf", "passed", 22.5,
         f"peak bus bandwidth {max(p['busbw_gbps'] for p in bw):.0f} GB/s at 1 GiB; fitted alpha 12 us, beta 180 GB/s",
-        metrics={"sweep": bw, "alpha_s": alpha, "beta_bytes_per_s": beta, "projection": projection, "cliff_world_size": 512})
+        metrics={"sweep": bw, "alpha_s": alpha, "beta_bytes_per_s": beta, "projection": projection,
+                 keys.CLIFF_WORLD_SIZE: 512, keys.SIMULATOR_ERROR: 0.08, "projection_reliable": True},
+        evidence={keys.WARNINGS: ["projected scaling cliff: from 512 ranks on, communication no longer hides "
+                                  "behind backward at the configured bucket_cap_mb"]})
 
     meta = {"target": "tied-lm", "backend": "nccl", "world_size": WORLD, "suite": "full", "environment": _environment(),
             "started": T0 - 5, "checks_selected": [r.id for r in records]}
