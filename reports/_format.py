@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from .keys import BEST_BUCKET_CAP_MB, CONFIGURED_BUCKET_CAP_MB, CULPRIT_RANK
+
 DASH = "—"
 STATUS_ICONS = {"passed": "✅", "failed": "❌", "inconclusive": "⚠️", "skipped": "⏭️"}
 VERDICT_TITLES = {"ready": "READY", "not-ready": "NOT READY", "inconclusive": "INCONCLUSIVE"}
@@ -41,10 +43,6 @@ def number(value: Any) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
-
-
-def sig(value: float, digits: int = 3) -> str:
-    return f"{value:.{digits}g}"
 
 
 def seconds(value: Any) -> str:
@@ -78,20 +76,17 @@ def key_figure(record: Mapping[str, Any]) -> str:
     own = metrics.get("key_figure")
     if isinstance(own, (str, int, float)) and not isinstance(own, bool) and str(own).strip():
         return one_line(own, 80)
-    diff, tol = number(metrics.get("max_abs_diff")), number(metrics.get("tolerance"))
-    if diff is not None:
-        return f"max |Δ| {sig(diff)}" + (f" (tol {sig(tol)})" if tol is not None else "")
-    best = number(metrics.get("best_bucket_cap_mb"))
+    best = number(metrics.get(BEST_BUCKET_CAP_MB))
     if best is not None:
-        conf = number(metrics.get("configured_bucket_cap_mb"))
+        conf = number(metrics.get(CONFIGURED_BUCKET_CAP_MB))
         return f"best {best:g} MB" + (f" (configured {conf:g} MB)" if conf is not None else "")
-    culprit = metrics.get("culprit_rank")
+    culprit = metrics.get(CULPRIT_RANK)
     if isinstance(culprit, int) and not isinstance(culprit, bool):
         return f"culprit rank {culprit}"
     sweep = metrics.get("sweep")
     if isinstance(sweep, list):
-        peaks = [number(p.get("busbw_gbps")) for p in sweep if isinstance(p, Mapping)]
-        peaks = [p for p in peaks if p is not None]
+        measured = (number(p.get("busbw_gbps")) for p in sweep if isinstance(p, Mapping))
+        peaks = [p for p in measured if p is not None]
         if peaks:
             return f"peak busbw {max(peaks):.1f} GB/s"
     latency = number(metrics.get("detection_latency_s"))

@@ -9,7 +9,7 @@ rounded to 0.1 px so the output stays small and diffable.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from markupsafe import Markup, escape
 
@@ -56,7 +56,8 @@ def linear_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     first = math.ceil(lo / step) * step
-    out, v = [], first
+    out: list[float] = []
+    v = first
     while v <= hi + step * 1e-9 and len(out) < 50:
         out.append(round(v, 12))
         v += step
@@ -91,7 +92,8 @@ class Canvas:
     def add(self, markup: str) -> None:
         self.parts.append(markup)
 
-    def axes(self, x: Scale, y: Scale, *, x_label: str, y_label: str, x_fmt=fmt, y_fmt=fmt, x_ticks: Iterable[float] | None = None) -> None:
+    def axes(self, x: Scale, y: Scale, *, x_label: str, y_label: str, x_fmt: Callable[[float], str] = fmt,
+             y_fmt: Callable[[float], str] = fmt, x_ticks: Iterable[float] | None = None) -> None:
         for t in y.ticks():
             py = y(t)
             self.add(f'<line class="grid" x1="{r(self.left)}" x2="{r(self.right)}" y1="{r(py)}" y2="{r(py)}"/>')

@@ -14,6 +14,7 @@ from typing import Any
 
 from ._format import number
 from ._svg import MARGIN_B, MARGIN_T, PALETTE, Canvas, Scale, esc, fmt, r
+from .keys import BEST_BUCKET_CAP_MB, CLIFF_WORLD_SIZE, CONFIGURED_BUCKET_CAP_MB, CULPRIT_RANK
 from .units import fmt_bytes
 
 log = logging.getLogger(__name__)
@@ -24,13 +25,14 @@ def _points(rows: Any, *keys: str) -> list[dict[str, float]]:
     """The well-formed rows of a list of dicts: every key a finite number; others dropped."""
     if not isinstance(rows, Sequence) or isinstance(rows, (str, bytes)):
         return []
-    out = []
+    out: list[dict[str, float]] = []
     for row in rows:
         if not isinstance(row, Mapping):
             continue
         values = {k: number(row.get(k)) for k in keys}
-        if all(v is not None for v in values.values()):
-            out.append(values)  # type: ignore[arg-type]
+        finite = {k: v for k, v in values.items() if v is not None}
+        if len(finite) == len(keys):
+            out.append(finite)
     return out
 
 
@@ -45,7 +47,7 @@ def bucket_sweep(metrics: Mapping[str, Any]) -> Chart | None:
     x = Scale(min(xs), max(xs), c.left + 10, c.right - 10, log=True)
     y = Scale(0, max(ys) * 1.15, c.bottom, c.top)
     c.axes(x, y, x_label="bucket_cap_mb (MB, log scale)", y_label="step time (ms)")
-    configured, best = number(metrics.get("configured_bucket_cap_mb")), number(metrics.get("best_bucket_cap_mb"))
+    configured, best = number(metrics.get(CONFIGURED_BUCKET_CAP_MB)), number(metrics.get(BEST_BUCKET_CAP_MB))
     if configured is not None and configured > 0:
         c.vline(x(configured), label=f"configured {configured:g} MB", cls="mark")
     if best is not None and best > 0 and best != configured:
@@ -60,7 +62,7 @@ def straggler(metrics: Mapping[str, Any]) -> Chart | None:
     pts = sorted(_points(metrics.get("per_rank"), "rank", "compute_s", "wait_s"), key=lambda p: p["rank"])
     if not pts or len(pts) > 512:
         return None
-    culprit = metrics.get("culprit_rank")
+    culprit = metrics.get(CULPRIT_RANK)
     c = Canvas("Per-rank compute vs wait time")
     totals = [max(p["compute_s"], 0) + max(p["wait_s"], 0) for p in pts]
     y = Scale(0, max(max(totals), 1e-9) * 1.15, c.bottom, c.top)
@@ -134,11 +136,11 @@ def scaling(metrics: Mapping[str, Any]) -> Chart | None:
     eff = [p["efficiency"] * 100 if p["efficiency"] <= 1.5 else p["efficiency"] for p in pts]
     x = Scale(min(xs), max(xs), c.left + 10, c.right - 10, log=True)
     y = Scale(0, max(105.0, max(eff) * 1.05), c.bottom, c.top)
-    pow2 = [2.0**k for k in range(0, 20) if min(xs) <= 2.0**k <= max(xs)]
+    pow2 = [2.0**k for k in range(20) if min(xs) <= 2.0**k <= max(xs)]
     c.axes(x, y, x_label="world size (ranks, log scale)", y_label="scaling efficiency (%)",
            x_fmt=lambda v: f"{v:g}", x_ticks=pow2 if len(pow2) >= 2 else None)
     c.add(f'<line class="mark" x1="{r(c.left)}" x2="{r(c.right)}" y1="{r(y(50))}" y2="{r(y(50))}"/>')
-    cliff = number(metrics.get("cliff_world_size"))
+    cliff = number(metrics.get(CLIFF_WORLD_SIZE))
     if cliff is not None and cliff > 0:
         c.vline(x(cliff), label=f"cliff at {cliff:g} ranks", cls="bad")
     c.polyline([(x(a), y(b)) for a, b in zip(xs, eff)], color=PALETTE[2], label="efficiency")
@@ -207,7 +209,7 @@ def charts_for(check: Mapping[str, Any], events: Sequence[Any] = ()) -> list[Cha
     for build in (*BUILDERS, lambda m: timeline(m, own)):
         try:
             chart = build(metrics)
-        except Exception:  # noqa: BLE001 - malformed data loses the chart, never the report
+        except Exception:
             log.debug("chart skipped for %r", check.get("id"), exc_info=True)
             chart = None
         if chart is not None:

@@ -63,7 +63,7 @@ def _show(value: Any) -> str:
 
 
 def _check_view(c: Mapping[str, Any], index: int, events: list[Any], default_target: Any) -> dict[str, Any]:
-    status = c.get("status") if c.get("status") in STATUS_ICONS else "inconclusive"
+    status = str(c.get("status")) if c.get("status") in STATUS_ICONS else "inconclusive"
     message, message_cut = truncate(c.get("message") or "", MESSAGE_CHARS)
     evidence = c.get("evidence")
     evidence_json, evidence_cut = pretty_json(evidence, EVIDENCE_CHARS) if isinstance(evidence, Mapping) and evidence else ("", False)

@@ -59,7 +59,8 @@ def fenced(body: str, lang: str = "") -> str:
 
 
 def _summary_line(report: Mapping[str, Any]) -> str:
-    tally = report.get("counts") if isinstance(report.get("counts"), Mapping) else {}
+    counts = report.get("counts")
+    tally: Mapping[str, Any] = counts if isinstance(counts, Mapping) else {}
     parts = [f"{STATUS_ICONS.get(s, '')} {tally.get(s, 0)} {s}" for s in ("passed", "failed", "inconclusive", "skipped")]
     return " · ".join(parts)
 

@@ -27,18 +27,27 @@ the projection is unreliable here and no cliff is claimed.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from reports.keys import CLIFF_WORLD_SIZE, SIMULATOR_ERROR, WARNINGS
 from reports.units import fmt_bytes
 
+from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
-from ..harness.world import WorldError
+from ..harness.world import WorldError, WorldLike
 from . import bandwidth_math as bw
 from .alphabeta import AlphaBeta, fit_alpha_beta
 from .overlap import OverlapSample, ddp_steps, parse_bucket_indices
 from .profile import profile_backward, to_profile
-from .simulator import MB, ddp_bucket_caps, greedy_buckets, project, step_at
+from .simulator import (
+    MB,
+    BackwardProfile,
+    ddp_bucket_caps,
+    greedy_buckets,
+    project,
+    step_at,
+)
 from .sweep import ITERS, WARMUP, allreduce_sweep, default_sizes, split_sweep
 
 SPLIT_SIZES = tuple(4096 << k for k in range(0, 13, 3))  # a shorter sweep per link kind
@@ -50,7 +59,7 @@ SPLIT_SIZES = tuple(4096 << k for k in range(0, 13, 3))  # a shorter sweep per l
 SIMULATOR_ERROR_BOUND = 0.25
 
 
-def run(ctx: Any) -> Outcome:
+def run(ctx: CheckContext) -> Outcome:
     if ctx.world_size < 2:
         return Outcome.skipped(f"world_size={ctx.world_size}: one rank all-reduces nothing; "
                                f"run with --world-size 2 or more")
@@ -59,7 +68,7 @@ def run(ctx: Any) -> Outcome:
     return judge(data)
 
 
-def measure(world: Any, target_spec: str, *, sizes: Sequence[int], cap_mb: float | None,
+def measure(world: WorldLike, target_spec: str, *, sizes: Sequence[int], cap_mb: float | None,
             corrupt_rank: int | None = None, warmup: int = WARMUP, iters: int = ITERS,
             with_model: bool = True) -> dict[str, Any]:
     """Run everything on ``world``; returns plain data for :func:`judge`.
@@ -207,7 +216,7 @@ def _projection_claim(cliff: int | None, largest: int, error: float | None, n: i
     return f"; projected cliff at {cliff} ranks{within}"
 
 
-def _validate(data: dict[str, Any], profile: Any, model: AlphaBeta, metrics: dict[str, Any],
+def _validate(data: dict[str, Any], profile: BackwardProfile, model: AlphaBeta, metrics: dict[str, Any],
               evidence: dict[str, Any]) -> None:
     """Predicted vs measured DDP step at this world size, on DDP's own bucket layout."""
     runs = data.get("ddp") or []

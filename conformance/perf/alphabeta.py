@@ -13,8 +13,8 @@ orders of magnitude, and an unweighted fit would let the largest messages decide
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True, slots=True)

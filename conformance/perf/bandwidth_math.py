@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from reports.units import fmt_bytes
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..harness.ddp import (
     PROBE_SEED,
@@ -23,6 +24,9 @@ from ..harness.ddp import (
     wrap,
 )
 from .profile import local_batch
+
+if TYPE_CHECKING:
+    from ..harness.world import RankContext
 
 STEPS, WARMUP = 12, 2
 _NS = 1e-9
@@ -59,7 +63,7 @@ def parse_bucket_indices(text: str) -> list[list[int]]:
     return [[int(i) for i in part.split()] for part in text.split(",") if part.strip()]
 
 
-def ddp_steps(ctx: Any, target_spec: str, *, steps: int = STEPS, warmup: int = WARMUP) -> dict[str, Any]:
+def ddp_steps(ctx: RankContext, target_spec: str, *, steps: int = STEPS, warmup: int = WARMUP) -> dict[str, Any]:
     """World work function: ``steps`` DDP forward+backward steps of the target on every rank.
 
     Returns the median step time after ``warmup`` (bucket rebuild happens in iteration 0)

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..harness.ddp import PROBE_SEED, build_model, rank_batch, sync_device
 from .simulator import BackwardProfile
+
+if TYPE_CHECKING:
+    from ..harness.targets import Target
+    from ..harness.world import RankContext
 
 WARMUP, REPEATS = 2, 5
 
@@ -29,7 +33,7 @@ class GradReadyRecorder:
         self.names: list[str] = []
         self.ready: dict[int, float] = {}
         self.t0 = 0.0
-        self._handles = []
+        self._handles: list[Any] = []  # torch.utils.hooks.RemovableHandle
         for index, (name, param) in enumerate(model.named_parameters()):
             self.names.append(name)
             if param.requires_grad:
@@ -51,13 +55,13 @@ class GradReadyRecorder:
         self._handles.clear()
 
 
-def local_batch(target: Any, rank: int, world_size: int, device: Any) -> tuple[Any, Any]:
+def local_batch(target: Target, rank: int, world_size: int, device: Any) -> tuple[Any, Any]:
     """This rank's contiguous chunk of the target's global batch, drawn with the probe seed."""
     return rank_batch(target, rank, world_size, seed=PROBE_SEED,
                       batch_size=target.batch_size_for(world_size), device=device)
 
 
-def profile_backward(ctx: Any, target_spec: str, *, warmup: int = WARMUP, repeats: int = REPEATS) -> dict[str, Any]:
+def profile_backward(ctx: RankContext, target_spec: str, *, warmup: int = WARMUP, repeats: int = REPEATS) -> dict[str, Any]:
     """World work function: per-gradient ready times of the target model, no DDP, on this rank.
 
     Returns a plain dict (picklable) that ``to_profile`` turns into a BackwardProfile.

@@ -17,8 +17,8 @@ at least its cap; the first bucket's cap is 1 MB when ``bucket_cap_mb`` is left 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .alphabeta import AlphaBeta
 

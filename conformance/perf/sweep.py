@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-CPU_SIZES = tuple(4096 << k for k in range(0, 13))  # 4 KB .. 16 MB: the whole check stays seconds
-GPU_SIZES = tuple(4096 << k for k in range(0, 17))  # 4 KB .. 256 MB, as nccl-tests' default range
+if TYPE_CHECKING:
+    from ..harness.world import RankContext
+
+CPU_SIZES = tuple(4096 << k for k in range(13))  # 4 KB .. 16 MB: the whole check stays seconds
+GPU_SIZES = tuple(4096 << k for k in range(17))  # 4 KB .. 256 MB, as nccl-tests' default range
 WARMUP, ITERS = 3, 10
 
 
@@ -85,16 +89,16 @@ def sweep_on(group: Any, rank_in_group: int, group_size: int, device: Any, sizes
     return {"times": times, "wrong": wrong}
 
 
-def allreduce_sweep(ctx: Any, sizes: Sequence[int], *, warmup: int = WARMUP, iters: int = ITERS,
+def allreduce_sweep(ctx: RankContext, sizes: Sequence[int], *, warmup: int = WARMUP, iters: int = ITERS,
                     corrupt_rank: int | None = None) -> dict[str, Any]:
     """World work function: the sweep on the whole world, plus where this rank runs."""
-    out = sweep_on(ctx.group, ctx.rank, ctx.world_size, ctx.device, sizes, warmup=warmup, iters=iters,
-                   corrupt=ctx.rank == corrupt_rank)
+    out: dict[str, Any] = dict(sweep_on(ctx.group, ctx.rank, ctx.world_size, ctx.device, sizes, warmup=warmup,
+                                        iters=iters, corrupt=ctx.rank == corrupt_rank))
     out.update(hostname=ctx.hostname, node=node_key(), local_rank=int(os.environ.get("LOCAL_RANK", ctx.local_rank)))
     return out
 
 
-def split_sweep(ctx: Any, sizes: Sequence[int], *, nodes: Sequence[str] | None = None,
+def split_sweep(ctx: RankContext, sizes: Sequence[int], *, nodes: Sequence[str] | None = None,
                 warmup: int = WARMUP, iters: int = ITERS) -> dict[str, Any] | None:
     """World work function: intra-node and inter-node sweeps, when the world has both kinds of link.
 

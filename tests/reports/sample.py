@@ -68,22 +68,26 @@ def sample_run(seed: int = 0) -> tuple[dict[str, Any], list[CheckRecord], list[E
 
     rec("gradient-equivalence", "Gradient equivalence", "conformance", "passed", 6.4,
         "8-rank DDP gradients match the single-process batch-64 step for all 14 parameters",
-        metrics={"max_abs_diff": 3.2e-07, "tolerance": 1e-05, "parameters": 14, "dtype": "float32"},
+        metrics={"key_figure": "max |Δgrad| 3.2e-07 = 0.032× tolerance", "max_abs_grad_diff": 3.2e-07,
+                 "grad_atol": 1e-05, "world_size": 8, "steps": 3},
         evidence={"worst_parameter": "blocks.1.mlp.fc2.weight", "ddp_kwargs": "{'bucket_cap_mb': 25, 'gradient_as_bucket_view': True}"})
     rec("no-sync-equivalence", "no_sync equivalence", "conformance", "passed", 7.9,
         "K=4 microbatches with no_sync match one large step; 1 all-reduce per window",
-        metrics={"max_abs_diff": 4.1e-07, "tolerance": 1e-05, "allreduce_per_window": 1, "microbatches": 4},
+        metrics={"key_figure": "1 round (3 buckets)/step for K=4; max |Δgrad| 4.1e-07 = 0.041× tolerance",
+                 "max_abs_grad_diff": 4.1e-07, "grad_atol": 1e-05, "allreduce_rounds_per_step": [[1, 1, 1]] * 8,
+                 "microbatches": 4},
         evidence={keys.WARNINGS: ["dropout (blocks.0.drop, blocks.1.drop) was switched off in both runs: "
                                   "random masks differ between the runs by design"]})
     rec("rank-consistency", "Rank consistency", "conformance", "passed", 3.1,
         "structure, parameters and buffers identical on all 8 ranks after init and 3 steps",
-        metrics={"max_abs_diff": 0.0, "tolerance": 0.0, "tensors_compared": 16})
+        metrics={"key_figure": "16 tensor digests equal on 8 ranks", "tensors_compared": 16, "checkpoints": 7})
     rec("sampler-coverage", "Sampler coverage", "conformance", "passed", 0.4,
         "3 epochs x 8 ranks: every sample once, shards disjoint, 125 batches per rank, new order each epoch",
         metrics={"key_figure": "10 000 samples, 0 overlaps", "epochs": 3, "overlap": 0, "padding": 0})
     rec("shared-weights", "Shared weights", "conformance", "passed", 4.2,
         "tied embedding/output weight gets the summed gradient of both uses, averaged over ranks",
-        metrics={"max_abs_diff": 2.4e-07, "tolerance": 1e-05, "shared_groups": 1})
+        metrics={"key_figure": "1 shared, 3 DDP modes, max |Δgrad| 2.4e-07", "shared_parameters": 1,
+                 "max_abs_grad_diff": 2.4e-07})
     rec("unused-parameters", "Unused parameters", "chaos", "failed", 41.7,
         "hang reproduced: ranks 0-1 took the aux branch at step 3, ranks 2-7 did not\n"
         "rank 0 launched all-reduce of bucket 0 (aux_head.proj.weight, aux_head.proj.bias) that ranks 2-7 never filled; "

@@ -10,8 +10,8 @@ import itertools
 
 import pytest
 
-from reports.schema import STATUSES, VERDICTS, CheckRecord
 from reports import html
+from reports.schema import STATUSES, VERDICTS, CheckRecord
 from reports.verdict import EXIT_CODES, EXIT_USAGE, counts, decide, exit_code, reasons
 
 
