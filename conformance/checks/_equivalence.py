@@ -256,14 +256,13 @@ class Equivalence:
             causes.append("forward still draws random numbers after every dropout was switched off "
                           "(a random op outside nn.Dropout): N ranks and one process cannot draw "
                           "the same values, so the runs cannot be compared exactly")
-        group = self.ranks[0].get("batchnorm_group")
-        if group:
-            seen = sorted({s for r in [*self.ranks, self.reference]
-                           for s in (r.get("batchnorm_sizes_seen") or []) if s % group})
-            if seen:
-                causes.append(f"BatchNorm saw batches of {seen} samples, which cannot be split "
-                              f"into the reference's groups of {group}: its statistics differ "
-                              f"from the single-process run's (BatchNorm per rank)")
+        if self.ranks[0].get("batchnorm_group"):
+            ddp_sizes = sorted({s for r in self.ranks for s in r.get("batchnorm_sizes_seen") or []})
+            ref_sizes = sorted(self.reference.get("batchnorm_sizes_seen") or [])
+            if ddp_sizes != ref_sizes:
+                causes.append(f"BatchNorm took its statistics over {ddp_sizes} samples under DDP "
+                              f"but over {ref_sizes} in the reference: per-rank BatchNorm "
+                              f"statistics that no single-process run reproduces")
         clips = max(len((r.get("clip_calls") or [[]])[0]) for r in self.ranks)
         ref_clips = len((self.reference.get("clip_calls") or [[]])[0])
         if clips > max(ref_clips, 1):
@@ -336,7 +335,11 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
     # Both calls carry the check's deadline: a target whose step hangs under DDP (an unused
     # parameter with find_unused_parameters=False on some ranks) must become a verdict.
     values = [r.value for r in ctx.world().run(run_recorded, plan, deadline=ctx.deadline)]
-    ref_plan = replace(plan, microbatches=1, count_allreduce=False)
+    # BatchNorm groups of the reference: the one size the N-rank run normalised over (smaller
+    # than its microbatch when train_step splits microbatches further), else the microbatch.
+    sizes = {s for v in values for s in v.get("batchnorm_sizes_seen") or []}
+    group = sizes.pop() if len(sizes) == 1 else plan.norm_group
+    ref_plan = replace(plan, microbatches=1, count_allreduce=False, norm_group=group)
     ref = ctx.world(world_size=1).run(run_recorded, ref_plan, values[0]["initial"],
                                       deadline=ctx.deadline)[0].value
     ref_grads = ref.get("grads0") or {}
@@ -388,6 +391,7 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
     message = f"{what} differs from the single-process step: {eq.mismatch_message()} — {cause}"
     evidence[HYPOTHESES] = causes
     if not decidable:
+        message = (f"{what} cannot be judged: {cause}; measured: {eq.mismatch_message()}")
         return Outcome.inconclusive(message, metrics=metrics, evidence=evidence,
                                     recommendation="make forward deterministic for the check (seed "
                                                    "or switch off the random op) to compare it")
@@ -407,8 +411,13 @@ def world_error_outcome(exc: Exception, what: str) -> Outcome:
     errors = {str(r.rank): r.error.describe() for r in exc.results if r.error is not None}
     traces = {str(r.rank): r.error.traceback[-3000:] for r in exc.results
               if r.error is not None and r.error.traceback}
-    first = next(iter(errors.items()), ("?", str(exc)))
+    # The culprit is the rank that died or failed first (World orders causes before symptoms):
+    # with rank 1 exiting, rank 0's "connection reset by peer" is not the headline.
+    culprit = exc.culprit
+    first = ((str(culprit.rank), culprit.error.describe()) if culprit is not None and culprit.error
+             else next(iter(errors.items()), ("?", str(exc))))
+    verb = "failed" if culprit is not None and culprit.error and culprit.error.kind == "died" else "raised"
     return Outcome.failed(
-        f"{what} raised on rank {first[0]}: {first[1].splitlines()[0][:300]}",
+        f"{what} {verb} on rank {first[0]}: {first[1].splitlines()[0][:300]}",
         metrics={"key_figure": "DDP step raised", "failed_ranks": exc.failed_ranks},
         evidence={"rank_errors": errors, "tracebacks": traces})

@@ -10,7 +10,9 @@ So on both sides every BatchNorm normalises over consecutive groups of G = B/(NÂ
 microbatches; the reference's groups, in order, are the same samples (rank-major, contiguous
 shards). The check then judges DDP alone, whether ``train_step`` joins microbatches or not,
 and a loss that sums instead of averaging is seen as on any other model. Batches whose size is
-not a multiple of G are normalised whole and reported (``sizes_seen``).
+not a multiple of G are normalised whole; the sizes statistics were taken over are recorded
+(``sizes_seen``), and when the N-rank run normalised over one smaller size (a ``train_step``
+that splits its microbatches further), the reference uses that size as its group.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ def _grouped_class(cls: type) -> type:
 
         def forward(self: Any, x: Any) -> Any:
             size, group = int(x.shape[0]), getattr(self, GROUP_ATTR)
-            getattr(self, SEEN_ATTR).add(size)
             if size > group and size % group == 0:
+                getattr(self, SEEN_ATTR).add(group)
                 return torch.cat([cls.forward(self, chunk) for chunk in x.split(group)])  # type: ignore[attr-defined]
+            # Normalised whole: at or below the group size (a step that splits its microbatches
+            # further), or not a multiple of it. The size is what the statistics were taken over.
+            getattr(self, SEEN_ATTR).add(size)
             return cls.forward(self, x)  # type: ignore[attr-defined]
 
         _GROUPED[cls] = type(f"Grouped{cls.__name__}", (cls,), {"forward": forward})
@@ -57,5 +62,5 @@ def group_batchnorm(model: Any, group: int) -> list[str]:
 
 
 def sizes_seen(model: Any) -> list[int]:
-    """Every batch size a grouped BatchNorm received (sorted)."""
+    """Every number of samples a grouped BatchNorm took its statistics over (sorted)."""
     return sorted({s for m in model.modules() for s in getattr(m, SEEN_ATTR, ())})

@@ -80,14 +80,17 @@ def run(ctx: CheckContext) -> Outcome:
     verdict = judge(eq, what=f"accumulating K={k} microbatches", recommendation=recommendation)
     if verdict is not None and eq.nonfinite() is not None:
         return verdict
-    if max(max(f) for f in forwards) <= 1:
-        # One forward per optimizer step: the step joined (or ignored) its K microbatches.
-        # Nothing was accumulated, so no_sync was never exercised; gradient-equivalence
-        # judges the numbers of such a step.
+    steps = [r["optimizer_steps"] for r in eq.ranks]
+    per_step = max(f / max(o, 1) for fw, st in zip(forwards, steps) for f, o in zip(fw, st))
+    if per_step <= 1:
+        # At most one forward per optimizer step: the step joined its K microbatches into one
+        # batch, or stepped the optimizer on each. Nothing was accumulated, so no_sync was
+        # never exercised; gradient-equivalence judges the numbers of such a step.
         return Outcome.skipped(
-            f"train_step does no accumulation: {max(max(f) for f in forwards)} forward per "
-            f"optimizer step for K={k} microbatches (it joins or ignores them): no_sync not "
-            f"exercised", metrics={**metrics, "key_figure": "no accumulation"},
+            f"train_step does no accumulation: 1 forward per optimizer step for K={k} "
+            f"microbatches ({max(max(f) for f in forwards)} forward(s) and "
+            f"{max(max(o) for o in steps)} optimizer step(s) per call: it joins them or steps on "
+            f"each): no_sync not exercised", metrics={**metrics, "key_figure": "no accumulation"},
             evidence=eq.evidence())
     if verdict is not None:
         return replace(verdict, metrics={**metrics, **verdict.metrics})

@@ -12,6 +12,9 @@ contribution is cut off in the model (``weight.detach()`` in a tied output proje
 silent loss no gradient comparison against the same model can see, so uses are also
 checked one by one.
 
+Dropout is switched off and BatchNorm normalises each rank's shard as a group on both sides
+(as in the equivalence checks; recorded as ``dropout_disabled``, ``batchnorm_grouped``).
+
 What runs, on every rank of the persistent world: (1) discovery — parameters reached by
 several module paths (``named_parameters(remove_duplicate=False)``) and modules called more
 than once per forward (forward hooks counting calls); (2) on rank 0, locally: each tied alias
@@ -54,6 +57,8 @@ from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._compare import diff_tensor, fmt
 from ._equivalence import world_error_outcome
+from ._normalisation import group_batchnorm
+from ._randomness import disable_dropout
 
 ITERATIONS = 2
 VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -157,6 +162,10 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int) -> dict[str, Any]:
         if any(v["kwargs"] == repr(kwargs) for v in variants):
             continue
         fresh = build_model(target, device, seed=MODEL_SEED)
+        # As in the equivalence checks: dropout masks cannot match between N ranks and one
+        # process, and BatchNorm must normalise the same groups of samples on both sides.
+        out["dropout_disabled"] = disable_dropout(fresh)
+        out["batchnorm_grouped"] = group_batchnorm(fresh, batch_size // n)
         # Construction broadcasts rank 0's weights: the reference below starts from them.
         ddp = wrap(fresh, device, kwargs)
         if rank == 0 and "reference" not in out:
@@ -216,7 +225,9 @@ def run(ctx: CheckContext) -> Outcome:
         return world_error_outcome(exc, "the shared-weights probe")
     head = values[0]
     tied = head.get("per_use", [{"names": g} for g in head["groups"]])
-    evidence: dict[str, Any] = {"shared": head["shared"], "tied": tied, "reused_modules": head["reused"]}
+    evidence: dict[str, Any] = {"shared": head["shared"], "tied": tied, "reused_modules": head["reused"],
+                                "dropout_disabled": head.get("dropout_disabled", []),
+                                "batchnorm_grouped": head.get("batchnorm_grouped", [])}
     if not head["shared"]:
         # The subject is absent: nothing was compared, so nothing may be claimed as passed.
         return Outcome.skipped(

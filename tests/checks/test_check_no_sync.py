@@ -10,7 +10,8 @@ import pytest
 from ._check_helpers import run_check
 
 
-@pytest.mark.parametrize("target", ["mlp", "tiny_buckets", "nanogpt_order", "dropout_mlp", "convbn"])
+@pytest.mark.parametrize("target", ["mlp", "tiny_buckets", "nanogpt_order", "dropout_mlp", "convbn",
+                                    "bn_split_microbatches"])
 def test_passes_with_one_round_per_step(suite_session, target):
     record = run_check(suite_session, "no-sync-equivalence", target)
     assert record.status == "passed", record.message
@@ -55,6 +56,12 @@ def test_no_accumulation_is_skipped_with_its_reason(suite_session):
                                      "step for K=4 microbatches")
     assert "no_sync not exercised" in record.message
     assert record.metrics["forwards_per_step"] == [[1, 1]] * 2
+
+
+def test_an_optimizer_step_per_microbatch_is_no_accumulation(suite_session):
+    record = run_check(suite_session, "no-sync-equivalence", "step_per_microbatch")
+    assert record.status == "skipped"
+    assert "(4 forward(s) and 4 optimizer step(s) per call" in record.message
 
 
 def test_loss_not_divided_by_k_is_caught_through_clipping(suite_session):
