@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conformance.harness.world import RankContext
 
 
-def sleep_forever_on_rank1(ctx: Any) -> None:
+def sleep_forever_on_rank1(ctx: RankContext) -> None:
     import torch
     import torch.distributed as dist
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conformance.harness.world import RankContext
 
 
-def nccl_flight_summary(ctx: Any) -> dict[str, Any] | None:
+def nccl_flight_summary(ctx: RankContext) -> dict[str, Any] | None:
     """One NCCL all-reduce, synchronised, then this rank's flight-recorder summary of it."""
     import torch
     import torch.distributed as dist
@@ -27,7 +30,7 @@ def nccl_flight_summary(ctx: Any) -> dict[str, Any] | None:
         time.sleep(0.1)
 
 
-def spin_delay_cost(ctx: Any, slow_rank: int, seconds: float) -> dict[str, float]:
+def spin_delay_cost(ctx: RankContext, slow_rank: int, seconds: float) -> dict[str, float]:
     """``slow_rank`` delays by a device-side spin before an all-reduce; every rank reports how
     long its host spent in ``delay`` and how long the all-reduce took to complete."""
     import torch
