@@ -1,4 +1,4 @@
-"""Wall time of the CI subset against its 2-minute budget (issue 6: `--suite ci` < 120 s on 2 cores).
+"""Wall time of the CI subset against its 2-minute budget (`--suite ci` < 120 s on 2 cores; README, "Development").
 
     python benchmarks/ci_wall_time.py                 # one run, gloo, 2 ranks
     python benchmarks/ci_wall_time.py --repeat 3      # median of 3
@@ -23,7 +23,9 @@ def one_run() -> tuple[float, int]:
     with tempfile.TemporaryDirectory(prefix="ci-wall-") as out:
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--suite", "ci", "--backend", "gloo",
-                               "--report-dir", out], capture_output=True, text=True)
+                               "--report-dir", out], capture_output=True, text=True, check=False,
+                              # A run 5x over budget is a finding, not a reason to wait forever.
+                              timeout=BUDGET_S * 5)
         return time.perf_counter() - start, proc.returncode
 
 
