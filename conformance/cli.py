@@ -197,7 +197,8 @@ def _check_writable(directory: Path) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe = directory / ".write-probe"
-        probe.write_text("")
+        # A few bytes, not an empty file: a full disk still creates empty files.
+        probe.write_text("probe\n")
         probe.unlink()
     except OSError as exc:
         raise UsageError(f"--report-dir {str(directory)!r} is not writable ({exc.strerror}); "
@@ -216,6 +217,9 @@ def _own(directory: Path) -> None:
         ResultStore(directory).lock()
     except ReportDirBusy as exc:
         raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"--report-dir {str(directory)!r} is not writable ({exc.strerror or exc}); "
+                         f"pass a directory you can write to") from None
 
 
 def _plugin_args() -> list[str]:
@@ -296,7 +300,6 @@ def _verdict_exit(report_dir: Path, run_id: str, pytest_code: int) -> int:
         return inconclusive(f"this run (id {run_id}) wrote no report to {report_dir} "
                             f"(pytest exit status {pytest_code})")
     verdict = str(report.get("verdict"))
-    print(f"ddp-conformance: verdict {verdict} — {report_dir}/report.html, report.md, report.json")
     try:
         code = exit_code(verdict)
     except ValueError:
@@ -304,10 +307,13 @@ def _verdict_exit(report_dir: Path, run_id: str, pytest_code: int) -> int:
     if pytest_code not in _PYTEST_RAN and code != EXIT_NOT_READY:
         # A defect that was found stays found (1); anything else after an interrupted or
         # crashed pytest is undecided, whatever the records say.
-        return inconclusive(f"pytest did not run to its end (exit status {pytest_code})")
+        return inconclusive(f"pytest did not run to its end (exit status {pytest_code}); "
+                            f"the {'incomplete ' if not report.get('complete') else ''}report is "
+                            f"in {report_dir}")
     if code == EXIT_READY and pytest_code != 0:
         return inconclusive(f"pytest reported failures (exit status {pytest_code}) "
                             f"that no record explains")
+    print(f"ddp-conformance: verdict {verdict} — {report_dir}/report.html, report.md, report.json")
     return code
 
 

@@ -53,11 +53,15 @@ class WorldError(RuntimeError):
     """A world call that did not complete on every rank."""
 
     def __init__(self, message: str, *, results: list[RankResult], stacks: dict[int, str] | None = None,
-                 elapsed_s: float = 0.0) -> None:
+                 elapsed_s: float = 0.0, culprit: RankResult | None = None) -> None:
         super().__init__(message)
         self.results = results
         self.stacks = stacks or {}
         self.elapsed_s = elapsed_s
+        # The rank that died or failed first: the cause, where its peers' errors ("connection
+        # reset by peer") are symptoms. A headline names this rank.
+        self.culprit = culprit if culprit is not None else next(
+            (r for r in results if r.error is not None and r.error.kind != "stuck"), None)
 
     @property
     def failed_ranks(self) -> list[int]:

@@ -387,7 +387,8 @@ class World:
             bad = "; ".join(f"rank {r.rank} {r.error.describe()}" for r in culprits
                             if r.error is not None)
             extra = f"; ranks {waiting} were blocked and killed" if waiting else ""
-            raise RankFailure(f"{bad}{extra}", results=ordered, stacks=stacks, elapsed_s=elapsed)
+            raise RankFailure(f"{bad}{extra}", results=ordered, stacks=stacks, elapsed_s=elapsed,
+                              culprit=culprits[0] if culprits else None)
         raise WorldHang(
             f"hang: ranks {waiting} did not finish within the {budget:g} s deadline "
             f"(detected after {elapsed:.2f} s); every rank's stack was collected and the world killed",

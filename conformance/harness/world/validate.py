@@ -36,8 +36,8 @@ def validate_target(spec: str, world_size: int, *, deadline: float) -> None:
         with cookie_in_environment(cookie):
             proc = subprocess.Popen(
                 [sys.executable, "-c",
-                 f"import sys; sys.path.insert(0, {_ROOT!r}); "
-                 f"from conformance.harness.world.validate import _child; _child()",
+                 (f"import sys; sys.path.insert(0, {_ROOT!r}); "
+                  f"from conformance.harness.world.validate import _child; _child()"),
                  spec, str(world_size), str(ready_w)],
                 stderr=subprocess.PIPE, text=True, pass_fds=(ready_w,), start_new_session=True)
         os.close(ready_w)

@@ -1,0 +1,267 @@
+"""The gate itself under faults: bad inputs and faults, each through a real ``ddp-conformance``
+subprocess, each asserting the exit code, one clear line, a time bound, no process left behind
+(the process table, by tag) and no temp dir left behind.
+
+Exit codes (README 'Command line'): 0 ready, 1 not ready, 2 usage or target error,
+3 inconclusive. Nothing here may ever exit 0: a gate that says "ready" after a fault is the
+failure this corpus exists to catch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from ._run import TARGETS, Finished, Run, wait_for_files
+
+TESTS = Path(__file__).resolve().parents[1]
+SETSID = str(TARGETS / "rank_forks_setsid.py")
+#: Ctrl-C or SIGTERM -> every rank gone (conformance.harness.timing.INTERRUPT_BUDGET_S).
+INTERRUPT_BUDGET_S = 2.0
+#: ...plus what the supervisor does after the ranks are gone (pytest's teardown, the report).
+EXIT_AFTER_SIGNAL_S = 6.0
+
+
+def _assert_clean(run: Run, *, within_s: float = 5.0) -> None:
+    procs, dirs = run.leftovers(within_s=within_s)
+    assert not procs, f"processes outlived the run: {procs}"
+    assert not dirs, f"temp dirs left behind: {dirs}"
+
+
+def _one_line(done: Finished, pattern: str) -> None:
+    """Exactly one line of the CLI's own (stdout or stderr), matching ``pattern``; no traceback."""
+    lines = [line for line in (done.stdout + "\n" + done.stderr).splitlines()
+             if line.startswith("ddp-conformance:")]
+    assert len(lines) == 1, f"expected one ddp-conformance line, got {lines}\n{done.stderr[-2000:]}"
+    assert re.search(pattern, lines[0]), lines[0]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def _ready_report(directory: Path) -> str:
+    """An earlier run's *ready* report in ``directory``; returns its run id."""
+    from reports import CheckRecord, ResultStore, write_reports
+
+    store = ResultStore(directory)
+    store.start({"target": "mlp", "checks_selected": ["rank-consistency"]})
+    store.append(CheckRecord("rank-consistency", "Rank consistency", "conformance", "passed", 1.0))
+    store.finish()
+    assert write_reports(directory)["verdict"] == "ready"
+    assert store.run_id is not None
+    return store.run_id
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run that ends by itself: its arguments, what it must exit with and say, how fast."""
+
+    name: str
+    args: list[str]
+    code: int
+    line: str  # regex for the CLI's one line
+    within_s: float = 30.0
+    setup: Callable[[Path], None] | None = None
+    stdout: str | None = None  # regex the output must also contain (a headline)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _results_is_a_directory(out: Path) -> None:
+    (out / "results.jsonl").mkdir(parents=True)
+
+
+CASES = [
+    Case("deadline-nan", ["--deadline", "nan"], 2, r"--deadline nan must be a positive number", 15),
+    Case("deadline-inf", ["--deadline", "inf"], 2, r"--deadline inf must be a positive number", 15),
+    Case("deadline-1e9", ["--deadline", "1e9"], 2, r"--deadline 1e\+09 must be .* at most 3600", 15),
+    Case("checks-comma", ["--checks", ","], 2, r"--checks ',' names no check", 15),
+    Case("checks-empty", ["--checks", ""], 2, r"--checks '' names no check", 15),
+    Case("pytest-overrides-report-dir", ["--", "--ddp-report-dir", "elsewhere"], 2,
+         r"--ddp-report-dir after -- would override", 15),
+    Case("results-is-a-directory", [], 2, r"results.jsonl is not a regular file", 15,
+         setup=_results_is_a_directory),
+    Case("64-ranks-on-few-cores", ["--world-size", "64"], 2, r"world_size=64 gloo ranks cannot start on",
+         15) if (os.cpu_count() or 1) < 8 else
+    Case("4096-ranks", ["--world-size", "4096"], 2, r"world_size=4096 gloo ranks cannot start on", 15),
+    Case("build-model-never-returns", ["--target", str(TARGETS / "build_hangs.py"), "--deadline", "3"], 2,
+         r"did not finish loading within the 3 s deadline", 40),
+    Case("import-sleeps", ["--target", str(TARGETS / "import_sleeps.py"), "--deadline", "3"], 2,
+         r"did not finish loading within the 3 s deadline", 40),
+    Case("stale-ready-report-failing-target",
+         ["--target", str(TESTS / "targets" / "rank_dependent_build.py"), "--checks", "rank-consistency"],
+         1, r"verdict not-ready", 60),
+    Case("rank-1-exits-culprit-named",
+         ["--target", str(TARGETS / "rank1_exits.py"), "--checks", "gradient-equivalence"], 1,
+         r"verdict not-ready", 60, stdout=r"failed on rank 1: died \(exit code 3\)"),
+    Case("setsid-child-of-a-passing-run", ["--target", SETSID, "--checks", "rank-consistency"], 0,
+         r"verdict ready", 60),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_bad_input_or_fault_ends_cleanly(case: Case, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    if case.name == "stale-ready-report-failing-target":
+        old = _ready_report(out)
+    elif case.setup is not None:
+        case.setup(out)
+    backend = [] if case.name.startswith(("64", "4096", "setsid", "rank-1")) else ["--backend", "gloo"]
+    run = Run(["run", "--report-dir", str(out), *backend, *case.args], tmp_path, env=case.env)
+    done = run.wait()
+    assert done.code == case.code, f"exit {done.code}, expected {case.code}\n{done.stderr[-3000:]}"
+    _one_line(done, case.line)
+    assert done.elapsed_s <= case.within_s, f"took {done.elapsed_s:.1f} s (bound {case.within_s} s)"
+    if case.stdout:
+        assert re.search(case.stdout, done.stdout), done.stdout[-3000:]
+    if case.name == "stale-ready-report-failing-target":
+        report = json.loads((out / "report.json").read_text())
+        assert report["verdict"] == "not-ready" and report["run_id"] != old
+    _assert_clean(run)
+
+
+def _hung_run(tmp_path: Path, out: Path) -> tuple[Run, list[Path]]:
+    """A run whose ranks each forked a setsid child and then hang inside the check."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    run = Run(["run", "--report-dir", str(out), "--target", SETSID, "--checks", "rank-consistency",
+               "--deadline", "60"], tmp_path, env={"DDP_TEST_PIDS": str(pids), "DDP_TEST_HANG": "1"})
+    # Two ranks' children (the validation child is not a rank: it forks nothing).
+    return run, wait_for_files(pids, 2, timeout=90)
+
+
+def _gone_within(pids: list[int], seconds: float) -> float:
+    """Seconds until every pid is gone (or zombie); fails past ``seconds``."""
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        alive = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        alive.append(pid)
+            except (OSError, IndexError):
+                pass
+        if not alive:
+            return time.monotonic() - start
+        time.sleep(0.01)
+    raise AssertionError(f"processes {alive} still alive {seconds} s after the signal")
+
+
+def _rank_and_child_pids(files: list[Path]) -> list[int]:
+    return [int(part) for f in files for part in f.name.split("-")]
+
+
+def test_sigkill_of_the_supervisor_leaves_no_rank_and_no_setsid_child(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run, files = _hung_run(tmp_path, out)
+    run.signal(signal.SIGKILL)
+    done = run.wait(timeout=10)
+    assert done.code == -signal.SIGKILL
+    _gone_within(_rank_and_child_pids(files), 5.0)  # ranks: die-with-parent; children: the guardian
+    _assert_clean(run)
+    if (out / "report.json").exists():  # nothing of this run may read as ready
+        assert json.loads((out / "report.json").read_text())["verdict"] != "ready"
+
+
+def test_double_sigint_mid_run_is_inconclusive_and_incomplete(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run, files = _hung_run(tmp_path, out)
+    run.signal(signal.SIGINT)
+    time.sleep(0.1)
+    sent = run.signal(signal.SIGINT)
+    taken = _gone_within(_rank_and_child_pids(files), INTERRUPT_BUDGET_S + 1.0)
+    done = run.wait(timeout=30)
+    assert done.code == 3, done.stderr[-3000:]
+    assert time.monotonic() - sent <= EXIT_AFTER_SIGNAL_S
+    _one_line(done, r"inconclusive")
+    assert taken <= INTERRUPT_BUDGET_S + 1.0
+    if (out / "report.json").exists():
+        report = json.loads((out / "report.json").read_text())
+        assert report["complete"] is False and report["verdict"] != "ready"
+    _assert_clean(run)
+
+
+def test_two_runs_on_one_dir_the_second_exits_2_naming_the_owner_then_sigterm(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first, files = _hung_run(tmp_path, out)
+    second = Run(["run", "--report-dir", str(out), "--backend", "gloo"], tmp_path)
+    done = second.wait(timeout=30)
+    assert done.code == 2, done.stderr[-3000:]
+    _one_line(done, rf"is in use by another run \(pid {first.pid}\)")
+    _assert_clean(second)
+    # SIGTERM is handled like Ctrl-C: ranks gone within the budget, exit 3, report incomplete.
+    sent = first.signal(signal.SIGTERM)
+    taken = _gone_within(_rank_and_child_pids(files), INTERRUPT_BUDGET_S + 1.0)
+    result = first.wait(timeout=30)
+    assert result.code == 3, result.stderr[-3000:]
+    assert time.monotonic() - sent <= EXIT_AFTER_SIGNAL_S
+    assert taken <= INTERRUPT_BUDGET_S + 1.0
+    report = json.loads((out / "report.json").read_text())
+    assert report["complete"] is False and report["verdict"] == "inconclusive"
+    _assert_clean(first)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path):
+    """A 1 MiB tmpfs (a disk that can be filled or made read-only); skipped where mounting
+    is not allowed (not root, no CAP_SYS_ADMIN)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip() or made.returncode}); "
+                    f"run as root to test a full or read-only disk")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_with_an_old_ready_report_never_exits_0(small_tmpfs: Path, tmp_path: Path) -> None:
+    out = small_tmpfs / "out"
+    _ready_report(out)
+    filler = small_tmpfs / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    run = Run(["run", "--report-dir", str(out), "--backend", "gloo", "--checks", "rank-consistency"],
+              tmp_path)
+    done = run.wait(timeout=60)
+    assert done.code == 2, done.stderr[-3000:]
+    _one_line(done, r"is not writable \(No space left on device\)")
+    _assert_clean(run)
+
+
+def test_report_of_a_read_only_dir_exits_2_with_one_line(small_tmpfs: Path, tmp_path: Path) -> None:
+    out = small_tmpfs / "out"
+    _ready_report(out)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
+    run = Run(["report", str(out)], tmp_path)
+    done = run.wait(timeout=30)
+    assert done.code == 2, done.stderr[-3000:]
+    _one_line(done, r"cannot write the report into .* \(Read-only file system\)")
+    _assert_clean(run)
+
+
+def test_report_of_a_nan_line_is_inconclusive_with_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _ready_report(out)
+    with open(out / "results.jsonl", "a") as f:
+        f.write('{"id": "shared-weights", "status": "passed", "duration_s": NaN}\n')
+    run = Run(["report", str(out)], tmp_path)
+    done = run.wait(timeout=30)
+    assert done.code == 3, done.stderr[-3000:]
+    _one_line(done, r"results.jsonl line 2 is unreadable \(NaN is not JSON\)")
+    _assert_clean(run)
