@@ -1,6 +1,11 @@
 """Bad targets through the real command line: exit code 2, one ``ddp-conformance: error:``
-line on stderr, and no report claiming ready. The five runs go in parallel (each pays the
-torch import, ~3 s)."""
+line on stderr, and no report claiming ready. The runs go in parallel (each pays the torch
+import, ~3 s; those found inside a rank also start a 2-rank world).
+
+The first cases are refused at the edge, before any process starts; the last four are the
+user's own mistakes found while the check runs on the ranks (a TypeError in train_step, an
+AttributeError in build_optimizer, shapes that broadcast, a non-scalar loss): each is still one
+line naming the target function and the user's ``file:line``, carried from the rank."""
 
 from __future__ import annotations
 
@@ -12,13 +17,32 @@ from pathlib import Path
 import pytest
 
 TARGETS = Path(__file__).resolve().parents[1] / "targets"
+MINE = Path(__file__).resolve().parent / "targets"
 CASES = {
     "missing_function": ("bad_missing_loss", "does not define loss_fn()"),
     "syntax_error": (None, "has a syntax error at line 3"),
     "build_raises": ("bad_build_raises", "build_model() raised RuntimeError: checkpoint weights.pt not found"),
     "batch_not_tensors": ("bad_batch_not_tensor", "inputs of type list; both inputs and targets must be tensors"),
     "batch_not_divisible": ("bad_batch_size", "global_batch_size=7 is not divisible by world_size=2"),
+    "step_signature": (MINE / "bad_step_signature.py",
+                       "train_step must be callable as train_step(model, optimizer, microbatches, "
+                       "loss_fn)"),
+    "type_error_in_step": (MINE / "bad_train_step_type_error.py",
+                           "train_step raised TypeError: loss_fn() got an unexpected keyword "
+                           "argument 'reduction' at "),
+    "optimizer_wants_model": (MINE / "bad_optimizer_takes_model.py",
+                              "build_optimizer raised AttributeError: 'generator' object has no "
+                              "attribute 'named_modules' at "),
+    "shapes_broadcast": (MINE / "bad_shapes.py", "loss_fn raised UserWarning: Using a target size "
+                                                 "(torch.Size([4, 1])) that is different to the input size"),
+    "loss_not_scalar": (MINE / "bad_loss_not_scalar.py",
+                        "loss_fn (defined at "),
 }
+#: Where the one line must point: the user's file and line.
+WHERE = {"type_error_in_step": "bad_train_step_type_error.py:12",
+         "optimizer_wants_model": "bad_optimizer_takes_model.py:12",
+         "shapes_broadcast": "bad_shapes.py:17", "loss_not_scalar": "bad_loss_not_scalar.py:11",
+         "step_signature": "bad_step_signature.py:9"}
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +52,7 @@ def runs(tmp_path_factory):
     syntax.write_text('"""BAD TARGET: a syntax error."""\n\ndef build_model(:\n    pass\n')
     procs = {}
     for case, (name, _) in CASES.items():
-        target = syntax if name is None else TARGETS / f"{name}.py"
+        target = syntax if name is None else name if isinstance(name, Path) else TARGETS / f"{name}.py"
         report = tmp / case
         procs[case] = (report, subprocess.Popen(
             [sys.executable, "-m", "conformance", "run", "--target", str(target),
@@ -49,6 +73,8 @@ def test_bad_target_exits_2_with_one_line(runs, case):
     assert len(lines) == 1, stderr
     assert lines[0].startswith("ddp-conformance: error:")
     assert CASES[case][1] in lines[0]
+    assert WHERE.get(case, "") in lines[0]
+    assert "see the README section 'Writing a target'" in lines[0] or case not in WHERE
     assert "Traceback" not in stderr
     summary = report / "report.json"
     assert not summary.exists() or json.loads(summary.read_text())["verdict"] != "ready"

@@ -1,0 +1,98 @@
+"""Bug variants of the examples, each caught by the check that owns it, with the hint naming
+the real cause. Every variant is the example with one deliberate change (``_variants.py``),
+run on the shared gloo 2-rank session."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conformance.harness.registry import BY_ID
+
+from ._variants import variant
+
+BYPASSED = r"forward bypassed DDP: .*0 all-reduces were observed"
+#: Where a cause is named in the recommendation rather than the message.
+ADVICE = {"gpt_untied_on_one_rank": r"build_model must not depend on the rank",
+          "resnet_no_broadcast_buffers": r"keep broadcast_buffers=True"}
+
+#: case -> (example, check id, edits, regex the message must match: the real cause)
+CASES = {
+    # -- train_gpt.py ------------------------------------------------------------------------
+    # The loss not divided by the K micro-steps, with clipping that engages on both sides:
+    # the clipped gradients agree in direction, only the gradients before clipping show it.
+    "gpt_loss_not_divided_by_k": (
+        "train_gpt.py", "no-sync-equivalence",
+        [("loss = loss / k  # the mean over the whole accumulated batch", "loss = loss  # BUG"),
+         ("GRAD_CLIP = 1.0", "GRAD_CLIP = 0.05")],
+        r"not divided by the K=4 accumulation steps"),
+    "gpt_forward_through_module": (
+        "train_gpt.py", "gradient-equivalence",
+        [("            _, loss = model(inputs, targets)\n", "            _, loss = model.module(inputs, targets)\n")],
+        BYPASSED),
+    "gpt_untied_on_one_rank": (
+        "train_gpt.py", "rank-consistency",
+        [("    return GPT(CONFIG)\n",
+          "    import torch.distributed as dist\n"
+          "    return GPT(CONFIG, tie_weights=not dist.is_initialized() or dist.get_rank() == 0)\n")],
+        r"structure differs on rank 1.*lm_head\.weight"),
+    "gpt_sync_every_micro_step": (
+        "train_gpt.py", "no-sync-equivalence",
+        [("model.require_backward_grad_sync = i == k - 1", "model.require_backward_grad_sync = True")],
+        r"4 all-reduce rounds .*per optimizer step for K=4 microbatches instead of 1"),
+    # -- train_split.py ----------------------------------------------------------------------
+    # The realistic form of the bug: the script seeds torch per rank (for its own augmentation
+    # or dropout), then splits without a generator, so each rank trains on another split.
+    "split_unseeded_random_split": (
+        "train_split.py", "gradient-equivalence",
+        [("TRAIN_SET, VAL_SET = random_split(_dataset(), [DATASET_SIZE - VAL_SIZE, VAL_SIZE],\n"
+          "                                  generator=torch.Generator().manual_seed(SPLIT_SEED))",
+          "import torch.distributed as dist  # noqa: E402\n"
+          "torch.manual_seed(1337 + (dist.get_rank() if dist.is_initialized() else 0))\n"
+          "TRAIN_SET, VAL_SET = random_split(_dataset(), [DATASET_SIZE - VAL_SIZE, VAL_SIZE])")],
+        r"(?i)(dataset|data) (is built|built|differs).*(per rank|from rank 0)|unseeded|random_split"),
+    "split_sampler_seed_per_rank": (
+        "train_split.py", "sampler-coverage",
+        [("num_replicas=world_size, rank=rank, shuffle=True, seed=0)",
+          "num_replicas=world_size, rank=rank, shuffle=True, seed=rank)")],
+        r"(?i)(sampler )?seed (differs|per rank)|different (sampler )?seeds?"),
+    "split_no_set_epoch": (
+        "train_split.py", "sampler-coverage",
+        [("    loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]\n    return loader",
+          "    return loader")],
+        r"repeat the previous epoch's order — set_epoch\(epoch\) is not called"),
+    "split_forward_through_module": (
+        "train_split.py", "gradient-equivalence",
+        [("output = self.model(source)", "output = self.model.module(source)")],
+        BYPASSED),
+    # -- train_resnet.py ---------------------------------------------------------------------
+    "resnet_sum_loss": (
+        "train_resnet.py", "gradient-equivalence",
+        [("criterion = nn.CrossEntropyLoss()", "criterion = nn.CrossEntropyLoss(reduction=\"sum\")")],
+        r"sum over samples \(reduction='sum'\), not a mean"),
+    "resnet_forward_through_module": (
+        "train_resnet.py", "gradient-equivalence",
+        [("output = model(images)", "output = model.module(images)")],
+        BYPASSED),
+    "resnet_no_broadcast_buffers": (
+        "train_resnet.py", "rank-consistency",
+        [('ddp_kwargs = {"find_unused_parameters": False}',
+          'ddp_kwargs = {"find_unused_parameters": False, "broadcast_buffers": False}')],
+        r"buffer 'stem\.1\.running_(mean|var)' differs between rank 0 and rank 1"),
+    "resnet_no_set_epoch": (
+        "train_resnet.py", "sampler-coverage",
+        [("    loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]\n", "")],
+        r"repeat the previous epoch's order — set_epoch\(epoch\) is not called"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bug_is_caught_with_its_cause(suite_session, tmp_path, case):
+    example, check_id, edits, cause = CASES[case]
+    target = variant(tmp_path, example, case, *edits)
+    record, _ = suite_session.run_check(BY_ID[check_id], target)
+    assert record.status == "failed", (record.status, record.message)
+    assert re.search(cause, record.message), record.message
+    if case in ADVICE:
+        assert re.search(ADVICE[case], record.recommendation or ""), record.recommendation

@@ -1,0 +1,33 @@
+"""Each example, the whole suite through the real command line on 2 gloo ranks: no false alarm.
+Every check passed or was skipped with its reason, and the verdict is ready (exit 0).
+
+~40 s per example on a 2-core machine (the chaos checks start their own worlds), hence slow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ._variants import EXAMPLES
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE_FILES = ("train_gpt.py", "train_split.py", "train_resnet.py")
+
+
+@pytest.mark.parametrize("example", EXAMPLE_FILES)
+def test_example_full_run_is_ready(tmp_path, example):
+    report_dir = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--target", str(EXAMPLES / example),
+                           "--report-dir", str(report_dir)],
+                          capture_output=True, text=True, timeout=600)
+    report = json.loads((report_dir / "report.json").read_text())
+    statuses = {c["id"]: (c["status"], c["message"]) for c in report["checks"]}
+    assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-2000:], statuses)
+    assert report["verdict"] == "ready"
+    assert all(status in ("passed", "skipped") for status, _ in statuses.values()), statuses
+    assert all(message.strip() for _, message in statuses.values()), statuses  # a skip says why
+    assert sum(status == "passed" for status, _ in statuses.values()) >= 5, statuses
