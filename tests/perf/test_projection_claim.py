@@ -80,3 +80,14 @@ def test_the_bound_is_the_edge(measured: dict[str, Any]) -> None:
     outside = judge(_with_measured_step(measured, 1 / (1 - SIMULATOR_ERROR_BOUND * 1.1)))
     assert inside.metrics["projection_reliable"] is True, inside.message
     assert outside.metrics["projection_reliable"] is False, outside.message
+
+
+def test_timings_too_noisy_to_fit_are_inconclusive_with_a_rerun_advice(measured: dict[str, Any]) -> None:
+    noisy = copy.deepcopy(measured)
+    jumps = [1e-3, 1e-6, 5e-2, 1e-6, 2e-2]  # no line fits these: the alpha-beta fit is rejected
+    noisy["times"] = [[[t] * 3 for t in jumps] for _ in range(2)]
+    outcome = judge(noisy)
+    assert outcome.status == "inconclusive", outcome.message
+    assert "the timings are noise" in outcome.message  # the line falls with message size
+    assert keys.CLIFF_WORLD_SIZE not in outcome.metrics  # nothing projected from an unfitted line
+    assert "re-run the check alone on an idle machine" in (recommend(_record(outcome)) or "")
