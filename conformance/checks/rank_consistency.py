@@ -22,7 +22,10 @@ construction and after each step, and of every buffer after construction and at 
 each step's first forward (a forward pre-hook on the inner module, i.e. after DDP's buffer
 broadcast). Buffers are legitimately different *between* a step's forward and the next one.
 
-Evidence: ``structure`` (per rank: counts and the first differing entry), ``first_divergence``
+A NaN/Inf in any parameter or buffer fails the check on its own, naming the first checkpoint
+and rank: NaN weights are bit-identical on every rank, and that is divergence, not consistency.
+
+Evidence: ``structure`` (per rank: counts and the first differing entry), ``nonfinite``, ``first_divergence``
 (tensor name, kind, rank, step, |Δsum|), ``tensors_compared``, ``checkpoints``.
 """
 

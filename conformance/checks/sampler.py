@@ -11,16 +11,26 @@ with the same generator seeded ``seed + epoch`` and rank r takes ``indices[r::N]
 every epoch. Unequal batch counts per rank are the classic end-of-epoch hang (one rank enters
 an all-reduce the others never join).
 
-What runs (pure logic, no process group: a sampler needs none): DistributedSampler itself over
-dataset lengths that do not divide evenly, world sizes 2, 3, 4 and the run's, drop_last False
-and True, 3 epochs — checked against the documented padding and dropping exactly; then, when
-the target defines ``epoch_batches(rank, world_size, epoch)``, its pipeline for every rank of
-the run's world size over 3 epochs. Samples are identified by content (a hash of each row of
-the inputs), so IterableDatasets work. Allowed there: up to N-1 padding duplicates and up to
-N-1 + N·(batch-1) samples dropped (drop_last in the sampler or the loader).
+What runs: DistributedSampler itself (pure logic, locally) over dataset lengths that do not
+divide evenly, world sizes 2, 3, 4 and the run's, drop_last False and True, 3 epochs — checked
+against the documented padding and dropping exactly; then, when the target defines
+``epoch_batches(rank, world_size, epoch)``, its pipeline on every rank *in that rank's
+process* over 3 epochs (module-level state that differs per process shows, as in
+production). Samples are identified by index where the pipeline allows it, else by content
+(see ``_pipeline``). Allowed: up to N-1 padding duplicates and up to N-1 + N·(batch-1)
+samples dropped (drop_last in the sampler or the loader). A duplicate-and-missing pattern is
+blamed on a cause only when measured: rank r's dataset differs from rank 0's (length, Subset
+indices), the sampler seeds differ, the epochs passed to set_epoch differ; otherwise "no known
+cause matched".
+
+Skipped with the reason: a target that declares ``sampling = "with-replacement"`` (no epoch to
+cover), a target file without ``epoch_batches`` (its pipeline cannot be checked), a pipeline
+that yields no sample.
 
 Evidence: per epoch ``missing`` and ``duplicates`` counts, ``batches_per_rank``,
-``epochs_with_repeated_order``, ``configurations_checked``.
+``epochs_with_repeated_order``, ``configurations_checked``, ``sample_identity``,
+``built_per_rank`` (each rank's dataset and sampler), ``dataset_differs_on_ranks``,
+``sampler_seeds``.
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ from reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
+from ..harness.world import RankFailure, WorldHang
+from ._equivalence import world_error_outcome
 
 EPOCHS = 3
 WORLD_SIZES = (2, 3, 4)
@@ -132,21 +144,44 @@ def _overlap_cause(differences: dict[str, Any], identity: str) -> str:
             f"{inspected})")
 
 
-def check_epoch_batches(epoch_batches: Any, world_size: int, *,
-                        identity: str = "content") -> tuple[list[str], dict[str, Any]]:
-    """Run the target's pipeline for every rank and epoch and judge what it yields."""
+def collect_epochs(rank_ctx: Any, target_spec: str, identity: str, epochs: int) -> list[Any]:
+    """Rank side: this rank's pipeline for every epoch, in this rank's own process.
+
+    In its own process, because that is where production builds it: module-level state that
+    differs per process (a dataset split after ``torch.manual_seed(seed + rank)``) differs here
+    too, which one process calling ``epoch_batches`` for every rank would never show.
+    """
+    from ..harness.targets import call_target, load_target
     from ._pipeline import read_epoch
 
-    n = world_size
+    target = load_target(target_spec)
+    return [call_target(target, "epoch_batches", read_epoch, target.epoch_batches, rank_ctx.rank,
+                        rank_ctx.world_size, epoch, identity=identity)
+            for epoch in range(epochs)]
+
+
+def check_epoch_batches(epoch_batches: Any, world_size: int, *,
+                        identity: str = "content") -> tuple[list[str], dict[str, Any]]:
+    """Run the target's pipeline for every rank and epoch in this process, and judge it."""
+    from ._pipeline import read_epoch
+
+    per_rank = [[read_epoch(epoch_batches, rank, world_size, epoch, identity=identity)
+                 for epoch in range(EPOCHS)] for rank in range(world_size)]
+    return judge_epochs(per_rank)
+
+
+def judge_epochs(per_rank: list[list[Any]]) -> tuple[list[str], dict[str, Any]]:
+    """Judge what every rank's pipeline yielded: ``per_rank[rank][epoch] = (RankEpoch, how)``."""
+    n = len(per_rank)
     per_epoch: list[list[list[Any]]] = []  # [epoch][rank] -> sample ids in order
     batch_counts: list[list[int]] = []
     built: list[list[dict[str, Any]]] = []
     how = ""
     biggest = 1
-    for epoch in range(EPOCHS):
+    for epoch in range(len(per_rank[0]) if per_rank else 0):
         ranks, counts, builds = [], [], []
         for rank in range(n):
-            got, how = read_epoch(epoch_batches, rank, n, epoch, identity=identity)
+            got, how = per_rank[rank][epoch]
             if got.batches:
                 biggest = max(biggest, -(-len(got.ids) // got.batches))
             ranks.append(got.ids)
@@ -209,7 +244,7 @@ def check_epoch_batches(epoch_batches: Any, world_size: int, *,
 
 def run(ctx: CheckContext) -> Outcome:
     target = ctx.target
-    if getattr(target, "sampling", "epochs") == "with-replacement":
+    if target.sampling == "with-replacement":
         return Outcome.skipped(
             f"sampling with replacement: no epoch to cover (target {target.name!r} declares "
             f"sampling = 'with-replacement'; its samples are random draws, not a permutation)",
@@ -229,13 +264,12 @@ def run(ctx: CheckContext) -> Outcome:
     if target.epoch_batches is not None:
         source = f"{target.name}.epoch_batches"
         try:
-            target_problems, info = check_epoch_batches(
-                target.epoch_batches, ctx.world_size,
-                identity=getattr(target, "sample_identity", "content"))
-        except Exception as exc:
-            return Outcome.failed(f"epoch_batches(rank, {ctx.world_size}, epoch) raised "
-                                  f"{type(exc).__name__}: {exc}",
-                                  metrics={"key_figure": "epoch_batches raised"}, evidence=evidence)
+            per_rank = [r.value for r in ctx.world().run(collect_epochs, target.spec,
+                                                         target.sample_identity, EPOCHS,
+                                                         deadline=ctx.deadline)]
+        except (RankFailure, WorldHang) as exc:
+            return world_error_outcome(exc, f"epoch_batches(rank, {ctx.world_size}, epoch)")
+        target_problems, info = judge_epochs(per_rank)
         evidence["epoch_batches"] = info
         # The per-rank measurements a recommendation reads, at the top of the evidence.
         evidence.update({k: info[k] for k in (DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS) if k in info})
