@@ -87,7 +87,14 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
+#: Variants whose cause the checks do not name yet (strict: an unexpected pass fails, so the
+#: mark is removed the day the check learns it).
+WAITING = {"split_unseeded_random_split": "gradient-equivalence does not yet measure whether a "
+                                          "rank's data differs from rank 0's"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=WAITING[c]))
+                                  if c in WAITING else c for c in CASES])
 def test_bug_is_caught_with_its_cause(suite_session, tmp_path, case):
     example, check_id, edits, cause = CASES[case]
     target = variant(tmp_path, example, case, *edits)
