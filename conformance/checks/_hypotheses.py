@@ -82,8 +82,8 @@ def scale_causes(factor: float, *, world_size: int, microbatches: int,
     """Every known bug whose gradient factor (N-rank / reference) is ``factor``."""
     n, k = world_size, microbatches
     table: list[tuple[float, str]] = [
-        (n, f"the loss is multiplied by the world size (factor {n} = N): DDP already averages "
-            f"gradients over the {n} ranks, so the loss must stay a per-rank mean"),
+        (n, (f"the loss is multiplied by the world size (factor {n} = N): DDP already averages "
+             f"gradients over the {n} ranks, so the loss must stay a per-rank mean")),
         (1 / (n * k) * reference_microbatches,
          f"the loss is a sum over samples (reduction='sum'), not a mean (factor 1/{n * k}: each "
          f"process's gradient grows with its microbatch, 1/{n * k} of the global batch)"
@@ -91,10 +91,10 @@ def scale_causes(factor: float, *, world_size: int, microbatches: int,
     ]
     if k > 1:
         table += [
-            (k, f"the loss is not divided by the K={k} accumulation steps (factor {k} = K): the "
-                f"accumulated gradient is the sum over microbatches, not their mean"),
-            (1 / k, f"the loss is divided by the K={k} accumulation steps once too often "
-                    f"(factor 1/{k})"),
+            (k, (f"the loss is not divided by the K={k} accumulation steps (factor {k} = K): the "
+                 f"accumulated gradient is the sum over microbatches, not their mean")),
+            (1 / k, (f"the loss is divided by the K={k} accumulation steps once too often "
+                     f"(factor 1/{k})")),
         ]
     return [text for value, text in table
             if value != 1 and abs(factor / value - 1) < SPREAD]

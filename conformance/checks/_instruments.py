@@ -21,8 +21,9 @@ Functions here run inside rank processes; torch is imported lazily.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 
 def cpu_copy(tensor: Any) -> Any:
@@ -134,8 +135,8 @@ class ClipProbe:
 
     @classmethod
     def attach(cls, model: Any, namespaces: Iterable[dict[str, Any]]) -> ClipProbe:
-        import torch.nn.utils as utils
         import torch.nn.utils.clip_grad as clip_module
+        from torch.nn import utils
 
         probe = cls(names={id(p): n for n, p in model.named_parameters()})
         original: Callable[..., Any] = clip_module.clip_grad_norm_
@@ -149,9 +150,11 @@ class ClipProbe:
             probe.calls.append({"total_norm": float(total), "max_norm": float(max_norm)})
             return total
 
+        # Both modules: user code reaches the function as torch.nn.utils.clip_grad_norm_ (nanoGPT)
+        # or through the submodule; a module attribute is looked up at call time.
         for owner in (utils, clip_module):
-            probe._restore.append((owner, "clip_grad_norm_", getattr(owner, "clip_grad_norm_")))
-            setattr(owner, "clip_grad_norm_", clip_grad_norm_)
+            probe._restore.append((owner, "clip_grad_norm_", owner.clip_grad_norm_))
+            setattr(owner, "clip_grad_norm_", clip_grad_norm_)  # noqa: B010 (mypy: not exported)
         for namespace in namespaces:
             for key, value in list(namespace.items()):
                 if value is original:

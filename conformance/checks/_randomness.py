@@ -13,7 +13,8 @@ remains, goes into the record.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def disable_dropout(model: Any) -> list[str]:

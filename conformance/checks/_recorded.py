@@ -41,6 +41,9 @@ from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfini
 from ._normalisation import group_batchnorm, sizes_seen
 from ._randomness import disable_dropout, forward_is_random
 
+GRADIENT_AFTER_FINITE_FORWARD = ("gradient at optimizer.step() (the forward's outputs were finite: "
+                                 "the loss or the backward produced it)")
+
 
 @dataclass(frozen=True, slots=True)
 class RunPlan:
@@ -165,9 +168,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = 
             if nonfinite is None:
                 # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
                 # the loss computed on them, or from the backward.
-                for kind, tensors in (("gradient at optimizer.step() (the forward's outputs were "
-                                       "finite: the loss or the backward produced it)", grads),
-                                      ("parameter", state)):
+                for kind, tensors in ((GRADIENT_AFTER_FINITE_FORWARD, grads), ("parameter", state)):
                     bad = first_nonfinite(tensors.items())
                     if bad is not None:
                         nonfinite = {"step": step, "kind": kind, "name": bad}

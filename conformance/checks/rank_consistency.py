@@ -34,6 +34,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from reports.keys import NONFINITE
+
+from ..harness.context import CheckContext
 from ..harness.ddp import (
     MODEL_SEED,
     build_model,
@@ -46,9 +49,6 @@ from ..harness.ddp import (
     unwrap,
     wrap,
 )
-from reports.keys import NONFINITE
-
-from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._equivalence import world_error_outcome

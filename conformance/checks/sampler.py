@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS
 

@@ -41,6 +41,7 @@ import copy
 import math
 from typing import Any
 
+from ..harness.context import CheckContext
 from ..harness.ddp import (
     MODEL_SEED,
     build_model,
@@ -52,7 +53,6 @@ from ..harness.ddp import (
     unwrap,
     wrap,
 )
-from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._compare import diff_tensor, fmt

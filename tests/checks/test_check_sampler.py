@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.checks.sampler import _expected, check_distributed_sampler, check_epoch_batches
+from conformance.checks.sampler import (
+    _expected,
+    check_distributed_sampler,
+    check_epoch_batches,
+)
 
 from ._check_helpers import run_check
 
