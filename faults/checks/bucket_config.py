@@ -179,16 +179,38 @@ def run(ctx: CheckContext) -> Outcome:
     evidence = {"mismatched_config": mismatch}
     if ctx.injected:
         return _judge_injected(by_cap, mismatch, metrics, evidence)
-    if result["penalty"] > PENALTY_LIMIT and result["clear_gap"]:
-        return Outcome.failed(
-            f"bucket_cap_mb={configured:g} is {result['penalty']:.2f}x slower per step than the best "
-            f"{result['best']:g} MB ({by_cap[configured]['buckets']} vs {by_cap[result['best']]['buckets']} buckets)",
-            metrics=metrics, evidence=evidence,
-            recommendation=f"Set bucket_cap_mb={result['best']:g} in ddp_kwargs (re-measure on the "
-                           f"production network: ~25 MB within one NVLink node, ~50 MB across nodes).")
-    return Outcome.passed(f"bucket_cap_mb={configured:g} is within {PENALTY_LIMIT}x of the best "
-                          f"({result['best']:g} MB, penalty {result['penalty']:.2f}x)",
-                          metrics=metrics, evidence=evidence)
+    return judge_configured(result, metrics, evidence)
+
+
+def judge_configured(result: dict[str, Any], metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:
+    """The user's configured cap against the sweep's best. A penalty is blamed on the bucket
+    size only when the two caps give different bucket layouts *and* their step-time
+    distributions do not overlap; a difference the sweep cannot attribute is inconclusive."""
+    configured, best, penalty = result["configured"], result["best"], result["penalty"]
+    by_cap = {p["bucket_cap_mb"]: p for p in result["sweep"]}
+    buckets_conf, buckets_best = by_cap[configured]["buckets"], by_cap[best]["buckets"]
+    if penalty <= PENALTY_LIMIT:
+        return Outcome.passed(f"bucket_cap_mb={configured:g} is within {PENALTY_LIMIT}x of the fastest cap "
+                              f"({best:g} MB: x{penalty:.2f})", metrics=metrics, evidence=evidence)
+    if buckets_conf == buckets_best:
+        return Outcome.inconclusive(
+            f"bucket_cap_mb={configured:g} measured x{penalty:.2f} slower than {best:g} MB, but both give "
+            f"{buckets_conf} bucket(s): the difference cannot come from the bucket layout, so the sweep "
+            f"cannot judge the configured size on this host", metrics=metrics, evidence=evidence,
+            recommendation="Re-run bucket-config on an idle machine; if the gap persists with equal bucket "
+                           "counts, it is not the bucket size.")
+    if not result["clear_gap"]:
+        return Outcome.inconclusive(
+            f"bucket_cap_mb={configured:g} measured x{penalty:.2f} slower than {best:g} MB in the median "
+            f"({buckets_conf} vs {buckets_best} buckets), but their step-time quartiles overlap: noise on "
+            f"this host cannot be told from the bucket size", metrics=metrics, evidence=evidence,
+            recommendation="Re-run bucket-config on an idle machine (or the production node).")
+    return Outcome.failed(
+        f"bucket_cap_mb={configured:g} is {penalty:.2f}x slower per step than the best {best:g} MB "
+        f"({buckets_conf} vs {buckets_best} buckets)",
+        metrics=metrics, evidence=evidence,
+        recommendation=f"Set bucket_cap_mb={best:g} in ddp_kwargs (re-measure on the production "
+                       f"network: ~25 MB within one NVLink node, ~50 MB across nodes).")
 
 
 def _judge_injected(by_cap: dict[float, Any], mismatch: list[dict[str, Any]], metrics: dict[str, Any],

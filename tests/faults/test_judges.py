@@ -151,6 +151,32 @@ def test_bucket_judge_fails_on_a_wrong_diagnosis_and_names_it(spoil: Callable[..
     assert re.search(message, outcome.message), outcome.message
 
 
+def _configured_sweep(*, conf_buckets: int, best_buckets: int, penalty: float, clear_gap: bool) -> dict[str, Any]:
+    """A --target sweep: the configured 25 MB cap against the fastest 1 MB one."""
+    return {"configured": 25.0, "best": 1.0, "penalty": penalty, "clear_gap": clear_gap,
+            "sweep": [{"bucket_cap_mb": 1.0, "buckets": best_buckets, "step_time_s": 0.010},
+                      {"bucket_cap_mb": 25.0, "buckets": conf_buckets, "step_time_s": 0.010 * penalty}]}
+
+
+@pytest.mark.parametrize(("sweep", "status", "message"), [
+    (dict(conf_buckets=1, best_buckets=6, penalty=1.10, clear_gap=True), "passed",
+     r"bucket_cap_mb=25 is within 1.25x of the fastest cap \(1 MB: x1.10\)"),
+    (dict(conf_buckets=1, best_buckets=6, penalty=1.80, clear_gap=True), "failed",
+     r"bucket_cap_mb=25 is 1.80x slower per step than the best 1 MB \(1 vs 6 buckets\)"),
+    # Equal bucket counts: a gap in time cannot come from the layout -- never "within 1.25x
+    # ... penalty 1.76x", never a failure blamed on the bucket size.
+    (dict(conf_buckets=1, best_buckets=1, penalty=1.76, clear_gap=True), "inconclusive",
+     r"measured x1.76 slower than 1 MB, but both give 1 bucket\(s\): the difference cannot come from"),
+    (dict(conf_buckets=1, best_buckets=6, penalty=1.76, clear_gap=False), "inconclusive",
+     r"quartiles overlap: noise on this host cannot be told from the bucket size"),
+])
+def test_configured_bucket_cap_is_blamed_only_when_layout_and_timing_both_differ(
+        sweep: dict[str, Any], status: str, message: str) -> None:
+    outcome = bucket_config.judge_configured(_configured_sweep(**sweep), {}, {})
+    assert outcome.status == status, outcome.message
+    assert re.search(message, outcome.message), outcome.message
+
+
 # -- unused-parameters -----------------------------------------------------------------------------
 
 AUX = sorted(unused_parameters.INCIDENT.aux_parameter_names)
