@@ -172,7 +172,8 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
         except WorldUnavailable as exc:
             raise UsageError(str(exc)) from None
     _check_writable(Path(args.report_dir))
-    _own(Path(args.report_dir))
+    if not args.attach or _launched_rank() == "0":  # under a launcher only rank 0 writes
+        _own(Path(args.report_dir))
     if args.target is not None:
         from .harness.world.validate import validate_target
 
@@ -183,6 +184,10 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
         except TargetError as exc:
             raise UsageError(str(exc)) from None
     return backend, world_size
+
+
+def _launched_rank() -> str:
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
 
 
 def _target_arg(target: str) -> str:
@@ -261,7 +266,7 @@ def _run(args: argparse.Namespace) -> int:
         if stopped.message:  # a target error found while running: its one line, as at the edge
             print(f"ddp-conformance: error: {stopped.message}", file=sys.stderr)
         return EXIT_USAGE
-    if args.attach and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) != "0":
+    if args.attach and _launched_rank() != "0":
         return EXIT_READY if code == pytest.ExitCode.OK else EXIT_NOT_READY
     return _verdict_exit(report_dir, run_id, int(code))
 

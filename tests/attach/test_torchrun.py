@@ -27,11 +27,24 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 TIMEOUT_S = 150
 
 
+#: What every launch runs: allreduce-bandwidth plus the fast conformance checks. Fixed, and
+#: each asserted to produce a record: a check that disappears from the tree fails these tests
+#: instead of silently shrinking them.
+CHECK_IDS = ("allreduce-bandwidth", "gradient-equivalence", "rank-consistency")
+
+
 def _checks() -> str:
-    """allreduce-bandwidth plus the fast conformance checks that exist in this tree."""
-    wanted = ["allreduce-bandwidth", "gradient-equivalence", "rank-consistency"]
-    have = [c for c in wanted if importlib.util.find_spec(BY_ID[c].entry.partition(":")[0]) is not None]
-    return ",".join(have)
+    for check_id in CHECK_IDS:
+        module = BY_ID[check_id].entry.partition(":")[0]
+        assert importlib.util.find_spec(module) is not None, f"{check_id}: {module} is missing"
+    return ",".join(CHECK_IDS)
+
+
+def _assert_ran_every_check(report_dir: Path, log: str) -> None:
+    records = _records(report_dir)
+    assert set(records) == set(CHECK_IDS), (sorted(records), log)
+    for check_id in CHECK_IDS:
+        assert records[check_id]["status"] in ("passed", "failed"), (check_id, records[check_id]["message"], log)
 
 
 def _free_port() -> int:
@@ -85,6 +98,7 @@ def test_two_nodes_by_c10d_rendezvous(tmp_path: Path) -> None:
     codes = _wait_all(procs, logs)
     text = "\n".join(log.read_text()[-2000:] for log in logs)
     assert (report_dir / "report.json").exists(), text
+    _assert_ran_every_check(report_dir, text)
     bw = _records(report_dir)["allreduce-bandwidth"]
     assert bw["status"] == "passed", (bw["message"], text)
     ranks = bw["evidence"]["ranks"]
@@ -103,6 +117,7 @@ def test_standalone_single_node(tmp_path: Path) -> None:
     proc = _launch(["--standalone", "--nproc-per-node", "2", *_suite(report_dir)], log)
     _wait_all([proc], [log])
     assert (report_dir / "report.json").exists(), log.read_text()[-3000:]
+    _assert_ran_every_check(report_dir, log.read_text()[-3000:])
     records = _records(report_dir)
     assert records["allreduce-bandwidth"]["status"] == "passed", log.read_text()[-3000:]
     assert {r["rank"] for r in records["allreduce-bandwidth"]["evidence"]["ranks"]} == {0, 1}

@@ -86,3 +86,60 @@ def freeze_on(ctx: Any, frozen_rank: int) -> None:
     if ctx.rank == frozen_rank:
         os.kill(os.getpid(), signal.SIGSTOP)
     dist.all_reduce(torch.ones(1))
+
+
+def _supervisor_pipe() -> Any:
+    """The rank's end of its pipe to the supervisor (found among live objects: the work
+    function is deliberately not given it, so only a test can write outside the protocol)."""
+    import gc
+    from multiprocessing.connection import Connection
+
+    return next(o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed)
+
+
+def garble_then_return(ctx: Any, bad_rank: int) -> int:
+    """``bad_rank`` writes a frame that is not a protocol message before its real reply."""
+    if ctx.rank == bad_rank:
+        _supervisor_pipe().send_bytes(b"\x80\x04garbage that is not a pickle")
+    return ctx.rank
+
+
+def stale_reply_then_return(ctx: Any, bad_rank: int) -> int:
+    """``bad_rank`` first answers a call that is not running (an old call id)."""
+    if ctx.rank == bad_rank:
+        from conformance.harness.world._protocol import encode
+        from conformance.harness.world._results import RankResult
+
+        _supervisor_pipe().send_bytes(encode("result", 10_000, RankResult(ctx.rank, "stale")))
+    return ctx.rank
+
+
+def busy_forever(ctx: Any) -> None:
+    """Every rank stays busy in Python, never reading the stop message."""
+    while True:
+        time.sleep(0.01)
+
+
+def exit_while_peer_in_collective(ctx: Any) -> None:
+    """Rank 1 exits at once; rank 0 is inside an all-reduce with it and gets 'connection reset'
+    (or a timeout): the cause is rank 1, the symptom rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        time.sleep(0.2)
+        os._exit(3)
+    dist.all_reduce(torch.ones(1))
+
+
+def listening_inodes(ctx: Any) -> list[int]:
+    """Socket inodes this rank holds open (to match against /proc/net/tcp{,6})."""
+    inodes = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.append(int(link[8:-1]))
+    return inodes

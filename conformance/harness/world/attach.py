@@ -13,6 +13,7 @@ if even that does not happen; the launcher then tears the other ranks down.
 from __future__ import annotations
 
 import faulthandler
+import ipaddress
 import os
 import socket
 import sys
@@ -24,9 +25,33 @@ from typing import Any, Callable
 
 from ..timing import DEFAULT_DEADLINE_S, pg_timeout_for
 from ..targets import raise_target_error
+from ._loopback import loopback_interface
 from ._rank import RankContext, _error
 from ._results import RankFailure, RankResult, WorldUnavailable
 from .local import World
+
+
+def pin_loopback_if_local() -> str:
+    """Check, and pin, the interface gloo will use under a launcher; returns what it is.
+
+    When the rendezvous address (MASTER_ADDR) is a loopback address — a single-node
+    ``torchrun --standalone`` — and GLOO_SOCKET_IFNAME is unset, gloo is pinned to the
+    loopback interface, so nothing this job opens faces the network. Otherwise the launcher's
+    settings stand (several nodes must reach each other) and the answer says what gloo uses.
+    """
+    chosen = os.environ.get("GLOO_SOCKET_IFNAME")
+    addr = os.environ.get("MASTER_ADDR", "")
+    try:
+        local = bool(addr) and ipaddress.ip_address(socket.gethostbyname(addr)).is_loopback
+    except (OSError, ValueError):
+        local = False
+    if chosen:
+        return f"GLOO_SOCKET_IFNAME={chosen} (set by the launcher or user)"
+    if local:
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
+        return f"GLOO_SOCKET_IFNAME={os.environ['GLOO_SOCKET_IFNAME']} (MASTER_ADDR {addr} is loopback)"
+    return (f"the interface of this host's name (GLOO_SOCKET_IFNAME unset, MASTER_ADDR {addr or '?'}); "
+            f"set GLOO_SOCKET_IFNAME to choose it")
 
 
 def launcher_env() -> dict[str, int] | None:
@@ -57,6 +82,7 @@ class AttachedWorld:
         self.generation = 1
         self.restarts: list[str] = []
         self._hostnames: list[str] = []  # every rank's host, known after the first call
+        self.interface = ""  # which network interface gloo uses (pin_loopback_if_local)
         self._ctx: RankContext | None = None
 
     @property
@@ -82,6 +108,7 @@ class AttachedWorld:
             device = torch.device("cuda", self.local_rank)
         else:
             device = torch.device("cpu")
+        self.interface = pin_loopback_if_local()
         if not dist.is_initialized():
             dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size,
                                     timeout=timedelta(seconds=self.pg_timeout))
