@@ -101,6 +101,13 @@ def settings_from(config: pytest.Config) -> Any:
 
 
 INTERRUPTED = pytest.StashKey[bool]()
+KEPT_TMP = pytest.StashKey[str]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    kept = config.stash.get(KEPT_TMP, None)
+    if kept:
+        terminalreporter.write_line(f"[ddp] --keep-tmp: the session's temp dir is kept: {kept}")
 
 
 def _terminate_as_interrupt(config: pytest.Config) -> Any:
@@ -130,8 +137,8 @@ def ddp_session(pytestconfig: pytest.Config) -> Iterator[Any]:
         try:
             session.close()
         finally:
-            if session.settings.keep_tmp:
-                _say(pytestconfig, f"[ddp] --keep-tmp: the session's temp dir is kept: {session.tmpdir}")
+            if session.settings.keep_tmp:  # said in the terminal summary (teardown output is captured)
+                pytestconfig.stash[KEPT_TMP] = str(session.tmpdir)
             for sig, old in (previous or {}).items():
                 signal.signal(sig, old)
 

@@ -72,3 +72,56 @@ def test_unknown_check_id_is_a_usage_error(pytester: pytest.Pytester) -> None:
                                            "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*unknown check id 'nope'; known ids: gradient-equivalence*"])
+
+
+def test_a_report_dir_owned_by_a_live_run_is_a_usage_error(pytester: pytest.Pytester, tmp_path) -> None:
+    import os
+
+    from reports.store import ResultStore
+
+    owned = tmp_path / "owned"
+    ResultStore(owned).lock()  # this process is the live owner
+    result = pytester.runpytest_subprocess("--pyargs", "conformance.suite", "--ddp-report-dir", str(owned),
+                                           "--ddp-checks", "sampler-coverage", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*report dir '{owned}' is in use by another run (pid {os.getpid()})*"])
+    assert not (owned / "results.jsonl").exists()
+
+
+def test_sigterm_of_plain_pytest_is_an_interrupt_with_an_incomplete_report(pytester: pytest.Pytester,
+                                                                          tmp_path) -> None:
+    import json
+    import os
+    import signal
+    import time
+
+    started = tmp_path / "started"
+    pytester.makepyfile(
+        f"""
+        import time
+
+        def hang(ctx):
+            time.sleep(600)
+
+        def test_hang(ddp_world):
+            ddp_world.start()
+            open({str(started)!r}, "w").close()
+            ddp_world.run(hang)
+        """
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                             "--ddp-backend", "gloo", "--ddp-deadline", "300", "--ddp-report-dir", str(out)],
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    until = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < until:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the call is running on the ranks by now
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["finished"] is None and run["pytest_exit"] == int(pytest.ExitCode.INTERRUPTED)

@@ -100,6 +100,8 @@ CASES = [
     Case("rank-1-exits-culprit-named",
          ["--target", str(TARGETS / "rank1_exits.py"), "--checks", "gradient-equivalence"], 1,
          r"verdict not-ready", 60, stdout=r"failed on rank 1: died \(exit code 3\)"),
+    Case("pytest-runs-nothing", ["--checks", "rank-consistency", "--", "--collect-only"], 3,
+         r"verdict inconclusive", 30),
     Case("setsid-child-of-a-passing-run", ["--target", SETSID, "--checks", "rank-consistency"], 0,
          r"verdict ready", 60),
 ]
@@ -264,4 +266,19 @@ def test_report_of_a_nan_line_is_inconclusive_with_one_line(tmp_path: Path) -> N
     done = run.wait(timeout=30)
     assert done.code == 3, done.stderr[-3000:]
     _one_line(done, r"results.jsonl line 2 is unreadable \(NaN is not JSON\)")
+    _assert_clean(run)
+
+
+def test_keep_tmp_keeps_the_session_dir_and_says_where(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run = Run(["run", "--report-dir", str(out), "--backend", "gloo", "--target", "mlp",
+               "--checks", "rank-consistency", "--keep-tmp"], tmp_path)
+    done = run.wait()
+    assert done.code == 0, done.stderr[-3000:]
+    kept = re.search(r"--keep-tmp: the session's temp dir is kept: (\S+)", done.stdout)
+    assert kept, done.stdout[-2000:]
+    assert Path(kept.group(1)).is_dir() and Path(kept.group(1)).parent == run.tmp
+    import shutil
+
+    shutil.rmtree(kept.group(1))
     _assert_clean(run)
