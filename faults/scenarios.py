@@ -23,6 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance.harness.targets import TargetError
 from conformance.harness.timing import (
     FLIGHT_SNAPSHOT_AFTER_S,
     SCENARIO_BARRIER_TIMEOUT_S,
@@ -208,6 +209,8 @@ def scenario_rank(ctx: RankContext, sc: Scenario, log_dir: str) -> dict[str, Any
     try:
         with snapshot:
             body(ctx, sc, tracker, log, group)
+    except TargetError:
+        raise  # the user's own code raised: exit 2 with its line, not a hang to diagnose
     except Exception as exc:
         state, text = "raised", f"{type(exc).__name__}: {exc}"
     finally:

@@ -36,6 +36,7 @@ from conformance.harness.ddp import (
     SCENARIO_DATA_SEED as DATA_SEED,  # the reproduction replays the scenarios' batches
 )
 from conformance.harness.outcome import Outcome
+from conformance.harness.targets import TargetError
 from reports.keys import FIND_UNUSED_TAX, UNUSED_TABLE
 
 from .._log import InjectionLog, record_injections
@@ -170,6 +171,8 @@ def run(ctx: CheckContext) -> Outcome:
             tax_info: dict[str, Any] = {"false_s": round(t_false, 6), "true_s": round(t_true, 6),
                                         "tax": round(t_true / t_false, 3),
                                         "model": "target" if tax_source == source else "vehicle (aux always on)"}
+        except TargetError:
+            raise  # the user's own code raised: exit 2 with its line, not an unmeasured tax
         except Exception as exc:  # a random branch can still strike: the tax stays unmeasured
             tax_info = {"tax": None, "error": str(exc)[:500]}
         repro = None

@@ -38,11 +38,20 @@ CASES = {
     "loss_not_scalar": (MINE / "bad_loss_not_scalar.py",
                         "loss_fn (defined at "),
 }
+# The same mistake met first by the chaos checks, which catch their scenarios' errors: the
+# user's exception must still end the run as a target error, not as a hang or a pass.
+CASES["type_error_in_hang_detection"] = CASES["type_error_in_step"]
+CASES["type_error_in_unused_parameters"] = CASES["type_error_in_step"]
+CHECKS = {"type_error_in_hang_detection": "hang-detection",
+          "type_error_in_unused_parameters": "unused-parameters"}
+
 #: Where the one line must point: the user's file and line.
 WHERE = {"type_error_in_step": "bad_train_step_type_error.py:12",
          "optimizer_wants_model": "bad_optimizer_takes_model.py:12",
          "shapes_broadcast": "bad_shapes.py:17", "loss_not_scalar": "bad_loss_not_scalar.py:11",
-         "step_signature": "bad_step_signature.py:9"}
+         "step_signature": "bad_step_signature.py:9",
+         "type_error_in_hang_detection": "bad_train_step_type_error.py:12",
+         "type_error_in_unused_parameters": "bad_train_step_type_error.py:12"}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +65,7 @@ def runs(tmp_path_factory):
         report = tmp / case
         procs[case] = (report, subprocess.Popen(
             [sys.executable, "-m", "conformance", "run", "--target", str(target),
-             "--checks", "gradient-equivalence", "--report-dir", str(report)],
+             "--checks", CHECKS.get(case, "gradient-equivalence"), "--report-dir", str(report)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     out = {}
     for case, (report, proc) in procs.items():
