@@ -81,8 +81,14 @@ class Equivalence:
         return all(d.ok for d in self.pre_clip_diffs)
 
     @property
+    def same_first_step(self) -> bool:
+        """Did every side run its first optimizer.step() at the same step (a GradScaler may skip)?"""
+        return {r.get("grads0_step") for r in self.ranks} == {self.reference.get("grads0_step")}
+
+    @property
     def ok(self) -> bool:
-        return self.grads_ok and self.pre_clip_ok and self.first_bad_step is None
+        return (self.grads_ok and self.pre_clip_ok and self.first_bad_step is None
+                and self.same_first_step)
 
     @property
     def judged_scale(self) -> Scale:
@@ -112,6 +118,8 @@ class Equivalence:
             "module_forwards_per_step": self._all("inner_forwards"),
             "allreduce_rounds_per_step": self._all("allreduce_rounds"),
             "reference_optimizer_steps_per_step": self.reference.get("optimizer_steps"),
+            "gradients_compared_at_step": {"ranks": self._all("grads0_step"),
+                                           "reference": self.reference.get("grads0_step")},
             "gradients_before_clipping_compared": len(self.pre_clip_diffs),
             "clipping_engaged": self.clip_engaged,
         }
@@ -286,6 +294,10 @@ class Equivalence:
     def mismatch_message(self) -> str:
         wg, wp = self.worst_grad, self.worst_param
         parts = []
+        if not self.same_first_step:
+            firsts = sorted({r.get("grads0_step") for r in self.ranks}, key=str)
+            parts.append(f"the first optimizer.step() ran at step {firsts} under DDP "
+                         f"but at step {self.reference.get('grads0_step')} in the reference")
         if wg is not None and not wg.ok:
             parts.append(f"first-step gradient of {wg.name!r} (as optimizer.step() consumed it) "
                          f"differs from the single-process reference by {fmt(wg.max_abs)} (rel {fmt(wg.max_rel)}) on "

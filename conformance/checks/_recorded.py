@@ -83,8 +83,9 @@ def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = 
 
     Returns (rank 0 always, other ranks when ``plan.record_all_ranks``): ``initial`` (rank 0's
     parameters and buffers after DDP's broadcast, to seed the reference), ``grads0`` (the
-    gradients ``optimizer.step()`` consumed at step 0), ``pre_clip0`` (the gradients before
-    step 0's last clip, when the step clips), ``params`` (after every step), and per step:
+    gradients consumed by the first ``optimizer.step()`` that ran, at step ``grads0_step``:
+    0 unless a GradScaler skipped steps), ``pre_clip0`` (the gradients before that step's last
+    clip, when the step clips), ``params`` (after every step), and per step:
     ``optimizer_steps``, ``ddp_forwards``, ``inner_forwards``, ``allreduce_calls``,
     ``allreduce_rounds``, ``buckets_per_step``, ``clip_calls``; once: ``nonfinite`` (the
     first NaN/Inf), ``dropout_disabled``, ``rng_in_forward``, ``batchnorm_grouped``,
@@ -148,10 +149,11 @@ def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = 
                 counts["indices"] = set()
             recorder.reset()
             clip.calls = []
+            if "grads0" not in out:
+                clip.pre_clip, clip.frozen = None, False
             # train_step runs forward/backward on every rank: each backward that is not under
             # no_sync is a collective, so all ranks execute the same number of steps.
             target.run_step(ddp, optimizer, micro, step=step)
-            clip.frozen = True  # pre_clip0 is step 0's: later steps must not overwrite it
             per_step["optimizer_steps"].append(recorder.steps)
             ddp_fw, inner_fw = forwards.take()
             per_step["ddp_forwards"].append(ddp_fw)
@@ -173,11 +175,19 @@ def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = 
                     if bad is not None:
                         nonfinite = {"step": step, "kind": kind, "name": bad}
                         break
-            if record and step == 0:
-                out["grads0"] = recorder.grads
-                out["pre_clip0"] = clip.pre_clip
+            if "grads0" not in out and recorder.grads is not None:
+                # The first step whose optimizer.step() ran (a GradScaler skips steps with inf
+                # gradients, typically the first ones under fp16): its gradients are compared.
+                # Before it no parameter moved, so both sides still start from the same weights.
+                out["grads0"] = recorder.grads if record else None
+                out["grads0_step"] = step
+                out["pre_clip0"] = clip.pre_clip if record else None
+                clip.frozen = True
             if record:
                 params.append(state)
+    out.setdefault("grads0", None)
+    out.setdefault("grads0_step", None)
+    out.setdefault("pre_clip0", None)
     out.update(per_step)
     out["params"] = params
     out["nonfinite"] = nonfinite

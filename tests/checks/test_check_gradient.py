@@ -124,3 +124,11 @@ def test_batchnorm_statistics_that_differ_per_rank_are_named(suite_session):
     assert ("BatchNorm took its statistics over [1, 3] samples under DDP but over [3, 5] in the "
             "reference") in record.message
     assert "loss is" not in record.message
+
+
+def test_a_skipped_first_step_compares_the_first_step_that_ran(suite_session):
+    record = run_check(suite_session, "gradient-equivalence", "skips_first_step")
+    assert record.status == "passed", record.message
+    compared = record.evidence["compared"]
+    assert compared["gradients_compared_at_step"] == {"ranks": [1, 1], "reference": 1}
+    assert compared["optimizer_steps_per_step"] == [[0, 1, 1]] * 2
