@@ -22,7 +22,7 @@ DROPOUT_DISABLED = "dropout_disabled"  # evidence list[str]: dropout switched of
 GRADIENT_FACTOR = "gradient_factor"  # metric float | None: one N-rank/reference factor on every gradient
 HYPOTHESES = "hypotheses"  # evidence list[str]: causes a measurement supports (empty: none matched)
 DDP_BYPASSED = "ddp_bypassed"  # evidence bool: forwards reached the inner module only, 0 all-reduces
-# conformance/checks/_equivalence.py and rank_consistency.py, evidence.
+# conformance/checks/_equivalence.py, rank_consistency.py and shared_weights.py, evidence.
 NONFINITE = "nonfinite"  # dict: first NaN/Inf {"step", "rank", "kind", "name"}
 
 # conformance/checks/sampler.py, evidence.
@@ -52,7 +52,8 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     GRADIENT_FACTOR: ("conformance.checks._equivalence",),
     HYPOTHESES: ("conformance.checks._equivalence",),
     DDP_BYPASSED: ("conformance.checks._equivalence",),
-    NONFINITE: ("conformance.checks._equivalence", "conformance.checks.rank_consistency"),
+    NONFINITE: ("conformance.checks._equivalence", "conformance.checks.rank_consistency",
+                "conformance.checks.shared_weights"),
     DATASET_DIFFERS_ON_RANKS: ("conformance.checks.sampler",),
     SAMPLER_SEEDS: ("conformance.checks.sampler",),
     UNUSED_TABLE: ("faults.checks.unused_parameters",),

@@ -41,6 +41,8 @@ import copy
 import math
 from typing import Any
 
+from reports.keys import NONFINITE
+
 from ..harness.context import CheckContext
 from ..harness.ddp import (
     MODEL_SEED,
@@ -193,6 +195,21 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int) -> dict[str, Any]:
     return out
 
 
+def _first_nonfinite(head: dict[str, Any], values: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first NaN/Inf gradient: the single-process reference first, then each rank's runs."""
+    import torch
+
+    sources = [("single-process reference", None, head["reference"])]
+    sources += [(f"DDP run ({v['label']}) on rank {value['rank']}", value["rank"], v["grads"])
+                for value in values for v in value["variants"]]
+    for where, rank, per_iteration in sources:
+        for iteration, grads in enumerate(per_iteration):
+            for name, grad in grads.items():
+                if grad is not None and not bool(torch.isfinite(grad).all()):
+                    return {"name": name, "iteration": iteration, "where": where, "rank": rank}
+    return None
+
+
 def _grad(model: Any, name: str) -> Any:
     grad = model.get_parameter(name).grad
     return None if grad is None else grad.detach().cpu().clone()
@@ -234,6 +251,18 @@ def run(ctx: CheckContext) -> Outcome:
             "no shared parameters: no tied aliases and no module called twice per forward, so "
             "there is no shared gradient to check",
             metrics={"key_figure": "no shared parameters", "shared_parameters": 0}, evidence=evidence)
+    bad = _first_nonfinite(head, values)
+    if bad is not None:
+        # Before anything else: a NaN gradient makes every later comparison (and the per-use
+        # perturbation test, where NaN != NaN) meaningless.
+        evidence[NONFINITE] = bad
+        return Outcome.failed(
+            f"non-finite gradient (NaN/Inf) of shared parameter {bad['name']!r} at iteration "
+            f"{bad['iteration']} in the {bad['where']}: nothing about its sharing can be verified",
+            metrics={"key_figure": f"NaN/Inf gradient of {bad['name']}", "shared": head["shared"],
+                     "shared_parameters": len(head["shared"])}, evidence=evidence,
+            recommendation="find where the loss or the gradient first becomes non-finite (learning "
+                           "rate, a log or division of zero, fp16 overflow)")
     lost = [name for group in tied for name in group.get("lost_uses", [])]
     rows, failures = [], []
     for index, variant in enumerate(head["variants"]):

@@ -132,3 +132,11 @@ def test_a_skipped_first_step_compares_the_first_step_that_ran(suite_session):
     compared = record.evidence["compared"]
     assert compared["gradients_compared_at_step"] == {"ranks": [1, 1], "reference": 1}
     assert compared["optimizer_steps_per_step"] == [[0, 1, 1]] * 2
+
+
+def test_frozen_parameters_are_listed_not_compared(suite_session):
+    record = run_check(suite_session, "gradient-equivalence", "frozen_layer")
+    assert record.status == "passed", record.message
+    assert record.evidence["compared"]["parameters_without_gradient"] == ["0.weight", "0.bias"]
+    assert record.metrics["parameters_compared"] == 4
+    assert "no gradient on 2 parameter(s) in either run" in record.message

@@ -30,3 +30,10 @@ def test_detached_tied_use_is_named(suite_session):
     assert record.status == "failed"
     assert record.metrics["lost_uses"] == ["lm_head.weight"]
     assert "lm_head.weight" in record.message
+
+
+def test_nan_gradient_of_a_tied_weight_fails_on_its_own(suite_session):
+    record = run_check(suite_session, "shared-weights", "tied_nan")
+    assert record.status == "failed"
+    assert record.message.startswith("non-finite gradient (NaN/Inf) of shared parameter 'embed.weight'")
+    assert "single-process reference" in record.message and "lost" not in record.message
