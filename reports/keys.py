@@ -25,7 +25,7 @@ DDP_BYPASSED = "ddp_bypassed"  # evidence bool: forwards reached the inner modul
 # conformance/checks/_equivalence.py, rank_consistency.py and shared_weights.py, evidence.
 NONFINITE = "nonfinite"  # dict: first NaN/Inf {"step", "rank", "kind", "name"}
 
-# conformance/checks/sampler.py, evidence.
+# conformance/checks/sampler.py (and _equivalence.py for DATASET_DIFFERS_ON_RANKS), evidence.
 DATASET_DIFFERS_ON_RANKS = "dataset_differs_on_ranks"  # list[int]: ranks whose dataset is not rank 0's
 SAMPLER_SEEDS = "sampler_seeds"  # list: DistributedSampler seed per rank, present only when they differ
 
@@ -44,6 +44,12 @@ CONFIGURED_BUCKET_CAP_MB = "configured_bucket_cap_mb"  # float: the target's cap
 CLIFF_WORLD_SIZE = "cliff_world_size"  # int | None: first projected world size that stops overlapping
 SIMULATOR_ERROR = "simulator_error"  # float: |predicted - measured| / measured step time
 
+# conformance/harness/resources.py, metrics of every record (what the check cost, on what model).
+MODEL_PARAMETERS = "model_parameters"  # int: parameters of the target's model (absent for vehicles)
+MODEL_BYTES = "model_bytes"  # int: bytes of those parameters
+SUPERVISOR_PEAK_RSS = "supervisor_peak_rss_bytes"  # int | None: the supervisor's peak RSS during the check
+TREE_PEAK_RSS = "tree_peak_rss_bytes"  # int | None: peak RSS of supervisor + ranks + their children, summed
+
 # Which module produces which key: what the test of this module holds the producers to.
 PRODUCERS: dict[str, tuple[str, ...]] = {
     WARNINGS: ("conformance.checks._equivalence",),
@@ -54,7 +60,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     DDP_BYPASSED: ("conformance.checks._equivalence",),
     NONFINITE: ("conformance.checks._equivalence", "conformance.checks.rank_consistency",
                 "conformance.checks.shared_weights"),
-    DATASET_DIFFERS_ON_RANKS: ("conformance.checks.sampler",),
+    DATASET_DIFFERS_ON_RANKS: ("conformance.checks.sampler", "conformance.checks._equivalence"),
     SAMPLER_SEEDS: ("conformance.checks.sampler",),
     UNUSED_TABLE: ("faults.checks.unused_parameters",),
     FIND_UNUSED_TAX: ("faults.checks.unused_parameters",),
@@ -63,4 +69,8 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     CONFIGURED_BUCKET_CAP_MB: ("faults.checks.bucket_config",),
     CLIFF_WORLD_SIZE: ("conformance.perf.allreduce_bandwidth",),
     SIMULATOR_ERROR: ("conformance.perf.allreduce_bandwidth",),
+    MODEL_PARAMETERS: ("conformance.harness.resources",),
+    MODEL_BYTES: ("conformance.harness.resources",),
+    SUPERVISOR_PEAK_RSS: ("conformance.harness.resources",),
+    TREE_PEAK_RSS: ("conformance.harness.resources",),
 }

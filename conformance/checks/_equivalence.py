@@ -20,6 +20,7 @@ from typing import Any
 
 from reports.keys import (
     BATCHNORM_PER_RANK,
+    DATASET_DIFFERS_ON_RANKS,
     DDP_BYPASSED,
     DROPOUT_DISABLED,
     GRADIENT_FACTOR,
@@ -178,6 +179,7 @@ class Equivalence:
             "parameters_after_last_step": [d.to_json() for d in last],
             "ddp_kwargs": head.get("ddp_kwargs"),
             DROPOUT_DISABLED: dropout,
+            DATASET_DIFFERS_ON_RANKS: self.ranks_with_other_data(),
             DDP_BYPASSED: self.bypassed() is not None and self.bypassed_wrapper(),
             "rng_in_forward": any(self._all("rng_in_forward")) or bool(self.reference.get("rng_in_forward")),
             "batchnorm_grouped": grouped,
@@ -233,6 +235,22 @@ class Equivalence:
                 f"{len(self.no_gradient)} parameters had a gradient, under DDP or in the "
                 f"single-process reference")
 
+    def ranks_with_other_data(self) -> list[int]:
+        digests = self._all("batch_digests")
+        return [r for r, mine in enumerate(digests) if mine != digests[0]]
+
+    def data_differs(self) -> str | None:
+        """Measured: make_batch(generator seeded alike) gave rank r another global batch."""
+        digests = self._all("batch_digests")
+        for rank, mine in enumerate(digests[1:], start=1):
+            steps = [s for s, (a, b) in enumerate(zip(digests[0] or [], mine or [])) if a != b]
+            if steps:
+                return (f"rank {rank}'s data differs from rank 0's: make_batch drew a different global "
+                        f"batch on rank {rank} from the same seed (steps {steps}) — the dataset is "
+                        f"built differently per rank, e.g. random_split without a generator after a "
+                        f"per-rank torch.manual_seed; build it identically on every rank")
+        return None
+
     def bypassed_wrapper(self) -> bool:
         """Forwards reached the inner module, none went through the DDP wrapper."""
         return (sum(sum(r.get("ddp_forwards") or []) for r in self.ranks) == 0
@@ -256,6 +274,9 @@ class Equivalence:
     def hints(self) -> tuple[list[str], bool]:
         """(measured causes, decidable). Not decidable: randomness left in forward."""
         causes: list[str] = []
+        data = self.data_differs()
+        if data:
+            causes.append(data)
         bypass = self.bypassed()
         if bypass:
             causes.append(bypass)

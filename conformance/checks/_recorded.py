@@ -33,6 +33,7 @@ from ..harness.ddp import (
     global_batch,
     param_state,
     shard,
+    tensor_digest,
     to_device,
     unwrap,
     wrap,
@@ -119,7 +120,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = 
         out["initial"] = {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
     per_step: dict[str, list[Any]] = {k: [] for k in (
         "optimizer_steps", "ddp_forwards", "inner_forwards", "allreduce_calls", "allreduce_rounds",
-        "buckets_per_step", "clip_calls")}
+        "buckets_per_step", "clip_calls", "batch_digests")}
     params: list[dict[str, Any]] = []
     nonfinite: dict[str, Any] | None = None
     current = {"step": 0}
@@ -143,6 +144,9 @@ def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = 
         for step in range(plan.steps):
             current["step"] = step
             batch = global_batch(target, plan.global_batch, seed=plan.seed + step)
+            # Every rank draws the *same* global batch from the same seed, unless the data it
+            # draws from was built differently in this process (a per-rank dataset).
+            per_step["batch_digests"].append(tensor_digest(batch[0]) + tensor_digest(batch[1]))
             micro = to_device(shard(batch, rank, n, plan.microbatches), rank_ctx.device)
             before = (counts["calls"], counts["rounds"]) if counts is not None else (0, 0)
             if counts is not None:

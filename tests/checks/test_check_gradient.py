@@ -140,3 +140,12 @@ def test_frozen_parameters_are_listed_not_compared(suite_session):
     assert record.evidence["compared"]["parameters_without_gradient"] == ["0.weight", "0.bias"]
     assert record.metrics["parameters_compared"] == 4
     assert "no gradient on 2 parameter(s) in either run" in record.message
+
+
+def test_a_dataset_built_differently_per_rank_is_named(suite_session):
+    record = run_check(suite_session, "gradient-equivalence", "data_per_rank")
+    assert record.status == "failed"
+    assert "rank 1's data differs from rank 0's" in record.message
+    assert "random_split without a generator" in record.message
+    assert "loss is" not in record.message
+    assert record.evidence["dataset_differs_on_ranks"] == [1]

@@ -51,7 +51,7 @@ CASES = {
           "import torch.distributed as dist  # noqa: E402\n"
           "torch.manual_seed(1337 + (dist.get_rank() if dist.is_initialized() else 0))\n"
           "TRAIN_SET, VAL_SET = random_split(_dataset(), [DATASET_SIZE - VAL_SIZE, VAL_SIZE])")],
-        r"(?i)(dataset|data) (is built|built|differs).*(per rank|from rank 0)|unseeded|random_split"),
+        r"rank 1's data differs from rank 0's: .*random_split without a generator"),
     "split_sampler_seed_per_rank": (
         "train_split.py", "sampler-coverage",
         [("num_replicas=world_size, rank=rank, shuffle=True, seed=0)",
@@ -89,8 +89,7 @@ CASES = {
 
 #: Variants whose cause the checks do not name yet (strict: an unexpected pass fails, so the
 #: mark is removed the day the check learns it).
-WAITING = {"split_unseeded_random_split": "gradient-equivalence does not yet measure whether a "
-                                          "rank's data differs from rank 0's"}
+WAITING: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=WAITING[c]))
