@@ -13,7 +13,15 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from .keys import BEST_BUCKET_CAP_MB, CONFIGURED_BUCKET_CAP_MB, CULPRIT_RANK
+from .keys import (
+    BEST_BUCKET_CAP_MB,
+    CONFIGURED_BUCKET_CAP_MB,
+    CULPRIT_RANK,
+    MODEL_BYTES,
+    MODEL_PARAMETERS,
+    SUPERVISOR_PEAK_RSS,
+    TREE_PEAK_RSS,
+)
 
 DASH = "—"
 STATUS_ICONS = {"passed": "✅", "failed": "❌", "inconclusive": "⚠️", "skipped": "⏭️"}
@@ -56,6 +64,53 @@ def seconds(value: Any) -> str:
     if v < 120:
         return f"{v:.1f} s"
     return f"{v / 60:.1f} min"
+
+
+def mem(value: Any) -> str:
+    """Bytes of memory, one decimal in the largest binary unit (``1.7 GiB``, ``412.0 MiB``)."""
+    v = number(value)
+    if v is None or v < 0:
+        return DASH
+    for size, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if v >= size:
+            return f"{v / size:.1f} {unit}"
+    return f"{v:.0f} B"
+
+
+def _metrics(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    metrics = record.get("metrics")
+    return metrics if isinstance(metrics, Mapping) else {}
+
+
+def peak_memory(record: Mapping[str, Any]) -> str:
+    """The check's peak RSS as ``supervisor / process tree``, for the table's column."""
+    m = _metrics(record)
+    sup, tree = number(m.get(SUPERVISOR_PEAK_RSS)), number(m.get(TREE_PEAK_RSS))
+    if sup is None and tree is None:
+        return DASH
+    return f"{mem(sup)} / {mem(tree)}"
+
+
+def model_size(record: Mapping[str, Any]) -> str:
+    """``2.10 M parameters (8.0 MiB)``, or a dash when the check ran on its own vehicle."""
+    m = _metrics(record)
+    params, nbytes = number(m.get(MODEL_PARAMETERS)), number(m.get(MODEL_BYTES))
+    if params is None:
+        return DASH
+    count = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M" if params >= 1e4 else f"{params:.0f}"
+    return f"{count} parameters" + (f" ({mem(nbytes)})" if nbytes is not None else "")
+
+
+def cost_line(record: Mapping[str, Any]) -> str:
+    """What the check cost, in one line: time, peak memory of supervisor and tree, model size."""
+    m = _metrics(record)
+    parts = [f"took {seconds(record.get('duration_s'))}"]
+    if number(m.get(SUPERVISOR_PEAK_RSS)) is not None or number(m.get(TREE_PEAK_RSS)) is not None:
+        parts.append(f"peak RSS: supervisor {mem(m.get(SUPERVISOR_PEAK_RSS))}, "
+                     f"process tree {mem(m.get(TREE_PEAK_RSS))}")
+    if number(m.get(MODEL_PARAMETERS)) is not None:
+        parts.append(f"model {model_size(record)}")
+    return "; ".join(parts)
 
 
 def timestamp(value: Any) -> str:

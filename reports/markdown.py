@@ -19,8 +19,10 @@ from ._format import (
     DASH,
     STATUS_ICONS,
     VERDICT_TITLES,
+    cost_line,
     key_figure,
     one_line,
+    peak_memory,
     pretty_json,
     seconds,
     timestamp,
@@ -117,8 +119,10 @@ def _table(checks: list[Mapping[str, Any]], report: Mapping[str, Any]) -> list[s
         status = str(c.get("status"))
         rows.append([f"{STATUS_ICONS.get(status, '')} {cell(status, 20)}", cell(c.get("id"), 60),
                      cell(c.get("target") or report.get("target") or DASH, 60), cell(key_figure(c), 80),
-                     cell(c.get("message") or DASH), cell(seconds(c.get("duration_s")), 20)])
-    table = tabulate(rows, headers=["Status", "Check", "Target", "Key figure", "Evidence", "Time"],
+                     cell(c.get("message") or DASH), cell(seconds(c.get("duration_s")), 20),
+                     cell(peak_memory(c), 40)])
+    table = tabulate(rows, headers=["Status", "Check", "Target", "Key figure", "Evidence", "Time",
+                                    "Peak RSS (supervisor / tree)"],
                      tablefmt="github", disable_numparse=True)
     return ["## Checks", "", table, ""]
 
@@ -131,6 +135,7 @@ def _detail(c: Mapping[str, Any]) -> list[str]:
         lines += [fenced(message, "text"), ""]
         if cut:
             lines += [f"_Message truncated to {DETAIL_CHARS} characters; the full text is in report.json._", ""]
+    lines += [f"_Cost: {cell(cost_line(c), 300)}._", ""]
     for warning in warnings_of(c)[:10]:
         lines.append(f"- ⚠️ {cell(warning, 300)}")
     advice = c.get("recommendation") or recommend(c)
@@ -184,6 +189,10 @@ def render(report: Mapping[str, Any]) -> str:
         lines += ["## Other recommendations", ""]
         for c in advised:
             lines += _detail(c)
+    if checks:
+        lines += ["## What each check cost", ""] + [
+            f"- {cell(c.get('id'), 60)} on {cell(c.get('target') or report.get('target') or DASH, 60)}: "
+            f"{cell(cost_line(c), 300)}" for c in checks] + [""]
     events = report.get("events") or []
     if events:
         lines += [f"_{len(events)} fault injection / event record(s); see report.html for their timelines._", ""]

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from reports.schema import CheckRecord
 from .context import CheckContext
 from .outcome import Outcome
 from .registry import CheckSpec
+from .resources import CostMeter, model_size, size_metrics
 from .timing import DEFAULT_DEADLINE_S
 from .targets import BUILTINS, TargetError, load_target
 from .world import World, WorldLike, WorldUnavailable
@@ -55,6 +57,8 @@ class Session:
     settings: Settings
     _worlds: dict[tuple[str, int], WorldLike] = field(default_factory=dict)
     _tmp: Path = field(default_factory=_session_tmp)
+    # Where a long check's "still running" line goes (the plugin: the terminal); None: silent.
+    progress: Callable[[str], None] | None = None
 
     @property
     def tmpdir(self) -> Path:
@@ -129,9 +133,11 @@ class Session:
         """
         started = time.perf_counter()
         ctx: CheckContext | None = None
+        meter = CostMeter(label=f"[ddp] {spec.id} on {target_spec}", progress=self.progress)
         try:
             ctx = self.context(spec, target_spec)
-            outcome = spec.load()(ctx)
+            with meter:
+                outcome = spec.load()(ctx)
             if not isinstance(outcome, Outcome):
                 raise TypeError(f"check {spec.id} returned {type(outcome).__name__}, not an Outcome")
         except TargetError:
@@ -145,6 +151,14 @@ class Session:
         record = CheckRecord(
             id=spec.id, title=spec.title, kind=spec.kind, status=outcome.status,
             duration_s=round(time.perf_counter() - started, 4), message=outcome.message,
-            metrics=outcome.metrics, evidence=outcome.evidence,
+            metrics={**outcome.metrics, **_cost_metrics(meter, ctx)}, evidence=outcome.evidence,
             recommendation=outcome.recommendation, target=target_spec)
         return record, ctx
+
+
+def _cost_metrics(meter: CostMeter, ctx: CheckContext | None) -> dict[str, Any]:
+    """The check's peak memory, and its model's size when it ran on a target (vehicles vary)."""
+    cost = meter.cost.metrics() if meter.cost is not None else {}
+    if ctx is None or ctx.injected:
+        return cost
+    return {**cost, **size_metrics(model_size(ctx.target))}

@@ -1,0 +1,219 @@
+"""What a check cost: its time, the peak memory of the supervisor and of the whole process tree,
+and the size of the model it ran on.
+
+Why a sampler and not ``resource.getrusage``: ``ru_maxrss`` is the lifetime peak of a process
+(or of its *waited-for* children), never reset between checks, so the second check of a session
+would inherit the first one's peak, and the persistent world's ranks are never waited for until
+the session ends. Instead:
+
+- the supervisor's peak is exact: Linux keeps it as ``VmHWM`` in ``/proc/self/status`` and lets
+  a process reset it (``echo 5 > /proc/self/clear_refs``), so every check starts from its own
+  current RSS and a transient peak between two samples (a whole model unpickled at once) is
+  still seen;
+- the process tree's peak is the largest *sum* of the RSS of the supervisor and of every
+  descendant (the ranks, a fresh world's ranks, what they started), sampled every
+  :data:`SAMPLE_INTERVAL_S` by a daemon thread. A peak shorter than one interval can be missed;
+  the sum of per-process peaks would over-count processes whose peaks never coincide.
+
+The same thread says, every :data:`PROGRESS_EVERY_S`, that a long check is still running: users
+watch a 10-minute GPU run and must not mistake it for a hang.
+
+Linux only (``/proc``); elsewhere the memory figures are absent, never wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from reports.keys import (
+    MODEL_BYTES,
+    MODEL_PARAMETERS,
+    SUPERVISOR_PEAK_RSS,
+    TREE_PEAK_RSS,
+)
+
+#: How often the tree's RSS is summed. A check's memory rises over seconds (a model is built,
+#: stepped, snapshotted); 0.2 s sees that and costs a few ms of /proc reads per sample on a
+#: 2-core host shared by the ranks.
+SAMPLE_INTERVAL_S = 0.2
+#: The first progress line comes after this long, then one per this long: a check of a few
+#: seconds stays silent, a long one says it is alive well before anyone wonders.
+PROGRESS_EVERY_S = 10.0
+
+_PROC = Path("/proc")
+
+
+def _status_kib(pid: int | str, field: str) -> int | None:
+    """A ``kB`` field of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``), in KiB; None if gone."""
+    try:
+        with open(_PROC / str(pid) / "status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (every thread's ``children`` file: a thread may spawn)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(_PROC / str(pid) / "task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(_PROC / str(pid) / "task" / tid / "children") as fh:
+                out += [int(c) for c in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def tree_rss_bytes(root: int | None = None) -> int | None:
+    """RSS of ``root`` (default: this process) and all its descendants, in bytes."""
+    root = os.getpid() if root is None else root
+    total, seen, todo = 0, set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        kib = _status_kib(pid, "VmRSS")
+        if kib is None:
+            if pid == root:
+                return None
+            continue  # exited between the listing and the read
+        total += kib * 1024
+        todo += _children(pid)
+    return total
+
+
+def _reset_own_peak() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux >= 4.0); False where refused."""
+    try:
+        with open(_PROC / "self" / "clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What one check cost. Memory figures are None where /proc could not say."""
+
+    duration_s: float
+    supervisor_peak_rss: int | None
+    tree_peak_rss: int | None
+
+    def metrics(self) -> dict[str, Any]:
+        return {SUPERVISOR_PEAK_RSS: self.supervisor_peak_rss, TREE_PEAK_RSS: self.tree_peak_rss}
+
+
+class CostMeter:
+    """``with CostMeter(label=...) as meter: ...`` then ``meter.cost``: time and peak memory of the
+    block, with a progress line through ``progress`` every ``progress_every_s`` while it runs."""
+
+    def __init__(self, *, label: str = "", progress: Callable[[str], None] | None = None,
+                 interval_s: float | None = None, progress_every_s: float | None = None) -> None:
+        self._label, self._progress = label, progress
+        # Read when built, not when defined: a test may shorten the module's intervals.
+        self._interval = SAMPLE_INTERVAL_S if interval_s is None else interval_s
+        self._every = PROGRESS_EVERY_S if progress_every_s is None else progress_every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+        self._own_peak: int | None = None
+        self._tree_peak: int | None = None
+        self._exact_own = False
+        self.cost: Cost | None = None
+        self.progress_lines = 0
+
+    def _sample(self) -> None:
+        own = _status_kib("self", "VmRSS")
+        if own is not None:
+            self._own_peak = max(self._own_peak or 0, own * 1024)
+        tree = tree_rss_bytes()
+        if tree is not None:
+            self._tree_peak = max(self._tree_peak or 0, tree)
+
+    def _loop(self) -> None:
+        next_line = self._every
+        while not self._stop.wait(self._interval):
+            self._sample()
+            elapsed = time.perf_counter() - self._t0
+            if self._progress is not None and elapsed >= next_line:
+                next_line += self._every
+                self.progress_lines += 1
+                try:
+                    self._progress(f"{self._label}: running ({elapsed:.0f} s)…")
+                except Exception:  # noqa: BLE001, S110 -- a broken terminal must not end the measurement
+                    pass
+
+    def __enter__(self) -> CostMeter:  # noqa: PYI034 -- a final class in practice
+        self._exact_own = _reset_own_peak()
+        self._t0 = time.perf_counter()
+        self._sample()
+        # A daemon: a check that never returns (the supervisor is killed) never waits for it.
+        self._thread = threading.Thread(target=self._loop, name="ddp-cost-meter", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        duration = time.perf_counter() - self._t0
+        self._stop.set()
+        if self._thread is not None:
+            # The loop wakes at once on the event; one interval bounds a sample in progress.
+            self._thread.join(timeout=max(1.0, 5 * self._interval))
+        self._sample()
+        own = self._own_peak
+        if self._exact_own:
+            hwm = _status_kib("self", "VmHWM")
+            if hwm is not None:
+                own = max(own or 0, hwm * 1024)
+        tree = self._tree_peak
+        if tree is not None and own is not None:
+            tree = max(tree, own)  # the tree includes the supervisor's exact peak
+        self.cost = Cost(duration_s=duration, supervisor_peak_rss=own, tree_peak_rss=tree)
+
+
+_MODEL_SIZES: dict[str, tuple[int, int] | None] = {}
+
+
+def model_size(target: Any) -> tuple[int, int] | None:
+    """(parameters, bytes) of ``target.build_model()``, built on torch's ``meta`` device: shapes
+    and dtypes only, no memory, so the supervisor never holds the model to count it. Cached per
+    target spec; None when the model cannot be built there (a build that needs real storage)."""
+    key = str(getattr(target, "spec", id(target)))
+    if key not in _MODEL_SIZES:
+        _MODEL_SIZES[key] = _measure_model(target)
+    return _MODEL_SIZES[key]
+
+
+def _measure_model(target: Any) -> tuple[int, int] | None:
+    try:
+        import torch
+
+        with torch.device("meta"):
+            model = target.build_model()
+        params = [p for p in model.parameters()]
+        return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)
+    except Exception:  # noqa: BLE001 -- any user build that fails on meta: size unknown
+        return None
+
+
+def size_metrics(size: tuple[int, int] | None) -> dict[str, Any]:
+    """The model-size keys of a record's metrics (absent when unknown)."""
+    if size is None:
+        return {}
+    return {MODEL_PARAMETERS: size[0], MODEL_BYTES: size[1]}

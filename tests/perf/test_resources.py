@@ -1,0 +1,145 @@
+"""conformance.harness.resources: what a check cost (time, peak RSS of supervisor and tree) and
+the size of its model, measured without holding the model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from conformance.harness.resources import (
+    CostMeter,
+    model_size,
+    size_metrics,
+    tree_rss_bytes,
+)
+from reports.keys import MODEL_BYTES, MODEL_PARAMETERS
+
+MIB = 1 << 20
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def _touch(nbytes: int) -> bytearray:
+    buf = bytearray(nbytes)
+    buf[::4096] = b"\1" * len(buf[::4096])  # resident, not just reserved
+    return buf
+
+
+def test_a_transient_peak_between_samples_is_seen() -> None:
+    """200 MiB allocated and freed while the sampler sleeps: only the kernel's reset peak sees it."""
+    with CostMeter(interval_s=30.0) as meter:
+        buf = _touch(200 * MIB)
+        del buf
+    assert meter.cost is not None and meter.cost.supervisor_peak_rss is not None
+    baseline = tree_rss_bytes() or 0
+    assert meter.cost.supervisor_peak_rss >= baseline + 150 * MIB
+
+
+def test_the_next_check_does_not_inherit_the_previous_peak() -> None:
+    with CostMeter(interval_s=30.0):
+        buf = _touch(300 * MIB)
+        del buf
+    with CostMeter(interval_s=30.0) as quiet:
+        pass
+    assert quiet.cost is not None and quiet.cost.supervisor_peak_rss is not None
+    assert quiet.cost.supervisor_peak_rss < (tree_rss_bytes() or 0) + 100 * MIB
+
+
+def test_the_tree_counts_a_child_process() -> None:
+    """A rank-like child holding 200 MiB is in the tree's peak, not in the supervisor's."""
+    code = "b = bytearray(200 << 20); b[::4096] = b'\\1' * len(b[::4096]); import time; time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        with CostMeter(interval_s=0.05) as meter:
+            deadline = time.monotonic() + 20
+            while (tree_rss_bytes() or 0) < 200 * MIB and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(0.2)
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    cost = meter.cost
+    assert cost is not None and cost.tree_peak_rss is not None and cost.supervisor_peak_rss is not None
+    assert cost.tree_peak_rss - cost.supervisor_peak_rss >= 190 * MIB
+
+
+def test_progress_lines_follow_the_interval() -> None:
+    lines: list[str] = []
+    with CostMeter(label="[ddp] x on mlp", progress=lines.append, interval_s=0.02, progress_every_s=0.2):
+        time.sleep(0.75)
+    assert 2 <= len(lines) <= 4, lines
+    assert lines[0].startswith("[ddp] x on mlp: running (") and lines[0].endswith(" s)…")
+
+
+def test_a_short_check_says_nothing() -> None:
+    lines: list[str] = []
+    with CostMeter(progress=lines.append, interval_s=0.02, progress_every_s=10.0):
+        time.sleep(0.1)
+    assert lines == []
+
+
+class _Target:
+    def __init__(self, spec: str, width: int, *, real_storage: bool = False) -> None:
+        self.spec, self.width, self.real_storage = spec, width, real_storage
+
+    def build_model(self) -> Any:
+        import torch
+
+        model = torch.nn.Sequential(torch.nn.Linear(self.width, self.width), torch.nn.Linear(self.width, 3))
+        if self.real_storage:
+            model[0].weight.data.numpy()  # a build that needs real memory: refused on meta
+        return model
+
+
+def test_model_size_counts_parameters_and_bytes_without_allocating() -> None:
+    width = 20_000  # 400 M parameters, 1.6 GB fp32: only countable on the meta device
+    with CostMeter(interval_s=30.0) as meter:
+        size = model_size(_Target("huge", width))
+    assert size == (width * width + width + 3 * width + 3, 4 * (width * width + width + 3 * width + 3))
+    assert meter.cost is not None and (meter.cost.supervisor_peak_rss or 0) < (tree_rss_bytes() or 0) + 200 * MIB
+    assert size_metrics(size) == {MODEL_PARAMETERS: size[0], MODEL_BYTES: size[1]}
+
+
+def test_a_model_that_cannot_be_built_on_meta_has_no_size() -> None:
+    assert model_size(_Target("needs-storage", 8, real_storage=True)) is None
+    assert size_metrics(None) == {}
+
+
+# -- through the session: every record carries its cost --------------------------------------
+
+def _allocating_check(ctx: Any) -> Any:
+    from conformance.harness.outcome import Outcome
+
+    buf = _touch(150 * MIB)
+    del buf
+    time.sleep(0.35)
+    return Outcome.passed("allocated and freed 150 MiB", metrics={"key_figure": "x"})
+
+
+def test_run_check_records_cost_and_model_size_with_progress() -> None:
+    from conformance.harness import resources
+    from conformance.harness.registry import CheckSpec
+    from conformance.harness.session import Session, Settings
+    from reports.keys import SUPERVISOR_PEAK_RSS, TREE_PEAK_RSS
+
+    spec = CheckSpec("cost-probe", "Cost probe", "conformance", "allocates",
+                     entry=f"{__name__}:_allocating_check")
+    lines: list[str] = []
+    session = Session(Settings(), progress=lines.append)
+    old = resources.PROGRESS_EVERY_S
+    try:
+        # The meter's default is read when it is built: a short interval shows the line.
+        resources.PROGRESS_EVERY_S = 0.1
+        record, _ = session.run_check(spec, "mlp")
+    finally:
+        resources.PROGRESS_EVERY_S = old
+        session.close()
+    m = record.metrics
+    assert record.status == "passed" and m["key_figure"] == "x"
+    assert m[SUPERVISOR_PEAK_RSS] >= 150 * MIB and m[TREE_PEAK_RSS] >= m[SUPERVISOR_PEAK_RSS]
+    assert m[MODEL_PARAMETERS] > 0 and m[MODEL_BYTES] == 4 * m[MODEL_PARAMETERS]
+    assert lines and lines[0].startswith("[ddp] cost-probe on mlp: running (")
