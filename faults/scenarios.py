@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conformance.harness.targets import TargetError
+from conformance.harness.targets import TargetError, call_target
 from conformance.harness.timing import (
     FLIGHT_SNAPSHOT_AFTER_S,
     SCENARIO_BARRIER_TIMEOUT_S,
@@ -141,7 +141,8 @@ def _run_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
     loop = LoopContext(rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, steps=sc.steps,
                        tmpdir=scratch, ddp_kwargs={**target.ddp_kwargs, "process_group": group},
                        on_wrap=lambda ddp: tracker.attach(ddp, group))
-    target.run_loop(loop)
+    # The user's own exception in their loop is a target error (exit 2 with its line).
+    call_target(target, "run_loop", target.run_loop, loop)
 
 
 def _barrier_report(ctx: RankContext) -> str:

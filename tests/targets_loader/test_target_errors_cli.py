@@ -42,7 +42,10 @@ CASES = {
 # user's exception must still end the run as a target error, not as a hang or a pass.
 CASES["type_error_in_hang_detection"] = CASES["type_error_in_step"]
 CASES["type_error_in_unused_parameters"] = CASES["type_error_in_step"]
-CHECKS = {"type_error_in_hang_detection": "hang-detection",
+CASES["run_loop_attribute_error"] = (MINE / "bad_run_loop.py",
+                                     "run_loop raised AttributeError: 'LoopContext' object has no "
+                                     "attribute 'local_rank' at ")
+CHECKS = {"type_error_in_hang_detection": "hang-detection", "run_loop_attribute_error": "hang-detection",
           "type_error_in_unused_parameters": "unused-parameters"}
 
 #: Where the one line must point: the user's file and line.
@@ -51,7 +54,8 @@ WHERE = {"type_error_in_step": "bad_train_step_type_error.py:12",
          "shapes_broadcast": "bad_shapes.py:17", "loss_not_scalar": "bad_loss_not_scalar.py:11",
          "step_signature": "bad_step_signature.py:9",
          "type_error_in_hang_detection": "bad_train_step_type_error.py:12",
-         "type_error_in_unused_parameters": "bad_train_step_type_error.py:12"}
+         "type_error_in_unused_parameters": "bad_train_step_type_error.py:12",
+         "run_loop_attribute_error": "bad_run_loop.py:11"}
 
 
 @pytest.fixture(scope="module")
