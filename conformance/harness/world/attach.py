@@ -15,6 +15,7 @@ from __future__ import annotations
 import faulthandler
 import ipaddress
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -157,6 +158,8 @@ class AttachedWorld:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self._ctx is not None:  # this rank's scratch dir (ddp-attach-r*) goes with the run
+            shutil.rmtree(self._ctx.tmpdir, ignore_errors=True)
         self._ctx = None
 
     def __enter__(self) -> AttachedWorld:
