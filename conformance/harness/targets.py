@@ -32,8 +32,10 @@ from .target_calls import (
     binds,
     blame,
     defined_at,
+    is_user_file,
     one_line,
     positional_count,
+    shown_path,
     signature_text,
     source_files,
     takes_keyword,
@@ -265,20 +267,6 @@ class Target(TargetCalls):
                               f"use a multiple of {unit}")
         return self.global_batch_size
 
-    def sample_indices(self, batch: Any) -> list[int]:
-        """The sample indices one ``epoch_batches`` item carries (``sample_identity = "index"``):
-        a list/tuple of ints or a 1-D integer tensor; anything else is a TargetError."""
-        import torch
-
-        if isinstance(batch, torch.Tensor) and batch.dim() == 1 and not batch.is_floating_point():
-            return [int(i) for i in batch.tolist()]
-        if isinstance(batch, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool)
-                                                    for i in batch):
-            return list(batch)
-        raise TargetError(f"target {self.name!r}: sample_identity = 'index' but epoch_batches "
-                          f"yielded a {type(batch).__name__}; yield each batch's sample indices "
-                          f"(a list of ints, e.g. from a BatchSampler) ({SEE})")
-
 
 _CACHE: dict[str, Target] = {}
 
@@ -420,6 +408,15 @@ def _check_signatures(name: str, found: dict[str, Any]) -> None:
                               f"signature is {signature_text(fn)} (at {defined_at(fn)}; {SEE})")
 
 
+def _user_line(target: Target, exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of the user's code in ``exc``'s traceback (the
+    innermost frame at all when none is theirs)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if is_user_file(f.filename, target.user_files, target.user_dir)]
+    frame = (mine or frames)[-1]
+    return f"{shown_path(frame.filename)}:{frame.lineno}"
+
+
 def build_model_checked(target: Target) -> Any:
     """``target.build_model()`` with its failure turned into a TargetError."""
     import torch
@@ -427,10 +424,8 @@ def build_model_checked(target: Target) -> Any:
     try:
         model = target.build_model()
     except Exception as exc:
-        where = traceback.extract_tb(exc.__traceback__)[-1]
         raise TargetError(f"target {target.name!r}: build_model() raised {one_line(exc)} "
-                          f"(at {Path(where.filename).name}:{where.lineno}); fix the model "
-                          f"constructor") from None
+                          f"(at {_user_line(target, exc)}); fix the model constructor ({SEE})") from None
     if not isinstance(model, torch.nn.Module):
         raise TargetError(f"target {target.name!r}: build_model() returned a {type(model).__name__}, "
                           f"not a torch.nn.Module")
@@ -445,7 +440,7 @@ def make_batch_checked(target: Target, generator: Any, batch_size: int) -> tuple
         batch = target.make_batch(generator, batch_size)
     except Exception as exc:
         raise TargetError(f"target {target.name!r}: make_batch(generator, {batch_size}) raised "
-                          f"{one_line(exc)}") from None
+                          f"{one_line(exc)} (at {_user_line(target, exc)}; {SEE})") from None
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         raise TargetError(f"target {target.name!r}: make_batch must return (inputs, targets), "
                           f"got {type(batch).__name__}")

@@ -83,14 +83,6 @@ def test_loader_refuses_with_the_fix(tmp_path, body, message):
         _target(tmp_path, body)
 
 
-def test_sample_indices(tmp_path):
-    target = _target(tmp_path, "sample_identity = 'index'\ndef loss_fn(o, t):\n    return o.sum()\n")
-    assert target.sample_indices([3, 1]) == [3, 1]
-    assert target.sample_indices(torch.tensor([4, 0])) == [4, 0]
-    with pytest.raises(TargetError, match=r"sample_identity = 'index' but epoch_batches yielded a Tensor"):
-        target.sample_indices(torch.zeros(2, 3))
-
-
 def test_user_exception_becomes_target_error_with_file_line():
     target = load_target(str(HERE / "bad_train_step_type_error.py"))
     model = target.build_model()

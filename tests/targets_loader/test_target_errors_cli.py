@@ -52,7 +52,7 @@ CHECKS = {"type_error_in_hang_detection": "hang-detection", "run_loop_attribute_
 WHERE = {"type_error_in_step": "bad_train_step_type_error.py:12",
          "optimizer_wants_model": "bad_optimizer_takes_model.py:12",
          "shapes_broadcast": "bad_shapes.py:17", "loss_not_scalar": "bad_loss_not_scalar.py:11",
-         "step_signature": "bad_step_signature.py:9",
+         "step_signature": "bad_step_signature.py:9", "build_raises": "bad_build_raises.py:",
          "type_error_in_hang_detection": "bad_train_step_type_error.py:12",
          "type_error_in_unused_parameters": "bad_train_step_type_error.py:12",
          "run_loop_attribute_error": "bad_run_loop.py:11"}
