@@ -99,3 +99,42 @@ MISMATCH_DEADLINE_CAP_S = 30.0
 #: code, so not under --deadline: on a loaded 2-core CI host a cold torch import takes
 #: several seconds per process, and N of them share the cores.
 WORLD_START_S = 120.0
+
+# -- sweeps sized by the measured step time (faults/checks: bucket-config, unused-parameters'
+# tax, straggler) ----------------------------------------------------------------------------
+# A sweep times R repetitions of each of its P points (bucket caps, find_unused True/False, a
+# segment of steps). A fixed R costs P x R x step: seconds on a small MLP, minutes on a
+# production model, and past the deadline on a slow one. So the ranks time their warm-up steps
+# first and choose R to fill a time budget, within a floor that keeps the statistics meaningful
+# and a ceiling past which more samples only cost time.
+
+#: Seconds the timed steps of one sweep aim to take. A fast model fills it up to
+#: MAX_SWEEP_REPS; a slow one (1 s a step) still gets MIN_SWEEP_REPS. Ten seconds keeps a full
+#: default run's three sweeps under a minute on a CPU host.
+SWEEP_BUDGET_S = 10.0
+#: The fewest timed repetitions of a point: bucket-config's noise rule compares quartiles, which
+#: need at least 4 samples, and a median of 5 survives two outliers from a shared host.
+MIN_SWEEP_REPS = 5
+#: The most: past ~25 samples a median's run-to-run spread on a shared host is dominated by the
+#: host's drift, not by the sample count, so more repetitions buy nothing.
+MAX_SWEEP_REPS = 25
+#: The share of the world deadline the timed steps of one distributed call may take: the rest
+#: is for building the models, the warm-up steps and a loaded host. Above MIN_SWEEP_REPS in
+#: priority: a world killed at its deadline measures nothing.
+SWEEP_DEADLINE_SHARE = 0.5
+
+
+def sweep_reps(step_s: float, *, points: int, deadline_s: float, budget_s: float = SWEEP_BUDGET_S,
+               min_reps: int = MIN_SWEEP_REPS, max_reps: int = MAX_SWEEP_REPS) -> int:
+    """Timed repetitions per point of a sweep of ``points`` points whose one step takes ``step_s``.
+
+    ``budget_s / (points x step_s)``, clamped to [``min_reps``, ``max_reps``], then cut to what
+    fits in SWEEP_DEADLINE_SHARE of ``deadline_s`` (at least 1): slow models get the floor, fast
+    ones the ceiling, and no sweep outlives its world's deadline.
+    """
+    if points < 1:
+        raise ValueError(f"points={points}: a sweep has at least one point")
+    per_rep = max(step_s, 1e-6) * points  # a 0 s step (clock resolution) would divide by zero
+    reps = min(max(int(budget_s / per_rep), min_reps), max_reps)
+    fits = int(deadline_s * SWEEP_DEADLINE_SHARE / per_rep)
+    return max(1, min(reps, fits))

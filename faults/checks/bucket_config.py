@@ -47,11 +47,16 @@ DEFAULT_CAP = 25.0
 # sweep only approximates the production network; the incident's retune gained 18 %.
 PENALTY_LIMIT = 1.25
 VEHICLE = VehicleSpec(kind="mlp", width=256, depth=12)
-ROUNDS, WARMUP = 7, 2
+# Two untimed rounds: the first builds the buckets, the second runs the rebuilt ones. The timed
+# rounds are then sized by the second one's step time (timing.sweep_reps).
+WARMUP = 2
 
 
-def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float]) -> dict[str, Any]:
-    """Step one DDP model per cap in alternating rounds; step times and bucket counts per cap."""
+def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], deadline_s: float) -> dict[str, Any]:
+    """Step one DDP model per cap in alternating rounds; step times and bucket counts per cap.
+
+    The number of timed rounds follows the last warm-up round's step time (the same on every
+    rank, see faults._sizing): a production model is swept as precisely in bounded time."""
     import torch
 
     from conformance.harness.ddp import (
@@ -62,6 +67,8 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float]) -
         wrap,
     )
 
+    from .._sizing import agreed_reps
+
     target = resolve(source, ctx.rank)
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k != "bucket_cap_mb"}
     models = []
@@ -70,15 +77,21 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float]) -
         model = wrap(target.build_model(), ctx.device, {**kwargs, "bucket_cap_mb": cap})
         models.append((model, target.make_optimizer(model)))
     times: list[list[float]] = [[] for _ in caps]
-    for rnd in range(WARMUP + ROUNDS):
+    rounds, step_s, rnd = 0, 0.0, 0
+    while rnd < WARMUP + rounds:
         batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_SWEEP_DATA_SEED + rnd, device=ctx.device)
+        last: list[float] = []
         for i, (model, optimizer) in enumerate(models):
             t0 = time.perf_counter()
             target.run_step(model, optimizer, [batch], step=rnd)
             sync_device(ctx.device)
+            last.append(time.perf_counter() - t0)
             if rnd >= WARMUP:  # the first step builds buckets, the second runs the rebuilt ones
-                times[i].append(time.perf_counter() - t0)
-    return {"times": times, "buckets": [bucket_count(m) for m, _ in models]}
+                times[i].append(last[-1])
+        rnd += 1
+        if rnd == WARMUP:
+            rounds, step_s = agreed_reps(ctx, statistics.mean(last), points=len(caps), deadline_s=deadline_s)
+    return {"times": times, "buckets": [bucket_count(m) for m, _ in models], "rounds": rounds, "step_s": step_s}
 
 
 def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketConfig, find_unused: bool,
@@ -113,11 +126,12 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def sweep(world: WorldLike, source: VehicleSpec | str, configured: float) -> dict[str, Any]:
+def sweep(world: WorldLike, source: VehicleSpec | str, configured: float, *, deadline_s: float) -> dict[str, Any]:
     caps = sorted(set(SWEEP) | {configured})
-    results = world.run(sweep_rank, source, caps)
+    results = world.run(sweep_rank, source, caps, deadline_s)
+    rounds = results[0].value["rounds"]  # agreed: the same on every rank
     # A step ends for every rank at the last all-reduce: take the slowest rank's time per round.
-    per_round = [[max(r.value["times"][i][k] for r in results) for k in range(ROUNDS)]
+    per_round = [[max(r.value["times"][i][k] for r in results) for k in range(rounds)]
                  for i in range(len(caps))]
     curve = [{"bucket_cap_mb": cap, "step_time_s": round(statistics.median(t), 6),
               "buckets": results[0].value["buckets"][i]} for i, (cap, t) in enumerate(zip(caps, per_round))]
@@ -126,7 +140,7 @@ def sweep(world: WorldLike, source: VehicleSpec | str, configured: float) -> dic
     penalty = curve[conf_i]["step_time_s"] / curve[best_i]["step_time_s"]
     clear = _quartiles(per_round[conf_i])[0] > _quartiles(per_round[best_i])[1]
     return {"sweep": curve, "best": caps[best_i], "penalty": round(penalty, 3), "clear_gap": clear,
-            "configured": configured}
+            "configured": configured, "rounds": rounds, "warmup_step_s": round(results[0].value["step_s"], 6)}
 
 
 def reproduce_mismatch(ctx: CheckContext, source: VehicleSpec | str,
@@ -166,7 +180,7 @@ def run(ctx: CheckContext) -> Outcome:
     source = VEHICLE if ctx.injected else ctx.target.spec
     kwargs = {} if ctx.injected else ctx.target.ddp_kwargs
     configured = float(kwargs.get("bucket_cap_mb", DEFAULT_CAP))
-    result = sweep(ctx.world(), source, configured)
+    result = sweep(ctx.world(), source, configured, deadline_s=ctx.deadline)
     mismatch: list[dict[str, Any]] = []
     if ctx.new_world is not None:
         options = (False, True) if ctx.injected else (bool(kwargs.get("find_unused_parameters", False)),)
@@ -175,7 +189,8 @@ def run(ctx: CheckContext) -> Outcome:
     metrics = {"key_figure": f"best {result['best']:g} MB, configured {configured:g} MB x{result['penalty']:.2f}",
                "sweep": result["sweep"], CONFIGURED_BUCKET_CAP_MB: configured,
                BEST_BUCKET_CAP_MB: result["best"], "penalty": result["penalty"],
-               "clear_gap": result["clear_gap"], "penalty_limit": PENALTY_LIMIT}
+               "clear_gap": result["clear_gap"], "penalty_limit": PENALTY_LIMIT,
+               "rounds": result["rounds"], "warmup_step_s": result["warmup_step_s"]}
     evidence = {"mismatched_config": mismatch}
     if ctx.injected:
         return _judge_injected(by_cap, mismatch, metrics, evidence)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from conformance.harness.context import CheckContext
 from conformance.harness.ddp import STRAGGLER_DATA_SEED
 from conformance.harness.outcome import Outcome
+from conformance.harness.timing import DEFAULT_DEADLINE_S
 from reports.keys import CULPRIT_RANK
 
 from .._log import InjectionLog, record_injections
@@ -48,8 +49,9 @@ COST_RATIO_RANGE = (0.5, 2.0)
 
 
 def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[SlowRank | None],
-                   steps_each: int) -> dict[str, Any]:
-    """Run ``steps_each`` timed steps per entry of ``faults`` (None = unfaulted baseline)."""
+                   steps_each: int | None, deadline_s: float | None = None) -> dict[str, Any]:
+    """Run ``steps_each`` timed steps per entry of ``faults`` (None = unfaulted baseline); None:
+    as many as the last warm-up step's time allows (timing.sweep_reps, within ``deadline_s``)."""
     import torch
 
     from conformance.harness.ddp import (
@@ -60,6 +62,7 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
         wrap,
     )
 
+    from .._sizing import agreed_reps
     from ..tracker import CollectiveTracker
 
     log = InjectionLog()
@@ -73,9 +76,12 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
         ctx.cache[key] = (model, target.make_optimizer(model), tracker)
     model, optimizer, tracker = ctx.cache[key]
     rows: list[dict[str, Any]] = []
-    step = 0
+    step, last_step_s = 0, 0.0
     for segment, fault in enumerate([None] * WARMUP + list(faults)):
-        n = 1 if segment < WARMUP else steps_each
+        if segment == WARMUP and steps_each is None:
+            steps_each, _ = agreed_reps(ctx, last_step_s, points=len(faults),
+                                        deadline_s=deadline_s or DEFAULT_DEADLINE_S)
+        n = 1 if segment < WARMUP else (steps_each or 1)
         for _ in range(n):
             def batch(step: int = step) -> tuple[Any, Any]:
                 return rank_batch(target, ctx.rank, ctx.world_size, seed=STRAGGLER_DATA_SEED + step,
@@ -95,6 +101,7 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
                              compute_loss=target.compute_loss, batch=batch)
             sync_device(ctx.device)
             t1 = time.perf_counter()
+            last_step_s = t1 - t0
             recs = tracker.records[mark:]
             launched = [r["t_perf"] for r in recs if r["event"] == "enqueued"]
             done = [r["t_perf"] for r in recs if r["event"] == "completed"]
@@ -104,12 +111,14 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
                              "t_end": t_wall + (t1 - t0), "step_s": t1 - t0, "wait_s": wait,
                              "compute_s": (t1 - t0) - wait})
             step += 1
-    return {"rows": rows, "ddp_timing": ddp_timing(model), "injections": log.items}
+    return {"rows": rows, "ddp_timing": ddp_timing(model), "injections": log.items, "steps_each": steps_each}
 
 
-def measure(world: WorldLike, source: VehicleSpec | str, faults: list[SlowRank | None], steps_each: int = 5) -> list[dict[str, Any]]:
-    """Per segment (one per fault): the straggler verdict, timeline, and DDP's timing."""
-    results = world.run(straggler_rank, source, faults, steps_each)
+def measure(world: WorldLike, source: VehicleSpec | str, faults: list[SlowRank | None],
+            steps_each: int | None = 5, *, deadline_s: float | None = None) -> list[dict[str, Any]]:
+    """Per segment (one per fault): the straggler verdict, timeline, and DDP's timing.
+    ``steps_each=None``: sized by the measured step time (``deadline_s``: the world's)."""
+    results = world.run(straggler_rank, source, faults, steps_each, deadline_s)
     out = []
     for seg, fault in enumerate(faults):
         compute, wait, step, timeline = {}, {}, {}, []
@@ -125,7 +134,8 @@ def measure(world: WorldLike, source: VehicleSpec | str, faults: list[SlowRank |
                     "injections": [i for r in results for i in r.value["injections"]
                                    if fault is not None and i.step in {row["step"] for row in
                                    r.value["rows"] if row["segment"] == seg}],
-                    "ddp_timing": {r.rank: r.value["ddp_timing"] for r in results}})
+                    "ddp_timing": {r.rank: r.value["ddp_timing"] for r in results},
+                    "steps_each": results[0].value["steps_each"]})
     return out
 
 
@@ -194,12 +204,12 @@ def judge_injected(segments: list[dict[str, Any]]) -> Outcome:
 
 
 def _target(ctx: CheckContext, world: WorldLike) -> Outcome:
-    seg = measure(world, ctx.target.spec, [None], steps_each=8)[0]
+    seg = measure(world, ctx.target.spec, [None], steps_each=None, deadline_s=ctx.deadline)[0]
     v = seg["verdict"]
     top = max(v.per_rank, key=lambda d: d["score"])
     metrics = {"key_figure": f"max imbalance {top['score']:.2f} (rank {top['rank']})",
                "per_rank": v.per_rank, CULPRIT_RANK: v.culprit_rank, "timeline": seg["timeline"],
-               "step_s": v.step_s, "threshold": STRAGGLER_THRESHOLD}
+               "step_s": v.step_s, "threshold": STRAGGLER_THRESHOLD, "steps": seg["steps_each"]}
     evidence = {"ddp_timing": {str(k): t for k, t in seg["ddp_timing"].items()}}
     if v.clear:
         return Outcome.failed(

@@ -50,7 +50,9 @@ if TYPE_CHECKING:
     from ..scenarios import ScenarioResult
 
 STEPS = 8  # seeded global batches per rank in discovery
-TAX_STEPS = 12
+# Untimed steps of the tax: the first builds the buckets, the second runs the rebuilt ones; the
+# timed steps are then sized by the second one's time (timing.sweep_reps).
+TAX_WARMUP = 2
 # Seed 1207: both ranks take the aux head at step 0 (DDP sees it used), then at step 1 rank 0
 # takes it and rank 1 does not -- the incident's "ranks 0-1 took the branch, 2-7 did not".
 INCIDENT = VehicleSpec(kind="branchy", branch=ConditionalBranch(seed=1207))
@@ -92,11 +94,14 @@ def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singl
     return {"names": names, "steps": per_step, "singles": per_sample, "injections": log.items}
 
 
-def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, steps: int) -> dict[str, Any]:
-    """Median step time with find_unused_parameters False and True, alternating steps."""
+def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s: float) -> dict[str, Any]:
+    """Median step time with find_unused_parameters False and True, alternating steps; as many
+    steps as the warm-up's step time allows (the same count on every rank)."""
     import torch
 
     from conformance.harness.ddp import PROBE_SEED, rank_batch, sync_device, wrap
+
+    from .._sizing import agreed_reps
 
     target = resolve(source, ctx.rank)
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k not in ("find_unused_parameters", "static_graph")}
@@ -107,14 +112,21 @@ def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, steps: int)
         models[flag] = (model, target.make_optimizer(model))
     batch = rank_batch(target, ctx.rank, ctx.world_size, seed=seed, device=ctx.device)
     times: dict[bool, list[float]] = {False: [], True: []}
-    for step in range(steps + 2):
+    steps, step, step_s = 0, 0, 0.0
+    while step < TAX_WARMUP + steps:
+        last: list[float] = []
         for flag, (model, optimizer) in models.items():
             t0 = time.perf_counter()
             target.run_step(model, optimizer, [batch], step=step)
             sync_device(ctx.device)
-            if step >= 2:  # skip the bucket build and rebuild steps
-                times[flag].append(time.perf_counter() - t0)
-    return {"false_s": statistics.median(times[False]), "true_s": statistics.median(times[True])}
+            last.append(time.perf_counter() - t0)
+            if step >= TAX_WARMUP:  # skip the bucket build and rebuild steps
+                times[flag].append(last[-1])
+        step += 1
+        if step == TAX_WARMUP:
+            steps, step_s = agreed_reps(ctx, statistics.mean(last), points=len(models), deadline_s=deadline_s)
+    return {"false_s": statistics.median(times[False]), "true_s": statistics.median(times[True]),
+            "steps": steps, "warmup_step_s": step_s}
 
 
 def _usage(results: list[RankResult]) -> tuple[list[str], dict[str, dict[str, list[int]]], list[int], bool]:
@@ -165,11 +177,12 @@ def run(ctx: CheckContext) -> Outcome:
         tax_source, tax_seed = ALWAYS, DATA_SEED
     with scenario_world(ctx) as world:
         try:
-            tax = world.run(tax_rank, tax_source, tax_seed, TAX_STEPS)
+            tax = world.run(tax_rank, tax_source, tax_seed, scenario_deadline(ctx))
             t_false = max(r.value["false_s"] for r in tax)
             t_true = max(r.value["true_s"] for r in tax)
             tax_info: dict[str, Any] = {"false_s": round(t_false, 6), "true_s": round(t_true, 6),
-                                        "tax": round(t_true / t_false, 3),
+                                        "tax": round(t_true / t_false, 3), "steps": tax[0].value["steps"],
+                                        "warmup_step_s": round(tax[0].value["warmup_step_s"], 6),
                                         "model": "target" if tax_source == source else "vehicle (aux always on)"}
         except TargetError:
             raise  # the user's own code raised: exit 2 with its line, not an unmeasured tax
