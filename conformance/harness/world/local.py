@@ -192,7 +192,13 @@ class World:
                 child.close()
                 self._procs.append(proc)
                 self._conns.append(parent)
-        self._await_ready()
+        try:
+            self._await_ready()
+        except BaseException:
+            # Ctrl-C/SIGTERM while the ranks are still joining: they would not read a stop
+            # message either, so they go now rather than after close()'s grace period.
+            self._kill()
+            raise
         return self
 
     def _await_ready(self) -> None:
