@@ -264,7 +264,7 @@ class Target(TargetCalls):
         if self.global_batch_size % unit:
             raise TargetError(f"target {self.name!r}: global_batch_size={self.global_batch_size} is "
                               f"not divisible by world_size={world_size} x microbatches={microbatches}; "
-                              f"use a multiple of {unit}")
+                              f"use a multiple of {unit} ({SEE})")
         return self.global_batch_size
 
 
@@ -296,7 +296,7 @@ def _import(spec: str) -> tuple[ModuleType, str, bool]:
         except SyntaxError as exc:
             sys.modules.pop(name, None)
             raise TargetError(f"target file {spec!r} has a syntax error at line {exc.lineno}: "
-                              f"{exc.msg}; fix the file and run again") from None
+                              f"{exc.msg}; fix the file and run again ({SEE})") from None
         except ModuleNotFoundError as exc:
             sys.modules.pop(name, None)
             raise TargetError(f"importing target file {spec!r} raised {one_line(exc)}; the target's "
@@ -305,7 +305,7 @@ def _import(spec: str) -> tuple[ModuleType, str, bool]:
         except Exception as exc:
             sys.modules.pop(name, None)
             raise TargetError(f"importing target file {spec!r} raised {one_line(exc)}; "
-                              f"fix the module-level code") from None
+                              f"fix the module-level code ({SEE})") from None
         return module, path.stem, False
     try:
         return importlib.import_module(spec), spec, False
@@ -313,7 +313,8 @@ def _import(spec: str) -> tuple[ModuleType, str, bool]:
         raise TargetError(f"target {spec!r} is not a built-in ({', '.join(BUILTINS)}), a .py file "
                           f"or an importable module ({exc.msg}); check the spelling or the path") from None
     except Exception as exc:
-        raise TargetError(f"importing target module {spec!r} raised {one_line(exc)}") from None
+        raise TargetError(f"importing target module {spec!r} raised {one_line(exc)}; fix the "
+                          f"module-level code ({SEE})") from None
 
 
 def load_target(spec: str) -> Target:
@@ -328,13 +329,15 @@ def load_target(spec: str) -> Target:
             raise TargetError(f"target {name!r} does not define {attr}(); add a module-level "
                               f"function {attr} ({SEE})")
         if not callable(value):
-            raise TargetError(f"target {name!r}: {attr} is a {type(value).__name__}, not a function")
+            raise TargetError(f"target {name!r}: {attr} is a {type(value).__name__}, not a function "
+                              f"({SEE})")
         found[attr] = value
     for attr in OPTIONAL_CALLABLES:
         value = getattr(module, attr, None)
         if value is not None:
             if not callable(value):
-                raise TargetError(f"target {name!r}: {attr} is a {type(value).__name__}, not a function")
+                raise TargetError(f"target {name!r}: {attr} is a {type(value).__name__}, not a "
+                                  f"function ({SEE})")
             found[attr] = value
     if "loss_fn" not in found and "forward_loss" not in found:
         raise TargetError(f"target {name!r} does not define loss_fn(); add a module-level function "
@@ -344,15 +347,16 @@ def load_target(spec: str) -> Target:
     ddp_kwargs = getattr(module, "ddp_kwargs", {})
     if not isinstance(ddp_kwargs, dict):
         raise TargetError(f"target {name!r}: ddp_kwargs is a {type(ddp_kwargs).__name__}, "
-                          f"it must be a dict such as {{'find_unused_parameters': False}}")
+                          f"it must be a dict such as {{'find_unused_parameters': False}} ({SEE})")
     unknown = sorted(set(ddp_kwargs) - set(DDP_KWARGS))
     if unknown:
         raise TargetError(f"target {name!r}: ddp_kwargs has unknown DDP argument(s) {unknown}; "
-                          f"allowed: {', '.join(DDP_KWARGS)}")
+                          f"allowed: {', '.join(DDP_KWARGS)} ({SEE})")
     batch_size = getattr(module, "global_batch_size", None)
     if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
                                    or batch_size < 1):
-        raise TargetError(f"target {name!r}: global_batch_size={batch_size!r} must be a positive int")
+        raise TargetError(f"target {name!r}: global_batch_size={batch_size!r} must be a positive int "
+                          f"({SEE})")
     sampling = _choice(module, name, "sampling", SAMPLING_MODES)
     identity = _choice(module, name, "sample_identity", SAMPLE_IDENTITIES)
     target = Target(name=name, spec=spec, module=module, ddp_kwargs=dict(ddp_kwargs),
@@ -428,7 +432,7 @@ def build_model_checked(target: Target) -> Any:
                           f"(at {_user_line(target, exc)}); fix the model constructor ({SEE})") from None
     if not isinstance(model, torch.nn.Module):
         raise TargetError(f"target {target.name!r}: build_model() returned a {type(model).__name__}, "
-                          f"not a torch.nn.Module")
+                          f"not a torch.nn.Module ({SEE})")
     return model
 
 
@@ -443,13 +447,13 @@ def make_batch_checked(target: Target, generator: Any, batch_size: int) -> tuple
                           f"{one_line(exc)} (at {_user_line(target, exc)}; {SEE})") from None
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         raise TargetError(f"target {target.name!r}: make_batch must return (inputs, targets), "
-                          f"got {type(batch).__name__}")
+                          f"got {type(batch).__name__} ({SEE})")
     for part, value in zip(("inputs", "targets"), batch):
         if not isinstance(value, torch.Tensor):
             raise TargetError(f"target {target.name!r}: make_batch returned {part} of type "
-                              f"{type(value).__name__}; both inputs and targets must be tensors")
+                              f"{type(value).__name__}; both inputs and targets must be tensors ({SEE})")
         if value.dim() == 0 or value.shape[0] != batch_size:
             raise TargetError(f"target {target.name!r}: make_batch(generator, {batch_size}) returned "
                               f"{part} with shape {tuple(value.shape)}; dim 0 must be the batch size "
-                              f"{batch_size}")
+                              f"{batch_size} ({SEE})")
     return batch[0], batch[1]
