@@ -100,6 +100,10 @@ CASES = [
     Case("rank-1-exits-culprit-named",
          ["--target", str(TARGETS / "rank1_exits.py"), "--checks", "gradient-equivalence"], 1,
          r"verdict not-ready", 60, stdout=r"failed on rank 1: died \(exit code 3\)"),
+    Case("disk-fills-mid-run-over-a-ready-report",
+         ["--target", "mlp", "--checks", "rank-consistency", "--", "-p", "enospc_plugin"], 3,
+         r"this run \(id \S+\) wrote no report to .*inconclusive", 60,
+         env={"PYTHONPATH": str(TARGETS)}),
     Case("pytest-runs-nothing", ["--checks", "rank-consistency", "--", "--collect-only"], 3,
          r"verdict inconclusive", 30),
     Case("setsid-child-of-a-passing-run", ["--target", SETSID, "--checks", "rank-consistency"], 0,
@@ -110,7 +114,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_a_bad_input_or_fault_ends_cleanly(case: Case, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    if case.name == "stale-ready-report-failing-target":
+    if case.name in ("stale-ready-report-failing-target", "disk-fills-mid-run-over-a-ready-report"):
         old = _ready_report(out)
     elif case.setup is not None:
         case.setup(out)
