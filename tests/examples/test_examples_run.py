@@ -16,6 +16,11 @@ from ._variants import EXAMPLES
 pytestmark = pytest.mark.slow
 
 EXAMPLE_FILES = ("train_gpt.py", "train_split.py", "train_resnet.py")
+#: What each example must show besides passing: the checks with nothing to check skip with the
+#: reason that is true of it, and the GPT's dropout is switched off for the comparison, said so.
+SKIPS = {"train_gpt.py": {"sampler-coverage": "sampling with replacement"},
+         "train_split.py": {"no-sync-equivalence": "train_step does no accumulation"},
+         "train_resnet.py": {"no-sync-equivalence": "train_step does no accumulation"}}
 
 
 @pytest.mark.parametrize("example", EXAMPLE_FILES)
@@ -32,3 +37,8 @@ def test_example_full_run_is_ready(tmp_path, example):
     assert report["verdict"] == "ready"
     assert all(message.strip() for _, message in statuses.values()), statuses  # a skip says why
     assert sum(status == "passed" for status, _ in statuses.values()) >= 5, statuses
+    for check_id, reason in SKIPS[example].items():
+        assert statuses[check_id][0] == "skipped" and reason in statuses[check_id][1], statuses[check_id]
+    if example == "train_gpt.py":
+        gradient = next(c for c in report["checks"] if c["id"] == "gradient-equivalence")
+        assert "dropout" in json.dumps(gradient["evidence"]) and "switched off" in json.dumps(gradient["evidence"])
