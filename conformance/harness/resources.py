@@ -19,6 +19,9 @@ The same thread says, every :data:`PROGRESS_EVERY_S`, that a long check is still
 watch a 10-minute GPU run and must not mistake it for a hang.
 
 Linux only (``/proc``); elsewhere the memory figures are absent, never wrong.
+
+And what a timing sweep can afford: :func:`agreed_reps`, run on the ranks, turns the measured
+step time into a repetition count (timing.sweep_reps) that every rank shares.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reports.keys import (
     MODEL_BYTES,
@@ -38,6 +41,11 @@ from reports.keys import (
     SUPERVISOR_PEAK_RSS,
     TREE_PEAK_RSS,
 )
+
+from .timing import sweep_reps
+
+if TYPE_CHECKING:
+    from .world import RankContext
 
 #: How often the tree's RSS is summed. A check's memory rises over seconds (a model is built,
 #: stepped, snapshotted); 0.2 s sees that and costs a few ms of /proc reads per sample on a
@@ -217,3 +225,20 @@ def size_metrics(size: tuple[int, int] | None) -> dict[str, Any]:
     if size is None:
         return {}
     return {MODEL_PARAMETERS: size[0], MODEL_BYTES: size[1]}
+
+
+def agreed_reps(ctx: RankContext, step_s: float, *, points: int, deadline_s: float) -> tuple[int, float]:
+    """On every rank of a sweep: (repetitions per point, the slowest rank's step time).
+
+    The ranks of a sweep issue the same all-reduces in the same order, so a rank that chose
+    more repetitions than its peers would wait forever in a collective they never join: they
+    agree on the slowest rank's step (an all-reduce MAX), which the sweep must fit on every rank.
+    """
+    import torch
+    import torch.distributed as dist
+
+    slowest = torch.tensor([step_s], dtype=torch.float64, device=ctx.device)
+    # Synchronisation point: every rank of the sweep calls this once, after the same warm-up.
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    step = float(slowest.item())
+    return sweep_reps(step, points=points, deadline_s=deadline_s), step

@@ -35,6 +35,7 @@ from reports.units import fmt_bytes
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
+from ..harness.timing import DEFAULT_DEADLINE_S
 from ..harness.world import WorldError, WorldLike
 from . import bandwidth_math as bw
 from .alphabeta import AlphaBeta, fit_alpha_beta
@@ -64,14 +65,15 @@ def run(ctx: CheckContext) -> Outcome:
         return Outcome.skipped(f"world_size={ctx.world_size}: one rank all-reduces nothing; "
                                f"run with --world-size 2 or more")
     data = measure(ctx.world(), ctx.target.spec, sizes=default_sizes(ctx.backend),
-                   cap_mb=ctx.target.ddp_kwargs.get("bucket_cap_mb"))
+                   cap_mb=ctx.target.ddp_kwargs.get("bucket_cap_mb"), deadline=ctx.deadline)
     return judge(data)
 
 
 def measure(world: WorldLike, target_spec: str, *, sizes: Sequence[int], cap_mb: float | None,
             corrupt_rank: int | None = None, warmup: int = WARMUP, iters: int = ITERS,
-            with_model: bool = True) -> dict[str, Any]:
-    """Run everything on ``world``; returns plain data for :func:`judge`.
+            with_model: bool = True, deadline: float = DEFAULT_DEADLINE_S) -> dict[str, Any]:
+    """Run everything on ``world``; returns plain data for :func:`judge`. ``deadline``: the
+    world's, which bounds the backward profile's repetitions (timing.sweep_reps).
 
     ``corrupt_rank`` injects a wrong all-reduce result on that rank (tests prove the check fails).
     """
@@ -90,7 +92,7 @@ def measure(world: WorldLike, target_spec: str, *, sizes: Sequence[int], cap_mb:
         # The model part is advice, not the verdict: a target whose model cannot be profiled
         # still gets its bandwidth judged, with the error in the evidence.
         try:
-            data["profile"] = world.run(profile_backward, target_spec)[0].value
+            data["profile"] = world.run(profile_backward, target_spec, deadline_s=deadline)[0].value
             data["ddp"] = [r.value for r in world.run(ddp_steps, target_spec)]
         except WorldError as exc:
             data["model_error"] = str(exc)

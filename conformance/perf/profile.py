@@ -13,13 +13,16 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..harness.ddp import PROBE_SEED, build_model, rank_batch, sync_device
+from ..harness.timing import DEFAULT_DEADLINE_S, sweep_reps
 from .simulator import BackwardProfile
 
 if TYPE_CHECKING:
     from ..harness.targets import Target
     from ..harness.world import RankContext
 
-WARMUP, REPEATS = 2, 5
+# Untimed warm-up passes; the timed repeats then follow the last warm-up's time
+# (timing.sweep_reps: a fast model gets many, a production one the floor).
+WARMUP = 2
 
 
 class GradReadyRecorder:
@@ -61,8 +64,12 @@ def local_batch(target: Target, rank: int, world_size: int, device: Any) -> tupl
                       batch_size=target.batch_size_for(world_size), device=device)
 
 
-def profile_backward(ctx: RankContext, target_spec: str, *, warmup: int = WARMUP, repeats: int = REPEATS) -> dict[str, Any]:
+def profile_backward(ctx: RankContext, target_spec: str, *, warmup: int = WARMUP, repeats: int | None = None,
+                     deadline_s: float = DEFAULT_DEADLINE_S) -> dict[str, Any]:
     """World work function: per-gradient ready times of the target model, no DDP, on this rank.
+
+    ``repeats=None``: as many timed passes as the last warm-up pass's time affords within the
+    sweep budget and ``deadline_s``. No collective runs here, so the ranks need not agree.
 
     Returns a plain dict (picklable) that ``to_profile`` turns into a BackwardProfile.
     """
@@ -74,7 +81,8 @@ def profile_backward(ctx: RankContext, target_spec: str, *, warmup: int = WARMUP
     recorder = GradReadyRecorder(model)
     sizes = [p.numel() * p.element_size() for p in model.parameters()]
     forward, backward, ready = [], [], []
-    for i in range(warmup + repeats):
+    i, total = 0, warmup + (repeats if repeats is not None else 1)
+    while i < total:
         model.zero_grad(set_to_none=True)
         sync_device(ctx.device)
         t0 = time.perf_counter()
@@ -89,6 +97,9 @@ def profile_backward(ctx: RankContext, target_spec: str, *, warmup: int = WARMUP
             forward.append(t1 - t0)
             backward.append(t2 - t1)
             ready.append({k: v - recorder.t0 for k, v in recorder.ready.items()})
+        i += 1
+        if i == warmup and repeats is None:
+            total = warmup + sweep_reps(t2 - t0, points=1, deadline_s=deadline_s)
     recorder.remove()
     end = statistics.median(backward)
     # Parameters that got no gradient are marked ready at the end by DDP (find_unused) or

@@ -66,8 +66,7 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
         sync_device,
         wrap,
     )
-
-    from .._sizing import agreed_reps
+    from conformance.harness.resources import agreed_reps
 
     target = resolve(source, ctx.rank)
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k != "bucket_cap_mb"}

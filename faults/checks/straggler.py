@@ -61,8 +61,8 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
         sync_device,
         wrap,
     )
+    from conformance.harness.resources import agreed_reps
 
-    from .._sizing import agreed_reps
     from ..tracker import CollectiveTracker
 
     log = InjectionLog()

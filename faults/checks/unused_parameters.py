@@ -100,8 +100,7 @@ def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s:
     import torch
 
     from conformance.harness.ddp import PROBE_SEED, rank_batch, sync_device, wrap
-
-    from .._sizing import agreed_reps
+    from conformance.harness.resources import agreed_reps
 
     target = resolve(source, ctx.rank)
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k not in ("find_unused_parameters", "static_graph")}

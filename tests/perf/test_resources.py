@@ -23,6 +23,12 @@ MIB = 1 << 20
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
+def _own_rss() -> int:
+    """This process's RSS alone (the tree would count a test session's ranks too)."""
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+
+
 def _touch(nbytes: int) -> bytearray:
     buf = bytearray(nbytes)
     buf[::4096] = b"\1" * len(buf[::4096])  # resident, not just reserved
@@ -35,7 +41,7 @@ def test_a_transient_peak_between_samples_is_seen() -> None:
         buf = _touch(200 * MIB)
         del buf
     assert meter.cost is not None and meter.cost.supervisor_peak_rss is not None
-    baseline = tree_rss_bytes() or 0
+    baseline = _own_rss()
     assert meter.cost.supervisor_peak_rss >= baseline + 150 * MIB
 
 
@@ -46,7 +52,7 @@ def test_the_next_check_does_not_inherit_the_previous_peak() -> None:
     with CostMeter(interval_s=30.0) as quiet:
         pass
     assert quiet.cost is not None and quiet.cost.supervisor_peak_rss is not None
-    assert quiet.cost.supervisor_peak_rss < (tree_rss_bytes() or 0) + 100 * MIB
+    assert quiet.cost.supervisor_peak_rss < _own_rss() + 100 * MIB
 
 
 def test_the_tree_counts_a_child_process() -> None:
@@ -56,15 +62,17 @@ def test_the_tree_counts_a_child_process() -> None:
     try:
         with CostMeter(interval_s=0.05) as meter:
             deadline = time.monotonic() + 20
-            while (tree_rss_bytes() or 0) < 200 * MIB and time.monotonic() < deadline:
+            while (tree_rss_bytes(child.pid) or 0) < 200 * MIB and time.monotonic() < deadline:
                 time.sleep(0.1)
             time.sleep(0.2)
+            before = tree_rss_bytes() or 0
     finally:
         child.kill()
         child.wait(timeout=10)
     cost = meter.cost
     assert cost is not None and cost.tree_peak_rss is not None and cost.supervisor_peak_rss is not None
-    assert cost.tree_peak_rss - cost.supervisor_peak_rss >= 190 * MIB
+    assert (tree_rss_bytes(child.pid) or 0) == 0  # gone: its 200 MiB were seen while it lived
+    assert cost.tree_peak_rss >= before >= cost.supervisor_peak_rss + 200 * MIB
 
 
 def test_progress_lines_follow_the_interval() -> None:
@@ -100,7 +108,7 @@ def test_model_size_counts_parameters_and_bytes_without_allocating() -> None:
     with CostMeter(interval_s=30.0) as meter:
         size = model_size(_Target("huge", width))
     assert size == (width * width + width + 3 * width + 3, 4 * (width * width + width + 3 * width + 3))
-    assert meter.cost is not None and (meter.cost.supervisor_peak_rss or 0) < (tree_rss_bytes() or 0) + 200 * MIB
+    assert meter.cost is not None and (meter.cost.supervisor_peak_rss or 0) < _own_rss() + 200 * MIB
     assert size_metrics(size) == {MODEL_PARAMETERS: size[0], MODEL_BYTES: size[1]}
 
 

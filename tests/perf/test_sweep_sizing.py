@@ -60,7 +60,7 @@ def test_a_sweep_without_points_is_refused() -> None:
 
 
 def _agree(ctx: Any, points: int) -> tuple[int, float]:
-    from faults._sizing import agreed_reps
+    from conformance.harness.resources import agreed_reps
 
     # Rank 1 measured a step 10x slower: the count must be its, on every rank.
     return agreed_reps(ctx, 0.05 if ctx.rank == 0 else 0.5, points=points, deadline_s=600)
