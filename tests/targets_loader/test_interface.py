@@ -167,3 +167,18 @@ def test_every_target_error_in_the_loader_cites_the_readme_section():
                 missing.append(f"line {node.lineno}: {text[:80]}")
     assert seen > 20, seen  # the walk finds the loader's raises
     assert not missing, "\n".join(missing)
+
+
+def test_user_code_is_the_targets_folder_never_the_suite_nor_installed_packages():
+    # A target at the repository root: its folder then holds the suite and the virtualenv too.
+    import faults
+    from conformance.harness import target_calls
+
+    root = str(Path(target_calls.__file__).resolve().parents[2])
+    assert target_calls.is_user_file(f"{root}/my_target.py", frozenset(), root)
+    assert target_calls.is_user_file(f"{root}/conformance/targets/mlp.py", frozenset(), root)
+    assert not target_calls.is_user_file(target_calls.__file__, frozenset(), root)
+    assert not target_calls.is_user_file(faults.__file__, frozenset(), root)
+    assert not target_calls.is_user_file(torch.__file__, frozenset(), str(Path(torch.__file__).parents[3]))
+    assert not target_calls.is_user_file(f"{root}/my_target.py", frozenset(), None)
+    assert target_calls.is_user_file(torch.__file__, frozenset({torch.__file__}), None)
