@@ -106,8 +106,6 @@ CASES = [
          env={"PYTHONPATH": str(TARGETS)}),
     Case("pytest-runs-nothing", ["--checks", "rank-consistency", "--", "--collect-only"], 3,
          r"verdict inconclusive", 30),
-    Case("setsid-child-of-a-passing-run", ["--target", SETSID, "--checks", "rank-consistency"], 0,
-         r"verdict ready", 60),
 ]
 
 
@@ -273,15 +271,26 @@ def test_report_of_a_nan_line_is_inconclusive_with_one_line(tmp_path: Path) -> N
     _assert_clean(run)
 
 
-def test_keep_tmp_keeps_the_session_dir_and_says_where(tmp_path: Path) -> None:
+def test_a_passing_run_kills_setsid_children_and_keep_tmp_keeps_only_the_session_dir(tmp_path: Path) -> None:
+    """Each rank forks a ``setsid`` child and the run passes: the children must still die
+    with it. With --keep-tmp the session's temp dir stays (and is said); nothing else does."""
     out = tmp_path / "out"
-    run = Run(["run", "--report-dir", str(out), "--backend", "gloo", "--target", "mlp",
-               "--checks", "rank-consistency", "--keep-tmp"], tmp_path)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    run = Run(["run", "--report-dir", str(out), "--target", SETSID, "--checks", "rank-consistency",
+               "--keep-tmp"], tmp_path, env={"DDP_TEST_PIDS": str(pids)})
     done = run.wait()
+    children = [int(f.name.split("-")[1]) for f in pids.iterdir()]
+    assert len(children) >= 2, "every rank must have forked its setsid child (or the test proves nothing)"
     assert done.code == 0, done.stderr[-3000:]
+    _one_line(done, r"verdict ready")
+    assert done.elapsed_s <= 60
     kept = re.search(r"--keep-tmp: the session's temp dir is kept: (\S+)", done.stdout)
     assert kept, done.stdout[-2000:]
     assert Path(kept.group(1)).is_dir() and Path(kept.group(1)).parent == run.tmp
+    procs, _ = run.leftovers(within_s=5.0)
+    assert not procs, f"processes outlived a passing run: {procs}"
+    _gone_within(children, 1.0)
     import shutil
 
     shutil.rmtree(kept.group(1))
