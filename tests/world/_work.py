@@ -120,14 +120,18 @@ def busy_forever(ctx: Any) -> None:
         time.sleep(0.01)
 
 
-def exit_while_peer_in_collective(ctx: Any) -> None:
-    """Rank 1 exits at once; rank 0 is inside an all-reduce with it and gets 'connection reset'
-    (or a timeout): the cause is rank 1, the symptom rank 0."""
+def exit_while_peer_in_collective(ctx: Any, how: str = "exit") -> None:
+    """Rank 1 exits (``os._exit(3)``) or segfaults; rank 0 is inside an all-reduce with it and
+    gets 'connection reset' (or a timeout): the cause is rank 1, the symptom rank 0."""
     import torch
     import torch.distributed as dist
 
     if ctx.rank == 1:
         time.sleep(0.2)
+        if how == "segfault":
+            import ctypes
+
+            ctypes.string_at(0)  # SIGSEGV
         os._exit(3)
     dist.all_reduce(torch.ones(1))
 

@@ -114,11 +114,12 @@ def test_close_with_every_rank_busy_takes_one_grace_period() -> None:
     assert not any(_alive(p) for p in pids)
 
 
-def test_the_rank_that_died_is_named_first() -> None:
+@pytest.mark.parametrize("how, death", [("exit", "exit code 3"), ("segfault", "killed by SIGSEGV")])
+def test_the_rank_that_died_is_named_first(how: str, death: str) -> None:
     with World(2, "gloo", deadline=DEADLINE) as world:
         with pytest.raises(RankFailure) as info:
-            world.run(_work.exit_while_peer_in_collective)
-    assert str(info.value).startswith("rank 1 died (exit code 3)")
+            world.run(_work.exit_while_peer_in_collective, how)
+    assert str(info.value).startswith(f"rank 1 died ({death})"), str(info.value)
     assert info.value.culprit is not None and info.value.culprit.rank == 1
 
 
