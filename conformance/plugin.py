@@ -129,7 +129,7 @@ def ddp_session(pytestconfig: pytest.Config) -> Iterator[Any]:
     from .harness.session import Session
 
     previous = _terminate_as_interrupt(pytestconfig)
-    session = Session(settings_from(pytestconfig))
+    session = Session(settings_from(pytestconfig), progress=lambda line: _progress(pytestconfig, line))
     try:
         yield session
     finally:
@@ -307,6 +307,17 @@ class _ReportWriter:
 
     def _say(self, line: str) -> None:
         _say(self.config, line)
+
+
+def _progress(config: pytest.Config, line: str) -> None:
+    """A long check's "still running" line, from the session's meter thread while the item runs:
+    output is captured then, so capture is lifted for the one line (a user watches the run)."""
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if capman is None:
+        _say(config, line)
+        return
+    with capman.global_and_fixture_disabled():
+        _say(config, line)
 
 
 def _say(config: pytest.Config, line: str) -> None:
