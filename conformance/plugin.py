@@ -60,8 +60,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    checks = config.getoption("--ddp-checks", None)
+    if checks is not None and not any(c.strip() for c in checks.split(",")):
+        # "" or "," would otherwise mean "no filter" (everything) or parametrise nothing.
+        raise pytest.UsageError(f"--ddp-checks {checks!r} names no check; pass check ids separated "
+                                f"by commas, or leave the option out")
     try:  # reject a bad --ddp-checks before collection, as a usage error (exit 4)
-        select(config.getoption("--ddp-checks", None), config.getoption("--ddp-suite", "full"))
+        select(checks, config.getoption("--ddp-suite", "full"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     if config.getoption("--ddp-report-dir", None) and _is_writer(config):

@@ -67,6 +67,14 @@ def test_two_xdist_workers_run_two_independent_worlds(pytester: pytest.Pytester)
     result.assert_outcomes(passed=2)
 
 
+@pytest.mark.parametrize("checks", [",", ""])
+def test_a_checks_option_naming_nothing_is_a_usage_error(pytester: pytest.Pytester, checks: str) -> None:
+    result = pytester.runpytest_subprocess("--pyargs", "conformance.suite", "--ddp-checks", checks,
+                                           "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--ddp-checks {checks!r} names no check*"])
+
+
 def test_unknown_check_id_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("--pyargs", "conformance.suite", "--ddp-checks", "nope",
                                            "-p", "no:cacheprovider")
