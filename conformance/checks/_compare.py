@@ -19,6 +19,7 @@ on this machine, and said so.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,7 @@ class TensorDiff:
     ratio: float  # worst |got - ref| / (atol + rtol |ref|): > 1 means outside tolerance
     tolerance: Tolerance
     note: str = ""
+    worst_element: tuple[int, float, float] | None = None  # (flat index, got, ref): evidence
 
     @property
     def ok(self) -> bool:
@@ -63,28 +65,122 @@ class TensorDiff:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "max_abs": self.max_abs, "max_rel": self.max_rel,
                 "ratio": round(self.ratio, 4), "atol": self.tolerance.atol,
-                "rtol": self.tolerance.rtol, **({"note": self.note} if self.note else {})}
+                "rtol": self.tolerance.rtol, **({"note": self.note} if self.note else {}),
+                **({"worst_element": {"flat_index": self.worst_element[0], "got": self.worst_element[1],
+                                      "ref": self.worst_element[2]}} if self.worst_element else {})}
+
+
+#: Elements per chunk of an on-device comparison: the float64 temporaries of one chunk
+#: (~4 of them, 8 MiB each) are all a comparison adds to the device's memory, whatever the
+#: size of the tensor compared.
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Compared:
+    """One tensor against its reference, reduced on the device to what the judges read.
+
+    ``diff`` is the tolerance judgement, with its worst element as evidence; ``ref_sq``, ``dot``, ``got_sq`` and ``residual`` (``|got - f·ref|`` with
+    ``f = dot / ref_sq``) are the projection the gradient-factor hypotheses need
+    (``_hypotheses.scale_from``). No tensor travels: a summary is a few floats per tensor.
+    """
+
+    diff: TensorDiff
+    got_present: bool
+    ref_present: bool
+    ref_sq: float = 0.0
+    dot: float = 0.0
+    got_sq: float = 0.0
+    residual: float = 0.0
+    got_finite: bool = True
+    ref_finite: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.diff.name
+
+
+def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool) -> Compared:
+    """``got`` against ``ref`` where ``got`` lives (``ref`` is moved there), chunk by chunk.
+
+    A missing tensor on one side is infinitely wrong; both missing is "no gradient on either
+    side" (ratio 0). Element-wise rule as ``numpy.allclose``: ``|got - ref| <= atol + rtol·|ref|``.
+    NaN propagates into the maxima (a NaN difference is never within tolerance).
+    """
+    import torch
+
+    tol = tolerance_for(getattr(ref if ref is not None else got, "dtype", "float32"), grad=grad)
+    if got is None and ref is None:
+        return Compared(TensorDiff(name, 0.0, 0.0, 0.0, tol, "no gradient on either side"), False, False)
+    if got is None or ref is None:
+        side = "DDP run" if got is None else "reference"
+        present = ref if got is None else got
+        sq, finite = _norm_sq(present)
+        return Compared(TensorDiff(name, float("inf"), float("inf"), float("inf"), tol,
+                                   f"gradient missing in the {side}"), got is not None, ref is not None,
+                        ref_sq=sq if ref is not None else 0.0, got_sq=sq if got is not None else 0.0,
+                        got_finite=finite if got is not None else True,
+                        ref_finite=finite if ref is not None else True)
+    if tuple(got.shape) != tuple(ref.shape):
+        return Compared(TensorDiff(name, float("inf"), float("inf"), float("inf"), tol,
+                                   f"shape {tuple(got.shape)} != reference {tuple(ref.shape)}"),
+                        True, True, ref_sq=_norm_sq(ref)[0], got_sq=_norm_sq(got)[0])
+    g_flat = got.detach().reshape(-1)
+    r_flat = ref.detach().to(got.device).reshape(-1)
+    zero = torch.zeros((), dtype=torch.float64, device=g_flat.device)
+    max_abs, max_ref, ratio = zero.clone(), zero.clone(), zero.clone()
+    dot, rr, gg = zero.clone(), zero.clone(), zero.clone()
+    worst_at, worst_ratio = 0, -1.0
+    starts = range(0, g_flat.numel(), CHUNK)
+    for start in starts:
+        g = g_flat[start:start + CHUNK].double()
+        r = r_flat[start:start + CHUNK].double()
+        delta = (g - r).abs()
+        chunk_ratio = delta / (tol.atol + tol.rtol * r.abs())
+        max_abs = torch.maximum(max_abs, delta.max())
+        max_ref = torch.maximum(max_ref, r.abs().max())
+        top = chunk_ratio.max()
+        ratio = torch.maximum(ratio, top)
+        dot += g @ r
+        rr += r @ r
+        gg += g @ g
+        # One host sync per chunk, for the evidence of where the worst element is.
+        value = float(top)
+        if not value <= worst_ratio:
+            worst_ratio, worst_at = value, start + int(chunk_ratio.argmax())
+    rr_f, dot_f, gg_f = float(rr), float(dot), float(gg)
+    residual = 0.0
+    if rr_f > 0 and math.isfinite(rr_f):
+        # Second pass, now that the factor is known: |got - f·ref| exactly, not by cancellation.
+        factor = dot_f / rr_f
+        acc = zero.clone()
+        for start in starts:
+            d = g_flat[start:start + CHUNK].double() - factor * r_flat[start:start + CHUNK].double()
+            acc += d @ d
+        residual = math.sqrt(float(acc)) if float(acc) >= 0 else float(acc)
+    m_abs, scale = float(max_abs), float(max_ref)
+    worst_element = None
+    if g_flat.numel():
+        worst_element = (worst_at, float(g_flat[worst_at]), float(r_flat[worst_at]))
+    diff = TensorDiff(name, m_abs, m_abs / scale if scale > 0 else m_abs,
+                      float(ratio) if g_flat.numel() else 0.0, tol, worst_element=worst_element)
+    return Compared(diff, True, True, ref_sq=rr_f, dot=dot_f, got_sq=gg_f, residual=residual,
+                    got_finite=math.isfinite(gg_f), ref_finite=math.isfinite(rr_f))
+
+
+def _norm_sq(tensor: Any) -> tuple[float, bool]:
+    """(sum of squares, all finite) of one tensor, chunk by chunk on its device."""
+    flat = tensor.detach().reshape(-1)
+    total = 0.0
+    for start in range(0, flat.numel(), CHUNK):
+        chunk = flat[start:start + CHUNK].double()
+        total += float(chunk @ chunk)
+    return total, math.isfinite(total)
 
 
 def diff_tensor(name: str, got: Any, ref: Any, *, grad: bool) -> TensorDiff:
-    """One tensor against its reference. A missing tensor on one side is infinitely wrong."""
-    tol = tolerance_for(getattr(ref if ref is not None else got, "dtype", "float32"), grad=grad)
-    if got is None and ref is None:
-        return TensorDiff(name, 0.0, 0.0, 0.0, tol, "no gradient on either side")
-    if got is None or ref is None:
-        side = "DDP run" if got is None else "reference"
-        return TensorDiff(name, float("inf"), float("inf"), float("inf"), tol,
-                          f"gradient missing in the {side}")
-    if tuple(got.shape) != tuple(ref.shape):
-        return TensorDiff(name, float("inf"), float("inf"), float("inf"), tol,
-                          f"shape {tuple(got.shape)} != reference {tuple(ref.shape)}")
-    g, r = got.double(), ref.double()
-    delta = (g - r).abs()
-    max_abs = float(delta.max()) if delta.numel() else 0.0
-    scale = float(r.abs().max()) if r.numel() else 0.0
-    bound = tol.atol + tol.rtol * r.abs()
-    ratio = float((delta / bound).max()) if delta.numel() else 0.0
-    return TensorDiff(name, max_abs, max_abs / scale if scale > 0 else max_abs, ratio, tol)
+    """One tensor against its reference (see ``compare_tensor``)."""
+    return compare_tensor(name, got, ref, grad=grad).diff
 
 
 def diff_states(got: dict[str, Any], ref: dict[str, Any], *, grad: bool) -> list[TensorDiff]:

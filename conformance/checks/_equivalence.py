@@ -1,12 +1,15 @@
 """The N-rank run against its 1-rank reference: the experiment behind both equivalence checks.
 
-Supervisor side. The N-rank run goes to the session's persistent world; its rank 0 returns the
-parameters and buffers it holds after DDP's construction broadcast, which seed the reference:
-the same ``run_recorded`` on the persistent 1-rank world, with the whole global batch as one
-microbatch (BatchNorm normalises in the N-rank run's microbatch-sized groups on both sides,
-see ``_normalisation``). The judge compares the gradients ``optimizer.step()`` consumed at
-step 0 (and, when the step clips, the gradients before clipping) and the parameters after
-every step, rank by rank, within the dtype tolerance of ``_compare``.
+Supervisor side. The reference — the same ``run_recorded`` on the persistent 1-rank world,
+with the whole global batch as one microbatch (BatchNorm normalises in the N-rank run's
+microbatch-sized groups on both sides, see ``_normalisation``) — runs first and writes its
+snapshots to a folder of the check's private temp dir; the N-rank run on the persistent world
+then compares against them on every rank, where its tensors are (``_recorded``), and returns
+per-tensor summaries (``_compare.Compared``). The supervisor never holds a tensor of the
+model: its memory is flat in the model size. Compared: the gradients ``optimizer.step()``
+consumed at the first step that ran (and, when the step clips, the gradients before clipping)
+and the parameters after every step, rank by rank, within the dtype tolerance of ``_compare``;
+the gradient factors of the hypotheses come from the ranks' projections (``scale_from``).
 
 What the judge decides, in order: a NaN/Inf anywhere is a failure of its own; no gradient
 reaching the optimizer on either side is ``skipped`` (nothing to compare); a mismatch is a
@@ -15,7 +18,10 @@ failure whose hint names a cause only when a measurement supports it (``_hypothe
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from reports.keys import (
@@ -32,8 +38,8 @@ from reports.keys import (
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
-from ._compare import TensorDiff, diff_states, fmt, worst
-from ._hypotheses import Scale, scale_causes, scale_of
+from ._compare import Compared, TensorDiff, fmt, worst
+from ._hypotheses import Scale, scale_causes, scale_from
 from ._recorded import RunPlan, run_recorded
 
 _TENSORS = ("initial", "grads0", "pre_clip0", "params")
@@ -346,55 +352,81 @@ def _merge_worst(per_rank: list[list[TensorDiff]]) -> tuple[list[TensorDiff], di
     return [v[0] for v in best.values()], {k: v[1] for k, v in best.items()}
 
 
-def _with_gradient(states: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def _with_gradient(ref_norms: dict[str, Any], per_rank: list[list[Compared]]) -> tuple[list[str], list[str]]:
     """(names with a gradient on some side, names with none anywhere), in model order."""
-    names: list[str] = []
-    for state in states:
-        names += [n for n in state if n not in names]
-    has = [n for n in names if any(s.get(n) is not None for s in states)]
-    return has, [n for n in names if n not in has]
+    names = list(ref_norms)
+    for compared in per_rank:
+        names += [c.name for c in compared if c.name not in names]
+    has = {n for n, norm in ref_norms.items() if norm is not None}
+    has |= {c.name for compared in per_rank for c in compared if c.got_present}
+    return [n for n in names if n in has], [n for n in names if n not in has]
 
 
 def _summary(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if k not in _TENSORS}
 
 
+def _reference_and_ranks(ctx: CheckContext, plan: RunPlan, group: int,
+                         folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The reference writes its snapshots into ``folder``, then the N ranks compare against them."""
+    ref_plan = replace(plan, microbatches=1, count_allreduce=False, norm_group=group,
+                       role="reference", snapshots=str(folder))
+    # Both calls carry the check's deadline: a target whose step hangs under DDP (an unused
+    # parameter with find_unused_parameters=False on some ranks) must become a verdict.
+    ref = ctx.world(world_size=1).run(run_recorded, ref_plan, deadline=ctx.deadline)[0].value
+    values = [r.value for r in ctx.world().run(run_recorded, replace(plan, snapshots=str(folder)),
+                                               deadline=ctx.deadline)]
+    return ref, values
+
+
 def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> Equivalence:
-    """N-rank run on the persistent world, reference on the persistent 1-rank world, judged."""
+    """Reference on the persistent 1-rank world, N-rank run on the persistent world comparing
+    against it on every rank; judged from the ranks' summaries."""
     n = ctx.world_size
     batch = ctx.target.batch_size_for(n, microbatches)
     plan = RunPlan(target_spec=ctx.target.spec, global_batch=batch, microbatches=microbatches,
-                   steps=steps, norm_group=batch // (n * microbatches))
-    # Both calls carry the check's deadline: a target whose step hangs under DDP (an unused
-    # parameter with find_unused_parameters=False on some ranks) must become a verdict.
-    values = [r.value for r in ctx.world().run(run_recorded, plan, deadline=ctx.deadline)]
-    # BatchNorm groups of the reference: the one size the N-rank run normalised over (smaller
-    # than its microbatch when train_step splits microbatches further), else the microbatch.
-    sizes = {s for v in values for s in v.get("batchnorm_sizes_seen") or []}
-    group = sizes.pop() if len(sizes) == 1 else plan.norm_group
-    ref_plan = replace(plan, microbatches=1, count_allreduce=False, norm_group=group)
-    ref = ctx.world(world_size=1).run(run_recorded, ref_plan, values[0]["initial"],
-                                      deadline=ctx.deadline)[0].value
-    ref_grads = ref.get("grads0") or {}
-    rank_grads = [v.get("grads0") or {} for v in values]
-    has, none = _with_gradient([ref_grads, *rank_grads])
-    grads, grad_rank = _merge_worst([diff_states({k: g.get(k) for k in has},
-                                                 {k: ref_grads.get(k) for k in has}, grad=True)
-                                     for g in rank_grads])
+                   steps=steps, norm_group=batch // (n * microbatches), snapshots="-")
+    folder = Path(tempfile.mkdtemp(prefix="reference-", dir=ctx.tmpdir))
+    try:
+        ref, values = _reference_and_ranks(ctx, plan, plan.norm_group, folder)
+        # BatchNorm groups of the reference: the one size the N-rank run normalised over
+        # (smaller than its microbatch when train_step splits microbatches further), else the
+        # microbatch. Known only once the N-rank run ran: a reference that normalised over
+        # other groups is run again, and the ranks compare again (BatchNorm models only).
+        sizes = {s for v in values for s in v.get("batchnorm_sizes_seen") or []}
+        group = sizes.pop() if len(sizes) == 1 else plan.norm_group
+        if group != plan.norm_group:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            ref, values = _reference_and_ranks(ctx, plan, group, folder)
+    finally:
+        # The snapshots are the model's size several times over: gone as soon as compared.
+        shutil.rmtree(folder, ignore_errors=True)
+    ref_norms: dict[str, Any] = ref.get("grads0") or {}
+    rank_grads: list[list[Compared]] = [v.get("grads0") or [] for v in values]
+    has, none = _with_gradient(ref_norms, rank_grads)
+    keep = set(has)
+    grads, grad_rank = _merge_worst([[c.diff for c in compared if c.name in keep]
+                                     for compared in rank_grads])
+    grads.sort(key=lambda d: has.index(d.name))
     pre_clip: list[TensorDiff] = []
     pre_scale = None
     ref_clip = ref.get("pre_clip0")
     if ref_clip and all(v.get("pre_clip0") for v in values):
-        pre_clip, _ = _merge_worst([diff_states(v["pre_clip0"], ref_clip, grad=True) for v in values])
-        pre_scale = scale_of([v["pre_clip0"] for v in values], ref_clip)
+        pre_clip, _ = _merge_worst([[c.diff for c in v["pre_clip0"]] for v in values])
+        pre_scale = scale_from([v["pre_clip0"] for v in values], _norms(ref_clip))
     params = []
     for step in range(steps):
-        merged, _ = _merge_worst([diff_states(v["params"][step], ref["params"][step], grad=False)
-                                  for v in values])
+        merged, _ = _merge_worst([[c.diff for c in v["params"][step]] for v in values
+                                  if len(v.get("params") or []) > step])
         params.append(merged)
     return Equivalence(plan, grads, grad_rank, none, pre_clip, params,
                        [_summary(v) for v in values], _summary(ref),
-                       scale_of(rank_grads, ref_grads), pre_scale)
+                       scale_from(rank_grads, _norms(ref_norms)), pre_scale)
+
+
+def _norms(norms: dict[str, Any]) -> list[float]:
+    return [float(v) for v in norms.values() if v is not None]
 
 
 def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._compare import Compared
 
 NEGLIGIBLE = 1e-4  # a reference gradient this small next to the largest one is rounding noise
 RESIDUAL = 1e-3  # |g - s·ref| / |g|: how far from "a multiple of the reference" still counts
@@ -49,29 +52,36 @@ class Scale:
 
 
 def scale_of(per_rank: list[dict[str, Any]], ref: dict[str, Any]) -> Scale:
-    """Per-parameter factors of every rank's gradients against the reference's.
+    """``scale_from`` on whole tensors (every rank's gradients against the reference's)."""
+    from ._compare import compare_tensor
+
+    norms = [math.sqrt(compare_tensor(n, r, r, grad=True).ref_sq) for n, r in ref.items() if r is not None]
+    return scale_from([[compare_tensor(n, got.get(n), r, grad=True) for n, r in ref.items()]
+                       for got in per_rank], norms)
+
+
+def scale_from(per_rank: list[list[Compared]], ref_norms: list[float]) -> Scale:
+    """Per-parameter factors of every rank's gradients against the reference's, from the
+    projections each rank measured on its device (``_compare.Compared``).
 
     Parameters whose reference gradient is negligible (a conv bias right before BatchNorm has
     a gradient of exactly 0 in theory, ~1e-9 of rounding in practice) carry no factor and are
-    left out: their "factor" is noise.
+    left out: their "factor" is noise. ``ref_norms``: the norm of every reference gradient.
     """
-    norms = [float(r.double().norm()) for r in ref.values() if r is not None]
-    floor = NEGLIGIBLE * max([n for n in norms if math.isfinite(n)], default=0.0)
+    floor = NEGLIGIBLE * max([n for n in ref_norms if math.isfinite(n)], default=0.0)
     factors, residual = [], 0.0
-    for got in per_rank:
-        for name, r in ref.items():
-            g = got.get(name)
-            if g is None or r is None or tuple(g.shape) != tuple(r.shape):
-                continue
-            g64, r64 = g.double().reshape(-1), r.double().reshape(-1)
-            rr = float(r64 @ r64)
+    for compared in per_rank:
+        for c in compared:
+            if not (c.got_present and c.ref_present) or math.isinf(c.diff.ratio) and c.diff.note:
+                continue  # missing on one side, or shapes differ: no factor
+            rr = c.ref_sq
             if rr == 0.0 or not math.isfinite(rr) or math.sqrt(rr) <= floor:
                 continue
-            factor = float(g64 @ r64) / rr
-            norm = float(g64.norm())
+            factor = c.dot / rr
+            norm = math.sqrt(c.got_sq) if c.got_sq >= 0 else c.got_sq
             factors.append(factor)
             if norm > 0:
-                residual = max(residual, float((g64 - factor * r64).norm()) / norm)
+                residual = max(residual, c.residual / norm)
     if not factors:
         return Scale(0, 0.0, 0.0, 0.0)
     return Scale(len(factors), min(factors), max(factors), residual)

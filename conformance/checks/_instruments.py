@@ -3,15 +3,16 @@ clipping hid, and the first non-finite value.
 
 Each instrument observes the target's own ``train_step`` without changing what it computes:
 
-- :class:`StepRecorder` — an optimizer *step pre-hook* copies every gradient at the moment
-  ``optimizer.step()`` reads it. Judging ``.grad`` after ``train_step`` returned is wrong for
+- :class:`StepRecorder` — an optimizer *step pre-hook* sees every gradient at the moment
+  ``optimizer.step()`` reads it (copied, or handed uncopied to an ``observe`` callback that
+  compares it in place). Judging ``.grad`` after ``train_step`` returned is wrong for
   real code: nanoGPT calls ``zero_grad(set_to_none=True)`` *after* the step, which leaves no
   gradient to inspect (and a comparison of nothing against nothing "passes").
 - :class:`ForwardCounter` — forwards through the DDP wrapper and through the inner module.
   Forwards through the inner module only mean DDP was bypassed (``model.module(x)``); one
   forward per optimizer step means ``train_step`` does no accumulation.
-- :class:`ClipProbe` — wraps ``torch.nn.utils.clip_grad_norm_`` to copy the gradients it is
-  about to clip and the total norm it measured: a gradient K times too large and then clipped
+- :class:`ClipProbe` — wraps ``torch.nn.utils.clip_grad_norm_`` to see (copy or observe) the
+  gradients it is about to clip and the total norm it measured: a gradient K times too large and then clipped
   to ``max_norm`` is indistinguishable from a correct one after clipping.
 - :func:`first_nonfinite` — the first NaN/Inf among named tensors.
 
@@ -52,30 +53,41 @@ class StepRecorder:
     steps: int = 0  # optimizer.step() calls during the current train_step
     grads: dict[str, Any] | None = None  # the first optimizer.step() of the current train_step
     handle: Any = None
+    # Given: called with the live (name, gradient or None) pairs at the first step instead of
+    # copying them (the comparison happens right there, on the device; no copy is kept).
+    observe: Callable[[list[tuple[str, Any]]], None] | None = None
 
     @classmethod
-    def attach(cls, model: Any, optimizer: Any) -> StepRecorder:
+    def attach(cls, model: Any, optimizer: Any, *,
+               observe: Callable[[list[tuple[str, Any]]], None] | None = None) -> StepRecorder:
         names = {id(p): n for n, p in model.named_parameters()}
-        recorder = cls(names=names)
+        recorder = cls(names=names, observe=observe)
 
         def pre_step(opt: Any, args: Any, kwargs: Any) -> None:
             recorder.steps += 1
-            if recorder.grads is None:
-                recorder.grads = recorder._snapshot(opt)
+            if recorder.steps == 1:
+                if recorder.observe is not None:
+                    recorder.observe(list(recorder.live(opt).items()))
+                else:
+                    recorder.grads = recorder._snapshot(opt)
 
         recorder.handle = optimizer.register_step_pre_hook(pre_step)
         return recorder
 
-    def _snapshot(self, optimizer: Any) -> dict[str, Any]:
-        # Every parameter of the model gets an entry: None is "no gradient reached the
-        # optimizer for it" (frozen, unused, or zeroed with set_to_none before the step).
+    def live(self, optimizer: Any) -> dict[str, Any]:
+        """The gradients the optimizer is about to read, by name, uncopied. Every parameter of
+        the model gets an entry: None is "no gradient reached the optimizer for it" (frozen,
+        unused, or zeroed with set_to_none before the step)."""
         out: dict[str, Any] = dict.fromkeys(self.names.values())
         for group in optimizer.param_groups:
             for p in group["params"]:
                 name = self.names.get(id(p))
                 if name is not None:
-                    out[name] = cpu_copy(p.grad)
+                    out[name] = None if p.grad is None else p.grad.detach()
         return out
+
+    def _snapshot(self, optimizer: Any) -> dict[str, Any]:
+        return {name: cpu_copy(g) for name, g in self.live(optimizer).items()}
 
     def reset(self) -> None:
         self.steps = 0
@@ -131,21 +143,28 @@ class ClipProbe:
     calls: list[dict[str, float]] = field(default_factory=list)  # this train_step's calls
     pre_clip: dict[str, Any] | None = None  # gradients at the last call before the first step
     frozen: bool = False  # set once the first optimizer step of the step happened
+    # Given: called with the live (name, gradient) pairs before each clip instead of copying.
+    observe: Callable[[list[tuple[str, Any]]], None] | None = None
     _restore: list[tuple[Any, str, Any]] = field(default_factory=list)
 
     @classmethod
-    def attach(cls, model: Any, namespaces: Iterable[dict[str, Any]]) -> ClipProbe:
+    def attach(cls, model: Any, namespaces: Iterable[dict[str, Any]], *,
+               observe: Callable[[list[tuple[str, Any]]], None] | None = None) -> ClipProbe:
         import torch.nn.utils.clip_grad as clip_module
         from torch.nn import utils
 
-        probe = cls(names={id(p): n for n, p in model.named_parameters()})
+        probe = cls(names={id(p): n for n, p in model.named_parameters()}, observe=observe)
         original: Callable[..., Any] = clip_module.clip_grad_norm_
 
         def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
             params = [parameters] if hasattr(parameters, "grad") else list(parameters)
             if not probe.frozen:
-                probe.pre_clip = {probe.names[id(p)]: cpu_copy(p.grad) for p in params
-                                  if id(p) in probe.names}
+                named = [(probe.names[id(p)], None if p.grad is None else p.grad.detach())
+                         for p in params if id(p) in probe.names]
+                if probe.observe is not None:
+                    probe.observe(named)
+                else:
+                    probe.pre_clip = {name: cpu_copy(g) for name, g in named}
             total = original(params, max_norm, *args, **kwargs)
             probe.calls.append({"total_norm": float(total), "max_norm": float(max_norm)})
             return total

@@ -1,5 +1,19 @@
 """One recorded training run of the target: the rank-side experiment of the equivalence checks.
 
+Where the comparison happens: the single-process reference runs *first* and writes its
+snapshots (initial weights, first-step gradients, parameters after every step) to files in
+the check's private temp dir, one tensor at a time (``_snapshots``); the N-rank ranks then
+compare their own live tensors against those files, tensor by tensor, on their device, at the
+very moment the optimizer consumes them, and return summaries only. This way round (rather
+than ranks writing and the reference comparing) the disk holds one copy of the model per
+snapshot instead of N, the N comparisons run in parallel on the ranks' devices, and no rank
+ever keeps a copy of its gradients or parameters: its memory overhead is the one reference
+tensor being compared. Initial weights: the reference builds from the same seed; each rank,
+after DDP's broadcast, checks its weights bit for bit against the reference's initial snapshot
+and copies the reference's in where a non-deterministic ``build_model`` made them differ
+(recorded), so both runs start from exactly the same weights either way. Limitation: the
+files must be reachable from every rank (one host; ``--attach`` across hosts is not).
+
 Build the target's model from the suite's seed, wrap it in DDP with the target's
 ``ddp_kwargs``, feed each rank its contiguous shard of the global batch as K microbatches, run
 the target's own ``train_step`` and record what the optimizer consumed. The single-process
@@ -15,13 +29,14 @@ Before the run, dropout is switched off and BatchNorm normalises in fixed groups
 (``_randomness``, ``_normalisation``): the record says so.
 
 ``run_recorded`` is module-level so that it pickles by reference into the spawned rank
-processes; it returns CPU tensors and plain Python only.
+processes; it returns plain Python and per-tensor summaries only, never a tensor.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..harness.ddp import (
@@ -38,9 +53,16 @@ from ..harness.ddp import (
     unwrap,
     wrap,
 )
+from ._compare import Compared, compare_tensor
 from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
 from ._normalisation import group_batchnorm, sizes_seen
 from ._randomness import disable_dropout, forward_is_random
+from ._snapshots import has_snapshot, read_snapshot, write_snapshot
+
+# Snapshot labels of the reference (``_snapshots``): the initial weights, the first step's
+# gradients, the gradients before that step's clipping, the parameters after step s.
+INITIAL, GRADS0, PRE_CLIP0, PARAMS = "initial", "grads0", "pre_clip0", "params"
+ROLES = ("reference", "compare")
 
 GRADIENT_AFTER_FINITE_FORWARD = ("gradient at optimizer.step() (the forward's outputs were finite: "
                                  "the loss or the backward produced it)")
@@ -63,8 +85,14 @@ class RunPlan:
     ddp_overrides: dict[str, Any] = field(default_factory=dict)
     count_allreduce: bool = True
     record_all_ranks: bool = True
+    # "reference": write snapshots into ``snapshots``; "compare": compare against them there.
+    role: str = "compare"
+    snapshots: str = ""
 
     def __post_init__(self) -> None:
+        if self.role not in ROLES or not self.snapshots:
+            raise ValueError(f"role={self.role!r} must be one of {ROLES} and snapshots={self.snapshots!r} "
+                             f"a directory both worlds can reach")
         if self.steps < 1 or self.microbatches < 1 or self.global_batch < 1 or self.norm_group < 0:
             raise ValueError(f"steps={self.steps}, microbatches={self.microbatches}, "
                              f"global_batch={self.global_batch} must all be >= 1 and "
@@ -79,28 +107,73 @@ def _nonfinite_output(output: Any) -> bool:
                and not bool(torch.isfinite(t.detach()).all()) for t in tensors)
 
 
-def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = None) -> dict[str, Any]:
+def _compare_snapshot(named: list[tuple[str, Any]], snapshots: Path, label: str, device: Any,
+                      *, grad: bool) -> list[Compared]:
+    """This rank's live tensors against the reference's snapshot ``label``, one at a time.
+
+    Every name of either side is compared (reference order first): a name missing on one side
+    is reported as such, and a name without a gradient on both sides is "no gradient on either
+    side". The reference's tensor is dropped before the next one is read.
+    """
+    mine = dict(named)
+    out: list[Compared] = []
+    for name, ref in read_snapshot(snapshots, label, device):
+        out.append(compare_tensor(name, mine.pop(name, None), ref, grad=grad))
+        del ref
+    out += [compare_tensor(name, got, None, grad=grad) for name, got in mine.items()]
+    return out
+
+
+def _verify_initial(inner: Any, snapshots: Path, device: Any) -> str | None:
+    """Make this rank start exactly where the reference started.
+
+    The reference built the model from the same seed; on a deterministic ``build_model``
+    every tensor here (after DDP's broadcast of rank 0's) is bit-identical to it, which is
+    checked tensor by tensor. Where one differs (a build that draws from an unseeded source),
+    the reference's initial parameters and buffers are copied in on every rank, so both runs
+    still start from the same weights; the first differing name is returned for the record.
+    """
+    import torch
+
+    state = inner.state_dict()
+    first = None
+    with torch.no_grad():
+        for name, ref in read_snapshot(snapshots, INITIAL, device):
+            mine = state.get(name)
+            if mine is None or ref is None or tuple(mine.shape) != tuple(ref.shape):
+                continue
+            if not torch.equal(mine, ref.to(mine.dtype)):
+                first = first or name
+                mine.copy_(ref)
+    return first
+
+
+def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     """Run ``plan.steps`` steps of the target's ``train_step`` under DDP on this rank.
 
-    Returns (rank 0 always, other ranks when ``plan.record_all_ranks``): ``initial`` (rank 0's
-    parameters and buffers after DDP's broadcast, to seed the reference), ``grads0`` (the
-    gradients consumed by the first ``optimizer.step()`` that ran, at step ``grads0_step``:
-    0 unless a GradScaler skipped steps), ``pre_clip0`` (the gradients before that step's last
-    clip, when the step clips), ``params`` (after every step), and per step:
-    ``optimizer_steps``, ``ddp_forwards``, ``inner_forwards``, ``allreduce_calls``,
-    ``allreduce_rounds``, ``buckets_per_step``, ``clip_calls``; once: ``nonfinite`` (the
-    first NaN/Inf), ``dropout_disabled``, ``rng_in_forward``, ``batchnorm_grouped``,
-    ``batchnorm_sizes_seen``. ``initial`` given: load it before wrapping (the reference
-    starts where rank 0 started).
+    ``plan.role == "reference"`` (the 1-rank world): write ``initial`` (parameters and buffers
+    after wrapping), ``grads0`` (the gradients consumed by the first ``optimizer.step()`` that
+    ran, at step ``grads0_step``: 0 unless a GradScaler skipped steps), ``pre_clip0`` (the
+    gradients before that step's last clip, when the step clips) and ``params<s>`` (after every
+    step) into ``plan.snapshots``; return the norms of the written gradients.
+    ``plan.role == "compare"`` (the N-rank world): start from the reference's initial weights
+    (``_verify_initial``) and compare the same points against the reference's snapshots *here*,
+    returning per-tensor summaries (``_compare.Compared``): ``grads0``, ``pre_clip0``,
+    ``params`` (per step). Both roles return per step: ``optimizer_steps``, ``ddp_forwards``,
+    ``inner_forwards``, ``allreduce_calls``, ``allreduce_rounds``, ``buckets_per_step``,
+    ``clip_calls``, ``batch_digests``; once: ``nonfinite`` (the first NaN/Inf),
+    ``dropout_disabled``, ``rng_in_forward``, ``batchnorm_grouped``, ``batchnorm_sizes_seen``.
+    No tensor is returned, and no snapshot of the model is held: gradients and parameters are
+    written or compared where they live, at the moment they are what the optimizer consumed.
     """
     from ..harness.targets import load_target
 
     disable_tf32()
     n, rank = rank_ctx.world_size, rank_ctx.rank
+    writes = plan.role == "reference"
+    snapshots = Path(plan.snapshots)
     target = load_target(plan.target_spec)
     model = build_model(target, rank_ctx.device, seed=plan.seed)
-    if initial is not None:
-        model.load_state_dict(initial)
     first = to_device(shard(global_batch(target, plan.global_batch, seed=plan.seed), rank, n,
                             plan.microbatches), rank_ctx.device)[0]
     dropout = disable_dropout(model)
@@ -112,18 +185,24 @@ def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = 
     ddp = wrap(model, rank_ctx.device, kwargs)
     inner = unwrap(ddp)
     optimizer = target.make_optimizer(ddp)
-    record = rank == 0 or plan.record_all_ranks
+    record = writes or rank == 0 or plan.record_all_ranks
     out: dict[str, Any] = {"rank": rank, "ddp_kwargs": repr(kwargs), "dropout_disabled": dropout,
                            "rng_in_forward": rng_left, "batchnorm_grouped": grouped,
                            "batchnorm_group": group if grouped else None}
-    if rank == 0:
-        out["initial"] = {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
+    if writes:
+        write_snapshot(snapshots, INITIAL, inner.state_dict().items())
+    else:
+        # After DDP's construction broadcast (a collective every rank has passed): rank 0's
+        # weights are on every rank, and must equal the reference's.
+        out["initial_differs_from_reference"] = _verify_initial(inner, snapshots, rank_ctx.device)
     per_step: dict[str, list[Any]] = {k: [] for k in (
         "optimizer_steps", "ddp_forwards", "inner_forwards", "allreduce_calls", "allreduce_rounds",
         "buckets_per_step", "clip_calls", "batch_digests")}
-    params: list[dict[str, Any]] = []
+    params: list[list[Compared]] = []
     nonfinite: dict[str, Any] | None = None
     current = {"step": 0}
+    found: dict[str, Any] = {}  # what the hooks measured at the first optimizer step that ran
+    this_step: dict[str, Any] = {}  # the first non-finite gradient at this step's optimizer.step()
 
     def watch_output(module: Any, args: Any, output: Any) -> None:
         nonlocal nonfinite
@@ -131,14 +210,37 @@ def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = 
             nonfinite = {"step": current["step"], "kind": "forward output (loss or logits)",
                          "name": type(module).__name__}
 
+    def at_step(named: list[tuple[str, Any]]) -> None:
+        # optimizer.step() is about to read these gradients: judge (or write) them now, before
+        # a zero_grad after the step wipes them. Only the first step that ran is compared;
+        # every step is searched for NaN/Inf.
+        this_step["bad"] = first_nonfinite(named)
+        if "grads0" in out or "grads" in found:
+            return
+        if not record:
+            found["grads"] = None
+        elif writes:
+            found["grads"] = write_snapshot(snapshots, GRADS0, named)
+        else:
+            found["grads"] = _compare_snapshot(named, snapshots, GRADS0, rank_ctx.device, grad=True)
+
+    def at_clip(named: list[tuple[str, Any]]) -> None:
+        # Every clip before the first step overwrites the last: the last clip's input counts.
+        if not record:
+            return
+        if writes:
+            found["pre_clip"] = write_snapshot(snapshots, PRE_CLIP0, named)
+        elif has_snapshot(snapshots, PRE_CLIP0):
+            found["pre_clip"] = _compare_snapshot(named, snapshots, PRE_CLIP0, rank_ctx.device, grad=True)
+
     namespaces = [vars(target.module), getattr(target.train_step, "__globals__", {})]
     with contextlib.ExitStack() as stack:
         counts = stack.enter_context(counting_allreduce(ddp)) if plan.count_allreduce else None
-        recorder = StepRecorder.attach(inner, optimizer)
+        recorder = StepRecorder.attach(inner, optimizer, observe=at_step)
         stack.callback(recorder.close)
         forwards = ForwardCounter.attach(ddp, inner)
         stack.callback(forwards.close)
-        clip = ClipProbe.attach(inner, namespaces)
+        clip = ClipProbe.attach(inner, namespaces, observe=at_clip)
         stack.callback(clip.close)
         stack.callback(inner.register_forward_hook(watch_output).remove)
         for step in range(plan.steps):
@@ -152,9 +254,11 @@ def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = 
             if counts is not None:
                 counts["indices"] = set()
             recorder.reset()
+            this_step.clear()
             clip.calls = []
             if "grads0" not in out:
-                clip.pre_clip, clip.frozen = None, False
+                found.clear()
+                clip.frozen = False
             # train_step runs forward/backward on every rank: each backward that is not under
             # no_sync is a collective, so all ranks execute the same number of steps.
             target.run_step(ddp, optimizer, micro, step=step)
@@ -169,31 +273,35 @@ def run_recorded(rank_ctx: Any, plan: RunPlan, initial: dict[str, Any] | None = 
                 # DDP rebuilds its buckets after the first iteration (in gradient-ready
                 # order), so the bucket count is measured per step, not once.
                 per_step["buckets_per_step"].append(len(counts["indices"]))
-            grads = recorder.grads or {}
-            state = param_state(ddp)
+            live = [(name, p.detach()) for name, p in inner.named_parameters()]
             if nonfinite is None:
                 # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
                 # the loss computed on them, or from the backward.
-                for kind, tensors in ((GRADIENT_AFTER_FINITE_FORWARD, grads), ("parameter", state)):
-                    bad = first_nonfinite(tensors.items())
-                    if bad is not None:
-                        nonfinite = {"step": step, "kind": kind, "name": bad}
-                        break
-            if "grads0" not in out and recorder.grads is not None:
+                bad = this_step.get("bad")
+                kind = GRADIENT_AFTER_FINITE_FORWARD
+                if bad is None:
+                    bad, kind = first_nonfinite(live), "parameter"
+                if bad is not None:
+                    nonfinite = {"step": step, "kind": kind, "name": bad}
+            if "grads0" not in out and "grads" in found:
                 # The first step whose optimizer.step() ran (a GradScaler skips steps with inf
                 # gradients, typically the first ones under fp16): its gradients are compared.
                 # Before it no parameter moved, so both sides still start from the same weights.
-                out["grads0"] = recorder.grads if record else None
+                out["grads0"] = found["grads"]
                 out["grads0_step"] = step
-                out["pre_clip0"] = clip.pre_clip if record else None
+                out["pre_clip0"] = found.get("pre_clip")
                 clip.frozen = True
-            if record:
-                params.append(state)
+            if writes:
+                write_snapshot(snapshots, f"{PARAMS}{step}", live)
+            elif record:
+                params.append(_compare_snapshot(live, snapshots, f"{PARAMS}{step}", rank_ctx.device,
+                                                grad=False))
+            del live
     out.setdefault("grads0", None)
     out.setdefault("grads0_step", None)
     out.setdefault("pre_clip0", None)
     out.update(per_step)
-    out["params"] = params
+    out["params"] = [] if writes else params
     out["nonfinite"] = nonfinite
     out["batchnorm_sizes_seen"] = sizes_seen(inner)
     return out
