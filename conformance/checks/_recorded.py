@@ -46,18 +46,17 @@ from ..harness.ddp import (
     disable_tf32,
     effective_ddp_kwargs,
     global_batch,
-    param_state,
     shard,
     tensor_digest,
     to_device,
     unwrap,
     wrap,
 )
-from ._compare import Compared, compare_tensor
+from ._compare import Compared
 from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
 from ._normalisation import group_batchnorm, sizes_seen
 from ._randomness import disable_dropout, forward_is_random
-from ._snapshots import has_snapshot, read_snapshot, write_snapshot
+from ._snapshots import compare_snapshot, has_snapshot, read_snapshot, write_snapshot
 
 # Snapshot labels of the reference (``_snapshots``): the initial weights, the first step's
 # gradients, the gradients before that step's clipping, the parameters after step s.
@@ -105,23 +104,6 @@ def _nonfinite_output(output: Any) -> bool:
     tensors = output if isinstance(output, (tuple, list)) else (output,)
     return any(isinstance(t, torch.Tensor) and t.is_floating_point()
                and not bool(torch.isfinite(t.detach()).all()) for t in tensors)
-
-
-def _compare_snapshot(named: list[tuple[str, Any]], snapshots: Path, label: str, device: Any,
-                      *, grad: bool) -> list[Compared]:
-    """This rank's live tensors against the reference's snapshot ``label``, one at a time.
-
-    Every name of either side is compared (reference order first): a name missing on one side
-    is reported as such, and a name without a gradient on both sides is "no gradient on either
-    side". The reference's tensor is dropped before the next one is read.
-    """
-    mine = dict(named)
-    out: list[Compared] = []
-    for name, ref in read_snapshot(snapshots, label, device):
-        out.append(compare_tensor(name, mine.pop(name, None), ref, grad=grad))
-        del ref
-    out += [compare_tensor(name, got, None, grad=grad) for name, got in mine.items()]
-    return out
 
 
 def _verify_initial(inner: Any, snapshots: Path, device: Any) -> str | None:
@@ -222,7 +204,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         elif writes:
             found["grads"] = write_snapshot(snapshots, GRADS0, named)
         else:
-            found["grads"] = _compare_snapshot(named, snapshots, GRADS0, rank_ctx.device, grad=True)
+            found["grads"] = compare_snapshot(named, snapshots, GRADS0, rank_ctx.device, grad=True)
 
     def at_clip(named: list[tuple[str, Any]]) -> None:
         # Every clip before the first step overwrites the last: the last clip's input counts.
@@ -231,7 +213,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         if writes:
             found["pre_clip"] = write_snapshot(snapshots, PRE_CLIP0, named)
         elif has_snapshot(snapshots, PRE_CLIP0):
-            found["pre_clip"] = _compare_snapshot(named, snapshots, PRE_CLIP0, rank_ctx.device, grad=True)
+            found["pre_clip"] = compare_snapshot(named, snapshots, PRE_CLIP0, rank_ctx.device, grad=True)
 
     namespaces = [vars(target.module), getattr(target.train_step, "__globals__", {})]
     with contextlib.ExitStack() as stack:
@@ -294,7 +276,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
             if writes:
                 write_snapshot(snapshots, f"{PARAMS}{step}", live)
             elif record:
-                params.append(_compare_snapshot(live, snapshots, f"{PARAMS}{step}", rank_ctx.device,
+                params.append(compare_snapshot(live, snapshots, f"{PARAMS}{step}", rank_ctx.device,
                                                 grad=False))
             del live
     out.setdefault("grads0", None)

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ._compare import Compared, compare_tensor
+
 INDEX = "index.json"
 
 
@@ -71,3 +73,20 @@ def read_snapshot(directory: Path, label: str, device: Any) -> Iterator[tuple[st
         # mmap: the file's pages are read as the comparison touches them, not copied first.
         tensor = torch.load(folder / file, map_location="cpu", mmap=True, weights_only=True)
         yield name, tensor.to(device)
+
+
+def compare_snapshot(named: list[tuple[str, Any]], snapshots: Path, label: str, device: Any,
+                     *, grad: bool) -> list[Compared]:
+    """This rank's live tensors against the reference's snapshot ``label``, one at a time.
+
+    Every name of either side is compared (reference order first): a name missing on one side
+    is reported as such, and a name without a gradient on both sides is "no gradient on either
+    side". The reference's tensor is dropped before the next one is read.
+    """
+    mine = dict(named)
+    out: list[Compared] = []
+    for name, ref in read_snapshot(snapshots, label, device):
+        out.append(compare_tensor(name, mine.pop(name, None), ref, grad=grad))
+        del ref
+    out += [compare_tensor(name, got, None, grad=grad) for name, got in mine.items()]
+    return out

@@ -22,11 +22,11 @@ is untied into its own copy and one forward/backward on the global batch shows w
 contribute a gradient (a use that forward reads — perturbing it moves the loss — but whose
 copy gets no gradient is *lost*);
 the single-process reference gradient of the global batch (plain autograd, same initial
-weights as DDP's broadcast); (3) for the configured ``ddp_kwargs``, ``find_unused_parameters=True``
+weights as DDP's broadcast), written to files in the check's temp dir; (3) for the configured ``ddp_kwargs``, ``find_unused_parameters=True``
 and ``static_graph=True``: 2 DDP iterations of forward/backward (``target.compute_loss``, no
 optimizer step, so the reference stays valid) on each rank's shard, gradients compared with
-the reference (tolerance as gradient-equivalence; a ratio of ~2 or ~0 is named double-counted
-or lost).
+the reference *on each rank*, against those files (tolerance as gradient-equivalence; a ratio
+of ~2 or ~0 is named double-counted or lost). Only per-tensor summaries reach the supervisor.
 
 A model without shared parameters is *skipped* with evidence ``shared: []``: there is no
 shared gradient to compare, and a check that compared nothing never passes.
@@ -39,6 +39,9 @@ from __future__ import annotations
 
 import copy
 import math
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from reports.keys import NONFINITE
@@ -57,10 +60,11 @@ from ..harness.ddp import (
 )
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
-from ._compare import diff_tensor, fmt
+from ._compare import Compared, fmt
 from ._equivalence import world_error_outcome
 from ._normalisation import group_batchnorm
 from ._randomness import disable_dropout
+from ._snapshots import compare_snapshot, write_snapshot
 
 ITERATIONS = 2
 VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -140,25 +144,38 @@ def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
     return report
 
 
-def probe(rank_ctx: Any, target_spec: str, batch_size: int) -> dict[str, Any]:
-    """Discovery, per-use gradients and the reference (rank 0), then every DDP variant."""
+def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict[str, Any]:
+    """Discovery, per-use gradients and the reference (rank 0), then every DDP variant.
+
+    The reference's gradients reach the other ranks as files in ``folder`` (``_snapshots``);
+    every rank compares its own gradients with them where they are and returns summaries
+    (``_compare.Compared``), never a tensor. Memory on a rank: the DDP model plus at most one
+    copy of it (rank 0's untied copy, then its reference copy, one after the other).
+    """
+    import torch.distributed as dist
+
     from ..harness.targets import load_target
 
     disable_tf32()
     target = load_target(target_spec)
     device, rank, n = rank_ctx.device, rank_ctx.rank, rank_ctx.world_size
+    snapshots = Path(folder)
     batches = [global_batch(target, batch_size, seed=MODEL_SEED + step) for step in range(ITERATIONS)]
     out: dict[str, Any] = {"rank": rank}
     model = build_model(target, device, seed=MODEL_SEED)
     groups = _alias_groups(model)
-    calls = _count_calls(copy.deepcopy(model), to_device(shard(batches[0], rank, n, 1), device)[0][0])
+    # Counted on the discovery model itself: it is dropped right after (never trained), so a
+    # BatchNorm statistic its no_grad forward moves reaches nothing.
+    calls = _count_calls(model, to_device(shard(batches[0], rank, n, 1), device)[0][0])
     shared = sorted({name for g in groups for name in g[:1]}
                     | {f"{m}.{p}" if m else p for m, c in calls.items() if c > 1
                        for p, _ in model.get_submodule(m).named_parameters(recurse=False)})
     out.update(groups=groups, reused={m: c for m, c in calls.items() if c > 1}, shared=shared)
+    del model
     if not shared:
         return out
     variants: list[dict[str, Any]] = []
+    referenced = False
     for label, overrides in VARIANTS:
         kwargs = effective_ddp_kwargs(target, overrides)
         if any(v["kwargs"] == repr(kwargs) for v in variants):
@@ -170,62 +187,79 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int) -> dict[str, Any]:
         out["batchnorm_grouped"] = group_batchnorm(fresh, batch_size // n)
         # Construction broadcasts rank 0's weights: the reference below starts from them.
         ddp = wrap(fresh, device, kwargs)
-        if rank == 0 and "reference" not in out:
-            ref_model = copy.deepcopy(unwrap(ddp))
-            out["per_use"] = _per_use(ref_model, groups, to_device([batches[0]], device)[0],
-                                      target.compute_loss)
-            refs = []
-            for batch in batches:
-                ref_model.zero_grad(set_to_none=True)
-                x, y = to_device([batch], device)[0]
-                target.compute_loss(ref_model, x, y).backward()
-                refs.append({s: _grad(ref_model, s) for s in shared})
-            out["reference"] = refs
+        if not referenced:
+            if rank == 0:
+                out.update(_reference(unwrap(ddp), groups, shared, batches, target, device, snapshots))
+            # Synchronisation point: no rank compares before rank 0 has written every
+            # reference gradient (the files are complete once rank 0 reaches this barrier).
+            dist.barrier()
+            referenced = True
         grads = []
-        for batch in batches:
+        for step, batch in enumerate(batches):
             ddp.zero_grad(set_to_none=True)
             x, y = to_device(shard(batch, rank, n, 1), device)[0]
             # A synchronising backward on every rank: each variant runs the same iterations
             # everywhere, so the reducer's all-reduces pair up.
             target.compute_loss(ddp, x, y).backward()
-            grads.append({s: _grad(unwrap(ddp), s) for s in shared})
+            live = [(s, _live_grad(unwrap(ddp), s)) for s in shared]
+            grads.append(compare_snapshot(live, snapshots, f"ref{step}", device, grad=True))
+            del live
         variants.append({"label": label, "kwargs": repr(kwargs), "grads": grads})
-        del ddp
+        del ddp, fresh
     out["variants"] = variants
     return out
 
 
+def _reference(model: Any, groups: list[list[str]], shared: list[str], batches: list[Any],
+               target: Any, device: Any, snapshots: Path) -> dict[str, Any]:
+    """Rank 0: which uses contribute, and the single-process reference gradient of every global
+    batch (plain autograd on a copy of the broadcast weights), written to ``snapshots``."""
+    from ._instruments import first_nonfinite
+
+    per_use = _per_use(model, groups, to_device([batches[0]], device)[0], target.compute_loss)
+    ref_model = copy.deepcopy(model)
+    nonfinite = []
+    for step, batch in enumerate(batches):
+        ref_model.zero_grad(set_to_none=True)
+        x, y = to_device([batch], device)[0]
+        target.compute_loss(ref_model, x, y).backward()
+        live = [(s, _live_grad(ref_model, s)) for s in shared]
+        nonfinite.append(first_nonfinite(live))
+        write_snapshot(snapshots, f"ref{step}", live)
+    del ref_model
+    return {"per_use": per_use, "reference_nonfinite": nonfinite}
+
+
 def _first_nonfinite(head: dict[str, Any], values: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The first NaN/Inf gradient: the single-process reference first, then each rank's runs."""
-    import torch
-
-    sources = [("single-process reference", None, head["reference"])]
-    sources += [(f"DDP run ({v['label']}) on rank {value['rank']}", value["rank"], v["grads"])
-                for value in values for v in value["variants"]]
-    for where, rank, per_iteration in sources:
-        for iteration, grads in enumerate(per_iteration):
-            for name, grad in grads.items():
-                if grad is not None and not bool(torch.isfinite(grad).all()):
-                    return {"name": name, "iteration": iteration, "where": where, "rank": rank}
+    for iteration, name in enumerate(head.get("reference_nonfinite") or []):
+        if name is not None:
+            return {"name": name, "iteration": iteration, "where": "single-process reference",
+                    "rank": None}
+    for value in values:
+        for v in value["variants"]:
+            for iteration, compared in enumerate(v["grads"]):
+                for c in compared:
+                    if c.got_present and not c.got_finite:
+                        return {"name": c.name, "iteration": iteration, "rank": value["rank"],
+                                "where": f"DDP run ({v['label']}) on rank {value['rank']}"}
     return None
 
 
-def _grad(model: Any, name: str) -> Any:
+def _live_grad(model: Any, name: str) -> Any:
     grad = model.get_parameter(name).grad
-    return None if grad is None else grad.detach().cpu().clone()
+    return None if grad is None else grad.detach()
 
 
-def _classify(got: Any, ref: Any) -> str:
-    import torch
-
-    if got is None:
+def _classify(c: Compared) -> str:
+    if not c.got_present:
         return "lost (no gradient)"
-    if not bool(torch.isfinite(got).all()) or (ref is not None and not bool(torch.isfinite(ref).all())):
+    if not c.got_finite or not c.ref_finite:
         return "non-finite (NaN/Inf)"
-    ref_norm = float(ref.double().norm()) if ref is not None else 0.0
+    ref_norm = math.sqrt(c.ref_sq) if c.ref_present else 0.0
     if ref_norm == 0.0:
         return "unexpected gradient"
-    ratio = float(got.double().norm()) / ref_norm
+    ratio = math.sqrt(c.got_sq) / ref_norm
     if ratio < 0.05:
         return "lost"
     if ratio > 1.05:
@@ -235,11 +269,14 @@ def _classify(got: Any, ref: Any) -> str:
 
 def run(ctx: CheckContext) -> Outcome:
     batch_size = ctx.target.batch_size_for(ctx.world_size, 1)
+    folder = Path(tempfile.mkdtemp(prefix="shared-reference-", dir=ctx.tmpdir))
     try:
-        values = [r.value for r in ctx.world().run(probe, ctx.target.spec, batch_size,
+        values = [r.value for r in ctx.world().run(probe, ctx.target.spec, batch_size, str(folder),
                                                    deadline=ctx.deadline)]
     except (RankFailure, WorldHang) as exc:
         return world_error_outcome(exc, "the shared-weights probe")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     head = values[0]
     tied = head.get("per_use", [{"names": g} for g in head["groups"]])
     evidence: dict[str, Any] = {"shared": head["shared"], "tied": tied, "reused_modules": head["reused"],
@@ -267,18 +304,20 @@ def run(ctx: CheckContext) -> Outcome:
     rows, failures = [], []
     for index, variant in enumerate(head["variants"]):
         worst_ratio, worst_row = -1.0, None
-        for step, ref in enumerate(head["reference"]):
-            for name, ref_grad in ref.items():
+        for step in range(len(variant["grads"])):
+            for position in range(len(variant["grads"][step])):
                 for value in values:
-                    got = value["variants"][index]["grads"][step][name]
-                    d = diff_tensor(name, got, ref_grad, grad=True)
+                    c = value["variants"][index]["grads"][step][position]
+                    d, name = c.diff, c.name
                     # `not <=` also takes a NaN ratio: a non-finite gradient is never the best row.
                     if not math.isnan(worst_ratio) and not d.ratio <= worst_ratio:
                         worst_ratio = d.ratio
                         worst_row = {"variant": variant["label"], "ddp_kwargs": variant["kwargs"],
                                      "param": name, "rank": value["rank"], "iteration": step,
                                      "max_abs_grad_diff": d.max_abs, "ratio_to_tolerance": d.ratio,
-                                     "ok": d.ok, "diagnosis": "" if d.ok else _classify(got, ref_grad)}
+                                     "ok": d.ok, "diagnosis": "" if d.ok else _classify(c),
+                                     **({"worst_element": d.to_json()["worst_element"]}
+                                        if d.worst_element else {})}
         rows.append(worst_row)
         if worst_row is not None and not worst_row["ok"]:
             failures.append(worst_row)
