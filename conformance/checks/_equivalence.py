@@ -184,6 +184,10 @@ class Equivalence:
                 for s, diffs in enumerate(self.param_diffs)],
             "parameters_after_last_step": [d.to_json() for d in last],
             "ddp_kwargs": head.get("ddp_kwargs"),
+            # A build_model that is not deterministic given the seed: the first tensor whose
+            # DDP-broadcast value differed from the reference's build; both runs then started
+            # from the reference's weights (None: bit-identical, nothing copied).
+            "initial_differs_from_reference": head.get("initial_differs_from_reference"),
             DROPOUT_DISABLED: dropout,
             DATASET_DIFFERS_ON_RANKS: self.ranks_with_other_data(),
             DDP_BYPASSED: self.bypassed() is not None and self.bypassed_wrapper(),
