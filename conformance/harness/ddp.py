@@ -215,7 +215,8 @@ def tensor_digest(tensor: Any) -> str:
     t = tensor.detach().cpu().contiguous()
     h = hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode())
     if t.numel():
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        # The tensor's own buffer, hashed in place: no second copy of its bytes.
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()[:16]
 
 
