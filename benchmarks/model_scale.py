@@ -180,6 +180,9 @@ def run_size(label: str, path: str, checks: list[str], deadline: float) -> list[
             rows.append(Row(label, params, nbytes, step_s, cid, record.status, record.duration_s,
                             m.get(SUPERVISOR_PEAK_RSS), m.get(TREE_PEAK_RSS)))
             print("  " + fmt_row(rows[-1]), flush=True)
+            if record.status in ("failed", "inconclusive"):  # a cost is read with its outcome
+                print(f"    {record.status}: {record.message.strip().splitlines()[0][:300] if record.message else ''}",
+                      flush=True)
     finally:
         session.close()
     return rows

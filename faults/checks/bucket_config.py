@@ -3,9 +3,10 @@
 Contract (docs/ddp-background.md, "How DDP synchronises", "Bucket size"): gradients are all-reduced in
 buckets of at most ``bucket_cap_mb``; tiny buckets mean many latency-bound all-reduces, huge
 ones mean nothing overlaps with backward. The best size depends on model and network, so it
-is measured: every cap of :data:`SWEEP` (plus the configured one) is built side by side in
-the persistent world and stepped in alternating rounds (noise hits every point alike); the
-curve is the median step time per cap, with DDP's bucket count from its logging data.
+is measured: the target is wrapped with every cap of :data:`SWEEP` (plus the configured one)
+in turn, in the persistent world, in two passes in opposite orders (a drift hits every point
+alike; one DDP alive at a time, so a production model is not held once per cap); the curve is
+the median step time per cap, with DDP's bucket count from its logging data.
 
 Also reproduced, in a fresh world: a ``bucket_cap_mb`` that differs across ranks. Harmless by
 default (rank 0's rebuilt layout is adopted: training must match a matched run exactly) but
@@ -47,16 +48,24 @@ DEFAULT_CAP = 25.0
 # sweep only approximates the production network; the incident's retune gained 18 %.
 PENALTY_LIMIT = 1.25
 VEHICLE = VehicleSpec(kind="mlp", width=256, depth=12)
-# Two untimed rounds: the first builds the buckets, the second runs the rebuilt ones. The timed
-# rounds are then sized by the second one's step time (timing.sweep_reps).
+# Two untimed steps after each wrap: the first builds the buckets, the second runs the rebuilt
+# ones. The timed steps per cap are sized by the first cap's second warm-up step (timing.sweep_reps).
 WARMUP = 2
+# Each cap is visited twice, in opposite orders (see sweep_rank): a drift of the host's speed
+# during the sweep then biases no end of the curve.
+PASSES = 2
 
 
 def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], deadline_s: float) -> dict[str, Any]:
-    """Step one DDP model per cap in alternating rounds; step times and bucket counts per cap.
+    """Step the target under DDP with each cap in turn; step times and bucket counts per cap.
 
-    The number of timed rounds follows the last warm-up round's step time (the same on every
-    rank, see faults._sizing): a production model is swept as precisely in bounded time."""
+    One model per rank, re-wrapped for each cap (one DDP, with its gradient buckets, alive at a
+    time): building every cap's model side by side held len(caps) copies of a production
+    model per rank. The caps are visited in PASSES passes in opposite orders, so a drift of the
+    host's speed over the sweep hits every cap alike. The number of timed steps follows the
+    first cap's warm-up step (the same on every rank, see conformance.harness.resources.agreed_reps)."""
+    import gc
+
     import torch
 
     from conformance.harness.ddp import (
@@ -70,27 +79,40 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
 
     target = resolve(source, ctx.rank)
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k != "bucket_cap_mb"}
-    models = []
-    for cap in caps:
-        torch.manual_seed(PROBE_SEED)
-        model = wrap(target.build_model(), ctx.device, {**kwargs, "bucket_cap_mb": cap})
-        models.append((model, target.make_optimizer(model)))
+    torch.manual_seed(PROBE_SEED)
+    module = target.build_model()
     times: list[list[float]] = [[] for _ in caps]
-    rounds, step_s, rnd = 0, 0.0, 0
-    while rnd < WARMUP + rounds:
-        batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_SWEEP_DATA_SEED + rnd, device=ctx.device)
-        last: list[float] = []
-        for i, (model, optimizer) in enumerate(models):
-            t0 = time.perf_counter()
-            target.run_step(model, optimizer, [batch], step=rnd)
-            sync_device(ctx.device)
-            last.append(time.perf_counter() - t0)
-            if rnd >= WARMUP:  # the first step builds buckets, the second runs the rebuilt ones
-                times[i].append(last[-1])
-        rnd += 1
-        if rnd == WARMUP:
-            rounds, step_s = agreed_reps(ctx, statistics.mean(last), points=len(caps), deadline_s=deadline_s)
-    return {"times": times, "buckets": [bucket_count(m) for m, _ in models], "rounds": rounds, "step_s": step_s}
+    buckets = [0] * len(caps)
+    rounds, step_s, step = 0, 0.0, 0
+    for pass_ in range(PASSES):
+        order = list(range(len(caps)))[:: 1 if pass_ % 2 == 0 else -1]
+        for i in order:
+            # This pass's share of the cap's timed steps: half (rounded up), then the rest.
+            todo = -(-rounds // PASSES) if pass_ == 0 else rounds - len(times[i])
+            if rounds and todo <= 0:
+                continue
+            model = wrap(module, ctx.device, {**kwargs, "bucket_cap_mb": caps[i]})
+            optimizer = target.make_optimizer(model)
+            n, k = WARMUP + todo, 0
+            while k < n:
+                batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_SWEEP_DATA_SEED + step,
+                                   device=ctx.device)
+                t0 = time.perf_counter()
+                target.run_step(model, optimizer, [batch], step=step)
+                sync_device(ctx.device)
+                elapsed = time.perf_counter() - t0
+                step, k = step + 1, k + 1
+                if k > WARMUP:  # the first step builds buckets, the second runs the rebuilt ones
+                    times[i].append(elapsed)
+                if k == WARMUP and not rounds:  # the first cap's warm-up sizes the whole sweep
+                    rounds, step_s = agreed_reps(ctx, elapsed, points=len(caps), deadline_s=deadline_s)
+                    n = WARMUP + -(-rounds // PASSES)
+            buckets[i] = bucket_count(model)
+            # Synchronisation point: every rank drops this cap's DDP (its reducer's hooks and
+            # buckets) before the next wrap's broadcast, so only one is ever alive.
+            del model, optimizer
+            gc.collect()
+    return {"times": times, "buckets": buckets, "rounds": rounds, "step_s": step_s}
 
 
 def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketConfig, find_unused: bool,
