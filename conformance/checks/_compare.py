@@ -70,9 +70,9 @@ class TensorDiff:
                                       "ref": self.worst_element[2]}} if self.worst_element else {})}
 
 
-#: Elements per chunk of an on-device comparison: the float64 temporaries of one chunk
-#: (~4 of them, 8 MiB each) are all a comparison adds to the device's memory, whatever the
-#: size of the tensor compared.
+#: Elements per chunk of an on-device comparison: the temporaries of one chunk (~4 of them,
+#: 4 MiB each in float32) are all a comparison adds to the device's memory, whatever the size
+#: of the tensor compared.
 CHUNK = 1 << 20
 
 
@@ -127,36 +127,43 @@ def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool) -> Compared:
                         True, True, ref_sq=_norm_sq(ref)[0], got_sq=_norm_sq(got)[0])
     g_flat = got.detach().reshape(-1)
     r_flat = ref.detach().to(got.device).reshape(-1)
+    # float64 tensors in float64, every other dtype in float32: the differences judged are
+    # >= 1e-6 relative (fp32 tolerances), far above float32's rounding of them (6e-8), and
+    # float32 halves the temporaries and the time of a float64 pass (measured 2x on CPU).
+    work = torch.float64 if torch.float64 in (got.dtype, ref.dtype) else torch.float32
     zero = torch.zeros((), dtype=torch.float64, device=g_flat.device)
     max_abs, max_ref, ratio = zero.clone(), zero.clone(), zero.clone()
     dot, rr, gg = zero.clone(), zero.clone(), zero.clone()
     worst_at, worst_ratio = 0, -1.0
     starts = range(0, g_flat.numel(), CHUNK)
     for start in starts:
-        g = g_flat[start:start + CHUNK].double()
-        r = r_flat[start:start + CHUNK].double()
-        delta = (g - r).abs()
-        chunk_ratio = delta / (tol.atol + tol.rtol * r.abs())
-        max_abs = torch.maximum(max_abs, delta.max())
-        max_ref = torch.maximum(max_ref, r.abs().max())
+        g = g_flat[start:start + CHUNK].to(work)
+        r = r_flat[start:start + CHUNK].to(work)
+        r_abs = r.abs()
+        delta = (g - r).abs_()
+        chunk_ratio = delta / r_abs.mul(tol.rtol).add_(tol.atol)
+        max_abs = torch.maximum(max_abs, delta.max().double())
+        max_ref = torch.maximum(max_ref, r_abs.max().double())
         top = chunk_ratio.max()
-        ratio = torch.maximum(ratio, top)
-        dot += g @ r
-        rr += r @ r
-        gg += g @ g
+        ratio = torch.maximum(ratio, top.double())
+        # Sums accumulated in float64 across chunks (each chunk's in its working dtype).
+        dot += torch.dot(g, r).double()
+        rr += torch.dot(r, r).double()
+        gg += torch.dot(g, g).double()
         # One host sync per chunk, for the evidence of where the worst element is.
         value = float(top)
         if not value <= worst_ratio:
             worst_ratio, worst_at = value, start + int(chunk_ratio.argmax())
+        del g, r, r_abs, delta, chunk_ratio
     rr_f, dot_f, gg_f = float(rr), float(dot), float(gg)
     residual = 0.0
     if rr_f > 0 and math.isfinite(rr_f):
-        # Second pass, now that the factor is known: |got - f·ref| exactly, not by cancellation.
+        # Second pass, now that the factor is known: |got - f·ref| directly, not by cancellation.
         factor = dot_f / rr_f
         acc = zero.clone()
         for start in starts:
-            d = g_flat[start:start + CHUNK].double() - factor * r_flat[start:start + CHUNK].double()
-            acc += d @ d
+            d = g_flat[start:start + CHUNK].to(work) - factor * r_flat[start:start + CHUNK].to(work)
+            acc += torch.dot(d, d).double()
         residual = math.sqrt(float(acc)) if float(acc) >= 0 else float(acc)
     m_abs, scale = float(max_abs), float(max_ref)
     worst_element = None
@@ -170,11 +177,12 @@ def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool) -> Compared:
 
 def _norm_sq(tensor: Any) -> tuple[float, bool]:
     """(sum of squares, all finite) of one tensor, chunk by chunk on its device."""
+    import torch
+
     flat = tensor.detach().reshape(-1)
     total = 0.0
     for start in range(0, flat.numel(), CHUNK):
-        chunk = flat[start:start + CHUNK].double()
-        total += float(chunk @ chunk)
+        total += float(torch.linalg.vector_norm(flat[start:start + CHUNK], dtype=torch.float64)) ** 2
     return total, math.isfinite(total)
 
 

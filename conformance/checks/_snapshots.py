@@ -42,7 +42,9 @@ def write_snapshot(directory: Path, label: str, named: Iterable[tuple[str, Any]]
             index.append((name, None))
             norms[name] = None
             continue
-        copy = tensor.detach().cpu().clone()  # one tensor, compact: never a bucket's storage
+        copy = tensor.detach().cpu()
+        if copy.untyped_storage().nbytes() != copy.numel() * copy.element_size() or not copy.is_contiguous():
+            copy = copy.clone()  # a view (of a DDP bucket): saving it would save the whole storage
         torch.save(copy, folder / f"{i}.pt")
         norms[name] = (float(torch.linalg.vector_norm(copy, dtype=torch.float64))
                        if copy.is_floating_point() else None)
