@@ -100,16 +100,19 @@ class Compared:
         return self.diff.name
 
 
-def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool) -> Compared:
+def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool, project: bool | None = None) -> Compared:
     """``got`` against ``ref`` where ``got`` lives (``ref`` is moved there), chunk by chunk.
 
     A missing tensor on one side is infinitely wrong; both missing is "no gradient on either
     side" (ratio 0). Element-wise rule as ``numpy.allclose``: ``|got - ref| <= atol + rtol·|ref|``.
-    NaN propagates into the maxima (a NaN difference is never within tolerance).
+    NaN propagates into the maxima (a NaN difference is never within tolerance). ``project``
+    (default: ``grad``): measure the projection the gradient factor needs (three dot products
+    and a second pass); parameters are judged by the tolerance alone.
     """
     import torch
 
     tol = tolerance_for(getattr(ref if ref is not None else got, "dtype", "float32"), grad=grad)
+    project = grad if project is None else project
     if got is None and ref is None:
         return Compared(TensorDiff(name, 0.0, 0.0, 0.0, tol, "no gradient on either side"), False, False)
     if got is None or ref is None:
@@ -146,10 +149,11 @@ def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool) -> Compared:
         max_ref = torch.maximum(max_ref, r_abs.max().double())
         top = chunk_ratio.max()
         ratio = torch.maximum(ratio, top.double())
-        # Sums accumulated in float64 across chunks (each chunk's in its working dtype).
-        dot += torch.dot(g, r).double()
-        rr += torch.dot(r, r).double()
-        gg += torch.dot(g, g).double()
+        if project:
+            # Sums accumulated in float64 across chunks (each chunk's in its working dtype).
+            dot += torch.dot(g, r).double()
+            rr += torch.dot(r, r).double()
+            gg += torch.dot(g, g).double()
         # One host sync per chunk, for the evidence of where the worst element is.
         value = float(top)
         if not value <= worst_ratio:
@@ -157,7 +161,7 @@ def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool) -> Compared:
         del g, r, r_abs, delta, chunk_ratio
     rr_f, dot_f, gg_f = float(rr), float(dot), float(gg)
     residual = 0.0
-    if rr_f > 0 and math.isfinite(rr_f):
+    if project and rr_f > 0 and math.isfinite(rr_f):
         # Second pass, now that the factor is known: |got - f·ref| directly, not by cancellation.
         factor = dot_f / rr_f
         acc = zero.clone()
@@ -171,6 +175,11 @@ def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool) -> Compared:
         worst_element = (worst_at, float(g_flat[worst_at]), float(r_flat[worst_at]))
     diff = TensorDiff(name, m_abs, m_abs / scale if scale > 0 else m_abs,
                       float(ratio) if g_flat.numel() else 0.0, tol, worst_element=worst_element)
+    if not project:
+        # Finiteness from the maxima instead: with a finite reference, NaN/Inf in got reaches
+        # the largest difference.
+        finite = math.isfinite(m_abs) or not math.isfinite(scale)
+        return Compared(diff, True, True, got_finite=finite, ref_finite=math.isfinite(scale))
     return Compared(diff, True, True, ref_sq=rr_f, dot=dot_f, got_sq=gg_f, residual=residual,
                     got_finite=math.isfinite(gg_f), ref_finite=math.isfinite(rr_f))
 
