@@ -165,8 +165,8 @@ def _configured_sweep(*, conf_buckets: int, best_buckets: int, penalty: float, c
      r"bucket_cap_mb=25 is 1.80x slower per step than the best 1 MB \(1 vs 6 buckets\)"),
     # Equal bucket counts: a gap in time cannot come from the layout -- never "within 1.25x
     # ... penalty 1.76x", never a failure blamed on the bucket size.
-    (dict(conf_buckets=1, best_buckets=1, penalty=1.76, clear_gap=True), "inconclusive",
-     r"measured x1.76 slower than 1 MB, but both give 1 bucket\(s\): the difference cannot come from"),
+    (dict(conf_buckets=1, best_buckets=1, penalty=1.76, clear_gap=True), "passed",
+     r"gives the same 1-bucket layout as the fastest cap \(1 MB\); the x1.76 gap .* not caused by the bucket size"),
     (dict(conf_buckets=1, best_buckets=6, penalty=1.76, clear_gap=False), "inconclusive",
      r"quartiles overlap: noise on this host cannot be told from the bucket size"),
 ])
@@ -293,4 +293,28 @@ def test_straggler_judge_fails_on_a_wrong_diagnosis_and_names_it(spoil: dict[str
     outcome = straggler.judge_injected(_segments(**spoil))
     assert outcome.status == "failed"
     assert outcome.message.startswith("injected slow rank not diagnosed: ")
+    assert re.search(message, outcome.message), outcome.message
+
+
+# -- straggler, target mode: only a persistent culprit is a straggler ------------------------------
+
+def _round(culprit: int | None, score: float) -> Any:
+    per_rank = [{"rank": 0, "compute_s": 0.010, "wait_s": 0.004, "score": 0.0},
+                {"rank": 1, "compute_s": 0.010, "wait_s": 0.004, "score": 0.0}]
+    if culprit is not None:
+        per_rank[culprit].update(score=score, wait_s=0.0)
+    return straggler.StragglerVerdict(per_rank, culprit, 0.006, 0.02)
+
+
+@pytest.mark.parametrize(("rounds", "status", "message"), [
+    ([(1, 0.4), (1, 0.5), (1, 0.45)], "failed", r"rank 1 is a straggler in all 3 rounds: 6.0 ms .*scores 0.40, 0.50, 0.45"),
+    # One noisy round on a shared host: named, but not persistent -- no alarm, and said so.
+    ([(0, 0.30), (None, 0.0), (None, 0.0)], "passed", r"no persistent straggler in 3 rounds.*rounds named \[0, None, None\]"),
+    ([(0, 0.30), (1, 0.31), (0, 0.3)], "passed", r"rounds named \[0, 1, 0\]"),
+    ([(None, 0.0)] * 3, "passed", r"no persistent straggler in 3 rounds: per-rank imbalance at most 0.00"),
+])
+def test_straggler_target_judge_needs_the_same_culprit_every_round(
+        rounds: list[tuple[int | None, float]], status: str, message: str) -> None:
+    outcome = straggler.judge_target([_round(c, s) for c, s in rounds], [], {}, steps=5)
+    assert outcome.status == status, outcome.message
     assert re.search(message, outcome.message), outcome.message
