@@ -389,7 +389,7 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
     n = ctx.world_size
     batch = ctx.target.batch_size_for(n, microbatches)
     plan = RunPlan(target_spec=ctx.target.spec, global_batch=batch, microbatches=microbatches,
-                   steps=steps, norm_group=batch // (n * microbatches), snapshots="-")
+                   steps=steps, norm_group=batch // (n * microbatches))
     folder = Path(tempfile.mkdtemp(prefix="reference-", dir=ctx.tmpdir))
     try:
         ref, values = _reference_and_ranks(ctx, plan, plan.norm_group, folder)
