@@ -130,7 +130,8 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
     matched = {**target.ddp_kwargs, "find_unused_parameters": find_unused, "bucket_cap_mb": config.cap_for(0)}
     site = Site("wrap", ctx.rank, 0, "data", log, device=ctx.device, ddp_kwargs=dict(matched))
     config.inject(site)
-    finals = []
+    first: list[Any] = []  # the first run's final parameters: the one copy this check keeps
+    max_diff = 0.0
     for kwargs in (site.ddp_kwargs, matched):
         torch.manual_seed(PROBE_SEED)
         model = wrap(target.build_model(), ctx.device, kwargs)
@@ -138,8 +139,13 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
         for step in range(steps):
             batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_MISMATCH_DATA_SEED + step, device=ctx.device)
             target.run_step(model, optimizer, [batch], step=step)
-        finals.append(torch.cat([p.detach().flatten().cpu() for p in model.parameters()]))
-    return {"max_diff": float((finals[0] - finals[1]).abs().max()), "injections": log.items}
+        if not first:
+            first = [p.detach().cpu().clone() for p in model.parameters()]
+        else:
+            max_diff = max((float((p.detach().cpu() - f).abs().max()) for p, f in zip(model.parameters(), first)),
+                           default=0.0)
+        del model, optimizer  # freed before the next run builds its own
+    return {"max_diff": max_diff, "injections": log.items}
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
