@@ -220,6 +220,18 @@ def _measure_model(target: Any) -> tuple[int, int] | None:
         return None
 
 
+def model_size_on_rank(ctx: RankContext, target_spec: str) -> tuple[int, int] | None:
+    """World work function: :func:`model_size` of the target, counted in a rank process.
+
+    The supervisor never runs the user's ``build_model()`` itself: a build that loads a
+    checkpoint (real tensors even under the meta device) or never returns would cost the
+    supervisor memory or hang it outside every deadline; in a rank it is one call under the
+    world's deadline."""
+    from .targets import load_target
+
+    return _measure_model(load_target(target_spec))
+
+
 def size_metrics(size: tuple[int, int] | None) -> dict[str, Any]:
     """The model-size keys of a record's metrics (absent when unknown)."""
     if size is None:

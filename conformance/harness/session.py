@@ -21,7 +21,7 @@ from reports.schema import CheckRecord
 from .context import CheckContext
 from .outcome import Outcome
 from .registry import CheckSpec
-from .resources import CostMeter, model_size, size_metrics
+from .resources import CostMeter, model_size_on_rank, size_metrics
 from .timing import DEFAULT_DEADLINE_S
 from .targets import BUILTINS, TargetError, load_target
 from .world import World, WorldLike, WorldUnavailable
@@ -56,6 +56,7 @@ class Settings:
 class Session:
     settings: Settings
     _worlds: dict[tuple[str, int], WorldLike] = field(default_factory=dict)
+    _model_sizes: dict[str, tuple[int, int] | None] = field(default_factory=dict)
     _tmp: Path = field(default_factory=_session_tmp)
     # Where a long check's "still running" line goes (the plugin: the terminal); None: silent.
     progress: Callable[[str], None] | None = None
@@ -151,14 +152,24 @@ class Session:
         record = CheckRecord(
             id=spec.id, title=spec.title, kind=spec.kind, status=outcome.status,
             duration_s=round(time.perf_counter() - started, 4), message=outcome.message,
-            metrics={**outcome.metrics, **_cost_metrics(meter, ctx)}, evidence=outcome.evidence,
+            metrics={**outcome.metrics, **self._cost_metrics(meter, ctx)}, evidence=outcome.evidence,
             recommendation=outcome.recommendation, target=target_spec)
         return record, ctx
 
 
-def _cost_metrics(meter: CostMeter, ctx: CheckContext | None) -> dict[str, Any]:
-    """The check's peak memory, and its model's size when it ran on a target (vehicles vary)."""
-    cost = meter.cost.metrics() if meter.cost is not None else {}
-    if ctx is None or ctx.injected:
-        return cost
-    return {**cost, **size_metrics(model_size(ctx.target))}
+    def _cost_metrics(self, meter: CostMeter, ctx: CheckContext | None) -> dict[str, Any]:
+        """The check's peak memory, and its model's size when it ran on a target (vehicles vary)."""
+        cost = meter.cost.metrics() if meter.cost is not None else {}
+        if ctx is None or ctx.injected:
+            return cost
+        return {**cost, **size_metrics(self._model_size(ctx))}
+
+    def _model_size(self, ctx: CheckContext) -> tuple[int, int] | None:
+        """(parameters, bytes) of the target's model, counted once per target on a rank."""
+        spec = ctx.target.spec
+        if spec not in self._model_sizes:
+            try:
+                self._model_sizes[spec] = ctx.world().run(model_size_on_rank, spec)[0].value
+            except Exception:  # noqa: BLE001 -- a size is evidence, never a reason to fail a check
+                self._model_sizes[spec] = None
+        return self._model_sizes[spec]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -151,3 +152,28 @@ def test_run_check_records_cost_and_model_size_with_progress() -> None:
     assert m[SUPERVISOR_PEAK_RSS] >= 150 * MIB and m[TREE_PEAK_RSS] >= m[SUPERVISOR_PEAK_RSS]
     assert m[MODEL_PARAMETERS] > 0 and m[MODEL_BYTES] == 4 * m[MODEL_PARAMETERS]
     assert lines and lines[0].startswith("[ddp] cost-probe on mlp: running (")
+
+
+def test_the_model_is_counted_on_a_rank_never_in_the_supervisor(tmp_path: Path) -> None:
+    """A build_model that loads a checkpoint (real tensors even under the meta device) must not
+    cost the supervisor the model's memory: the size is counted in a rank process."""
+    import os
+
+    from conformance.harness.registry import CheckSpec
+    from conformance.harness.session import Session, Settings
+    from reports.keys import MODEL_PARAMETERS
+
+    pids = tmp_path / "build_pids.txt"
+    target = tmp_path / "pid_target.py"
+    target.write_text(
+        "import os\nfrom conformance.targets.mlp import build_model as _mlp, loss_fn, make_batch  # noqa: F401\n"
+        f"def build_model():\n    open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n    return _mlp()\n")
+    spec = CheckSpec("cost-probe", "Cost probe", "conformance", "allocates", entry=f"{__name__}:_allocating_check")
+    session = Session(Settings())
+    try:
+        record, _ = session.run_check(spec, str(target))
+    finally:
+        session.close()
+    assert record.metrics[MODEL_PARAMETERS] > 0
+    built_in = {int(line) for line in pids.read_text().split()}
+    assert built_in and os.getpid() not in built_in
