@@ -22,8 +22,8 @@ from .context import CheckContext
 from .outcome import Outcome
 from .registry import CheckSpec
 from .resources import CostMeter, model_size_on_rank, size_metrics
-from .timing import DEFAULT_DEADLINE_S
 from .targets import BUILTINS, TargetError, load_target
+from .timing import DEFAULT_DEADLINE_S
 from .world import World, WorldLike, WorldUnavailable
 from .world._containment import guardian
 
