@@ -102,6 +102,7 @@ def epoch_batches(rank: int, world_size: int, epoch: int) -> Iterator[tuple[torc
 
     data = _dataset()
     dataset = TensorDataset(data[:, :-1], data[:, 1:])
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
+    sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0)
     sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's order
     yield from DataLoader(dataset, batch_size=LOADER_BATCH, sampler=sampler)
