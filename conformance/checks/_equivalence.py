@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +39,11 @@ from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._compare import Compared, TensorDiff, fmt, worst
+from ._digests import DIGEST, Divergence, compared_by, first_divergence
 from ._hypotheses import Scale, scale_causes, scale_from
 from ._recorded import RunPlan, run_recorded
 
-_TENSORS = ("initial", "grads0", "pre_clip0", "params")
+_TENSORS = ("initial", "grads0", "pre_clip0", "params", "digests")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,10 @@ class Equivalence:
     reference: dict[str, Any]  # the reference's values, without tensors
     scale: Scale  # N-rank step-0 gradients against the reference's, per parameter
     pre_clip_scale: Scale | None
+    # Ranks that could not read the reference's files (another host under --attach) are
+    # judged by digest against a rank that compared (``_digests``); the first differing tensor.
+    divergence: Divergence | None = None
+    compared_by: dict[str, list[int]] = field(default_factory=dict)
 
     # -- what was compared ---------------------------------------------------------------
 
@@ -95,7 +100,7 @@ class Equivalence:
     @property
     def ok(self) -> bool:
         return (self.grads_ok and self.pre_clip_ok and self.first_bad_step is None
-                and self.same_first_step)
+                and self.same_first_step and self.divergence is None)
 
     @property
     def judged_scale(self) -> Scale:
@@ -129,6 +134,7 @@ class Equivalence:
                                            "reference": self.reference.get("grads0_step")},
             "gradients_before_clipping_compared": len(self.pre_clip_diffs),
             "clipping_engaged": self.clip_engaged,
+            **self.compared_by,
         }
 
     def metrics(self) -> dict[str, Any]:
@@ -407,26 +413,30 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
         # The snapshots are the model's size several times over: gone as soon as compared.
         shutil.rmtree(folder, ignore_errors=True)
     ref_norms: dict[str, Any] = ref.get("grads0") or {}
-    rank_grads: list[list[Compared]] = [v.get("grads0") or [] for v in values]
+    # The tolerance comparisons come from the ranks that read the reference's files; the
+    # others (another host under --attach) are held to those ranks by digest.
+    compared = [v for v in values if v.get("compared_by") != DIGEST]
+    rank_grads: list[list[Compared]] = [v.get("grads0") or [] for v in compared]
     has, none = _with_gradient(ref_norms, rank_grads)
     keep = set(has)
-    grads, grad_rank = _merge_worst([[c.diff for c in compared if c.name in keep]
-                                     for compared in rank_grads])
+    grads, grad_index = _merge_worst([[c.diff for c in got if c.name in keep] for got in rank_grads])
+    grad_rank = {name: int(compared[i]["rank"]) for name, i in grad_index.items()}
     grads.sort(key=lambda d: has.index(d.name))
     pre_clip: list[TensorDiff] = []
     pre_scale = None
     ref_clip = ref.get("pre_clip0")
-    if ref_clip and all(v.get("pre_clip0") for v in values):
-        pre_clip, _ = _merge_worst([[c.diff for c in v["pre_clip0"]] for v in values])
-        pre_scale = scale_from([v["pre_clip0"] for v in values], _norms(ref_clip))
+    if ref_clip and all(v.get("pre_clip0") for v in compared):
+        pre_clip, _ = _merge_worst([[c.diff for c in v["pre_clip0"]] for v in compared])
+        pre_scale = scale_from([v["pre_clip0"] for v in compared], _norms(ref_clip))
     params = []
     for step in range(steps):
-        merged, _ = _merge_worst([[c.diff for c in v["params"][step]] for v in values
+        merged, _ = _merge_worst([[c.diff for c in v["params"][step]] for v in compared
                                   if len(v.get("params") or []) > step])
         params.append(merged)
     return Equivalence(plan, grads, grad_rank, none, pre_clip, params,
                        [_summary(v) for v in values], _summary(ref),
-                       scale_from(rank_grads, _norms(ref_norms)), pre_scale)
+                       scale_from(rank_grads, _norms(ref_norms)), pre_scale,
+                       divergence=first_divergence(values), compared_by=compared_by(values))
 
 
 def _norms(norms: dict[str, Any]) -> list[float]:
@@ -453,6 +463,23 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
     if empty is not None:
         metrics["key_figure"] = "no gradient reached the optimizer"
         return Outcome.skipped(empty, metrics=metrics, evidence=evidence)
+    if eq.divergence is not None:
+        # Before the comparison with the reference: ranks that disagree with each other are
+        # a finding whatever the reference says (and the rank-0 comparison speaks for rank 0 only).
+        causes, _ = eq.hints()
+        metrics["key_figure"] = (f"rank {eq.divergence.rank} diverged from rank "
+                                 f"{eq.divergence.anchor}: {eq.divergence.point}")
+        measured = eq.mismatch_message()
+        return Outcome.failed(
+            f"{what} is not the same on every rank: {eq.divergence.message()}"
+            + (f"; against the single-process reference: {measured}" if measured else "")
+            + (f" — {'; '.join(causes)}" if causes else ""),
+            metrics=metrics, evidence={**evidence, "rank_divergence": eq.divergence.to_json(),
+                                       HYPOTHESES: causes},
+            recommendation="every rank must end each step with the same gradients and parameters: "
+                           "let DDP all-reduce every backward that ends an optimizer step (the last "
+                           "microbatch outside no_sync), call the DDP model, and make nothing in the "
+                           "step depend on the rank; " + recommendation)
     if eq.ok:
         return None
     causes, decidable = eq.hints()

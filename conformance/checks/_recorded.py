@@ -8,11 +8,17 @@ very moment the optimizer consumes them, and return summaries only. This way rou
 than ranks writing and the reference comparing) the disk holds one copy of the model per
 snapshot instead of N, the N comparisons run in parallel on the ranks' devices, and no rank
 ever keeps a copy of its gradients or parameters: its memory overhead is the one reference
-tensor being compared. Initial weights: the reference builds from the same seed; each rank,
-after DDP's broadcast, checks its weights bit for bit against the reference's initial snapshot
-and copies the reference's in where a non-deterministic ``build_model`` made them differ
-(recorded), so both runs start from exactly the same weights either way. Limitation: the
-files must be reachable from every rank (one host; ``--attach`` across hosts is not).
+tensor being compared. Initial weights: the reference builds from the same seed; rank 0,
+before wrapping, checks its weights bit for bit against the reference's initial snapshot and
+copies the reference's in where a non-deterministic ``build_model`` made them differ
+(recorded); DDP's construction broadcast carries them to every rank (and every other rank that
+can read the files checks again after it: rank-local buffers), so both runs start from exactly
+the same weights either way.
+
+A rank that cannot see the files (``--attach`` across hosts: the reference ran on rank 0's
+host) digests the same tensors at the same points instead, and so does every rank that
+compares (only in such a run), for the judge to carry the comparison over by bit identity
+(``_digests``).
 
 Build the target's model from the suite's seed, wrap it in DDP with the target's
 ``ddp_kwargs``, feed each rank its contiguous shard of the global batch as K microbatches, run
@@ -53,6 +59,7 @@ from ..harness.ddp import (
     wrap,
 )
 from ._compare import Compared
+from ._digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
 from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
 from ._normalisation import group_batchnorm, sizes_seen
 from ._randomness import disable_dropout, forward_is_random
@@ -106,13 +113,14 @@ def _nonfinite_output(output: Any) -> bool:
 
 
 def _verify_initial(inner: Any, snapshots: Path, device: Any) -> str | None:
-    """Make this rank start exactly where the reference started.
+    """Make rank 0 start exactly where the reference started (before wrapping: DDP's
+    construction broadcast then carries these weights to every rank).
 
     The reference built the model from the same seed; on a deterministic ``build_model``
-    every tensor here (after DDP's broadcast of rank 0's) is bit-identical to it, which is
-    checked tensor by tensor. Where one differs (a build that draws from an unseeded source),
-    the reference's initial parameters and buffers are copied in on every rank, so both runs
-    still start from the same weights; the first differing name is returned for the record.
+    every tensor here is bit-identical to it, which is checked tensor by tensor. Where one
+    differs (a build that draws from an unseeded source), the reference's initial parameters
+    and buffers are copied in, so both runs still start from the same weights; the first
+    differing name is returned for the record.
     """
     import torch
 
@@ -150,16 +158,22 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     from ..harness.targets import load_target
 
     writes = plan.role == "reference"
-    snapshots = Path(plan.snapshots)
-    if not writes and not has_snapshot(snapshots, INITIAL):
-        # Before any collective: comparing against nothing would report every gradient as
-        # "missing in the reference", a wrong verdict rather than an honest error.
-        raise FileNotFoundError(
-            f"the reference's snapshots are not visible on this rank's host ({snapshots / INITIAL} "
-            f"is missing): the equivalence checks need every rank to reach the check's temp dir "
-            f"(all ranks on the supervisor's host)")
-    disable_tf32()
     n, rank = rank_ctx.world_size, rank_ctx.rank
+    snapshots = Path(plan.snapshots) if writes else rank_view(Path(plan.snapshots), rank)
+    # The reference finished writing before this run started (its world call returned on
+    # every rank first), so an absent index here means: not visible from this rank's host.
+    sees = writes or has_snapshot(snapshots, INITIAL)
+    seen = [True] if writes else who_sees(rank_ctx, sees)
+    if not seen[0]:
+        # On every rank alike, before any DDP collective: rank 0 starts every rank from the
+        # reference's weights, and is the anchor the other ranks' digests are held against.
+        raise FileNotFoundError(
+            f"the reference's snapshots are not visible on rank 0's host ({plan.snapshots}/{INITIAL}"
+            f"/index.json is missing there): the reference runs on rank 0's host and writes into "
+            f"the check's temp dir, which rank 0 must be able to read")
+    # Digests only when some rank cannot compare: every rank then digests the same points.
+    digest = not all(seen)
+    disable_tf32()
     target = load_target(plan.target_spec)
     model = build_model(target, rank_ctx.device, seed=plan.seed)
     first = to_device(shard(global_batch(target, plan.global_batch, seed=plan.seed), rank, n,
@@ -170,6 +184,9 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
     grouped = group_batchnorm(model, group)
     kwargs = effective_ddp_kwargs(target, plan.ddp_overrides)
+    # Before wrapping, on rank 0 only: DDP's construction broadcast then carries rank 0's
+    # (reference-checked) weights to every rank, including ranks that cannot read the files.
+    differs = _verify_initial(model, snapshots, rank_ctx.device) if not writes and rank == 0 else None
     ddp = wrap(model, rank_ctx.device, kwargs)
     inner = unwrap(ddp)
     optimizer = target.make_optimizer(ddp)
@@ -180,9 +197,13 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     if writes:
         write_snapshot(snapshots, INITIAL, inner.state_dict().items())
     else:
-        # After DDP's construction broadcast (a collective every rank has passed): rank 0's
-        # weights are on every rank, and must equal the reference's.
-        out["initial_differs_from_reference"] = _verify_initial(inner, snapshots, rank_ctx.device)
+        if rank != 0 and sees:
+            # After the construction broadcast, as a second look: with broadcast_buffers=False
+            # DDP leaves buffers rank-local, and a rank that can read the files fixes its own.
+            differs = _verify_initial(inner, snapshots, rank_ctx.device)
+        out["initial_differs_from_reference"] = differs
+        out["compared_by"] = REFERENCE if sees else DIGEST
+    digests: list[tuple[str, list[tuple[str, str | None]]]] = []
     per_step: dict[str, list[Any]] = {k: [] for k in (
         "optimizer_steps", "ddp_forwards", "inner_forwards", "allreduce_calls", "allreduce_rounds",
         "buckets_per_step", "clip_calls", "batch_digests")}
@@ -205,7 +226,9 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         this_step["bad"] = first_nonfinite(named)
         if "grads0" in out or "grads" in found:
             return
-        if not record:
+        if digest:
+            found["grads_digest"] = named_digests(named)
+        if not record or not sees:
             found["grads"] = None
         elif writes:
             found["grads"] = write_snapshot(snapshots, GRADS0, named)
@@ -216,9 +239,11 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         # Every clip before the first step overwrites the last: the last clip's input counts.
         if not record:
             return
+        if digest:
+            found["pre_clip_digest"] = named_digests(named)
         if writes:
             found["pre_clip"] = write_snapshot(snapshots, PRE_CLIP0, named)
-        elif has_snapshot(snapshots, PRE_CLIP0):
+        elif sees and has_snapshot(snapshots, PRE_CLIP0):
             found["pre_clip"] = compare_snapshot(named, snapshots, PRE_CLIP0, rank_ctx.device, grad=True)
 
     namespaces = [vars(target.module), getattr(target.train_step, "__globals__", {})]
@@ -279,9 +304,17 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
                 out["grads0_step"] = step
                 out["pre_clip0"] = found.get("pre_clip")
                 clip.frozen = True
+                if "pre_clip_digest" in found:
+                    digests.append((f"gradients before clip_grad_norm_ at step {step}",
+                                    found["pre_clip_digest"]))
+                if "grads_digest" in found:
+                    digests.append((f"gradients at optimizer.step() of step {step}",
+                                    found["grads_digest"]))
+            if digest and record:
+                digests.append((f"parameters after step {step}", named_digests(live)))
             if writes:
                 write_snapshot(snapshots, f"{PARAMS}{step}", live)
-            elif record:
+            elif record and sees:
                 params.append(compare_snapshot(live, snapshots, f"{PARAMS}{step}", rank_ctx.device,
                                                 grad=False))
             del live
@@ -290,6 +323,8 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     out.setdefault("pre_clip0", None)
     out.update(per_step)
     out["params"] = [] if writes else params
+    if not writes:
+        out["digests"] = digests
     out["nonfinite"] = nonfinite
     out["batchnorm_sizes_seen"] = sizes_seen(inner)
     return out

@@ -61,10 +61,19 @@ from ..harness.ddp import (
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._compare import Compared, fmt
+from ._digests import (
+    DIGEST,
+    REFERENCE,
+    compared_by,
+    first_divergence,
+    named_digests,
+    rank_view,
+    who_sees,
+)
 from ._equivalence import world_error_outcome
 from ._normalisation import group_batchnorm
 from ._randomness import disable_dropout
-from ._snapshots import compare_snapshot, write_snapshot
+from ._snapshots import compare_snapshot, has_snapshot, write_snapshot
 
 ITERATIONS = 2
 VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -149,7 +158,9 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict
 
     The reference's gradients reach the other ranks as files in ``folder`` (``_snapshots``);
     every rank compares its own gradients with them where they are and returns summaries
-    (``_compare.Compared``), never a tensor. Memory on a rank: the DDP model plus at most one
+    (``_compare.Compared``), never a tensor; a rank that cannot read them (another host under
+    ``--attach``) returns digests of its gradients instead, held to rank 0's (``_digests``).
+    Memory on a rank: the DDP model plus at most one
     copy of it (rank 0's untied copy, then its reference copy, one after the other).
     """
     import torch.distributed as dist
@@ -159,7 +170,7 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict
     disable_tf32()
     target = load_target(target_spec)
     device, rank, n = rank_ctx.device, rank_ctx.rank, rank_ctx.world_size
-    snapshots = Path(folder)
+    snapshots = Path(folder) if rank == 0 else rank_view(Path(folder), rank)
     batches = [global_batch(target, batch_size, seed=MODEL_SEED + step) for step in range(ITERATIONS)]
     out: dict[str, Any] = {"rank": rank}
     model = build_model(target, device, seed=MODEL_SEED)
@@ -175,7 +186,7 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict
     if not shared:
         return out
     variants: list[dict[str, Any]] = []
-    referenced = False
+    referenced, sees, digest = False, True, False
     for label, overrides in VARIANTS:
         kwargs = effective_ddp_kwargs(target, overrides)
         if any(v["kwargs"] == repr(kwargs) for v in variants):
@@ -194,6 +205,12 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict
             # reference gradient (the files are complete once rank 0 reaches this barrier).
             dist.barrier()
             referenced = True
+            # After the barrier the files are complete: absent here means another host (under
+            # --attach across hosts); such a rank is judged by digest against rank 0 (_digests).
+            sees = has_snapshot(snapshots, "ref0")
+            digest = not all(who_sees(rank_ctx, sees))
+            out["compared_by"] = REFERENCE if sees else DIGEST
+            out["digests"] = []
         grads = []
         for step, batch in enumerate(batches):
             ddp.zero_grad(set_to_none=True)
@@ -202,7 +219,11 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict
             # everywhere, so the reducer's all-reduces pair up.
             target.compute_loss(ddp, x, y).backward()
             live = [(s, _live_grad(unwrap(ddp), s)) for s in shared]
-            grads.append(compare_snapshot(live, snapshots, f"ref{step}", device, grad=True))
+            if digest:
+                out["digests"].append((f"shared gradients of iteration {step} under DDP {label}",
+                                       named_digests(live)))
+            grads.append(compare_snapshot(live, snapshots, f"ref{step}", device, grad=True)
+                         if sees else [])
             del live
         variants.append({"label": label, "kwargs": repr(kwargs), "grads": grads})
         del ddp, fresh
@@ -300,6 +321,18 @@ def run(ctx: CheckContext) -> Outcome:
                      "shared_parameters": len(head["shared"])}, evidence=evidence,
             recommendation="find where the loss or the gradient first becomes non-finite (learning "
                            "rate, a log or division of zero, fp16 overflow)")
+    evidence.update(compared_by(values))
+    divergence = first_divergence(values)
+    if divergence is not None:
+        # Ranks that disagree with each other: rank 0's comparison speaks for rank 0 alone.
+        evidence["rank_divergence"] = divergence.to_json()
+        return Outcome.failed(
+            f"shared-parameter gradients are not the same on every rank: {divergence.message()}",
+            metrics={"key_figure": f"rank {divergence.rank} diverged from rank {divergence.anchor}",
+                     "shared": head["shared"], "shared_parameters": len(head["shared"])},
+            evidence=evidence,
+            recommendation="every use of a shared parameter must be in the autograd graph on every "
+                           "rank, so that DDP all-reduces the same buckets everywhere")
     lost = [name for group in tied for name in group.get("lost_uses", [])]
     rows, failures = [], []
     for index, variant in enumerate(head["variants"]):
@@ -307,6 +340,8 @@ def run(ctx: CheckContext) -> Outcome:
         for step in range(len(variant["grads"])):
             for position in range(len(variant["grads"][step])):
                 for value in values:
+                    if value.get("compared_by") == DIGEST:
+                        continue  # held to rank 0 by digest above
                     c = value["variants"][index]["grads"][step][position]
                     d, name = c.diff, c.name
                     # `not <=` also takes a NaN ratio: a non-finite gradient is never the best row.

@@ -107,6 +107,12 @@ def test_two_nodes_by_c10d_rendezvous(tmp_path: Path) -> None:
     assert len({r["node"] for r in ranks}) == 2  # GROUP_RANK 0 and 1: two launcher nodes
     assert bw["metrics"]["topology"]["nodes"] == 2
     assert any("share one host" in n for n in bw["evidence"]["notes"])
+    # Rank 1 cannot read the reference's files (rank 0's scratch dir, as on another node):
+    # it is judged by digest against rank 0, which compared against the reference.
+    ge = _records(report_dir)["gradient-equivalence"]
+    assert ge["status"] == "passed", (ge["message"], text)
+    assert ge["evidence"]["compared"]["ranks_compared_against_reference"] == [0]
+    assert ge["evidence"]["compared"]["ranks_compared_by_digest"] == [1]
     assert (report_dir / "report.md").exists() and (report_dir / "report.html").exists()
     assert codes[1] == 0, text  # a non-zero rank exits 0 when its pytest run passed
 
