@@ -14,7 +14,7 @@ supervisor's peak RSS (exact: VmHWM reset per check) and the whole process tree'
 ranks + their children, sampled). Printed per check: time / bare step, supervisor peak / model
 bytes, tree peak / model bytes.
 
-Then two ``ratio:`` lines, the figures issue 13 asks to bring down:
+Then two ``ratio:`` lines, the figures the suite holds itself to:
 - gradient-equivalence time / (6 x bare step) at the largest size that ran (its physical work is
   3 DDP steps + 3 reference steps; want <= 3);
 - the supervisor's peak RSS (the largest over the checks) at the largest size vs the smallest
@@ -49,7 +49,7 @@ SIZES = {"0.1M": 100_000, "2M": 2_000_000, "8M": 8_000_000, "34M": 34_000_000, "
 LAYERS, OUT = 4, 16  # LAYERS square Linear(W, W) layers and a Linear(W, OUT) head: ~LAYERS x W^2
 BARE_WARMUP, BARE_STEPS = 2, 5
 #: The process tree's peak in model copies before any size has run: the landed suite's, measured
-#: in issue 13 (8.3 GiB for a 134 MB model).
+#: before comparisons moved onto the ranks (8.3 GiB for a 134 MB model).
 DEFAULT_TREE_COPIES = 65.0
 #: Room left on top of the projection: a projection from a smaller size is not exact.
 HEADROOM = 1.2

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from reports.keys import CLIFF_WORLD_SIZE, SIMULATOR_ERROR, WARNINGS
@@ -60,13 +61,25 @@ SPLIT_SIZES = tuple(4096 << k for k in range(0, 13, 3))  # a shorter sweep per l
 SIMULATOR_ERROR_BOUND = 0.25
 
 
+#: How many sweeps the check measures before it calls the host too noisy to fit. A fit that
+#: fails on a shared host is often one burst of contention (another job, a test worker); a
+#: person would measure again, and so does the check, a bounded number of times. The record
+#: says how many sweeps it took. Under --attach every rank holds the same gathered timings, so
+#: every rank makes the same decision and the re-measurement stays collective.
+SWEEP_ATTEMPTS = 3
+
+
 def run(ctx: CheckContext) -> Outcome:
     if ctx.world_size < 2:
         return Outcome.skipped(f"world_size={ctx.world_size}: one rank all-reduces nothing; "
                                f"run with --world-size 2 or more")
-    data = measure(ctx.world(), ctx.target.spec, sizes=default_sizes(ctx.backend),
-                   cap_mb=ctx.target.ddp_kwargs.get("bucket_cap_mb"), deadline=ctx.deadline)
-    return judge(data)
+    for attempt in range(1, SWEEP_ATTEMPTS + 1):
+        data = measure(ctx.world(), ctx.target.spec, sizes=default_sizes(ctx.backend),
+                       cap_mb=ctx.target.ddp_kwargs.get("bucket_cap_mb"), deadline=ctx.deadline)
+        outcome = judge(data)
+        if outcome.metrics.get("fit_sane", True):
+            break
+    return replace(outcome, metrics={**outcome.metrics, "sweep_attempts": attempt})
 
 
 def measure(world: WorldLike, target_spec: str, *, sizes: Sequence[int], cap_mb: float | None,
@@ -129,11 +142,13 @@ def judge(data: dict[str, Any]) -> Outcome:
     try:
         model = fit_alpha_beta([p.nbytes for p in points], [p.time_s for p in points], n)
     except ValueError as exc:
+        metrics["fit_sane"] = False
         return Outcome.inconclusive(f"timings unusable: {exc}", metrics=metrics, evidence=evidence)
     metrics.update(alpha_s=model.alpha_s, beta_bytes_per_s=model.beta_bytes_per_s,
                    fit_rel_residual=round(model.median_rel_residual, 4))
     if model.intercept_clamped:
         evidence["notes"].append("fitted latency was negative (noise) and clamped to 0")
+    metrics["fit_sane"] = model.sane
     if not model.sane:
         return Outcome.inconclusive(
             f"the alpha-beta fit does not describe the sweep (median residual "

@@ -20,24 +20,8 @@ WIDE = str(Path(__file__).with_name("wide_target.py"))
 SMALL_SIZES = [4096 << k for k in range(0, 9, 2)]  # 4 KB .. 1 MB: enough to fit a line, fast
 
 
-NOISY = "the machine is too noisy to measure"
-
-
-def _measured(session: Any, target: str, *, tries: int = 3) -> Any:
-    """The check's record, measured again while the host was too noisy to fit a line.
-
-    A timing fit that fails under load is the check working as designed (inconclusive, said
-    so; tested in tests/perf/test_models.py); these tests are about what a fitted run reports,
-    so they ask for one, a bounded number of times."""
-    for _ in range(tries):
-        record, _ = session.run_check(BY_ID["allreduce-bandwidth"], target)
-        if not (record.status == "inconclusive" and NOISY in record.message):
-            break
-    return record
-
-
 def test_check_passes_with_every_metric_the_report_draws(suite_session: Any) -> None:
-    record = _measured(suite_session, "builtin")
+    record, _ = suite_session.run_check(BY_ID["allreduce-bandwidth"], "builtin")
     assert record.status == "passed", record.message
     m = record.metrics
     assert [p["bytes"] for p in m["sweep"]][:2] == [4096, 8192] and m["sweep"][-1]["bytes"] == 16 << 20
@@ -96,7 +80,7 @@ def test_simulator_predicts_measured_ddp_steps_at_1_and_2_ranks(suite_session: A
 
 
 def test_check_on_wide_target_reports_bucket_layout_and_error(suite_session: Any) -> None:
-    record = _measured(suite_session, WIDE)
+    record, _ = suite_session.run_check(BY_ID["allreduce-bandwidth"], WIDE)
     assert record.status == "passed", record.message
     assert record.metrics["bucket_layout_matches_ddp"] is True  # greedy rule == DDP's rebuilt buckets
     assert record.metrics["simulator"]["buckets"] == 6

@@ -4,6 +4,7 @@ step simulator, the projection, and the bandwidth judge on hand-made data. No pr
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -172,3 +173,44 @@ def test_judge_is_inconclusive_on_unusable_timings() -> None:
     assert judge(_data([0.0, 0.0, 0.0])).status == "inconclusive"
     noisy = judge(_data([1e-3, 1e-6, 5e-2, 1e-6, 2e-2, 1e-6]))
     assert noisy.status == "inconclusive", noisy.message
+
+
+def _noisy_then(clean_after: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the check's measurement noisy for ``clean_after`` sweeps, then clean."""
+    from conformance.perf import allreduce_bandwidth
+
+    calls: list[int] = []
+    clean = [ring_allreduce_time(4096 << k, 2, 50e-6, 1e9) for k in range(8)]
+    noisy = [1e-3, 1e-6, 5e-2, 1e-6, 2e-2, 1e-6, 3e-2, 1e-6]
+
+    def fake_measure(*_args: Any, **_kwargs: Any) -> dict:
+        calls.append(1)
+        return _data(noisy if len(calls) <= clean_after else clean)
+
+    monkeypatch.setattr(allreduce_bandwidth, "measure", fake_measure)
+    return calls
+
+
+def _ctx() -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(world_size=2, world=lambda: None, backend="gloo", deadline=60.0,
+                           target=SimpleNamespace(spec="mlp", ddp_kwargs={}))
+
+
+def test_a_noisy_sweep_is_measured_again_before_the_host_is_called_noisy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conformance.perf import allreduce_bandwidth
+
+    calls = _noisy_then(1, monkeypatch)
+    outcome = allreduce_bandwidth.run(_ctx())
+    assert outcome.status == "passed", outcome.message
+    assert len(calls) == 2 and outcome.metrics["sweep_attempts"] == 2
+
+
+def test_a_host_noisy_in_every_sweep_is_inconclusive_after_the_bounded_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conformance.perf import allreduce_bandwidth
+
+    calls = _noisy_then(99, monkeypatch)
+    outcome = allreduce_bandwidth.run(_ctx())
+    assert outcome.status == "inconclusive" and "noise" in outcome.message, outcome.message
+    assert len(calls) == allreduce_bandwidth.SWEEP_ATTEMPTS == outcome.metrics["sweep_attempts"]
