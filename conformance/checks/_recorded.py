@@ -63,7 +63,7 @@ from ._digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
 from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
 from ._normalisation import group_batchnorm, sizes_seen
 from ._randomness import disable_dropout, forward_is_random
-from ._snapshots import compare_snapshot, has_snapshot, read_snapshot, write_snapshot
+from ._snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 
 # Snapshot labels of the reference (``_snapshots``): the initial weights, the first step's
 # gradients, the gradients before that step's clipping, the parameters after step s.
@@ -194,8 +194,11 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": rank, "ddp_kwargs": repr(kwargs), "dropout_disabled": dropout,
                            "rng_in_forward": rng_left, "batchnorm_grouped": grouped,
                            "batchnorm_group": group if grouped else None}
-    if writes:
-        write_snapshot(snapshots, INITIAL, inner.state_dict().items())
+    # The reference's snapshots are written in the background while it trains on (one pending
+    # copy at most); every write has landed, index last, before this function returns.
+    writer = SnapshotWriter(snapshots) if writes else None
+    if writer is not None:
+        writer.write(INITIAL, inner.state_dict().items())
     else:
         if rank != 0 and sees:
             # After the construction broadcast, as a second look: with broadcast_buffers=False
@@ -230,8 +233,9 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
             found["grads_digest"] = named_digests(named)
         if not record or not sees:
             found["grads"] = None
-        elif writes:
-            found["grads"] = write_snapshot(snapshots, GRADS0, named)
+        elif writer is not None:
+            writer.write(GRADS0, named)
+            found["grads"] = GRADS0  # its norms: once written (``writer.norms``)
         else:
             found["grads"] = compare_snapshot(named, snapshots, GRADS0, rank_ctx.device, grad=True)
 
@@ -241,13 +245,18 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
             return
         if digest:
             found["pre_clip_digest"] = named_digests(named)
-        if writes:
-            found["pre_clip"] = write_snapshot(snapshots, PRE_CLIP0, named)
+        if writer is not None:
+            writer.write(PRE_CLIP0, named)
+            found["pre_clip"] = PRE_CLIP0
         elif sees and has_snapshot(snapshots, PRE_CLIP0):
             found["pre_clip"] = compare_snapshot(named, snapshots, PRE_CLIP0, rank_ctx.device, grad=True)
 
     namespaces = [vars(target.module), getattr(target.train_step, "__globals__", {})]
     with contextlib.ExitStack() as stack:
+        if writer is not None:
+            # A step that raises: the pending write still finishes before the error leaves this
+            # rank (the supervisor then removes the folder under no thread's feet).
+            stack.callback(writer.settle)
         counts = stack.enter_context(counting_allreduce(ddp)) if plan.count_allreduce else None
         recorder = StepRecorder.attach(inner, optimizer, observe=at_step)
         stack.callback(recorder.close)
@@ -312,12 +321,18 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
                                     found["grads_digest"]))
             if digest and record:
                 digests.append((f"parameters after step {step}", named_digests(live)))
-            if writes:
-                write_snapshot(snapshots, f"{PARAMS}{step}", live)
+            if writer is not None:
+                writer.write(f"{PARAMS}{step}", live)
             elif record and sees:
                 params.append(compare_snapshot(live, snapshots, f"{PARAMS}{step}", rank_ctx.device,
                                                 grad=False))
             del live
+    if writer is not None:
+        # Before returning: the ranks read these files as soon as this world call returns.
+        writer.close()
+        for key in ("grads0", "pre_clip0"):
+            if out.get(key) is not None:
+                out[key] = writer.norms(out[key])
     out.setdefault("grads0", None)
     out.setdefault("grads0_step", None)
     out.setdefault("pre_clip0", None)

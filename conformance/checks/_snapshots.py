@@ -5,12 +5,20 @@ summaries travel to the supervisor, whose memory then stays flat in the model si
 reference's tensors reach the ranks through files in the check's private temp dir
 (``ctx.tmpdir``), never through the supervisor's pipes.
 
-Layout: ``<dir>/<label>/<i>.pt`` holds one tensor (``torch.save`` of a compact copy: a
-gradient that is a view into a DDP bucket would otherwise save the whole bucket), and
-``<dir>/<label>/index.json`` lists ``[name, file or null]`` in model order (null: no
-gradient). The index is written last and renamed into place, so a reader never sees a half
-written snapshot. One tensor at a time is in memory on either side: the writer's copy of the
-tensor it is saving, the reader's tensor it is comparing (memory-mapped from the page cache).
+Layout: ``<dir>/<label>/<i>.bin`` holds one tensor's raw bytes (of a compact copy: a gradient
+that is a view into a DDP bucket would otherwise drag the whole bucket along), and
+``<dir>/<label>/index.json`` lists ``[name, file, dtype, shape]`` in model order (file null: no
+gradient). Raw bytes rather than ``torch.save``: its zip container computes a CRC of every
+byte, which made writing the snapshots the reference's largest cost on a large model. A
+tensor that is not a plain strided one (a sparse gradient) is ``torch.save``d to ``<i>.pt``
+(dtype null). The index is written last and renamed into place, so a reader never sees a half
+written snapshot. One tensor at a time is in memory on the reader's side (memory-mapped from
+the page cache).
+
+``SnapshotWriter`` writes in a background thread so that the disk works while the reference
+trains: it holds at most one pending snapshot (a copy of the tensors, taken when asked: the
+live ones change with the next step), which is the ≤ 1 extra copy of the model the checks may
+spend per process. A write error is raised by the next call that touches the writer.
 
 Functions here run inside rank processes; torch is imported lazily.
 """
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,53 +37,166 @@ from ._compare import Compared, compare_tensor
 INDEX = "index.json"
 
 
-def write_snapshot(directory: Path, label: str, named: Iterable[tuple[str, Any]]) -> dict[str, float | None]:
-    """Write every (name, tensor or None) to ``directory/label``; returns each tensor's norm
-    (None where there is none): the reference's norms that the judges need travel as floats."""
+def _compact(tensor: Any, *, copy: bool) -> Any:
+    """A CPU tensor holding exactly ``tensor``'s elements; a fresh copy when ``copy`` (the
+    background writer's: the live tensor moves on with the next step)."""
     import torch
 
-    folder = directory / label
+    src = tensor.detach()
+    out = src.cpu()
+    fresh = src.device.type != "cpu"  # .cpu() of a device tensor is a copy already
+    if out.layout != torch.strided:
+        return out.clone() if copy and not fresh else out
+    if ((copy and not fresh) or not out.is_contiguous()
+            or out.untyped_storage().nbytes() != out.numel() * out.element_size()):
+        # A view (of a DDP bucket): written as is, it would drag the whole storage along.
+        out = out.clone(memory_format=torch.contiguous_format)
+    return out
+
+
+def _norm(tensor: Any) -> float | None:
+    import torch
+
+    if not tensor.is_floating_point():
+        return None
+    if tensor.layout != torch.strided:
+        tensor = tensor.coalesce().values() if tensor.is_sparse else tensor.to_dense()
+    return float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
+
+
+def _save(folder: Path, i: int, tensor: Any) -> list[Any]:
+    """Write one compact CPU tensor; its index entry after the name."""
+    import torch
+
+    if tensor.layout != torch.strided:
+        torch.save(tensor, folder / f"{i}.pt")
+        return [f"{i}.pt", None, list(tensor.shape)]
+    file = f"{i}.bin"
+    with open(folder / file, "wb") as f:
+        if tensor.numel():
+            # uint8 view of the same memory: numpy has no bfloat16/float8, bytes are bytes.
+            f.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+    return [file, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)]
+
+
+
+def _write(folder: Path, named: Iterable[tuple[str, Any]], *, copy: bool) -> dict[str, float | None]:
     folder.mkdir(parents=True, exist_ok=True)
-    index: list[tuple[str, str | None]] = []
+    # A label written again (every clip before the first step overwrites the last): the old
+    # index goes first, so the folder never lists files of two writes.
+    (folder / INDEX).unlink(missing_ok=True)
+    index: list[list[Any]] = []
     norms: dict[str, float | None] = {}
     for i, (name, tensor) in enumerate(named):
         if tensor is None:
-            index.append((name, None))
+            index.append([name, None, None, None])
             norms[name] = None
             continue
-        copy = tensor.detach().cpu()
-        if copy.untyped_storage().nbytes() != copy.numel() * copy.element_size() or not copy.is_contiguous():
-            copy = copy.clone()  # a view (of a DDP bucket): saving it would save the whole storage
-        torch.save(copy, folder / f"{i}.pt")
-        norms[name] = (float(torch.linalg.vector_norm(copy, dtype=torch.float64))
-                       if copy.is_floating_point() else None)
-        index.append((name, f"{i}.pt"))
-        del copy
+        compact = _compact(tensor, copy=copy)
+        index.append([name, *_save(folder, i, compact)])
+        norms[name] = _norm(compact)
+        del compact
     partial = folder / (INDEX + ".part")
     partial.write_text(json.dumps(index))
+    # The index last, renamed into place: a reader sees a whole snapshot or none.
     os.replace(partial, folder / INDEX)
     return norms
+
+
+def write_snapshot(directory: Path, label: str, named: Iterable[tuple[str, Any]]) -> dict[str, float | None]:
+    """Write every (name, tensor or None) to ``directory/label`` now, one tensor at a time;
+    returns each tensor's norm (None where there is none): the reference's norms that the
+    judges need travel as floats."""
+    return _write(directory / label, named, copy=False)
+
+
+class SnapshotWriter:
+    """Snapshots written in a background thread, one pending at a time.
+
+    ``write`` first waits for the pending snapshot (the memory bound: one copy of the model,
+    never two), then copies the tensors (the live ones change once the caller moves on) and
+    returns; the thread writes them, the index last. ``norms(label)`` and ``close`` wait.
+    A write error is kept and raised by the next ``write``, ``norms`` or ``close``: a snapshot
+    that failed must fail the run, not leave the ranks comparing against nothing.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._norms: dict[str, dict[str, float | None]] = {}
+
+    def _wait(self) -> None:
+        # join() has no deadline on purpose: the thread only writes local files; the check's
+        # deadline (enforced by the supervisor on the whole rank) bounds a stuck disk.
+        self.settle()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"writing the reference's snapshot to {self.directory} failed: "
+                               f"{error!r}; the check's temp dir must be writable, with room for "
+                               f"several copies of the model") from error
+
+    def write(self, label: str, named: Iterable[tuple[str, Any]]) -> None:
+        self._wait()
+        self._norms.pop(label, None)
+        copies = [(name, None if t is None else _compact(t, copy=True)) for name, t in named]
+
+        def run() -> None:
+            try:
+                self._norms[label] = _write(self.directory / label, copies, copy=False)
+            except BaseException as exc:  # noqa: BLE001 - kept, raised by the caller's next call
+                self._error = exc
+            finally:
+                copies.clear()  # the copy is freed as soon as it is on disk
+
+        self._thread = threading.Thread(target=run, name=f"snapshot-{label}", daemon=True)
+        self._thread.start()
+
+    def norms(self, label: str) -> dict[str, float | None]:
+        self._wait()
+        return self._norms[label]
+
+    def settle(self) -> None:
+        """Wait for the pending snapshot, keeping its error for ``close``."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def close(self) -> None:
+        """Wait for the pending snapshot; its error, if any, is raised here."""
+        self._wait()
 
 
 def has_snapshot(directory: Path, label: str) -> bool:
     return (directory / label / INDEX).exists()
 
 
+def _load(folder: Path, file: str, dtype: str | None, shape: list[int]) -> Any:
+    import numpy as np
+    import torch
+
+    if dtype is None:
+        return torch.load(folder / file, map_location="cpu", mmap=True, weights_only=True)
+    kind = getattr(torch, dtype)
+    if not (folder / file).stat().st_size:
+        return torch.empty(shape, dtype=kind)
+    # mmap, copy-on-write (never written): the file's pages are read as the comparison touches
+    # them, not copied first.
+    raw = np.memmap(folder / file, dtype=np.uint8, mode="c")
+    return torch.from_numpy(raw).view(kind).reshape(shape)
+
+
 def read_snapshot(directory: Path, label: str, device: Any) -> Iterator[tuple[str, Any]]:
     """(name, tensor on ``device`` or None) one at a time, in the order written. A missing
     snapshot yields nothing (the reference never reached that point)."""
-    import torch
-
     folder = directory / label
     if not (folder / INDEX).exists():
         return
-    for name, file in json.loads((folder / INDEX).read_text()):
+    for name, file, dtype, shape in json.loads((folder / INDEX).read_text()):
         if file is None:
             yield name, None
             continue
-        # mmap: the file's pages are read as the comparison touches them, not copied first.
-        tensor = torch.load(folder / file, map_location="cpu", mmap=True, weights_only=True)
-        yield name, tensor.to(device)
+        yield name, _load(folder, file, dtype, shape).to(device)
 
 
 def compare_snapshot(named: list[tuple[str, Any]], snapshots: Path, label: str, device: Any,

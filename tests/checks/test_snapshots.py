@@ -1,0 +1,133 @@
+"""The reference's snapshot files: every dtype and layout round-trips bit for bit, the index
+appears last, the background writer holds one pending copy and never loses a write error.
+
+- raw files round-trip float32/bfloat16/float16/int64/bool tensors, 0-d and empty ones and a
+  sparse gradient (torch.save fallback) exactly; a view writes only its own bytes;
+- ``SnapshotWriter`` copies at ``write`` (the caller may change its tensors at once), writes
+  ``index.json`` after every tensor file, waits for the pending write before the next copy,
+  and raises a failed write on the next call, naming the folder and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from conformance.checks import _snapshots
+from conformance.checks._snapshots import (
+    INDEX,
+    SnapshotWriter,
+    read_snapshot,
+    write_snapshot,
+)
+
+CPU = torch.device("cpu")
+
+
+def _tensors() -> list[tuple[str, torch.Tensor | None]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("f32", torch.randn(7, 5, generator=g)),
+        ("bf16", torch.randn(33, generator=g).to(torch.bfloat16)),
+        ("f16", torch.randn(2, 3, 4, generator=g).half()),
+        ("i64", torch.arange(-5, 6)),
+        ("bool", torch.tensor([True, False, True])),
+        ("scalar", torch.tensor(3.25)),
+        ("empty", torch.empty(0, 4)),
+        ("strided", torch.randn(6, 8, generator=g).t()),
+        ("sparse", torch.sparse_coo_tensor([[0, 2]], [1.5, -2.0], (4,))),
+        ("none", None),
+    ]
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    if a.is_sparse:
+        a, b = a.to_dense(), b.to_dense()
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def test_every_dtype_and_layout_round_trips_exactly(tmp_path):
+    named = _tensors()
+    norms = write_snapshot(tmp_path, "s", named)
+    read = list(read_snapshot(tmp_path, "s", CPU))
+    assert [n for n, _ in read] == [n for n, _ in named]
+    bad = [n for (n, a), (_, b) in zip(named, read) if not _same(a, b)]
+    assert bad == []
+    assert norms["f32"] == pytest.approx(float(named[0][1].double().norm()))  # type: ignore[union-attr]
+    assert norms["i64"] is None and norms["none"] is None
+    assert norms["sparse"] == pytest.approx(float(torch.tensor([1.5, -2.0]).double().norm()))
+
+
+def test_a_mismatch_is_not_hidden_by_the_format(tmp_path):
+    # The reader returns what was written, not something close: a changed element shows.
+    t = torch.randn(100)
+    write_snapshot(tmp_path, "s", [("w", t)])
+    changed = t.clone()
+    changed[17] += 1e-6
+    (_, got), = read_snapshot(tmp_path, "s", CPU)
+    assert torch.equal(got, t) and not torch.equal(got, changed)
+
+
+def test_the_writer_copies_at_write_and_publishes_the_index_last(tmp_path, monkeypatch):
+    order: list[str] = []
+    real = _snapshots._save
+
+    def spy(folder, i, tensor):  # type: ignore[no-untyped-def]
+        order.append(f"{i}:{(folder / INDEX).exists()}")
+        return real(folder, i, tensor)
+
+    monkeypatch.setattr(_snapshots, "_save", spy)
+    live = torch.ones(1000)
+    writer = SnapshotWriter(tmp_path)
+    writer.write("p0", [("w", live), ("b", None)])
+    live.add_(1.0)  # the next step moves the live tensor at once: the snapshot must not see it
+    assert writer.norms("p0")["w"] == pytest.approx(1000 ** 0.5)
+    writer.write("p0", [("w", live)])  # written again: the old index is gone before new files land
+    writer.close()
+    assert order == ["0:False", "0:False"]
+    (_, got), = read_snapshot(tmp_path, "p0", CPU)
+    assert torch.equal(got, torch.full((1000,), 2.0))
+    assert json.loads((tmp_path / "p0" / INDEX).read_text())[0][:2] == ["w", "0.bin"]
+
+
+def test_the_writer_holds_one_pending_snapshot(tmp_path, monkeypatch):
+    release = threading.Event()
+    real = _snapshots._write
+    started: list[str] = []
+
+    def slow(folder, named, *, copy):  # type: ignore[no-untyped-def]
+        started.append(folder.name)
+        assert release.wait(30)
+        return real(folder, named, copy=copy)
+
+    monkeypatch.setattr(_snapshots, "_write", slow)
+    writer = SnapshotWriter(tmp_path)
+    writer.write("a", [("w", torch.ones(3))])
+    blocked = threading.Thread(target=writer.write, args=("b", [("w", torch.zeros(3))]))
+    blocked.start()
+    blocked.join(0.3)
+    # The second write waits for the first: no second copy exists while one is pending.
+    assert blocked.is_alive() and started == ["a"]
+    release.set()
+    blocked.join(30)
+    writer.close()
+    assert started == ["a", "b"] and (tmp_path / "b" / INDEX).exists()
+
+
+def test_a_write_error_is_raised_by_the_next_call(tmp_path):
+    blocker = tmp_path / "x"
+    blocker.write_text("a file where the snapshot's folder should go")
+    writer = SnapshotWriter(blocker)
+    writer.write("p0", [("w", torch.ones(3))])
+    with pytest.raises(RuntimeError, match=r"writing the reference's snapshot to .*x failed: .*the "
+                                           r"check's temp dir must be writable"):
+        writer.close()
+    writer.close()  # reported once; the writer is usable again
+    writer.write("p1", [("w", torch.ones(3))])
+    with pytest.raises(RuntimeError, match="failed"):
+        writer.write("p2", [("w", torch.ones(3))])
