@@ -12,7 +12,6 @@ remains, goes into the record.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -36,22 +35,30 @@ def disable_dropout(model: Any) -> list[str]:
 
 
 def forward_is_random(model: Any, run: Callable[[Any], Any], *, device: Any = None) -> bool:
-    """Do two forwards of a copy of ``model`` under different seeds disagree?
+    """Do two forwards of ``model`` under different seeds disagree?
 
-    ``run(model)`` computes what the checks compare (the loss, or the outputs). On a copy and
-    under ``fork_rng``: neither the model's buffers nor the global generator of the real run
-    move.
+    ``run(model)`` computes what the checks compare (the loss, or the outputs). Under
+    ``no_grad`` and ``fork_rng``, with the buffers saved before and put back after (BatchNorm's
+    running statistics move in a training forward): neither the model's state nor the global
+    generator of the real run move. The buffers, not a deep copy of the model: a copy of every
+    parameter cost more than both forwards on a large model, and no_grad forwards leave the
+    parameters alone.
     """
     import torch
 
-    probe = copy.deepcopy(model)
+    saved = [(buf, buf.detach().clone()) for buf in model.buffers()]
     results = []
     # manual_seed seeds every device: fork the CUDA generator too, or the probe would move it.
     cuda = [device.index] if getattr(device, "type", "cpu") == "cuda" else []
-    with torch.random.fork_rng(devices=cuda), torch.no_grad():
-        for seed in (1, 2):
-            torch.manual_seed(seed)
-            results.append([t.detach().cpu().double() for t in _tensors(run(probe))])
+    try:
+        with torch.random.fork_rng(devices=cuda), torch.no_grad():
+            for seed in (1, 2):
+                torch.manual_seed(seed)
+                results.append([t.detach().cpu().double() for t in _tensors(run(model))])
+    finally:
+        with torch.no_grad():
+            for buf, value in saved:
+                buf.copy_(value)
     a, b = results
     # equal_nan: a forward that returns NaN twice is not random (it is non-finite, judged apart).
     return len(a) != len(b) or any(x.shape != y.shape or not torch.allclose(x, y, rtol=0, atol=0, equal_nan=True)

@@ -180,7 +180,11 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
                             plan.microbatches), rank_ctx.device)[0]
     dropout = disable_dropout(model)
     # After switching dropout off: what randomness is left cannot be made equal on both sides.
-    rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *first), device=rank_ctx.device)
+    # The reference probes a slice of its one microbatch of the N-rank run's microbatch size
+    # (norm_group): a size the target's forward runs at on the ranks, at 1/N of the whole
+    # batch's cost; the ranks probe their first microbatch.
+    probe = (first[0][:plan.norm_group], first[1][:plan.norm_group]) if writes and plan.norm_group else first
+    rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device)
     group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
     grouped = group_batchnorm(model, group)
     kwargs = effective_ddp_kwargs(target, plan.ddp_overrides)

@@ -56,3 +56,18 @@ def test_dropout_switched_off_and_randomness_detected():
 def test_first_nonfinite_names_the_tensor():
     assert first_nonfinite([("a", torch.ones(2)), ("b", torch.tensor([1.0, float("nan")]))]) == "b"
     assert first_nonfinite([("a", torch.ones(2)), ("c", None)]) is None
+
+
+def test_the_randomness_probe_moves_no_state_of_the_real_run():
+    # BatchNorm in training mode updates its running statistics in every forward: the probe
+    # puts them back, leaves the parameters and the global generator where they were.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    batch = torch.randn(8, 3, generator=torch.Generator().manual_seed(0))
+    assert not forward_is_random(model, lambda m: m(batch))
+    assert torch.equal(torch.rand(3), expected)
+    moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert moved == []
