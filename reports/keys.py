@@ -16,6 +16,9 @@ from __future__ import annotations
 # conformance/checks/_equivalence.py (gradient-equivalence, no-sync-equivalence), evidence.
 WARNINGS = "warnings"  # list[str]: a passed check that still has something to say
 BATCHNORM_PER_RANK = "batchnorm_per_rank_statistics"  # bool: plain BatchNorm, statistics per rank
+# dict: the measured noise floor, margin, bounds and observed differences (and a comm hook's
+# compression error against the uncompressed run), _floor.py / _compression.py
+NOISE_FLOOR = "noise_floor"
 
 # conformance/checks/_equivalence.py, measured hypotheses behind a gradient mismatch.
 DROPOUT_DISABLED = "dropout_disabled"  # evidence list[str]: dropout switched off in both runs
@@ -40,6 +43,15 @@ CULPRIT_RANK = "culprit_rank"  # int | None: the rank named as the cause
 BEST_BUCKET_CAP_MB = "best_bucket_cap_mb"  # float: the fastest cap of the sweep
 CONFIGURED_BUCKET_CAP_MB = "configured_bucket_cap_mb"  # float: the target's cap (25 when unset)
 
+# conformance/harness/remedies.py (written by conformance/checks/_checkpointing.py,
+# faults/checks/unused_parameters.py and faults/checks/bucket_config.py), evidence.
+REMEDIES = "remedies"  # list[{"change", "status", "evidence"}]: recommended changes re-run or not
+
+# conformance/checks/_compiled.py (the equivalence checks on a compiled target), evidence.
+COMPILED = "compiled"  # dict: form of torch.compile, backend, how ranks and reference ran, graphs
+GRAPH_BREAKS = "graph_breaks"  # list[{"where", "count", "reasons"}]: dynamo graph breaks in user code
+DDP_BUCKET_SPLITS = "ddp_bucket_splits"  # list[list[int]]: per rank, DDPOptimizer subgraphs per graph
+
 # conformance/perf/allreduce_bandwidth.py, metrics.
 CLIFF_WORLD_SIZE = "cliff_world_size"  # int | None: first projected world size that stops overlapping
 SIMULATOR_ERROR = "simulator_error"  # float: |predicted - measured| / measured step time
@@ -54,6 +66,7 @@ TREE_PEAK_RSS = "tree_peak_rss_bytes"  # int | None: peak RSS of supervisor + ra
 PRODUCERS: dict[str, tuple[str, ...]] = {
     WARNINGS: ("conformance.checks._equivalence",),
     BATCHNORM_PER_RANK: ("conformance.checks._equivalence",),
+    NOISE_FLOOR: ("conformance.checks._equivalence",),
     DROPOUT_DISABLED: ("conformance.checks._equivalence",),
     GRADIENT_FACTOR: ("conformance.checks._equivalence",),
     HYPOTHESES: ("conformance.checks._equivalence",),
@@ -67,6 +80,10 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     CULPRIT_RANK: ("faults.checks.straggler", "faults.checks.hang_detection"),
     BEST_BUCKET_CAP_MB: ("faults.checks.bucket_config",),
     CONFIGURED_BUCKET_CAP_MB: ("faults.checks.bucket_config",),
+    REMEDIES: ("conformance.harness.remedies", "conformance.checks._checkpointing"),
+    COMPILED: ("conformance.checks._compiled",),
+    GRAPH_BREAKS: ("conformance.checks._compiled",),
+    DDP_BUCKET_SPLITS: ("conformance.checks._compiled",),
     CLIFF_WORLD_SIZE: ("conformance.perf.allreduce_bandwidth",),
     SIMULATOR_ERROR: ("conformance.perf.allreduce_bandwidth",),
     MODEL_PARAMETERS: ("conformance.harness.resources",),

@@ -12,6 +12,11 @@ A *warning* is a passed check that still has something to say: a non-empty
 A failed or inconclusive check always gets advice (the refined one, else its rule's generic
 text); a passed one with warnings gets only refined advice that matches its evidence — the
 generic text of a failure would be wrong advice for a check that passed.
+
+Every recommendation also says whether it was tried (:func:`verification`): a check that
+re-ran the failing scenario with the recommended change lists the outcome under
+:data:`reports.keys.REMEDIES` ("verified fix", "did not fix"); advice nobody re-ran is
+"suggested, not verified".
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .keys import (
     CONFIGURED_BUCKET_CAP_MB,
     CULPRIT_RANK,
     FIND_UNUSED_TAX,
+    REMEDIES,
     UNUSED_TABLE,
     WARNINGS,
 )
@@ -201,3 +207,32 @@ def recommend(record: Any) -> str | None:
     if advice is None and status == "inconclusive":
         return NEXT_STEP
     return advice
+
+
+#: What a re-run with the recommended change showed (conformance/harness/remedies.py writes
+#: them): it passed the failed rule, it still failed it, or no re-run backs the advice.
+VERIFIED, DID_NOT_FIX, NOT_VERIFIED = "verified fix", "did not fix", "suggested, not verified"
+_CHANGE, _STATUS = "change", "status"  # the fields of one remedy entry
+
+
+def remedies_of(record: Any) -> list[Mapping[str, Any]]:
+    """The record's re-run remedies (:data:`reports.keys.REMEDIES`), malformed entries dropped."""
+    value = _mapping(as_dict(record).get("evidence")).get(REMEDIES)
+    if not isinstance(value, (list, tuple)):
+        return []
+    # The entry's own fields (conformance/harness/remedies.py, Remedy.to_json), not evidence keys.
+    return [r for r in value if isinstance(r, Mapping) and isinstance(r.get(_CHANGE), str)
+            and isinstance(r.get(_STATUS), str)]
+
+
+def verification(record: Any) -> str | None:
+    """One line saying whether the record's recommendation was verified by a re-run.
+
+    ``"verified fix: static_graph=True; did not fix: bucket_cap_mb=5"`` when the check re-ran
+    its failing scenario with the changes; ``"suggested, not verified"`` for advice that no
+    re-run backs; None when there is no recommendation at all.
+    """
+    tried = remedies_of(record)
+    if tried:
+        return "; ".join(f"{r[_STATUS]}: {r[_CHANGE]}" for r in tried)
+    return NOT_VERIFIED if recommend(record) else None

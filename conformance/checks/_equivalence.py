@@ -494,8 +494,9 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
     return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)
 
 
-def world_error_outcome(exc: Exception, what: str) -> Outcome:
-    """A DDP run that raised or hung on the target is a failed check, with every rank's story."""
+def world_error_outcome(exc: Exception, what: str, *, ctx: CheckContext | None = None) -> Outcome:
+    """A DDP run that raised or hung on the target is a failed check, with every rank's story;
+    with ``ctx``, a known DDP error is named and its remedies re-run (``_checkpointing``)."""
     if isinstance(exc, WorldHang):
         return Outcome.failed(
             f"{what} hung: ranks {exc.stuck_ranks} did not finish within the deadline",
@@ -513,7 +514,12 @@ def world_error_outcome(exc: Exception, what: str) -> Outcome:
     first = ((str(culprit.rank), culprit.error.describe()) if culprit is not None and culprit.error
              else next(iter(errors.items()), ("?", str(exc))))
     verb = "failed" if culprit is not None and culprit.error and culprit.error.kind == "died" else "raised"
-    return Outcome.failed(
+    outcome = Outcome.failed(
         f"{what} {verb} on rank {first[0]}: {first[1].splitlines()[0][:300]}",
         metrics={"key_figure": "DDP step raised", "failed_ranks": exc.failed_ranks},
         evidence={"rank_errors": errors, "tracebacks": traces})
+    if ctx is None:
+        return outcome
+    from ._checkpointing import name_checkpointing  # imports _recorded: only when a run raised
+
+    return name_checkpointing(ctx, exc, outcome)

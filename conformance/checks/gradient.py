@@ -44,7 +44,7 @@ def run(ctx: CheckContext) -> Outcome:
     try:
         eq = run_equivalence(ctx, microbatches=1, steps=STEPS)
     except (RankFailure, WorldHang) as exc:
-        return world_error_outcome(exc, "the DDP training step")
+        return world_error_outcome(exc, "the DDP training step", ctx=ctx)
     verdict = judge(eq, what="the DDP step",
                     recommendation="the loss must be a mean over the local samples (DDP averages "
                                    "gradients over ranks: do not multiply by the world size); call "

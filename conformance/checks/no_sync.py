@@ -59,7 +59,7 @@ def run(ctx: CheckContext) -> Outcome:
     try:
         eq = run_equivalence(ctx, microbatches=k, steps=STEPS)
     except (RankFailure, WorldHang) as exc:
-        return world_error_outcome(exc, f"the accumulation step (K={k})")
+        return world_error_outcome(exc, f"the accumulation step (K={k})", ctx=ctx)
     rounds = [r["allreduce_rounds"] for r in eq.ranks]  # [rank][step]
     calls = [r["allreduce_calls"] for r in eq.ranks]
     forwards = [r["inner_forwards"] for r in eq.ranks]

@@ -1,0 +1,277 @@
+"""Reentrant activation checkpointing under DDP: the classic failure, named, its remedies re-run.
+
+Contract (DDP docstring and ``torch.utils.checkpoint``): DDP expects each parameter's gradient
+to be reported ready once per backward. ``checkpoint(fn, x, use_reentrant=True)`` runs ``fn``'s
+forward under ``no_grad`` and recomputes it in a nested backward pass of its own. Two
+configurations then report a parameter twice and DDP raises "Expected to mark a variable ready
+only once" (measured on torch 2.13, 2 gloo ranks):
+
+- ``find_unused_parameters=True``: at the end of forward DDP searches the autograd graph, in
+  which the checkpointed block's parameters do not appear (their forward ran without grad),
+  marks them ready as unused, and the recomputation in backward marks them ready again;
+- a parameter used in several reentrant checkpoint calls of one forward (a block applied twice,
+  ALBERT-style): each call's nested backward reports it once.
+
+When an equivalence check's DDP run raises that error, :func:`name_checkpointing` probes the
+target without DDP (``checkpoint`` calls recorded: which modules, reentrant or not, how often)
+and names the cause only when the probe saw reentrant checkpointing. It then re-runs the
+failing step in the sandbox with each documented remedy (``conformance.harness.remedies``):
+
+- ``static_graph=True`` (a ddp_kwargs override: DDP learns the graph once and tolerates the
+  reentrant backward);
+- ``use_reentrant=False`` (every reentrant checkpoint call of the target forced non-reentrant in
+  the rank processes, :func:`forced_nonreentrant`, whichever way the target imported it);
+
+each a short run of the target's own ``train_step`` under DDP against its single-process
+reference: "verified fix" when it completes on every rank and matches the reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from reports.keys import REMEDIES
+
+from ..harness.context import CheckContext
+from ..harness.outcome import Outcome
+from ..harness.remedies import Remedy, Rerun, to_json, verify
+from ..harness.world import RankFailure, WorldHang
+from ._recorded import RunPlan, run_recorded
+
+#: DDP's error text for a parameter reported ready twice in one backward (torch 2.13).
+MARKED_TWICE = "Expected to mark a variable ready only once"
+#: Steps of a remedy's re-run: the first builds DDP's buckets, the second runs the rebuilt ones
+#: (static_graph's own graph bookkeeping happens in the first; the error, if any, in either).
+REMEDY_STEPS = 2
+#: Evidence key of the probe's findings (read by no report rule: shown as evidence).
+CHECKPOINTING = "reentrant_checkpointing"
+#: Modules named in the message; the evidence lists them all.
+NAMED_MODULES = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A remedy to re-run: DDP constructor overrides and/or checkpoint calls forced non-reentrant."""
+
+    change: str
+    overrides: dict[str, object] = field(default_factory=dict)
+    nonreentrant: bool = False
+
+
+#: The documented remedies, each re-run on the failing target (in this order).
+CANDIDATES: tuple[Candidate, ...] = (Candidate("static_graph=True", {"static_graph": True}),
+                                     Candidate("use_reentrant=False", nonreentrant=True))
+
+
+# -- rank side ---------------------------------------------------------------------------
+
+
+def _callable_name(fn: Any, names: dict[int, str]) -> str:
+    """The module a checkpointed function belongs to (``blocks.0``), else its qualified name."""
+    from torch import nn
+
+    fn = getattr(fn, "func", fn)  # functools.partial
+    owner = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", None)
+    if isinstance(owner, nn.Module) and id(owner) in names:
+        return names[id(owner)] or "<the model>"
+    return str(getattr(fn, "__qualname__", type(fn).__name__))
+
+
+@contextlib.contextmanager
+def recorded_checkpoints(model: Any) -> Iterator[dict[str, dict[str, int]]]:
+    """Record every ``torch.utils.checkpoint`` call made inside the block: per kind
+    (``reentrant``, ``non_reentrant``), how many calls each module (by its name in ``model``)
+    made. The two implementations are patched, not ``checkpoint`` itself: a target that did
+    ``from torch.utils.checkpoint import checkpoint`` holds its own reference to that."""
+    import torch.utils.checkpoint as cp
+
+    names = {id(m): n for n, m in model.named_modules()}
+    seen: dict[str, dict[str, int]] = {"reentrant": {}, "non_reentrant": {}}
+    function_cls = cp.CheckpointFunction
+    own_apply = function_cls.__dict__.get("apply")
+    inherited_apply = function_cls.apply
+    generator = cp._checkpoint_without_reentrant_generator
+
+    def count(kind: str, fn: Any) -> None:
+        name = _callable_name(fn, names)
+        seen[kind][name] = seen[kind].get(name, 0) + 1
+
+    def reentrant(function: Any, preserve: Any, *args: Any) -> Any:
+        count("reentrant", function)
+        return inherited_apply(function, preserve, *args)
+
+    def non_reentrant(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        count("non_reentrant", fn)
+        return generator(fn, *args, **kwargs)
+
+    function_cls.apply = staticmethod(reentrant)  # type: ignore[method-assign]
+    cp._checkpoint_without_reentrant_generator = non_reentrant
+    try:
+        yield seen
+    finally:
+        # Restored whatever happens: the rank process is persistent and serves later checks.
+        _restore_apply(function_cls, own_apply)
+        cp._checkpoint_without_reentrant_generator = generator
+
+
+def _restore_apply(function_cls: Any, own_apply: Any) -> None:
+    if own_apply is None:
+        delattr(function_cls, "apply")  # back to autograd.Function's inherited classmethod
+    else:
+        function_cls.apply = own_apply
+
+
+@contextlib.contextmanager
+def forced_nonreentrant() -> Iterator[None]:
+    """Every reentrant checkpoint call inside the block runs non-reentrant instead (the
+    ``use_reentrant=False`` remedy, applied without editing the target's source)."""
+    import torch.utils.checkpoint as cp
+
+    function_cls = cp.CheckpointFunction
+    own_apply = function_cls.__dict__.get("apply")
+
+    def as_non_reentrant(function: Any, preserve: Any, *args: Any) -> Any:
+        return cp.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=preserve)
+
+    function_cls.apply = staticmethod(as_non_reentrant)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        _restore_apply(function_cls, own_apply)
+
+
+def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, dict[str, int]]:
+    """One forward and backward of the target's model, without DDP (nothing can raise DDP's
+    error here), on ``rows`` rows of its first global batch; the checkpoint calls it made."""
+    from ..harness.ddp import MODEL_SEED, build_model, global_batch
+    from ..harness.targets import load_target
+
+    target = load_target(spec)
+    model = build_model(target, rank_ctx.device, seed=MODEL_SEED)
+    model.train()
+    inputs, targets = global_batch(target, rows, seed=MODEL_SEED)
+    with recorded_checkpoints(model) as seen:
+        target.compute_loss(model, inputs.to(rank_ctx.device), targets.to(rank_ctx.device)).backward()
+    return seen
+
+
+def run_remedied(rank_ctx: Any, plan: RunPlan, nonreentrant: bool) -> dict[str, Any]:
+    """``run_recorded`` with every reentrant checkpoint forced non-reentrant when asked."""
+    with forced_nonreentrant() if nonreentrant else contextlib.nullcontext():
+        return run_recorded(rank_ctx, plan)
+
+
+# -- supervisor side ---------------------------------------------------------------------
+
+
+def _first_line(exc: Exception) -> str:
+    if isinstance(exc, RankFailure):
+        for r in exc.results:
+            if r.error is not None:
+                return r.error.describe().splitlines()[0][:300]
+    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+
+
+def rerun(ctx: CheckContext, *, overrides: dict[str, object], nonreentrant: bool) -> Rerun:
+    """The failing DDP step again, with the remedy: reference on the 1-rank world, the ranks
+    comparing against it, ``REMEDY_STEPS`` steps. Fixed: every rank completed and matched."""
+    n = ctx.world_size
+    batch = ctx.target.batch_size_for(n, 1)
+    plan = RunPlan(target_spec=ctx.target.spec, global_batch=batch, microbatches=1, steps=REMEDY_STEPS,
+                   norm_group=batch // n, ddp_overrides=dict(overrides))
+    folder = Path(tempfile.mkdtemp(prefix="remedy-", dir=ctx.tmpdir))
+    try:
+        ref_plan = replace(plan, count_allreduce=False, role="reference", snapshots=str(folder))
+        # Both calls carry the check's deadline: a remedy that turns the error into a hang
+        # must become "did not fix", never a stuck check.
+        ctx.world(world_size=1).run(run_remedied, ref_plan, nonreentrant, deadline=ctx.deadline)
+        values = [r.value for r in ctx.world().run(run_remedied, replace(plan, snapshots=str(folder)),
+                                                   nonreentrant, deadline=ctx.deadline)]
+    except (RankFailure, WorldHang) as exc:
+        return Rerun(False, {"completed": False, "error": _first_line(exc)})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    diffs = [c.diff for v in values for c in (v.get("grads0") or [])]
+    diffs += [c.diff for v in values for step in (v.get("params") or []) for c in step]
+    bad = sorted({d.name for d in diffs if not d.ok})
+    nonfinite = [v["nonfinite"] for v in values if v.get("nonfinite")]
+    evidence = {"completed": True, "ranks": n, "steps": REMEDY_STEPS, "tensors_compared": len(diffs),
+                "worst_ratio_to_tolerance": round(max((d.ratio for d in diffs), default=0.0), 4),
+                "differ_from_reference": bad[:20], "nonfinite": nonfinite[:1]}
+    return Rerun(bool(diffs) and not bad and not nonfinite, evidence)
+
+
+def _remedy_text(remedy: Remedy) -> str:
+    ev = remedy.evidence
+    if remedy.verified:
+        return (f"{remedy.change}: verified fix ({ev.get('steps')} steps completed on {ev.get('ranks')} "
+                f"ranks, {ev.get('tensors_compared')} gradients and parameters match the "
+                f"single-process reference)")
+    if ev.get("error"):
+        return f"{remedy.change}: {remedy.status} (the re-run raised again: {ev['error']})"
+    if ev.get("differ_from_reference"):
+        return (f"{remedy.change}: {remedy.status} (it completed, but {', '.join(ev['differ_from_reference'][:3])} "
+                f"differ from the single-process reference)")
+    return f"{remedy.change}: {remedy.status} ({ev.get('reason') or ev})"
+
+
+def _why(calls: dict[str, int], kwargs: dict[str, Any]) -> str:
+    repeated = {m: c for m, c in calls.items() if c > 1}
+    reasons = []
+    if kwargs.get("find_unused_parameters"):
+        reasons.append("find_unused_parameters=True searches the autograd graph at the end of forward, "
+                       "where a reentrant checkpoint hides its block's parameters (its forward ran under "
+                       "no_grad), so DDP marks them ready as unused and the recomputation in backward "
+                       "marks them ready again")
+    if repeated:
+        reasons.append("the parameters of " + ", ".join(f"{m} ({c} reentrant calls per forward)"
+                                                         for m, c in repeated.items())
+                       + " are reported once by each call's nested backward")
+    return "; ".join(reasons) or ("each reentrant checkpoint call reports its parameters' gradients "
+                                  "from a nested backward of its own")
+
+
+def name_checkpointing(ctx: CheckContext, exc: Exception, outcome: Outcome) -> Outcome:
+    """``outcome`` (the check's record of a DDP run that raised) with the cause named and the
+    remedies re-run, when the error is DDP's "marked ready twice" and the probe saw reentrant
+    checkpointing; otherwise ``outcome`` unchanged (no cause without a measurement)."""
+    if not isinstance(exc, RankFailure) or not any(
+            r.error is not None and MARKED_TWICE in r.error.describe() for r in exc.results):
+        return outcome
+    from ..harness.ddp import effective_ddp_kwargs
+
+    rows = ctx.target.batch_size_for(ctx.world_size, 1) // ctx.world_size
+    try:
+        calls = ctx.world(world_size=1).run(probe_rank, ctx.target.spec, rows, deadline=ctx.deadline)[0].value
+    except (RankFailure, WorldHang) as probe_error:
+        return replace(outcome, evidence={**outcome.evidence, CHECKPOINTING: {
+            "probe_error": _first_line(probe_error)}})
+    reentrant: dict[str, int] = calls["reentrant"]
+    if not reentrant:
+        return replace(outcome, evidence={**outcome.evidence, CHECKPOINTING: {"calls": calls}})
+    kwargs = effective_ddp_kwargs(ctx.target)
+    remedies = [verify(c.change, partial(rerun, ctx, overrides=c.overrides, nonreentrant=c.nonreentrant))
+                for c in CANDIDATES]
+    names = list(reentrant)
+    modules = ", ".join(names[:NAMED_MODULES]) + (f" (+{len(names) - NAMED_MODULES} more)"
+                                                   if len(names) > NAMED_MODULES else "")
+    message = (f"reentrant activation checkpointing in {modules} with ddp_kwargs {kwargs}: DDP marks a "
+               f"parameter ready twice (\"{MARKED_TWICE}\") — {_why(reentrant, kwargs)}. Re-run with "
+               + "; ".join(_remedy_text(r) for r in remedies))
+    fixes = [r.change for r in remedies if r.verified]
+    advice = ("call torch.utils.checkpoint.checkpoint(..., use_reentrant=False) (the non-reentrant "
+              "implementation reports each gradient once, and is PyTorch's recommended default), or set "
+              "static_graph=True in ddp_kwargs when the graph is the same every step")
+    recommendation = (f"{advice}; verified here by re-running the failing step: {', '.join(fixes)}"
+                      if fixes else f"{advice} (neither change made the re-run pass here: see the evidence)")
+    metrics = {**outcome.metrics, "key_figure": f"reentrant checkpointing: {len(reentrant)} module(s)"}
+    evidence = {**outcome.evidence, CHECKPOINTING: {"calls": calls, "ddp_kwargs": kwargs},
+                REMEDIES: to_json(remedies)}
+    return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)
