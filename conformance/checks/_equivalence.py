@@ -39,6 +39,7 @@ from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._compare import Compared, TensorDiff, fmt, worst
+from ._compiled import compile_evidence, compile_warnings
 from ._digests import DIGEST, Divergence, compared_by, first_divergence
 from ._hypotheses import Scale, scale_causes, scale_from
 from ._recorded import RunPlan, run_recorded
@@ -174,7 +175,10 @@ class Equivalence:
         if dropout:
             warnings.append(f"dropout ({', '.join(dropout)}) was switched off in both runs: random "
                             f"masks cannot match between N ranks and one process")
+        compiled = compile_evidence(self.ranks, self.reference)  # graph breaks, bucket splits
+        warnings.extend(compile_warnings(compiled))
         return {
+            **compiled,
             "compared": self.compared(),
             "first_step_gradients": [dict(d.to_json(), rank=self.grad_worst_rank.get(d.name))
                                      for d in self.grad_diffs],
@@ -380,7 +384,7 @@ def _reference_and_ranks(ctx: CheckContext, plan: RunPlan, group: int,
                          folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The reference writes its snapshots into ``folder``, then the N ranks compare against them."""
     ref_plan = replace(plan, microbatches=1, count_allreduce=False, norm_group=group,
-                       role="reference", snapshots=str(folder))
+                       role="reference", snapshots=str(folder), eager=True)
     # Both calls carry the check's deadline: a target whose step hangs under DDP (an unused
     # parameter with find_unused_parameters=False on some ranks) must become a verdict.
     ref = ctx.world(world_size=1).run(run_recorded, ref_plan, deadline=ctx.deadline)[0].value

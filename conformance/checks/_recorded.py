@@ -59,6 +59,7 @@ from ..harness.ddp import (
     wrap,
 )
 from ._compare import Compared
+from ._compiled import output_site, watch_compile
 from ._digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
 from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
 from ._normalisation import group_batchnorm, sizes_seen
@@ -94,6 +95,9 @@ class RunPlan:
     # "reference": write snapshots into ``snapshots``; "compare": compare against them there.
     role: str = "compare"
     snapshots: str = ""
+    # Every torch.compile'd region run eagerly (``_compiled``): the eager reference of a
+    # compiled target, so the N-rank difference is compiled vs eager DDP.
+    eager: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -268,7 +272,8 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         stack.callback(forwards.close)
         clip = ClipProbe.attach(inner, namespaces, observe=at_clip)
         stack.callback(clip.close)
-        stack.callback(inner.register_forward_hook(watch_output).remove)
+        stack.callback(output_site(ddp, inner).register_forward_hook(watch_output).remove)
+        compiled = stack.enter_context(watch_compile(ddp, inner, eager=plan.eager))
         for step in range(plan.steps):
             current["step"] = step
             batch = global_batch(target, plan.global_batch, seed=plan.seed + step)
@@ -346,4 +351,5 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         out["digests"] = digests
     out["nonfinite"] = nonfinite
     out["batchnorm_sizes_seen"] = sizes_seen(inner)
+    out["compile"] = compiled or None
     return out
