@@ -16,7 +16,9 @@ own flight-recorder view of the scenario's collectives (:mod:`faults._flight`).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -62,12 +64,18 @@ class Scenario:
     # A tighter supervisor deadline (seconds) than the check's, for a scenario whose stuck rank
     # nothing inside the world can release (timing.STALL_DEADLINE_S); None: the check's deadline.
     deadline_s: float | None = None
+    # A run_loop re-run with torch.distributed.algorithms.Join made a no-op context: the hang
+    # that Join prevents on uneven inputs, shown (hang-detection's target mode).
+    without_join: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"scenario kind={self.kind!r} is not one of {KINDS}")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise ValueError(f"deadline_s={self.deadline_s} must be positive seconds (or None)")
+        if self.without_join and self.kind != "run_loop":
+            raise ValueError(f"scenario {self.name!r}: without_join applies to a target's run_loop only "
+                             f"(kind 'run_loop'), not to kind {self.kind!r}")
         if self.kind == "run_loop" and self.fault is not None:
             raise ValueError(f"scenario {self.name!r}: a run_loop is the target's own code and offers "
                              f"no injection site; inject {self.fault.name} into a 'ddp' or "
@@ -85,12 +93,28 @@ class ScenarioResult:
     deadline: float
     timings: dict[int, dict[str, float]]
     flight: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank, from torch's recorder
+    # Per answering rank of a run_loop: training batches it ran (DDP forwards with grad) and
+    # Join contexts it entered.
+    loop: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def batches(self) -> dict[int, int]:
+        """Training batches per rank (every rank answered), else {}."""
+        counts = {r: v["batches"] for r, v in self.loop.items()}
+        return counts if len(counts) == len(self.states) else {}
+
+    def uneven(self) -> bool:
+        """Measured: the ranks ran different numbers of training batches."""
+        return len(set(self.batches().values())) > 1
+
+    def joins(self) -> int:
+        """Join contexts entered, the most of any rank."""
+        return max((v["joins"] for v in self.loop.values()), default=0)
 
 
 # -- rank side -----------------------------------------------------------------------------
 
 def _ddp_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog,
-              group: Any) -> None:
+              group: Any, stats: dict[str, int]) -> None:
     import torch
 
     from conformance.harness.ddp import PROBE_SEED, SCENARIO_DATA_SEED, rank_batch, wrap
@@ -117,7 +141,7 @@ def _ddp_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
 
 
 def _collectives(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog,
-                 group: Any) -> None:
+                 group: Any, stats: dict[str, int]) -> None:
     import torch
 
     for step in range(sc.steps):
@@ -129,8 +153,42 @@ def _collectives(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log
             tracker.all_reduce(site.tensor, tag=site.label, group=group, on_issue=site.on_issue)
 
 
+def _count_batches(model: Any, stats: dict[str, int]) -> None:
+    """Count this rank's training batches: forwards of the DDP model with grad enabled, the
+    ones whose backward all-reduces (evaluation under no_grad runs no collective)."""
+    import torch
+
+    def counted(module: Any, args: Any) -> None:
+        if module.training and torch.is_grad_enabled():
+            stats["batches"] += 1
+
+    model.register_forward_pre_hook(counted)
+
+
+@contextlib.contextmanager
+def _join_watched(stats: dict[str, int], *, disabled: bool) -> Iterator[None]:
+    """Join contexts counted for the block; with ``disabled`` each one is a no-op context (its
+    joinables never learn of it: DDP then runs as if Join were not there)."""
+    from torch.distributed.algorithms.join import Join
+
+    enter, exit_ = Join.__dict__["__enter__"], Join.__dict__["__exit__"]
+
+    def counted_enter(join: Any) -> Any:
+        stats["joins"] += 1
+        return None if disabled else enter(join)
+
+    def maybe_exit(join: Any, kind: Any, value: Any, tb: Any) -> Any:
+        return None if disabled else exit_(join, kind, value, tb)
+
+    Join.__enter__, Join.__exit__ = counted_enter, maybe_exit  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Join.__enter__, Join.__exit__ = enter, exit_  # type: ignore[method-assign]
+
+
 def _run_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog,
-              group: Any) -> None:
+              group: Any, stats: dict[str, int]) -> None:
     from conformance.harness.ddp import LoopContext
 
     from .vehicles import resolve
@@ -138,11 +196,18 @@ def _run_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
     target = resolve(sc.source, ctx.rank, log)
     scratch = Path(ctx.tmpdir) / f"run_loop-rank{ctx.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
+
+    def instrument(model: Any) -> None:
+        tracker.attach(model, group)
+        _count_batches(model, stats)
+
+    stats.update(batches=0, joins=0)
     loop = LoopContext(rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, steps=sc.steps,
                        tmpdir=scratch, ddp_kwargs={**target.ddp_kwargs, "process_group": group},
-                       on_wrap=lambda ddp: tracker.attach(ddp, group))
+                       on_wrap=instrument)
     # The user's own exception in their loop is a target error (exit 2 with its line).
-    call_target(target, "run_loop", target.run_loop, loop)
+    with _join_watched(stats, disabled=sc.without_join):
+        call_target(target, "run_loop", target.run_loop, loop)
 
 
 def _barrier_report(ctx: RankContext) -> str:
@@ -200,6 +265,7 @@ def scenario_rank(ctx: RankContext, sc: Scenario, log_dir: str) -> dict[str, Any
     # breaks this group only, and its timeout releases the blocked rank before the deadline.
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=SCENARIO_PG_TIMEOUT_S))
     state, text = "ok", ""
+    stats: dict[str, int] = {}  # a run_loop's batches and Join contexts, filled as it runs
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     # What torch itself saw this rank enter and complete, dumped while a collective is stuck
@@ -209,7 +275,7 @@ def scenario_rank(ctx: RankContext, sc: Scenario, log_dir: str) -> dict[str, Any
                                         after_s=FLIGHT_SNAPSHOT_AFTER_S)
     try:
         with snapshot:
-            body(ctx, sc, tracker, log, group)
+            body(ctx, sc, tracker, log, group, stats)
     except TargetError:
         raise  # the user's own code raised: exit 2 with its line, not a hang to diagnose
     except Exception as exc:
@@ -228,7 +294,7 @@ def scenario_rank(ctx: RankContext, sc: Scenario, log_dir: str) -> dict[str, Any
         pass
     timings["total_s"] = time.perf_counter() - t0
     return {"state": state, "text": text, "injections": log.items, "flight": flight,
-            "timings": {k: round(v, 3) for k, v in timings.items()}}
+            "timings": {k: round(v, 3) for k, v in timings.items()}, "loop": stats}
 
 
 # -- supervisor side -------------------------------------------------------------------------
@@ -273,9 +339,12 @@ def run_scenario(ctx: CheckContext, world: WorldLike, sc: Scenario, *, deadline:
     injections: list[Injection] = []
     timings: dict[int, dict[str, float]] = {}
     flight: dict[int, dict[str, Any]] = {}
+    loop: dict[int, dict[str, int]] = {}
     for r in results:
         if r.error is None:
             value = r.value or {}
+            if value.get("loop"):
+                loop[r.rank] = value["loop"]
             timings[r.rank] = value.get("timings", {})
             states.append(RankState(r.rank, value.get("state", "ok"), value.get("text", "")))
             injections += value.get("injections", [])
@@ -296,4 +365,4 @@ def run_scenario(ctx: CheckContext, world: WorldLike, sc: Scenario, *, deadline:
             states.append(RankState(r.rank, "raised", r.error.describe()))
     logs = read_logs(log_dir, len(results))
     diagnosis = diagnose_hang(logs, states, flight=flight)
-    return ScenarioResult(sc, diagnosis, latency, states, injections, stacks, deadline, timings, flight)
+    return ScenarioResult(sc, diagnosis, latency, states, injections, stacks, deadline, timings, flight, loop)

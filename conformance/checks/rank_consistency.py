@@ -50,10 +50,16 @@ from ..harness.ddp import (
     wrap,
 )
 from ..harness.outcome import Outcome
+from ..harness.timing import MIDRUN_PG_TIMEOUT_S
 from ..harness.world import RankFailure, WorldHang
 from ._equivalence import world_error_outcome
+from ._midrun import NO_STEPS, watch_loop
+from ._midrun import describe as describe_midrun
+from ._midrun import judge as judge_midrun
 
 STEPS = 3
+#: ``ctx.steps`` of the mid-run look's run_loop: as many as hang-detection gives it.
+LOOP_STEPS = 4
 
 
 def fingerprint(rank_ctx: Any, target_spec: str) -> list[tuple[str, str, tuple[int, ...], str]]:
@@ -217,10 +223,57 @@ def run(ctx: CheckContext) -> Outcome:
                     evidence={"structure": structure, "first_divergence": divergence,
                               "checkpoints": [p["when"] + f" ({p['kind']}s)" for p in per_rank[0]]},
                     recommendation=rec)
+    metrics = {"key_figure": f"{compared} tensor digests equal on {ctx.world_size} ranks",
+               "tensors_compared": compared, "checkpoints": len(per_rank[0])}
+    evidence = {"structure": structure, "checkpoints": [p["when"] + f" ({p['kind']}s)" for p in per_rank[0]]}
+    message = (f"identical structure ({len(prints[0])} tensors) and bit-identical parameters and buffers "
+               f"on {ctx.world_size} ranks at {len(per_rank[0])} checkpoints over {STEPS} steps")
+    if ctx.target.run_loop is not None:
+        return _with_midrun(ctx, message, metrics, evidence)
+    return Outcome.passed(message, metrics=metrics, evidence=evidence)
+
+
+def _with_midrun(ctx: CheckContext, message: str, metrics: dict[str, Any],
+                 evidence: dict[str, Any]) -> Outcome:
+    """The target's run_loop, digested at every optimizer step on every rank (``_midrun``).
+
+    In a fresh world with a short process-group timeout when the supervisor can start one: a
+    loop is the user's own code, it may hang (uneven inputs) or leave collectives pending in
+    the default group, and neither may reach the persistent world the other checks share.
+    """
+    try:
+        if ctx.new_world is None:  # --attach: the only world there is
+            results = [r.value for r in ctx.world().run(watch_loop, ctx.target.spec, LOOP_STEPS,
+                                                         deadline=ctx.deadline)]
+        else:
+            with ctx.fresh_world(pg_timeout=MIDRUN_PG_TIMEOUT_S) as world:
+                results = [r.value for r in world.run(watch_loop, ctx.target.spec, LOOP_STEPS,
+                                                      deadline=ctx.deadline)]
+    except (RankFailure, WorldHang) as exc:
+        return world_error_outcome(exc, "the target's run_loop")
+    found = judge_midrun(results)
+    evidence = {**evidence, "midrun": found.as_dict()}
+    metrics = {**metrics, "midrun_checkpoints": found.checkpoints}
+    if found.first is not None:
+        text, rec = describe_midrun(found)
+        where = found.first_parameter or found.first
+        return Outcome.failed(
+            text, metrics={**metrics, "key_figure": f"mid-run drift on rank {where.rank} at {where.label}",
+                           "first_divergence": where.as_dict()},
+            evidence=evidence, recommendation=rec)
+    if found.errors:
+        rank, error = next(iter(sorted(found.errors.items())))
+        return Outcome.inconclusive(
+            f"{message}; run_loop did not complete on rank {rank} ({error}): its ranks agreed at the "
+            f"{found.checkpoints} checkpoints before that, the rest was not compared (hang-detection "
+            f"diagnoses a loop that hangs)", metrics=metrics, evidence=evidence)
+    if found.checkpoints == 0:
+        return Outcome.passed(f"{message}; run_loop: {NO_STEPS} to compare mid-run", metrics=metrics,
+                              evidence=evidence)
+    steps = ", ".join(f"rank {r} {n}" for r, n in sorted(found.steps_per_rank.items()))
+    joins = f" in {found.join_blocks} Join block(s)" if found.join_blocks else ""
     return Outcome.passed(
-        f"identical structure ({len(prints[0])} tensors) and bit-identical parameters and buffers "
-        f"on {ctx.world_size} ranks at {len(per_rank[0])} checkpoints over {STEPS} steps",
-        metrics={"key_figure": f"{compared} tensor digests equal on {ctx.world_size} ranks",
-                 "tensors_compared": compared, "checkpoints": len(per_rank[0])},
-        evidence={"structure": structure,
-                  "checkpoints": [p["when"] + f" ({p['kind']}s)" for p in per_rank[0]]})
+        f"{message}; run_loop: parameters{' and GradScaler state' if found.scaled else ''} bit-identical "
+        f"across ranks at "
+        f"{found.checkpoints} checkpoints (every optimizer step{joins}; steps per rank: {steps})",
+        metrics=metrics, evidence=evidence)

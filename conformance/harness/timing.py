@@ -95,6 +95,13 @@ MISMATCH_PG_TIMEOUT_S = 5.0
 #: MLP and, after an abort, the peers' 5 s timeout, with room for a loaded host.
 MISMATCH_DEADLINE_CAP_S = 30.0
 
+#: The process-group timeout of the fresh world in which rank-consistency runs a target's
+#: run_loop with its mid-run digests (conformance/checks/_midrun.py): a loop that hangs (uneven
+#: inputs without Join) releases its ranks after this long instead of a deadline's share, and
+#: hang-detection is the check that diagnoses it. Ten seconds: a healthy loop's collective waits
+#: at most for a peer's step, milliseconds to a few seconds on a loaded CPU host.
+MIDRUN_PG_TIMEOUT_S = 10.0
+
 #: How long N spawned ranks (or a validation child) get to import torch and join. Not user
 #: code, so not under --deadline: on a loaded 2-core CI host a cold torch import takes
 #: several seconds per process, and N of them share the cores.

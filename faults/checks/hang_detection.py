@@ -41,7 +41,14 @@ from ..injectors import (
     StalledRank,
     UnevenBatches,
 )
-from ..scenarios import Scenario, ScenarioResult, run_scenarios
+from ..scenarios import (
+    Scenario,
+    ScenarioResult,
+    run_scenario,
+    run_scenarios,
+    scenario_deadline,
+    scenario_world,
+)
 from ..vehicles import VehicleSpec
 
 # The branch vehicle uses tiny buckets so the stuck bucket holds the aux head's parameters
@@ -161,6 +168,16 @@ RECOMMENDATIONS = {
 }
 
 
+def _batches_text(result: ScenarioResult) -> str:
+    return ", ".join(f"rank {r} {n}" for r, n in sorted(result.batches().items()))
+
+
+UNEVEN_RECOMMENDATION = ("The ranks run different numbers of batches (uneven inputs): wrap the loop in "
+                         "torch.distributed.algorithms.Join([model]) (and every other joinable, e.g. a "
+                         "ZeroRedundancyOptimizer), or give every rank the same number of batches "
+                         "(DistributedSampler pads or drops to equal shards).")
+
+
 def _target(ctx: CheckContext) -> Outcome:
     target = ctx.target
     kind = "run_loop" if target.run_loop is not None else "ddp"
@@ -168,18 +185,51 @@ def _target(ctx: CheckContext) -> Outcome:
     # branches diverge across ranks (an MBS of 1-2 is common in LLM training), while BatchNorm
     # still accepts them.
     scenario = Scenario(f"target-{kind}", kind, target.spec, None, steps=4, per_rank=2)
-    result = run_scenarios(ctx, [scenario])[0]
+    with scenario_world(ctx) as world:
+        result = run_scenario(ctx, world, scenario, deadline=scenario_deadline(ctx))
+        # Join over uneven inputs, measured (the ranks ran different numbers of batches): the
+        # same loop again with Join a no-op context shows the hang it prevents. Last in the
+        # world on purpose: the hang breaks the scenario's subgroup, and the world closes after.
+        without = None
+        if result.diagnosis.classification == "none" and result.joins() and result.uneven():
+            without = run_scenario(ctx, world, Scenario("target-run_loop-without-join", "run_loop", target.spec,
+                                                        steps=4, per_rank=2, without_join=True),
+                                   deadline=scenario_deadline(ctx))
     d = result.diagnosis
-    entry = _entry(result)
+    entry = {**_entry(result), "batches_per_rank": {str(r): n for r, n in result.batches().items()},
+             "join_contexts": result.joins()}
     source = "its run_loop" if kind == "run_loop" else "a default 4-step loop of its train_step (2 samples per rank)"
     metrics = {"key_figure": "no hang" if d.classification == "none"
                else f"{d.classification}: rank {d.culprit_rank} after {result.latency_s:.1f} s",
                "detection_latency_s": round(result.latency_s, 3), "classification": d.classification,
                CULPRIT_RANK: d.culprit_rank}
-    evidence = {"scenarios": [entry], "stacks": _stacks_excerpt(result)}
+    evidence: dict[str, Any] = {"scenarios": [entry], "stacks": _stacks_excerpt(result)}
     if d.classification == "none":
-        return Outcome.passed(f"{target.name}: {source} completed on every rank in "
-                              f"{result.latency_s:.1f} s; no hang", metrics=metrics, evidence=evidence)
-    return Outcome.failed(f"{target.name}: {source} did not complete -- {d.describe()} "
+        message = f"{target.name}: {source} completed on every rank in {result.latency_s:.1f} s; no hang"
+        if without is not None:
+            message += "; " + _join_shown(without, result, evidence)
+            metrics["key_figure"] = ("no hang; Join prevents one" if without.diagnosis.classification != "none"
+                                     else "no hang")
+        return Outcome.passed(message, metrics=metrics, evidence=evidence)
+    uneven = d.classification == "divergence" and result.uneven()
+    cause = (f" -- uneven inputs: the ranks ran different numbers of training batches ({_batches_text(result)})"
+             f"{' with no Join around the loop' if not result.joins() else ''}" if uneven else "")
+    return Outcome.failed(f"{target.name}: {source} did not complete{cause} -- {d.describe()} "
                           f"(detected after {result.latency_s:.1f} s)", metrics=metrics,
-                          evidence=evidence, recommendation=RECOMMENDATIONS[d.classification])
+                          evidence=evidence,
+                          recommendation=UNEVEN_RECOMMENDATION if uneven else RECOMMENDATIONS[d.classification])
+
+
+def _join_shown(without: ScenarioResult, result: ScenarioResult, evidence: dict[str, Any]) -> str:
+    """What the re-run with Join disabled showed, said and recorded."""
+    d = without.diagnosis
+    evidence["scenarios"].append({**_entry(without),
+                                  "batches_per_rank": {str(r): n for r, n in without.batches().items()}})
+    evidence["join"] = {"uneven_batches_per_rank": {str(r): n for r, n in result.batches().items()},
+                        "without_join": d.classification, "culprit_rank": d.culprit_rank,
+                        "collective": d.collective, "detection_latency_s": round(without.latency_s, 3)}
+    if d.classification == "none":
+        return (f"the ranks ran uneven numbers of batches ({_batches_text(result)}) inside Join, and "
+                f"the re-run with Join disabled completed too: Join was not needed for this loop")
+    return (f"uneven inputs ({_batches_text(result)} batches) are handled by Join: re-run with Join "
+            f"disabled, the loop hangs -- {d.describe()} (detected after {without.latency_s:.1f} s)")

@@ -1,0 +1,431 @@
+"""rank-consistency's mid-run look: digests at every optimizer step of the target's ``run_loop``.
+
+Why mid-run: ``torch.distributed.algorithms.Join`` broadcasts the model from the last rank to
+finish when it exits, so parameters that drifted apart *during* an epoch agree again at its end
+and a look after the loop sees nothing. The classic case is a GradScaler: only the ranks still
+training in Join's tail update their loss scale, the scales then differ in the next epoch, each
+rank unscales DDP's averaged gradient by its own scale, and the parameters part ways until the
+next Join re-syncs them.
+
+Rank side (:func:`watch_loop`, in a fresh world): the target's ``run_loop(ctx)`` runs with, for
+the loop's duration only,
+
+- a global optimizer step post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``:
+  every optimizer the loop creates, however it creates it);
+- ``GradScaler.step`` wrapped: a scaler's step is one checkpoint whether or not it ran the
+  optimizer (a step skipped on inf/NaN is a checkpoint too, marked skipped), and the scalers
+  the loop uses are found there;
+- ``Join.__enter__``/``__exit__`` wrapped: steps are counted per Join block, so ranks are
+  compared step i of block b against step i of block b (a rank that left Join early has fewer
+  steps in that block: the tail is compared among the ranks that ran it), and the state right
+  after Join's re-sync is a checkpoint of its own.
+
+At each checkpoint every rank digests the parameters of every model ``ctx.wrap`` returned and
+the state of every scaler seen (scale, growth tracker); only these digests travel.
+Supervisor side (:func:`judge`): the first checkpoint where ranks differ, what differed, and
+whether the end state agreed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: What a loop that never creates a checkpoint is told (nothing mid-run was compared).
+NO_STEPS = "run_loop took no optimizer step"
+
+
+# -- rank side --------------------------------------------------------------------------------
+
+def _clean(name: str) -> str:
+    """A parameter's name inside the user's model: without torch.compile's and DDP's prefixes."""
+    for prefix in ("_orig_mod.", "module."):
+        while name.startswith(prefix):
+            name = name[len(prefix):]
+    return name
+
+
+class _Recorder:
+    """This rank's checkpoints, in order. Mutable by nature: the hooks append as the loop runs."""
+
+    def __init__(self, models: list[Any]) -> None:
+        self.models = models  # the LoopContext's list: filled by ctx.wrap as the loop wraps
+        self.points: list[dict[str, Any]] = []
+        self.scalers: list[Any] = []
+        self.optimizers: list[Any] = []
+        self.block = 0  # odd: inside Join block (block + 1) // 2; even: outside any Join
+        self.join_depth = 0
+        self.in_block = 0
+        self.rank_step = 0
+        self.scaler_depth = 0
+        self.scaler_stepped = False
+
+    def _params(self) -> dict[str, str]:
+        from ..harness.ddp import tensor_digest
+
+        out: dict[str, str] = {}
+        if self.models:
+            for i, model in enumerate(self.models):
+                prefix = f"model{i}." if len(self.models) > 1 else ""
+                for name, p in model.named_parameters():
+                    out[prefix + _clean(name)] = tensor_digest(p)
+            return out
+        # A loop that wrapped outside ctx.wrap: the optimizers' parameters, by position.
+        for o, opt in enumerate(self.optimizers):
+            for g, group in enumerate(opt.param_groups):
+                for i, p in enumerate(group["params"]):
+                    out[f"optimizer{o}.param_groups[{g}][{i}]"] = tensor_digest(p)
+        return out
+
+    def _scaler_states(self) -> list[dict[str, Any]]:
+        return [{"scale": float(s.get_scale()), "growth_tracker": int(s._get_growth_tracker())}
+                for s in self.scalers if s.is_enabled()]
+
+    def record(self, kind: str, *, skipped: bool | None = None) -> None:
+        point = {"kind": kind, "block": self.block, "index": self.in_block if kind == "step" else None,
+                 "rank_step": self.rank_step, "params": self._params(), "scalers": self._scaler_states(),
+                 "skipped": skipped}
+        self.points.append(point)
+        if kind == "step":
+            self.in_block += 1
+            self.rank_step += 1
+
+    def _new_block(self) -> None:
+        self.block += 1
+        self.in_block = 0
+
+    # -- the hooks --
+    def optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if optimizer not in self.optimizers:
+            self.optimizers.append(optimizer)
+        if self.scaler_depth:
+            self.scaler_stepped = True  # the scaler's step is the checkpoint
+            return
+        self.record("step")
+
+    def scaler_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        recorder = self
+
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if scaler not in recorder.scalers:
+                recorder.scalers.append(scaler)
+            recorder.scaler_depth += 1
+            recorder.scaler_stepped = False
+            try:
+                out = original(scaler, optimizer, *args, **kwargs)
+            finally:
+                recorder.scaler_depth -= 1
+            if optimizer not in recorder.optimizers:
+                recorder.optimizers.append(optimizer)
+            # Recorded before update(): the scale this step's gradients were multiplied by.
+            recorder.record("step", skipped=not recorder.scaler_stepped)
+            return out
+
+        return step
+
+    def join_enter(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        recorder = self
+
+        def enter(join: Any) -> Any:
+            out = original(join)
+            recorder.join_depth += 1
+            if recorder.join_depth == 1:
+                recorder._new_block()
+            return out
+
+        return enter
+
+    def join_exit(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        recorder = self
+
+        def exit_(join: Any, kind: Any, value: Any, tb: Any) -> Any:
+            # Join's exit shadows the peers' collectives until every rank is done, then
+            # re-syncs the model: the checkpoint is taken after it.
+            out = original(join, kind, value, tb)
+            recorder.join_depth -= 1
+            if recorder.join_depth == 0 and kind is None:
+                recorder.record("join-exit")
+                recorder._new_block()
+            return out
+
+        return exit_
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """``owner.name`` replaced by ``make(original)`` for the block, put back whatever happens."""
+    original = owner.__dict__[name]
+    setattr(owner, name, make(original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def watching(recorder: _Recorder) -> Iterator[None]:
+    """The recorder's hooks installed for the block: a global optimizer step post-hook,
+    GradScaler.step and Join's enter/exit wrapped (at class level: the loop creates its own)."""
+    from torch.amp.grad_scaler import GradScaler
+    from torch.distributed.algorithms.join import Join
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    handle = register_optimizer_step_post_hook(recorder.optimizer_stepped)
+    try:
+        with _replaced(GradScaler, "step", recorder.scaler_step), \
+                _replaced(Join, "__enter__", recorder.join_enter), \
+                _replaced(Join, "__exit__", recorder.join_exit):
+            yield
+    finally:
+        handle.remove()
+
+
+def watch_loop(rank_ctx: Any, target_spec: str, steps: int) -> dict[str, Any]:
+    """Run the target's ``run_loop`` on this rank with the recorder's hooks; return the digests.
+
+    The world this runs in is fresh with a short process-group timeout (rank_consistency): a
+    loop that hangs releases its ranks by that timeout, and whatever it left pending in the
+    default group dies with the world. The user's own exception is a TargetError (exit 2);
+    any other (a collective's timeout, DDP's own error) comes back as data with the
+    checkpoints taken before it.
+    """
+    from ..harness.ddp import LoopContext, disable_tf32, effective_ddp_kwargs
+    from ..harness.target_calls import one_line
+    from ..harness.targets import TargetError, call_target, load_target
+
+    disable_tf32()
+    target = load_target(target_spec)
+    scratch = Path(rank_ctx.tmpdir) / f"midrun-rank{rank_ctx.rank}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    loop = LoopContext(rank=rank_ctx.rank, world_size=rank_ctx.world_size, device=rank_ctx.device,
+                       steps=steps, tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target))
+    if hasattr(loop, "target"):
+        loop.target = target  # its configure_ddp runs on every model ctx.wrap returns
+    if target.run_loop is None:
+        raise ValueError(f"target {target.name!r} defines no run_loop: there is no loop to watch")
+    recorder = _Recorder(loop.models)
+    error = None
+    try:
+        with watching(recorder):
+            call_target(target, "run_loop", target.run_loop, loop)
+    except TargetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- reported with the checkpoints before it, not a crash
+        error = one_line(exc)[:400]
+    else:
+        recorder.record("end")
+    return {"points": recorder.points, "error": error}
+
+
+# -- supervisor side --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Difference:
+    """The first checkpoint at which some rank differs from the lowest rank that reached it."""
+
+    label: str
+    kind: str  # "step" | "join-exit" | "end"
+    rank: int  # the differing rank
+    reference_rank: int
+    parameter: str | None  # the first differing parameter (registration order), if any
+    scales: dict[int, float] | None  # per rank, when a scaler's state differs
+    growth_trackers: dict[int, int] | None
+    skipped: dict[int, bool] | None  # per rank, for a scaler's step
+    rank_steps: dict[int, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"when": self.label, "kind": self.kind, "rank": self.rank,
+                "reference_rank": self.reference_rank, "parameter": self.parameter,
+                "scales": _keyed(self.scales), "growth_trackers": _keyed(self.growth_trackers),
+                "skipped": _keyed(self.skipped), "rank_steps": _keyed(self.rank_steps)}
+
+
+def _keyed(values: dict[int, Any] | None) -> dict[str, Any] | None:
+    return None if values is None else {str(k): v for k, v in sorted(values.items())}
+
+
+@dataclass(frozen=True)
+class MidRun:
+    """What the mid-run look found, for the record."""
+
+    checkpoints: int  # checkpoints compared across at least two ranks
+    steps_per_rank: dict[int, int]
+    join_blocks: int
+    first: Difference | None  # the first difference of any kind
+    first_parameter: Difference | None  # the first checkpoint where parameters differ
+    end_params_agree: bool | None  # after run_loop (None: some rank has no end: it raised)
+    end_scalers_agree: bool | None
+    errors: dict[int, str] = field(default_factory=dict)
+    #: Per rank, the checkpoints at which its GradScaler skipped the step (inf/NaN gradients).
+    skipped: dict[int, list[str]] = field(default_factory=dict)
+    scaled: bool = False  # a GradScaler (enabled) was seen on some rank
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"checkpoints_compared": self.checkpoints, "join_blocks": self.join_blocks,
+                "steps_per_rank": _keyed(self.steps_per_rank),
+                "first_difference": None if self.first is None else self.first.as_dict(),
+                "first_parameter_difference": (None if self.first_parameter is None
+                                               else self.first_parameter.as_dict()),
+                "end_parameters_agree": self.end_params_agree,
+                "end_scalers_agree": self.end_scalers_agree, "errors": _keyed(self.errors) or {},
+                "skipped_steps": _keyed(self.skipped) or {}, "grad_scaler": self.scaled}
+
+
+def _block_label(block: int, has_join: bool) -> str:
+    if block % 2:
+        return f"Join block {(block + 1) // 2}"
+    if not has_join:
+        return ""
+    return "before the first Join" if block == 0 else f"after Join block {block // 2}"
+
+
+def _label(point: dict[str, Any], has_join: bool) -> str:
+    where = _block_label(point["block"], has_join)
+    if point["kind"] == "step":
+        return f"optimizer step {point['index']}" + (f" of {where}" if where.startswith("Join")
+                                                     else f" ({where})" if where else "")
+    if point["kind"] == "join-exit":
+        return f"the exit of {where} (after its re-sync)"
+    return "the end of run_loop"
+
+
+def _compare(points: dict[int, dict[str, Any]], has_join: bool) -> Difference | None:
+    ranks = sorted(points)
+    ref_rank = ranks[0]
+    ref = points[ref_rank]
+    for rank in ranks[1:]:
+        other = points[rank]
+        params_differ = other["params"] != ref["params"]
+        # Right after Join's exit only the model has been re-synced (by Join); the loop re-syncs
+        # its scaler, if it does, on the next lines. Scalers are compared at the steps and the end.
+        scalers_differ = other["scalers"] != ref["scalers"] and ref["kind"] != "join-exit"
+        if not (params_differ or scalers_differ):
+            continue
+        parameter = next((n for n in ref["params"] if other["params"].get(n) != ref["params"][n]),
+                         None) if params_differ else None
+        scales = trackers = None
+        if scalers_differ or any(p["scalers"] for p in points.values()):
+            scales = {r: p["scalers"][0]["scale"] for r, p in points.items() if p["scalers"]} or None
+            trackers = {r: p["scalers"][0]["growth_tracker"] for r, p in points.items() if p["scalers"]} or None
+        skipped = ({r: bool(p["skipped"]) for r, p in points.items()}
+                   if any(p["skipped"] is not None for p in points.values()) else None)
+        return Difference(_label(ref, has_join), ref["kind"], rank, ref_rank, parameter, scales, trackers,
+                          skipped, {r: p["rank_step"] for r, p in points.items()})
+    return None
+
+
+def _aligned(per_rank: dict[int, list[dict[str, Any]]]) -> Iterator[dict[int, dict[str, Any]]]:
+    """Checkpoints side by side, in loop order: step i of block b on every rank that has it,
+    then each Join's exit, then the end. A rank's tail steps (after its peers left Join) are
+    compared among the ranks that ran them."""
+    blocks = max((p["block"] for pts in per_rank.values() for p in pts), default=0)
+    for block in range(blocks + 1):
+        steps = {r: [p for p in pts if p["block"] == block and p["kind"] == "step"]
+                 for r, pts in per_rank.items()}
+        for i in range(max((len(s) for s in steps.values()), default=0)):
+            yield {r: s[i] for r, s in steps.items() if i < len(s)}
+        yield {r: p for r, pts in per_rank.items() for p in pts
+               if p["block"] == block and p["kind"] == "join-exit"}
+    yield {r: p for r, pts in per_rank.items() for p in pts if p["kind"] == "end"}
+
+
+def judge(results: list[dict[str, Any]]) -> MidRun:
+    """Compare the ranks' checkpoints (``watch_loop``'s answers, in rank order)."""
+    per_rank = {r: res["points"] for r, res in enumerate(results)}
+    errors = {r: res["error"] for r, res in enumerate(results) if res.get("error")}
+    has_join = any(p["kind"] == "join-exit" or p["block"] for pts in per_rank.values() for p in pts)
+    compared = 0
+    first = first_parameter = None
+    end_params: bool | None = None
+    end_scalers: bool | None = None
+    for group in _aligned(per_rank):
+        if len(group) < 2:
+            continue
+        compared += 1
+        diff = _compare(group, has_join)
+        if diff is not None and diff.parameter is not None and first_parameter is None:
+            first_parameter = diff
+        if diff is not None and first is None:
+            first = diff
+        if next(iter(group.values()))["kind"] == "end" and len(group) == len(results):
+            ends = list(group.values())
+            end_params = all(p["params"] == ends[0]["params"] for p in ends)
+            end_scalers = all(p["scalers"] == ends[0]["scalers"] for p in ends)
+    steps = {r: sum(p["kind"] == "step" for p in pts) for r, pts in per_rank.items()}
+    blocks = max((p["block"] for pts in per_rank.values() for p in pts), default=0)
+    skipped = {r: [_label(p, has_join) for p in pts if p["skipped"]] for r, pts in per_rank.items()}
+    return MidRun(compared, steps, (blocks + 1) // 2, first, first_parameter, end_params, end_scalers,
+                  errors, {r: s for r, s in skipped.items() if s},
+                  any(p["scalers"] for pts in per_rank.values() for p in pts))
+
+
+def _scales_text(d: Difference) -> str:
+    if not d.scales:
+        return ""
+    scales = ", ".join(f"rank {r} {_number(s)}" for r, s in sorted(d.scales.items()))
+    text = f"loss scales {scales}"
+    if d.growth_trackers and len(set(d.growth_trackers.values())) > 1:
+        text += ", growth trackers " + ", ".join(f"rank {r} {t}" for r, t in sorted(d.growth_trackers.items()))
+    if d.skipped and len(set(d.skipped.values())) > 1:
+        text += "; skipped the step (inf/NaN): " + ", ".join(
+            f"rank {r} {'yes' if s else 'no'}" for r, s in sorted(d.skipped.items()))
+    return text
+
+
+def _number(value: float) -> str:
+    if value > 0 and math.log2(value).is_integer():
+        return f"{value:g} (2^{int(math.log2(value))})"
+    return f"{value:g}"
+
+
+def _steps_text(d: Difference) -> str:
+    if len(set(d.rank_steps.values())) < 2:
+        return ""
+    return " (" + ", ".join(f"rank {r}'s step {s}" for r, s in sorted(d.rank_steps.items())) + " of the loop)"
+
+
+def describe(found: MidRun) -> tuple[str, str]:
+    """The failure message and the recommendation for a mid-run difference."""
+    d = found.first
+    assert d is not None
+    shown = found.first_parameter or d
+    parts = []
+    if shown.parameter is not None:
+        parts.append(f"at {shown.label}{_steps_text(shown)} parameter {shown.parameter!r} differs between "
+                     f"rank {shown.reference_rank} and rank {shown.rank}")
+        scales = _scales_text(shown)
+        if scales:
+            parts[-1] += f"; {scales}"
+    if d is not shown or shown.parameter is None:
+        what = "the GradScaler state" if d.parameter is None else f"parameter {d.parameter!r}"
+        lead = "first " if parts else ""
+        text = f"{what} {lead}differs at {d.label}{_steps_text(d)} (rank {d.reference_rank} vs rank {d.rank})"
+        scales = _scales_text(d)
+        parts.append(text + (f": {scales}" if scales else ""))
+    if found.skipped and len({tuple(v) for v in found.skipped.values()} | ({()} if len(found.skipped) <
+                                                                           len(found.steps_per_rank) else set())) > 1:
+        parts.append("steps skipped on inf/NaN gradients differ: " + "; ".join(
+            f"rank {r} at {', '.join(labels)}" for r, labels in sorted(found.skipped.items())))
+    if found.end_params_agree and shown.parameter is not None and shown.kind != "end":
+        parts.append("at the end of run_loop the parameters agree again on every rank"
+                     + (" (Join re-synced the model at exit)" if found.join_blocks else "")
+                     + ", so a look at the model after the loop sees nothing")
+    message = "mid-run drift across ranks in run_loop: " + "; ".join(parts)
+    scaler_cause = d.parameter is None or (shown.scales is not None and len(set(shown.scales.values())) > 1)
+    if scaler_cause:
+        rec = ("Keep the GradScaler state identical on every rank: with Join over uneven inputs only the "
+               "ranks still training in Join's tail update their loss scale; after each Join load on every "
+               "rank the scaler state of the rank that ran the most batches (the one Join takes the model "
+               "from; all_gather_object the state_dicts), or give every rank the same number of batches")
+    elif found.join_blocks:
+        rec = ("Parameters differ while the scaler agrees: state outside the model advanced on some ranks "
+               "only (optimizer momentum or moments over Join's tail, a rank-dependent learning rate); "
+               "re-sync it after each Join or give every rank the same number of batches")
+    else:
+        rec = ("every backward that ends an accumulation window must synchronise, and nothing may change "
+               "parameters outside optimizer.step() on one rank only")
+    return message, rec

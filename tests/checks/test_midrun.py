@@ -1,0 +1,98 @@
+"""rank-consistency's mid-run judge (``conformance/checks/_midrun.py``) on hand-made checkpoints,
+no world: aligned per Join block (a rank's tail after its peers left Join is never compared
+with their next block), scalers not compared at Join's exit (the loop re-syncs them after it),
+and a difference named with its step, rank, parameter and scales."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.checks._midrun import describe, judge
+
+
+def point(kind: str, block: int, index: int | None, rank_step: int, w: str = "a", *, scale: float | None = 2.0 ** 16,
+          skipped: bool | None = False) -> dict[str, Any]:
+    return {"kind": kind, "block": block, "index": index, "rank_step": rank_step,
+            "params": {"0.weight": w, "0.bias": "b"},
+            "scalers": [] if scale is None else [{"scale": scale, "growth_tracker": 0}],
+            "skipped": skipped if kind == "step" else None}
+
+
+def join_run(*, second_block_w1: str = "c", scale1: float = 2.0 ** 18, end_w1: str = "e") -> list[dict[str, Any]]:
+    """Two ranks, two Join blocks: rank 0 runs 2 steps per block, rank 1 runs 3 (a tail)."""
+    rank0 = [point("step", 1, 0, 0), point("step", 1, 1, 1, "b1"), point("join-exit", 1, None, 2, "x",
+                                                                          scale=2.0 ** 18),
+             point("step", 3, 0, 2, "c", scale=2.0 ** 19), point("step", 3, 1, 3, "d", scale=2.0 ** 19),
+             point("join-exit", 3, None, 4, "e"), point("end", 4, None, 4, "e")]
+    rank1 = [point("step", 1, 0, 0), point("step", 1, 1, 1, "b1"), point("step", 1, 2, 2, "tail"),
+             point("join-exit", 1, None, 3, "x", scale=2.0 ** 19),
+             point("step", 3, 0, 3, second_block_w1, scale=scale1),
+             point("step", 3, 1, 4, "d", scale=scale1), point("step", 3, 2, 5, "tail2"),
+             point("join-exit", 3, None, 6, end_w1), point("end", 4, None, 6, end_w1)]
+    return [{"points": rank0, "error": None}, {"points": rank1, "error": None}]
+
+
+def test_tails_and_scalers_at_join_exit_are_no_false_alarm() -> None:
+    # Rank 1's tail steps have no partner; the scales differ right at Join's exit (before the
+    # loop re-syncs them) and agree from the next step on: nothing differs.
+    found = judge(join_run(scale1=2.0 ** 19))
+    assert found.first is None, found.first
+    assert found.checkpoints == 2 + 1 + 2 + 1 + 1  # two steps, exit, two steps, exit, end
+    assert found.join_blocks == 2 and found.steps_per_rank == {0: 4, 1: 6}
+    assert found.end_params_agree and found.end_scalers_agree
+
+
+def test_scale_drift_after_join_named_with_step_rank_parameter_and_scales() -> None:
+    found = judge(join_run(second_block_w1="c-drifted"))
+    assert found.first is not None and found.first_parameter is found.first
+    d = found.first
+    assert (d.label, d.rank, d.parameter) == ("optimizer step 0 of Join block 2", 1, "0.weight")
+    assert d.scales == {0: 2.0 ** 19, 1: 2.0 ** 18} and d.rank_steps == {0: 2, 1: 3}
+    assert found.end_params_agree is True
+    message, rec = describe(found)
+    assert message == ("mid-run drift across ranks in run_loop: at optimizer step 0 of Join block 2 (rank 0's "
+                       "step 2, rank 1's step 3 of the loop) parameter '0.weight' differs between rank 0 and "
+                       "rank 1; loss scales rank 0 524288 (2^19), rank 1 262144 (2^18); at the end of run_loop "
+                       "the parameters agree again on every rank (Join re-synced the model at exit), so a look "
+                       "at the model after the loop sees nothing")
+    assert "GradScaler state identical on every rank" in rec and "Join" in rec
+
+
+def test_scaler_state_alone_differing_at_a_step_fails() -> None:
+    found = judge(join_run(scale1=2.0 ** 20))
+    assert found.first is not None and found.first.parameter is None and found.first_parameter is None
+    message, _ = describe(found)
+    assert message.startswith("mid-run drift across ranks in run_loop: the GradScaler state differs at "
+                              "optimizer step 0 of Join block 2")
+    assert "rank 0 524288 (2^19), rank 1 1.04858e+06 (2^20)" in message
+
+
+def test_parameters_differing_at_the_end_only() -> None:
+    found = judge(join_run(end_w1="e-other", scale1=2.0 ** 19))
+    assert found.first is not None and found.first.kind == "join-exit" and found.first.parameter == "0.weight"
+    assert found.end_params_agree is False
+
+
+def test_skipped_steps_on_one_rank_only_are_named() -> None:
+    runs = join_run(second_block_w1="c-drifted")
+    runs[1]["points"][2]["skipped"] = True  # rank 1's tail step: inf/NaN gradients, skipped
+    found = judge(runs)
+    assert found.skipped == {1: ["optimizer step 2 of Join block 1"]}
+    assert "steps skipped on inf/NaN gradients differ: rank 1 at optimizer step 2 of Join block 1" in describe(found)[0]
+
+
+def test_a_loop_without_join_or_scaler_compares_every_step() -> None:
+    ranks = [{"points": [point("step", 0, i, i, f"w{i}", scale=None, skipped=None) for i in range(3)]
+              + [point("end", 0, None, 3, "w2", scale=None)], "error": None} for _ in range(2)]
+    assert judge(ranks).first is None and judge(ranks).checkpoints == 4
+    ranks[1]["points"][1]["params"] = {"0.weight": "w1", "0.bias": "other"}
+    found = judge(ranks)
+    assert found.first is not None and (found.first.label, found.first.parameter) == ("optimizer step 1", "0.bias")
+    assert found.first.scales is None
+
+
+def test_a_rank_that_raised_leaves_the_end_undecided() -> None:
+    runs = join_run()
+    runs[1] = {"points": runs[1]["points"][:3], "error": "RuntimeError: timed out"}
+    found = judge(runs)
+    assert found.errors == {1: "RuntimeError: timed out"} and found.end_params_agree is None

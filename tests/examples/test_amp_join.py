@@ -1,0 +1,84 @@
+"""examples/train_amp_join.py: fp16 + GradScaler + Join over uneven shards.
+
+rank-consistency's mid-run look passes the example (its scaler re-synced after each Join) and
+catches the variant without the re-sync at the first step after the drift, naming the rank,
+the parameter and both loss scales, although the parameters agree again at the end.
+
+hang-detection runs the example's loop to completion and re-runs it with Join disabled to show
+the hang Join prevents (rank 0, out of data, never enters the all-reduce rank 1 waits in); the
+variant without Join fails, its message naming the uneven inputs it measured and its advice Join.
+These two start a fresh world and wait out scenario timeouts: ~20-25 s each on 2 loaded cores."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conformance.harness.registry import BY_ID
+from faults.scenarios import Scenario
+
+from ._variants import EXAMPLES, variant
+
+WITHOUT_RESYNC = ("        _resync_scaler(scaler, len(batches))\n", "")
+
+
+def test_correct_scaler_resync_passes_mid_run(suite_session):
+    record, _ = suite_session.run_check(BY_ID["rank-consistency"], str(EXAMPLES / "train_amp_join.py"))
+    assert record.status == "passed", record.message
+    midrun = record.evidence["midrun"]
+    # Uneven shards (2 and 3 batches per epoch on ranks 0 and 1) in 2 Join blocks: the tails
+    # were run and not compared with the other rank's next block.
+    assert midrun["join_blocks"] == 2 and midrun["steps_per_rank"] == {"0": 4, "1": 6}
+    assert midrun["checkpoints_compared"] == 7 and midrun["end_parameters_agree"] is True
+    assert "GradScaler state bit-identical across ranks at 7 checkpoints" in record.message
+
+
+def test_scale_drift_hidden_by_join_is_caught_mid_run(suite_session, tmp_path):
+    target = variant(tmp_path, "train_amp_join.py", "no_resync", WITHOUT_RESYNC)
+    record, _ = suite_session.run_check(BY_ID["rank-consistency"], target)
+    assert record.status == "failed", record.message
+    assert re.search(r"^mid-run drift across ranks in run_loop: at optimizer step 0 of Join block 2 \(rank 0's "
+                     r"step 2, rank 1's step 3 of the loop\) parameter '0\.weight' differs between rank 0 and "
+                     r"rank 1; loss scales rank 0 \d+ \(2\^\d+\), rank 1 \d+ \(2\^\d+\)", record.message), record.message
+    assert "the parameters agree again on every rank (Join re-synced the model at exit)" in record.message
+    first = record.evidence["midrun"]["first_difference"]
+    assert first["scales"]["0"] != first["scales"]["1"]
+    assert record.evidence["midrun"]["end_parameters_agree"] is True
+    assert "GradScaler state identical on every rank" in record.recommendation
+
+
+WITHOUT_JOIN = ("        with Join([model]):\n", "        if True:  # no Join\n")
+NEVER_ENTERED = r"divergence \(never-entered\): culprit rank 0 at collective #3 all_reduce"
+
+
+@pytest.mark.chaos
+def test_join_completes_and_the_hang_without_it_is_shown(suite_session):
+    record, _ = suite_session.run_check(BY_ID["hang-detection"], str(EXAMPLES / "train_amp_join.py"))
+    assert record.status == "passed", record.message
+    assert re.search(r"completed on every rank .*; uneven inputs \(rank 0 4, rank 1 6 batches\) are handled by "
+                     r"Join: re-run with Join disabled, the loop hangs -- " + NEVER_ENTERED, record.message), \
+        record.message
+    join = record.evidence["join"]
+    assert join["uneven_batches_per_rank"] == {"0": 4, "1": 6}
+    assert (join["without_join"], join["culprit_rank"]) == ("divergence", 0)
+    assert [e["scenario"] for e in record.evidence["scenarios"]] == ["target-run_loop", "target-run_loop-without-join"]
+    assert record.metrics["key_figure"] == "no hang; Join prevents one"
+
+
+@pytest.mark.chaos
+def test_uneven_inputs_without_join_named_with_join_advised(suite_session, tmp_path):
+    target = variant(tmp_path, "train_amp_join.py", "no_join", WITHOUT_JOIN)
+    record, _ = suite_session.run_check(BY_ID["hang-detection"], target)
+    assert record.status == "failed", record.message
+    assert re.search(r"did not complete -- uneven inputs: the ranks ran different numbers of training batches "
+                     r"\(rank 0 2, rank 1 3\) with no Join around the loop -- " + NEVER_ENTERED, record.message), \
+        record.message
+    assert record.recommendation.startswith("The ranks run different numbers of batches (uneven inputs): wrap "
+                                            "the loop in torch.distributed.algorithms.Join([model])")
+    assert record.evidence["scenarios"][0]["batches_per_rank"] == {"0": 2, "1": 3}
+
+
+def test_without_join_is_for_a_run_loop_only():
+    with pytest.raises(ValueError, match=r"without_join applies to a target's run_loop only .*not to kind 'ddp'"):
+        Scenario("x", "ddp", "target.py", without_join=True)
