@@ -123,7 +123,8 @@ def _ddp_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
 
     target = resolve(sc.source, ctx.rank, log)
     torch.manual_seed(PROBE_SEED)
-    model = wrap(target.build_model(), ctx.device, {**target.ddp_kwargs, "process_group": group})
+    model = wrap(target.build_model(), ctx.device, {**target.ddp_kwargs, "process_group": group},
+                 target=target)
     tracker.attach(model, group)
     optimizer = target.make_optimizer(model)
     for step in range(sc.steps):
@@ -204,7 +205,7 @@ def _run_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
     stats.update(batches=0, joins=0)
     loop = LoopContext(rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, steps=sc.steps,
                        tmpdir=scratch, ddp_kwargs={**target.ddp_kwargs, "process_group": group},
-                       on_wrap=instrument)
+                       on_wrap=instrument, target=target)
     # The user's own exception in their loop is a target error (exit 2 with its line).
     with _join_watched(stats, disabled=sc.without_join):
         call_target(target, "run_loop", target.run_loop, loop)

@@ -89,32 +89,30 @@ class CollectiveTracker:
         self.complete(seq)
         return tensor
 
-    def hook(self, state, bucket):  # type: ignore[no-untyped-def]
-        # No annotations on purpose: DDP rejects a hook whose ``bucket`` annotation is not
-        # dist.GradBucket, and postponed annotations (PEP 563) would make it the string "Any".
-        """A DDP comm hook: the default all-reduce + average, with enqueue/complete recorded."""
-        import torch.distributed as dist
+    def attach(self, ddp_model: Any, group: Any = None) -> Any:
+        """Record every bucket all-reduce of ``ddp_model`` (a layer of its comm hook chain);
+        the all-reduces run in the DDP model's own process group, ``group`` (kept for callers)."""
+        from conformance.harness.comm_hooks import add_layer
 
+        self.name_parameters(ddp_model.module)
+        # A layer of the model's one comm hook chain, not a hook of its own: a hook the target
+        # registered in configure_ddp still reduces the bucket (DDP takes one hook only).
+        add_layer(ddp_model, self.layer)
+        return ddp_model
+
+    def layer(self, bucket: Any, reduce: Callable[[Any], Any]) -> Any:
+        """Record one bucket all-reduce around ``reduce`` (the rest of the hook chain)."""
         params = [self._names.get(p.data_ptr(), "?") for p in bucket.parameters()]
         seq = self.enqueue("all_reduce", tuple(bucket.buffer().shape), tag=f"step{self.step}/bucket{bucket.index()}",
                            bucket=bucket.index(), params=params)
-        world = dist.get_world_size(state)
-        fut = dist.all_reduce(bucket.buffer(), group=state, async_op=True).get_future()
 
         def done(f: Any) -> Any:
             # value() first: it raises for a failed all-reduce, which must stay "not completed".
-            reduced = f.value()[0]
+            reduced = f.value()
             self.complete(seq)
-            return reduced.div_(world)
+            return reduced
 
-        return fut.then(done)
-
-    def attach(self, ddp_model: Any, group: Any = None) -> Any:
-        """Record every bucket all-reduce of ``ddp_model`` (replaces DDP's default hook);
-        ``group`` is the process group the all-reduces run in (the hook's state)."""
-        self.name_parameters(ddp_model.module)
-        ddp_model.register_comm_hook(group, self.hook)
-        return ddp_model
+        return reduce(bucket).then(done)
 
     def close(self) -> None:
         if self._file is not None:

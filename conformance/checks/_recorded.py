@@ -195,7 +195,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     # Before wrapping, on rank 0 only: DDP's construction broadcast then carries rank 0's
     # (reference-checked) weights to every rank, including ranks that cannot read the files.
     differs = _verify_initial(model, snapshots, rank_ctx.device) if not writes and rank == 0 else None
-    ddp = wrap(model, rank_ctx.device, kwargs)
+    ddp = wrap(model, rank_ctx.device, kwargs, target=target)
     inner = unwrap(ddp)
     optimizer = target.make_optimizer(ddp)
     record = writes or rank == 0 or plan.record_all_ranks

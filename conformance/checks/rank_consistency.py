@@ -95,7 +95,7 @@ def track(rank_ctx: Any, target_spec: str, batch_size: int, steps: int) -> list[
     target = load_target(target_spec)
     model = build_model(target, rank_ctx.device, seed=MODEL_SEED)
     # Construction broadcasts rank 0's parameters and buffers (a collective on every rank).
-    ddp = wrap(model, rank_ctx.device, effective_ddp_kwargs(target))
+    ddp = wrap(model, rank_ctx.device, effective_ddp_kwargs(target), target=target)
     optimizer = target.make_optimizer(ddp)
     checkpoints: list[dict[str, Any]] = [
         {"when": "after DDP construction", "step": None, "kind": "parameter",

@@ -197,7 +197,7 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict
         out["dropout_disabled"] = disable_dropout(fresh)
         out["batchnorm_grouped"] = group_batchnorm(fresh, batch_size // n)
         # Construction broadcasts rank 0's weights: the reference below starts from them.
-        ddp = wrap(fresh, device, kwargs)
+        ddp = wrap(fresh, device, kwargs, target=target)
         if not referenced:
             if rank == 0:
                 out.update(_reference(unwrap(ddp), groups, shared, batches, target, device, snapshots))

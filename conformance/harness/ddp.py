@@ -113,18 +113,60 @@ def effective_ddp_kwargs(target: Any, overrides: dict[str, Any] | None = None) -
     return kwargs
 
 
-def wrap(model: Any, device: Any, kwargs: dict[str, Any]) -> Any:
-    """DDP around ``model`` on ``device`` with exactly ``kwargs`` (a ``process_group`` included).
+def wrap(model: Any, device: Any, kwargs: dict[str, Any], *, target: Any = None) -> Any:
+    """DDP around ``model`` on ``device`` with exactly ``kwargs`` (a ``process_group`` included),
+    then the target's ``configure_ddp`` on it when ``target`` defines one (:func:`configure`).
 
     Construction broadcasts rank 0's parameters and buffers to every rank: it is a collective,
-    so every rank of the group must reach this line.
+    so every rank of the group must reach this line. Returns what the step trains: the DDP
+    model, or the module around it that ``configure_ddp`` returned (``comm_hooks.ddp_of`` gets
+    the DDP object back for the suite's instrumentation).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     debug_info_on()
     model = model.to(device)
     device_ids = [device.index] if getattr(device, "type", "cpu") == "cuda" else None
-    return DDP(model, device_ids=device_ids, **kwargs)
+    ddp = DDP(model, device_ids=device_ids, **kwargs)
+    return ddp if target is None else configure(target, ddp)
+
+
+def configure(target: Any, ddp: Any) -> Any:
+    """The target's ``configure_ddp(ddp_model)``, right after construction (README, "Writing a
+    target"); the model to train is returned.
+
+    A comm hook it registers is captured and becomes the innermost reduce of the model's one
+    hook chain (``comm_hooks``), so the suite's counting and recording hooks compose with it
+    instead of failing "... can only be called once". It may return None or the model it got
+    (the DDP model is trained), or a module around that very model, such as
+    ``torch.compile(ddp_model)`` (that module is trained: train_step gets it, the suite's hooks
+    and DDP's logging data still go to the DDP model inside). Anything else, and an exception of
+    the user's own code in it, is a TargetError (exit 2, ``file:line``).
+    """
+    fn = getattr(target, "configure_ddp", None)
+    if fn is None:
+        return ddp
+    from .comm_hooks import capturing, ddp_of, install_user_hook
+    from .targets import SEE, TargetError, call_target
+    from .target_calls import defined_at
+
+    name = getattr(target, "name", "?")
+
+    def refuse(message: str) -> TargetError:
+        return TargetError(f"target {name!r}: configure_ddp (defined at {defined_at(fn)}): "
+                           f"{message}; register one comm hook ({SEE})")
+
+    with capturing(ddp, refuse=refuse) as captured:
+        returned = call_target(target, "configure_ddp", fn, ddp)
+    if captured:
+        install_user_hook(ddp, captured[0])
+    if returned is None or returned is ddp:
+        return ddp
+    if ddp_of(returned) is not ddp:
+        raise TargetError(f"target {name!r}: configure_ddp (defined at {defined_at(fn)}) returned a "
+                          f"{type(returned).__name__}, not the DDP model it was given nor a module "
+                          f"around it; return nothing, ddp_model, or torch.compile(ddp_model) ({SEE})")
+    return returned
 
 
 def unwrap(model: Any) -> Any:
@@ -244,29 +286,27 @@ def ddp_timing(ddp_model: Any) -> dict[str, float]:
 
 @contextlib.contextmanager
 def counting_allreduce(ddp_model: Any) -> Iterator[dict[str, Any]]:
-    """Count bucket all-reduces with a comm hook that wraps the stock ``allreduce_hook``.
+    """Count bucket all-reduces with a layer of the model's comm hook chain (``comm_hooks``).
 
     A comm hook is called once per *bucket* whose gradients are ready in a synchronising
     backward; ``bucket.is_last()`` marks the end of one synchronisation round. Rounds per
     optimizer step is the quantity the no_sync contract fixes at 1 per K microbatches.
-    The hook must be registered before the first backward (DDP refuses it afterwards).
+    The bucket then goes on to the target's own hook (registered in ``configure_ddp``: its
+    compression still applies) or to the stock ``allreduce_hook``. Add it before the first
+    backward (DDP refuses a hook afterwards).
     """
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from .comm_hooks import add_layer
 
     counts: dict[str, Any] = {"calls": 0, "rounds": 0, "indices": set()}
 
-    # Deliberately unannotated: DDP inspects the hook's signature and rejects a ``bucket``
-    # annotation other than dist.GradBucket (and postponed annotations are strings).
-    def hook(state, bucket):  # type: ignore[no-untyped-def]
+    def count(bucket: Any, reduce: Callable[[Any], Any]) -> Any:
         counts["calls"] += 1
         counts["indices"].add(bucket.index())
         if bucket.is_last():
             counts["rounds"] += 1
-        # The stock hook divides by the world size then all-reduces: same mean as DDP's
-        # built-in path, a different (equally valid) summation order.
-        return default_hooks.allreduce_hook(state, bucket)
+        return reduce(bucket)
 
-    ddp_model.register_comm_hook(state=None, hook=hook)
+    add_layer(ddp_model, count)
     yield counts
 
 
@@ -285,11 +325,17 @@ class LoopContext:
     ddp_kwargs: dict[str, Any] = field(default_factory=dict)
     on_wrap: Callable[[Any], Any] | None = None  # instrumentation (the collective tracker)
     models: list[Any] = field(default_factory=list)
+    #: The target whose ``configure_ddp`` runs on every model wrapped here (None: none runs).
+    target: Any = None
 
     def wrap(self, model: Any) -> Any:
-        """``model`` wrapped in DDP with the target's ddp_kwargs on this rank's device."""
-        ddp = wrap(model, self.device, self.ddp_kwargs)
+        """``model`` wrapped in DDP with the target's ddp_kwargs on this rank's device, then
+        configured by its ``configure_ddp`` (what that returned, when it returned a module
+        around the DDP model)."""
+        trained = wrap(model, self.device, self.ddp_kwargs, target=self.target)
         if self.on_wrap is not None:
-            self.on_wrap(ddp)
-        self.models.append(ddp)
-        return ddp
+            # After configure_ddp: its comm hook is captured first, the tracker's layer then
+            # observes the buckets on their way to it.
+            self.on_wrap(trained)
+        self.models.append(trained)
+        return trained

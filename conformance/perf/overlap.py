@@ -72,7 +72,8 @@ def ddp_steps(ctx: RankContext, target_spec: str, *, steps: int = STEPS, warmup:
     from ..harness.targets import load_target
 
     target = load_target(target_spec)
-    ddp = wrap(build_model(target, ctx.device, seed=PROBE_SEED), ctx.device, effective_ddp_kwargs(target))
+    ddp = wrap(build_model(target, ctx.device, seed=PROBE_SEED), ctx.device, effective_ddp_kwargs(target),
+               target=target)
     inputs, targets = local_batch(target, ctx.rank, ctx.world_size, ctx.device)
     times = []
     for i in range(steps):

@@ -91,7 +91,7 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
             todo = -(-rounds // PASSES) if pass_ == 0 else rounds - len(times[i])
             if rounds and todo <= 0:
                 continue
-            model = wrap(module, ctx.device, {**kwargs, "bucket_cap_mb": caps[i]})
+            model = wrap(module, ctx.device, {**kwargs, "bucket_cap_mb": caps[i]}, target=target)
             optimizer = target.make_optimizer(model)
             n, k = WARMUP + todo, 0
             while k < n:
@@ -134,7 +134,7 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
     max_diff = 0.0
     for kwargs in (site.ddp_kwargs, matched):
         torch.manual_seed(PROBE_SEED)
-        model = wrap(target.build_model(), ctx.device, kwargs)
+        model = wrap(target.build_model(), ctx.device, kwargs, target=target)
         optimizer = target.make_optimizer(model)
         for step in range(steps):
             batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_MISMATCH_DATA_SEED + step, device=ctx.device)

@@ -72,7 +72,7 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
     entry = ctx.cache.get(key)
     if entry is None:
         torch.manual_seed(PROBE_SEED)
-        model = wrap(target.build_model(), ctx.device, dict(target.ddp_kwargs))
+        model = wrap(target.build_model(), ctx.device, dict(target.ddp_kwargs), target=target)
         tracker = CollectiveTracker(ctx.rank)
         tracker.attach(model)
         entry = (model, target.make_optimizer(model), tracker)

@@ -107,7 +107,8 @@ def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s:
     models = {}
     for flag in (False, True):
         torch.manual_seed(PROBE_SEED)
-        model = wrap(target.build_model(), ctx.device, {**kwargs, "find_unused_parameters": flag})
+        model = wrap(target.build_model(), ctx.device, {**kwargs, "find_unused_parameters": flag},
+                     target=target)
         models[flag] = (model, target.make_optimizer(model))
     batch = rank_batch(target, ctx.rank, ctx.world_size, seed=seed, device=ctx.device)
     times: dict[bool, list[float]] = {False: [], True: []}

@@ -45,6 +45,10 @@ CASES["type_error_in_unused_parameters"] = CASES["type_error_in_step"]
 CASES["run_loop_attribute_error"] = (MINE / "bad_run_loop.py",
                                      "run_loop raised AttributeError: 'LoopContext' object has no "
                                      "attribute 'local_rank' at ")
+CASES["configure_ddp_attribute_error"] = (MINE / "bad_configure_ddp.py",
+                                          "configure_ddp raised AttributeError: module "
+                                          "'torch.distributed.algorithms.ddp_comm_hooks.default_hooks' "
+                                          "has no attribute 'fp16_compress' at ")
 CHECKS = {"type_error_in_hang_detection": "hang-detection", "run_loop_attribute_error": "hang-detection",
           "type_error_in_unused_parameters": "unused-parameters"}
 
@@ -55,7 +59,8 @@ WHERE = {"type_error_in_step": "bad_train_step_type_error.py:12",
          "step_signature": "bad_step_signature.py:9", "build_raises": "bad_build_raises.py:",
          "type_error_in_hang_detection": "bad_train_step_type_error.py:12",
          "type_error_in_unused_parameters": "bad_train_step_type_error.py:12",
-         "run_loop_attribute_error": "bad_run_loop.py:11"}
+         "run_loop_attribute_error": "bad_run_loop.py:11",
+         "configure_ddp_attribute_error": "bad_configure_ddp.py:12"}
 
 
 @pytest.fixture(scope="module")
