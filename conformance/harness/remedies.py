@@ -8,8 +8,9 @@ with only that change, and judged by the same rule that failed it. The answer is
 
 - ``verified fix`` — the re-run with the change passed the rule the original run failed;
 - ``did not fix`` — the re-run still failed it (its evidence says how);
-- ``suggested, not verified`` — no re-run (too costly, not applicable here) or the re-run could
-  not be completed: the advice stands on the documentation alone, and the record says why.
+- ``suggested, not verified`` — no re-run (too costly, not applicable here), a re-run that
+  could not be completed, or one that cannot decide (timings within noise): the advice stands
+  on the documentation alone, and the record says why.
 
 Only a measurement may claim a fix (docs/architecture.md, "Where a new piece goes": a named
 cause is one the record's measurements support); the report shows the status beside the
@@ -35,10 +36,11 @@ __all__ = ["DID_NOT_FIX", "NOT_VERIFIED", "REMEDIES", "REMEDY_STATUSES", "VERIFI
 
 @dataclass(frozen=True, slots=True)
 class Rerun:
-    """What one re-run with the change showed: ``fixed`` by the original failure's own rule,
-    and the measurements behind that answer."""
+    """What one re-run with the change showed: ``fixed`` by the original failure's own rule
+    (None: the re-run ran but cannot decide, e.g. timings within noise), and the measurements
+    behind that answer."""
 
-    fixed: bool
+    fixed: bool | None
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
@@ -79,6 +81,8 @@ def verify(change: str, rerun: Callable[[], Rerun]) -> Remedy:
     except Exception as exc:  # noqa: BLE001 - an unfinished re-run proves nothing either way
         return Remedy(change, NOT_VERIFIED, {"reason": f"the re-run with {change} could not be completed: "
                                                        f"{type(exc).__name__}: {str(exc)[:500]}"})
+    if result.fixed is None:
+        return Remedy(change, NOT_VERIFIED, dict(result.evidence))
     return Remedy(change, VERIFIED if result.fixed else DID_NOT_FIX, dict(result.evidence))
 
 

@@ -14,7 +14,9 @@ it aborts a process at step 0 with ``find_unused_parameters=True`` (torch 2.13, 
 
 Status: failed when the configured cap is more than :data:`PENALTY_LIMIT` slower than the best
 *and* the gap is clear of noise (the configured cap's fastest quartile is slower than the
-best cap's slowest quartile); otherwise passed. Injected mode (width-256 MLP vehicle) passes
+best cap's slowest quartile); otherwise passed. A failure's recommended cap is then verified
+(``conformance.harness.remedies``): the two caps re-run side by side, "verified fix" when the
+recommended one is clearly faster again, "did not fix" when it is not faster at all. Injected mode (width-256 MLP vehicle) passes
 iff the tiny cap shows many more buckets than the default and the mismatch is reproduced.
 
     ddp-conformance run --checks bucket-config
@@ -25,14 +27,16 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conformance.harness.context import CheckContext
 from conformance.harness.ddp import BUCKET_MISMATCH_DATA_SEED, BUCKET_SWEEP_DATA_SEED
 from conformance.harness.outcome import Outcome
+from conformance.harness.remedies import Remedy, Rerun, verify
 from conformance.harness.timing import MISMATCH_DEADLINE_CAP_S, MISMATCH_PG_TIMEOUT_S
-from reports.keys import BEST_BUCKET_CAP_MB, CONFIGURED_BUCKET_CAP_MB
+from reports.keys import BEST_BUCKET_CAP_MB, CONFIGURED_BUCKET_CAP_MB, REMEDIES
 
 from .._log import Injection, InjectionLog, read_injections, record_injections
 from ..injectors import BucketConfig
@@ -170,6 +174,38 @@ def sweep(world: WorldLike, source: VehicleSpec | str, configured: float, *, dea
             "configured": configured, "rounds": rounds, "warmup_step_s": round(results[0].value["step_s"], 6)}
 
 
+def judge_side_by_side(configured: float, recommended: float, configured_s: list[float],
+                       recommended_s: list[float]) -> Rerun:
+    """The configured and the recommended cap, timed in the same re-run: fixed when the
+    recommended one is clearly faster (the noise rule of the sweep: its slowest quartile is
+    faster than the configured one's fastest), not fixed when it is not faster in the median,
+    undecided (None) in between."""
+    conf, rec = statistics.median(configured_s), statistics.median(recommended_s)
+    evidence = {"configured_bucket_cap_mb": configured, "recommended_bucket_cap_mb": recommended,
+                "step_s_configured": round(conf, 6), "step_s_recommended": round(rec, 6),
+                "speedup": round(conf / rec, 3), "rounds": min(len(configured_s), len(recommended_s))}
+    if rec >= conf:
+        return Rerun(False, evidence)
+    if _quartiles(configured_s)[0] > _quartiles(recommended_s)[1]:
+        return Rerun(True, evidence)
+    return Rerun(None, {**evidence, "reason": "the re-run's step-time quartiles overlap: noise on this host "
+                                              "cannot be told from the bucket size"})
+
+
+def verify_cap(world: WorldLike, source: VehicleSpec | str, configured: float, recommended: float, *,
+               deadline_s: float) -> Remedy:
+    """Re-run the configured and the recommended cap side by side (the same sweep, two points)."""
+
+    def rerun() -> Rerun:
+        results = world.run(sweep_rank, source, [configured, recommended], deadline_s)
+        rounds = results[0].value["rounds"]
+        # A step ends for every rank at the last all-reduce: the slowest rank's time per round.
+        per_round = [[max(r.value["times"][i][k] for r in results) for k in range(rounds)] for i in range(2)]
+        return judge_side_by_side(configured, recommended, per_round[0], per_round[1])
+
+    return verify(f"bucket_cap_mb={recommended:g}", rerun)
+
+
 def reproduce_mismatch(ctx: CheckContext, source: VehicleSpec | str,
                        find_unused_options: tuple[bool, ...]) -> list[dict[str, Any]]:
     """Run a per-rank-different cap in a fresh world, once per find_unused_parameters value."""
@@ -221,7 +257,21 @@ def run(ctx: CheckContext) -> Outcome:
     evidence = {"mismatched_config": mismatch}
     if ctx.injected:
         return _judge_injected(by_cap, mismatch, metrics, evidence)
-    return judge_configured(result, metrics, evidence)
+    outcome = judge_configured(result, metrics, evidence)
+    if outcome.status != "failed":
+        return outcome
+    # The recommended cap is tried, not only given: both caps again, side by side.
+    remedy = verify_cap(ctx.world(), source, configured, result["best"], deadline_s=ctx.deadline)
+    return replace(outcome, message=f"{outcome.message}; {_remedy_text(remedy)}",
+                   evidence={**outcome.evidence, REMEDIES: [remedy.to_json()]})
+
+
+def _remedy_text(remedy: Remedy) -> str:
+    ev = remedy.evidence
+    if "step_s_configured" not in ev:
+        return f"re-run with {remedy.change}: {remedy.status} ({ev.get('reason')})"
+    return (f"re-run side by side with {remedy.change}: {remedy.status} ({ev['step_s_configured'] * 1e3:.3g} ms "
+            f"per step configured vs {ev['step_s_recommended'] * 1e3:.3g} ms recommended, x{ev['speedup']:.2f})")
 
 
 def judge_configured(result: dict[str, Any], metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:

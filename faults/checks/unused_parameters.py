@@ -14,6 +14,9 @@ graph in every iteration.
    error under ``TORCH_DISTRIBUTED_DEBUG=INFO``) or the hang, diagnosed like hang-detection.
 3. Tax: ``find_unused_parameters=True`` vs ``False`` on a step where every parameter is used,
    side by side in alternating steps; ratio of medians.
+4. Remedy verified (``conformance.harness.remedies``): when the reproduction failed, the very
+   same steps and data again with ``find_unused_parameters=True``; "verified fix" when every
+   rank completes them (the record's :data:`reports.keys.REMEDIES`).
 
 Target mode: failed when some parameter is unused somewhere and find_unused_parameters is
 False (or static_graph is True); passed with the measured tax when it is True; passed when
@@ -36,8 +39,9 @@ from conformance.harness.ddp import (
     SCENARIO_DATA_SEED as DATA_SEED,  # the reproduction replays the scenarios' batches
 )
 from conformance.harness.outcome import Outcome
+from conformance.harness.remedies import Remedy, Rerun, verify
 from conformance.harness.targets import TargetError
-from reports.keys import FIND_UNUSED_TAX, UNUSED_TABLE
+from reports.keys import FIND_UNUSED_TAX, REMEDIES, UNUSED_TABLE
 
 from .._log import InjectionLog, record_injections
 from ..injectors import ConditionalBranch
@@ -45,7 +49,7 @@ from ..scenarios import Scenario, run_scenario, scenario_deadline, scenario_worl
 from ..vehicles import VehicleSpec, resolve
 
 if TYPE_CHECKING:
-    from conformance.harness.world import RankContext, RankResult
+    from conformance.harness.world import RankContext, RankResult, WorldLike
 
     from ..scenarios import ScenarioResult
 
@@ -129,6 +133,47 @@ def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s:
             "steps": steps, "warmup_step_s": step_s}
 
 
+def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str, Any], steps: int,
+                per_rank: int) -> dict[str, Any]:
+    """The reproduction's DDP loop (same model seed, same batches) with ``overrides`` on the
+    target's ddp_kwargs: how many steps of its own train_step every rank completed."""
+    import torch
+
+    from conformance.harness.ddp import PROBE_SEED, rank_batch, wrap
+
+    target = resolve(source, ctx.rank, InjectionLog())
+    torch.manual_seed(PROBE_SEED)
+    kwargs = {k: v for k, v in target.ddp_kwargs.items() if k != "static_graph"}
+    model = wrap(target.build_model(), ctx.device, {**kwargs, **overrides}, target=target)
+    optimizer = target.make_optimizer(model)
+    for step in range(steps):
+        batch = rank_batch(target, ctx.rank, ctx.world_size, seed=DATA_SEED + step, per_rank=per_rank,
+                           device=ctx.device)
+        target.run_step(model, optimizer, [batch], step=step)
+    return {"steps": steps}
+
+
+def verify_find_unused(world: WorldLike, source: VehicleSpec | str, *, steps: int, per_rank: int,
+                       deadline: float, overrides: dict[str, Any] | None = None) -> Remedy:
+    """Re-run the failed reproduction with find_unused_parameters=True (``overrides``: another
+    change, for the test of a remedy that does not fix). Fixed: every rank completed every step."""
+    from conformance.harness.world import WorldError
+
+    change = overrides if overrides is not None else {"find_unused_parameters": True}
+
+    def rerun() -> Rerun:
+        try:
+            done = world.run(remedy_rank, source, change, steps, per_rank, deadline=deadline)
+        except WorldError as exc:
+            # The same error or hang again: the change did not remove the failure.
+            errors = {str(r.rank): r.error.describe().splitlines()[0][:300] for r in exc.results if r.error}
+            return Rerun(False, {"completed": False, "errors": errors, "steps": steps})
+        return Rerun(all(r.value["steps"] == steps for r in done),
+                     {"completed": True, "steps": steps, "ranks": len(done), "samples_per_rank": per_rank})
+
+    return verify(", ".join(f"{k}={v}" for k, v in change.items()), rerun)
+
+
 def _usage(results: list[RankResult]) -> tuple[list[str], dict[str, dict[str, list[int]]], list[int], bool]:
     names = results[0].value["names"]
     unused: dict[str, dict[str, set[int]]] = {}
@@ -188,7 +233,7 @@ def run(ctx: CheckContext) -> Outcome:
             raise  # the user's own code raised: exit 2 with its line, not an unmeasured tax
         except Exception as exc:  # a random branch can still strike: the tax stays unmeasured
             tax_info = {"tax": None, "error": str(exc)[:500]}
-        repro = None
+        repro, remedy = None, None
         replay = (4, first) if first is not None else (1, first_single) if first_single is not None else None
         if replay is not None and not kwargs.get("find_unused_parameters", False):
             # Replay the first data that left a parameter without gradient, plus one step:
@@ -196,12 +241,20 @@ def run(ctx: CheckContext) -> Outcome:
             per_rank, upto = replay
             sc = Scenario("unused-reproduce", "ddp", source, None, steps=upto + 2, per_rank=per_rank)
             repro = run_scenario(ctx, world, sc, deadline=scenario_deadline(ctx))
+            if repro.diagnosis.classification != "none":
+                # The recommendation is tried, not only given: the same steps, the same data,
+                # find_unused_parameters=True (in the same world: a hung rank was released by
+                # the scenario's subgroup timeout, a dead one replaced at the next call).
+                remedy = verify_find_unused(world, source, steps=sc.steps, per_rank=per_rank,
+                                            deadline=scenario_deadline(ctx))
     metrics = {"key_figure": (f"{len(table)} unused params" if table else "all params used")
                + (f", tax x{tax_info['tax']:.2f}" if tax_info.get("tax") else ""),
                "parameters": len(names), "unused_parameters": len(table),
                FIND_UNUSED_TAX: tax_info.get("tax"), "step_s_find_unused_false": tax_info.get("false_s"),
                "step_s_find_unused_true": tax_info.get("true_s"), "static_graph_compatible": static_ok}
     evidence: dict[str, Any] = {UNUSED_TABLE: table, "tax": tax_info}
+    if remedy is not None:
+        evidence[REMEDIES] = [remedy.to_json()]
     if repro is not None:
         evidence["reproduction"] = {"diagnosis": repro.diagnosis.as_dict(), "describe": repro.diagnosis.describe(),
                                     "latency_s": round(repro.latency_s, 3),
@@ -209,7 +262,7 @@ def run(ctx: CheckContext) -> Outcome:
                                     "stacks": {str(k): v[-1200:] for k, v in repro.stacks.items()}}
     if ctx.injected:
         return _judge_injected(found, table, repro, tax_info, metrics, evidence)
-    return _judge_target(ctx, kwargs, table, repro, tax_info, static_ok, metrics, evidence)
+    return _judge_target(ctx, kwargs, table, repro, tax_info, static_ok, metrics, evidence, remedy)
 
 
 def _where(table: dict[str, dict[str, list[int]]]) -> str:
@@ -220,9 +273,21 @@ def _where(table: dict[str, dict[str, list[int]]]) -> str:
     return where + (f" (single-sample batches {singles[:10]})" if singles and not steps else "")
 
 
+def _remedy_text(remedy: Remedy | None) -> str:
+    if remedy is None:
+        return ""
+    ev = remedy.evidence
+    if remedy.verified:
+        return (f"; re-run with {remedy.change}: verified fix ({ev['steps']} steps completed on every rank, "
+                f"the same data)")
+    why = "; ".join(f"rank {r}: {e}" for r, e in (ev.get("errors") or {}).items()) or ev.get("reason", "")
+    return f"; re-run with {remedy.change}: {remedy.status} ({why})"
+
+
 def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, Any], repro: ScenarioResult | None,
                   tax: dict[str, Any],
-                  static_ok: bool, metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:
+                  static_ok: bool, metrics: dict[str, Any], evidence: dict[str, Any],
+                  remedy: Remedy | None = None) -> Outcome:
     name = ctx.target.name
     tax_text = f"{tax['tax']:.2f}x step time" if tax.get("tax") else "unmeasured"
     params = ", ".join(table)
@@ -232,11 +297,14 @@ def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, An
             seen = repro.diagnosis.describe()
         return Outcome.failed(
             f"{name}: parameters {params} receive no gradient {_where(table)}, and ddp_kwargs has "
-            f"find_unused_parameters=False: DDP fails -- {seen}", metrics=metrics, evidence=evidence,
+            f"find_unused_parameters=False: DDP fails -- {seen}{_remedy_text(remedy)}", metrics=metrics,
+            evidence=evidence,
             recommendation=f"Make every parameter participate every step (remove the data-dependent "
                            f"branch, e.g. multiply the aux output by 0 instead of skipping it) and keep "
                            f"find_unused_parameters=False; or set find_unused_parameters=True at a "
-                           f"measured cost of {tax_text}.")
+                           f"measured cost of {tax_text}"
+                           + (" (verified fix: the failing steps re-ran to completion with it)."
+                              if remedy is not None and remedy.verified else "."))
     if kwargs.get("static_graph") and not static_ok:
         return Outcome.failed(f"{name}: static_graph=True but the set of used parameters changes "
                               f"between iterations ({params} {_where(table)})", metrics=metrics,

@@ -16,7 +16,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from conformance.checks import _checkpointing
-from conformance.checks._checkpointing import Candidate, forced_nonreentrant, recorded_checkpoints
+from conformance.checks._checkpointing import (
+    Candidate,
+    forced_nonreentrant,
+    recorded_checkpoints,
+)
 from conformance.harness.registry import BY_ID
 from reports.keys import REMEDIES
 

@@ -35,6 +35,11 @@ def test_a_deliberately_wrong_remedy_did_not_fix() -> None:
     assert remedy.evidence == {"penalty": 3.0}
 
 
+def test_a_rerun_that_cannot_decide_is_not_a_verification() -> None:
+    remedy = verify("bucket_cap_mb=5", lambda: Rerun(None, {"reason": "quartiles overlap"}))
+    assert remedy.status == NOT_VERIFIED and remedy.evidence == {"reason": "quartiles overlap"}
+
+
 def test_a_rerun_that_breaks_proves_nothing() -> None:
     def broken() -> Rerun:
         raise RuntimeError("the world would not start")

@@ -81,6 +81,10 @@ def test_unused_parameters_fails_on_dynamic_branch_and_names_it(suite_session: A
     assert "aux_head.weight" in record.message and "aux_head.bias" in record.message
     assert record.evidence["reproduction"]["diagnosis"]["classification"] != "none"
     assert record.metrics["static_graph_compatible"] is False
+    # The recommended find_unused_parameters=True re-ran the failing steps to completion.
+    (remedy,) = record.evidence["remedies"]
+    assert (remedy["change"], remedy["status"]) == ("find_unused_parameters=True", "verified fix"), remedy
+    assert "re-run with find_unused_parameters=True: verified fix" in record.message
 
 
 def test_unused_parameters_passes_with_find_unused_and_reports_tax(suite_session: Any) -> None:
@@ -136,3 +140,9 @@ def test_bucket_config_flags_tiny_buckets(suite_session: Any) -> None:
     assert by_cap[0.001]["buckets"] > by_cap[25.0]["buckets"]
     assert record.status == "failed", record.message
     assert "bucket_cap_mb" in (record.recommendation or "")
+    # The recommended cap re-run side by side with the configured one: the penalty is gone.
+    (remedy,) = record.evidence["remedies"]
+    assert remedy["change"] == f"bucket_cap_mb={record.metrics['best_bucket_cap_mb']:g}"
+    assert remedy["status"] == "verified fix", remedy
+    assert remedy["evidence"]["step_s_recommended"] < remedy["evidence"]["step_s_configured"]
+    assert "re-run side by side with bucket_cap_mb=" in record.message

@@ -1,0 +1,45 @@
+"""Recommendations of the chaos checks verified by a re-run (conformance/harness/remedies.py):
+a deliberately wrong change to unused-parameters' failing reproduction did not fix it, and
+bucket-config's side-by-side judgement of the recommended cap. The verified fixes on failing
+targets are asserted where those checks already run on them (test_chaos_checks.py:
+branchy_unused, and tiny_buckets under the slow marker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.harness.remedies import DID_NOT_FIX, NOT_VERIFIED, VERIFIED, verify
+from conformance.harness.world import World
+from faults.checks.bucket_config import judge_side_by_side
+from faults.checks.unused_parameters import verify_find_unused
+
+from .conftest import fault_target
+
+#: The reproduction's steps and samples per rank that leave the aux head unused on some rank.
+STEPS, PER_RANK = 8, 4
+
+
+@pytest.mark.chaos
+def test_a_wrong_unused_parameters_remedy_did_not_fix() -> None:
+    # The configured find_unused_parameters=False "as the remedy": the same steps fail again.
+    with World(2, "gloo", deadline=30.0, pg_timeout=5.0) as world:
+        remedy = verify_find_unused(world, fault_target("branchy_unused"), steps=STEPS, per_rank=PER_RANK,
+                                    deadline=30.0, overrides={"find_unused_parameters": False})
+    assert (remedy.change, remedy.status) == ("find_unused_parameters=False", DID_NOT_FIX), remedy
+    assert remedy.evidence["completed"] is False and remedy.evidence["errors"], remedy.evidence
+
+
+FAST, SLOW = [0.010, 0.011, 0.010, 0.012, 0.011], [0.020, 0.021, 0.019, 0.022, 0.020]
+
+
+@pytest.mark.parametrize(("configured_s", "recommended_s", "status"), [
+    (SLOW, FAST, VERIFIED),  # the recommended cap clearly faster again: the penalty is gone
+    (FAST, SLOW, DID_NOT_FIX),  # a deliberately wrong recommendation: slower than configured
+    ([0.010, 0.030, 0.011, 0.029, 0.020], [0.012, 0.028, 0.010, 0.027, 0.019], NOT_VERIFIED),  # noise
+])
+def test_bucket_cap_side_by_side(configured_s: list[float], recommended_s: list[float], status: str) -> None:
+    remedy = verify("bucket_cap_mb=25", lambda: judge_side_by_side(0.001, 25.0, configured_s, recommended_s))
+    assert remedy.status == status, remedy
+    assert remedy.evidence["step_s_configured"] > 0 and remedy.evidence["step_s_recommended"] > 0
+    if status == NOT_VERIFIED:
+        assert "quartiles overlap" in remedy.evidence["reason"]
