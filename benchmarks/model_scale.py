@@ -170,6 +170,8 @@ def run_size(label: str, path: str, checks: list[str], deadline: float) -> list[
                       progress=lambda line: print(line, file=sys.stderr, flush=True))
     rows = []
     try:
+        # As `ddp-conformance run` does at session start: both worlds launch now, in parallel.
+        session.prewarm(reference=any(BY_ID[cid].reference for cid in checks))
         # The bare step: the same world the checks then use, so the ratio is of like to like.
         step_s = max(r.value for r in session.world().run(bare_step, path, BARE_WARMUP, BARE_STEPS))
         print(f"[{label}] {params / 1e6:.2f} M parameters ({nbytes / 2**20:.1f} MiB), bare DDP step "

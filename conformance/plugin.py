@@ -136,6 +136,7 @@ def ddp_session(pytestconfig: pytest.Config) -> Iterator[Any]:
     previous = _terminate_as_interrupt(pytestconfig)
     session = Session(settings_from(pytestconfig), progress=lambda line: _progress(pytestconfig, line))
     try:
+        session.prewarm(reference=any(spec.reference for spec in _selected(pytestconfig)))
         yield session
     finally:
         pytestconfig.stash[HOSTNAMES] = session.hostnames  # for the report, written after teardown

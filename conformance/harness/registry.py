@@ -23,6 +23,9 @@ class CheckSpec:
     entry: str  # "module:function" taking a CheckContext, returning an Outcome
     suites: frozenset[str] = frozenset(SUITES)
     slow: bool = False
+    # Runs a single-process reference on the 1-rank world: a session that will run it
+    # launches that world early (``Session.prewarm``).
+    reference: bool = False
 
     def load(self) -> Callable[..., Any]:
         module, _, name = self.entry.partition(":")
@@ -42,12 +45,12 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec(
         "gradient-equivalence", "Gradient equivalence", "conformance",
         "N-rank DDP step == single-process large-batch step, per parameter, within a dtype tolerance",
-        "conformance.checks.gradient:run",
+        "conformance.checks.gradient:run", reference=True,
     ),
     CheckSpec(
         "no-sync-equivalence", "no_sync equivalence", "conformance",
         "accumulation over K microbatches with no_sync == one large-batch step; 1 all-reduce per K microbatches",
-        "conformance.checks.no_sync:run",
+        "conformance.checks.no_sync:run", reference=True,
     ),
     CheckSpec(
         "rank-consistency", "Rank consistency", "conformance",

@@ -7,6 +7,7 @@ call failed or hung, so a broken world never serves the next check.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -82,9 +83,38 @@ class Session:
                     self._worlds[(key[0], self.settings.world_size)] = launched
                 world = launched if key[1] == self.settings.world_size else RankZeroLocalWorld(launched)
             else:
-                world = self.new_world(backend=key[0], world_size=key[1])
+                world = self.new_world(backend=key[0], world_size=key[1],
+                                       **self._reference_threads(key[0], key[1]))
             self._worlds[key] = world
         return world
+
+    def _reference_threads(self, backend: str, world_size: int) -> dict[str, int]:
+        """A gloo 1-rank world stands in for the N ranks of a reference: it computes what N
+        one-thread ranks compute, so it gets N threads (as many as the host has) instead of
+        one, and finishes in about the time one rank takes instead of N times it."""
+        if backend != "gloo" or world_size != 1 or self.settings.world_size <= 1:
+            return {}
+        return {"threads": max(1, min(self.settings.world_size, os.cpu_count() or 1))}
+
+    def prewarm(self, *, reference: bool) -> None:
+        """Launch the persistent worlds now, without waiting for them (``World.launch``).
+
+        Called at session start: the N-rank world's start-up (and, with ``reference``, the
+        1-rank reference world's, which the equivalence checks need) overlaps with collection
+        and with each other instead of adding seconds to the first check that needs them.
+        A world that cannot exist here (more ranks than devices) is left for the check to
+        report; attached worlds are the launcher's.
+        """
+        if self.settings.attach:
+            return
+        sizes = [self.settings.world_size] + ([1] if reference and self.settings.world_size > 1 else [])
+        for size in sizes:
+            try:
+                world = self.world(world_size=size)
+            except WorldUnavailable:
+                continue
+            if isinstance(world, World):
+                world.launch()
 
     def new_world(self, *, backend: str | None = None, world_size: int | None = None,
                   **kwargs: Any) -> World:

@@ -147,3 +147,9 @@ def listening_inodes(ctx: Any) -> list[int]:
         if link.startswith("socket:["):
             inodes.append(int(link[8:-1]))
     return inodes
+
+
+def torch_threads(ctx: Any) -> int:
+    import torch
+
+    return torch.get_num_threads()

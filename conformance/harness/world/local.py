@@ -111,6 +111,7 @@ class World:
         self.restarts: list[str] = []  # why each previous generation was replaced
         self._procs: list[Any] = []
         self._conns: list[Any] = []
+        self._ready = False  # every rank reported "ready" since the last launch
         self._store: Any = None
         self._tmpdir: str | None = None
         self._cookie: str | None = None
@@ -136,7 +137,29 @@ class World:
         return Path(self._tmpdir) if self._tmpdir else None
 
     def start(self) -> World:
-        if self.alive:
+        """The ranks spawned (unless ``launch`` already did) and joined: ready for calls."""
+        if not self._procs or (self._ready and not self.alive):
+            self.launch()
+        if not self._ready:
+            try:
+                self._await_ready()
+            except BaseException:
+                # Ctrl-C/SIGTERM while the ranks are still joining: they would not read a stop
+                # message either, so they go now rather than after close()'s grace period.
+                self._kill()
+                raise
+            self._ready = True
+        return self
+
+    def launch(self) -> World:
+        """Spawn the ranks and return at once, without waiting for them to join.
+
+        A rank's start-up (a fresh interpreter, the torch import, the process group) takes
+        seconds; a world launched early overlaps it with whatever the supervisor does next,
+        and its first call (``start``) then waits only for what is left. Nothing can be lost
+        by it: a rank that fails to start is reported by that first call, like any start.
+        """
+        if self._procs and self.alive:
             return self
         if self._procs:
             # A rank died between calls (seen rarely: gloo aborting in a rank's teardown after
@@ -192,13 +215,6 @@ class World:
                 child.close()
                 self._procs.append(proc)
                 self._conns.append(parent)
-        try:
-            self._await_ready()
-        except BaseException:
-            # Ctrl-C/SIGTERM while the ranks are still joining: they would not read a stop
-            # message either, so they go now rather than after close()'s grace period.
-            self._kill()
-            raise
         return self
 
     def _await_ready(self) -> None:
@@ -284,6 +300,7 @@ class World:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
+        self._ready = False
         self._store = None
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
