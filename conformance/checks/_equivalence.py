@@ -31,6 +31,7 @@ from reports.keys import (
     DROPOUT_DISABLED,
     GRADIENT_FACTOR,
     HYPOTHESES,
+    NOISE_FLOOR,
     NONFINITE,
     WARNINGS,
 )
@@ -40,9 +41,11 @@ from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._compare import Compared, TensorDiff, fmt, worst
 from ._compiled import compile_evidence, compile_warnings
+from ._compression import compression_bound
 from ._digests import DIGEST, Divergence, compared_by, first_divergence
+from ._floor import Floor, not_measured, smallest_bug, twin_floor
 from ._hypotheses import Scale, scale_causes, scale_from
-from ._recorded import RunPlan, run_recorded
+from ._recorded import RunPlan, run_recorded, run_reference_and_twin
 
 _TENSORS = ("initial", "grads0", "pre_clip0", "params", "digests")
 
@@ -63,6 +66,11 @@ class Equivalence:
     # judged by digest against a rank that compared (``_digests``); the first differing tensor.
     divergence: Divergence | None = None
     compared_by: dict[str, list[int]] = field(default_factory=dict)
+    # The measured noise floor of this configuration (``_floor``) and the comm hook's
+    # compression bound (``_compression``): (bound, why, approximate). The diffs above are
+    # already judged against them (``TensorDiff.allowed_rel``).
+    floor: Floor = field(default_factory=lambda: not_measured("not run", twin_microbatches=0))
+    compression: tuple[float, str, bool] = (0.0, "no comm hook", False)
 
     # -- what was compared ---------------------------------------------------------------
 
@@ -111,6 +119,18 @@ class Equivalence:
             return self.pre_clip_scale
         return self.scale
 
+    @property
+    def noise(self) -> float:
+        """The measured bound a gradient may differ by (margin x floor, or the comm hook's):
+        also the residual a uniform gradient factor may leave (``Scale.uniform_within``)."""
+        wg = self.worst_grad
+        return wg.allowed_rel if wg is not None else 0.0
+
+    @property
+    def factor(self) -> float | None:
+        """One gradient factor on every parameter, within the configuration's noise."""
+        return self.judged_scale.uniform_within(self.noise)
+
     def _all(self, key: str) -> list[Any]:
         return [r.get(key) for r in self.ranks]
 
@@ -158,8 +178,59 @@ class Equivalence:
             "param_rtol": wp.tolerance.rtol if wp else None,
             "worst_param": wp.name if wp else None,
             "first_diverging_step": self.first_bad_step,
-            GRADIENT_FACTOR: self.scale.uniform,
+            GRADIENT_FACTOR: self.scale.uniform_within(self.noise),
+            "noise_floor_grad_rel": self.floor.grad_rel,
+            "noise_floor_param_rel": self.floor.param_rel,
+            "noise_margin": self.floor.margin,
+            "grad_bound_rel": wg.allowed_rel if wg else None,
+            "param_bound_rel": wp.allowed_rel if wp else None,
+            **({"compression_error_rel": wg.max_rel if wg else None,
+                "compression_bound_rel": self.compression[0]} if self.hook else {}),
         }
+
+    @property
+    def hook(self) -> dict[str, Any] | None:
+        """The comm hook the N-rank run used (None: DDP's own all-reduce)."""
+        hook: dict[str, Any] | None = self.ranks[0].get("comm_hook") if self.ranks else None
+        return hook
+
+    def indistinguishable(self) -> str | None:
+        """Why a pass here would prove nothing, or None (``_floor``)."""
+        n, k = self.world_size, self.plan.microbatches
+        bound, why, approximate = self.compression
+        if approximate:
+            bug, what = smallest_bug(world_size=n, microbatches=k)
+            return (f"this configuration cannot distinguish {what} from the comm hook's "
+                    f"approximation: {why}; compare with PowerSGD's start_powerSGD_iter above "
+                    f"the check's {self.plan.steps} steps, or without the hook")
+        wide = self.floor.indistinguishable(world_size=n, microbatches=k)
+        if wide is None and bound > 0:
+            bug, what = smallest_bug(world_size=n, microbatches=k)
+            if bound >= bug:
+                wide = (f"this configuration cannot distinguish {what} (gradients off by "
+                        f"{fmt(bug)} of their scale) from the comm hook's compression: "
+                        f"{why} allows {fmt(bound)}")
+        return wide
+
+    def noise_floor(self) -> dict[str, Any]:
+        """What the record shows for every check: floor, margin, bound and observed difference."""
+        wg, wp = self.worst_grad, self.worst_param
+        bug, what = smallest_bug(world_size=self.world_size, microbatches=self.plan.microbatches)
+        floor = self.floor.to_json()
+        floor["gradients"]["observed_rel"] = wg.max_rel if wg else None
+        floor["gradients"]["judged_bound_rel"] = wg.allowed_rel if wg else None
+        floor["parameters"]["observed_rel"] = wp.max_rel if wp else None
+        floor["parameters"]["judged_bound_rel"] = wp.allowed_rel if wp else None
+        bound, why, approximate = self.compression
+        floor["compression"] = (None if self.hook is None else
+                                {"hook": self.hook, "error_rel": wg.max_rel if wg else None,
+                                 "bound_rel": bound, "why": why, "approximate": approximate,
+                                 "within_bound": (wg is None or approximate
+                                                  or wg.max_rel <= max(bound, wg.allowed_rel)
+                                                  or wg.ok)})
+        floor["smallest_bug"] = {"relative_error": bug, "what": what}
+        floor["distinguishes_smallest_bug"] = self.indistinguishable() is None
+        return floor
 
     def evidence(self) -> dict[str, Any]:
         last = self.param_diffs[-1] if self.param_diffs else []
@@ -207,16 +278,21 @@ class Equivalence:
             "batchnorm_sizes_seen": {"ranks": self._all("batchnorm_sizes_seen"),
                                      "reference": self.reference.get("batchnorm_sizes_seen")},
             BATCHNORM_PER_RANK: bool(grouped),
+            NOISE_FLOOR: self.noise_floor(),
             WARNINGS: warnings,
         }
 
     def key_figure(self) -> str:
         wg, wp = self.worst_grad, self.worst_param
         if wp is not None and not wp.ok and (wg is None or wg.ok):
-            return (f"max |Δparam| {fmt(wp.max_abs)} = {wp.ratio:.2g}× tolerance "
+            return (f"max |Δparam| {fmt(wp.max_abs)} = {wp.judged_ratio:.2g}× tolerance "
                     f"(step {self.first_bad_step})")
         if wg is None:
             return "no gradients compared"
+        if wg.allowed_rel > 0 and wg.judged_ratio < wg.ratio:
+            # Within the measured bound only: say which, with the floor it rests on.
+            return (f"max rel Δgrad {fmt(wg.max_rel)} = {fmt(wg.judged_ratio)}× the measured bound "
+                    f"{fmt(wg.allowed_rel)} over {len(self.grad_diffs)} parameters")
         return (f"max |Δgrad| {fmt(wg.max_abs)} = {fmt(wg.ratio)}× tolerance over "
                 f"{len(self.grad_diffs)} parameters")
 
@@ -318,7 +394,7 @@ class Equivalence:
             causes.append(f"clip_grad_norm_ ran {clips} times in one optimizer step under DDP "
                           f"(reference: {ref_clips}): clipping inside the accumulation window "
                           f"rescales rank-local partial sums before they are synchronised")
-        factor = self.judged_scale.uniform
+        factor = self.factor
         if factor is not None and not bypass:
             causes += scale_causes(factor, world_size=self.world_size,
                                    microbatches=self.plan.microbatches)
@@ -342,7 +418,7 @@ class Equivalence:
         if wg is not None and not wg.ok:
             parts.append(f"first-step gradient of {wg.name!r} (as optimizer.step() consumed it) "
                          f"differs from the single-process reference by {fmt(wg.max_abs)} (rel {fmt(wg.max_rel)}) on "
-                         f"rank {self.grad_worst_rank.get(wg.name)}, tolerance {wg.tolerance.describe()}"
+                         f"rank {self.grad_worst_rank.get(wg.name)}, tolerance {wg.describe_bound()}"
                          + (f" ({wg.note})" if wg.note else ""))
         if self.pre_clip_diffs and not self.pre_clip_ok:
             pc = worst(self.pre_clip_diffs)
@@ -352,7 +428,7 @@ class Equivalence:
                          f"{fmt(pc.max_abs)} (rel {fmt(pc.max_rel)}){hidden}")
         if wp is not None and not wp.ok:
             parts.append(f"parameters diverge from step {self.first_bad_step}: worst {wp.name!r} "
-                         f"by {fmt(wp.max_abs)} (tolerance {wp.tolerance.describe()})")
+                         f"by {fmt(wp.max_abs)} (tolerance {wp.describe_bound()})")
         return "; ".join(parts)
 
 
@@ -361,7 +437,7 @@ def _merge_worst(per_rank: list[list[TensorDiff]]) -> tuple[list[TensorDiff], di
     best: dict[str, tuple[TensorDiff, int]] = {}
     for rank, diffs in enumerate(per_rank):
         for d in diffs:
-            if d.name not in best or not d.ratio <= best[d.name][0].ratio:
+            if d.name not in best or not d.judged_ratio <= best[d.name][0].judged_ratio:
                 best[d.name] = (d, rank)
     return [v[0] for v in best.values()], {k: v[1] for k, v in best.items()}
 
@@ -381,16 +457,24 @@ def _summary(value: dict[str, Any]) -> dict[str, Any]:
 
 
 def _reference_and_ranks(ctx: CheckContext, plan: RunPlan, group: int,
-                         folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The reference writes its snapshots into ``folder``, then the N ranks compare against them."""
+                         folder: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """The reference writes its snapshots into ``folder`` and its twin compares against them
+    (one 1-rank call), then the N ranks compare against them: (reference, twin, ranks)."""
+    # Reference and twin run uncompressed (a comm hook replaced by the stock all-reduce): the
+    # N-rank run's difference is then the hook's compression error (``_compression``).
     ref_plan = replace(plan, microbatches=1, count_allreduce=False, norm_group=group,
-                       role="reference", snapshots=str(folder), eager=True)
+                       role="reference", snapshots=str(folder), uncompressed=True,
+                       eager=True)
+    # The twin: the N-rank run's N·K microbatches, in rank order, accumulated in one process.
+    twin_plan = replace(plan, microbatches=ctx.world_size * plan.microbatches, count_allreduce=False,
+                        norm_group=group, snapshots=str(folder), uncompressed=True)
     # Both calls carry the check's deadline: a target whose step hangs under DDP (an unused
     # parameter with find_unused_parameters=False on some ranks) must become a verdict.
-    ref = ctx.world(world_size=1).run(run_recorded, ref_plan, deadline=ctx.deadline)[0].value
+    ref, twin = ctx.world(world_size=1).run(run_reference_and_twin, ref_plan, twin_plan,
+                                            deadline=ctx.deadline)[0].value
     values = [r.value for r in ctx.world().run(run_recorded, replace(plan, snapshots=str(folder)),
                                                deadline=ctx.deadline)]
-    return ref, values
+    return ref, twin, values
 
 
 def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> Equivalence:
@@ -402,7 +486,7 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
                    steps=steps, norm_group=batch // (n * microbatches))
     folder = Path(tempfile.mkdtemp(prefix="reference-", dir=ctx.tmpdir))
     try:
-        ref, values = _reference_and_ranks(ctx, plan, plan.norm_group, folder)
+        ref, twin, values = _reference_and_ranks(ctx, plan, plan.norm_group, folder)
         # BatchNorm groups of the reference: the one size the N-rank run normalised over
         # (smaller than its microbatch when train_step splits microbatches further), else the
         # microbatch. Known only once the N-rank run ran: a reference that normalised over
@@ -412,35 +496,45 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
         if group != plan.norm_group:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
-            ref, values = _reference_and_ranks(ctx, plan, group, folder)
+            ref, twin, values = _reference_and_ranks(ctx, plan, group, folder)
     finally:
         # The snapshots are the model's size several times over: gone as soon as compared.
         shutil.rmtree(folder, ignore_errors=True)
     ref_norms: dict[str, Any] = ref.get("grads0") or {}
+    floor = twin_floor(ref, twin, twin_microbatches=n * microbatches)
+    compression = compression_bound((values[0] if values else {}).get("comm_hook"),
+                                    world_size=n, steps=steps)
+    # Each tensor passes within its fixed tolerance or within the larger of the measured
+    # bound (margin x floor) and the comm hook's compression bound, relative to its scale.
+    grad_floor = replace(floor, grad_rel=max(floor.grad_bound, compression[0]) / floor.margin)
+    param_floor = replace(floor, param_rel=max(floor.param_bound, compression[0]) / floor.margin)
     # The tolerance comparisons come from the ranks that read the reference's files; the
     # others (another host under --attach) are held to those ranks by digest.
     compared = [v for v in values if v.get("compared_by") != DIGEST]
     rank_grads: list[list[Compared]] = [v.get("grads0") or [] for v in compared]
     has, none = _with_gradient(ref_norms, rank_grads)
     keep = set(has)
-    grads, grad_index = _merge_worst([[c.diff for c in got if c.name in keep] for got in rank_grads])
+    grads, grad_index = _merge_worst([grad_floor.widen([c.diff for c in got if c.name in keep], grad=True)
+                                      for got in rank_grads])
     grad_rank = {name: int(compared[i]["rank"]) for name, i in grad_index.items()}
     grads.sort(key=lambda d: has.index(d.name))
     pre_clip: list[TensorDiff] = []
     pre_scale = None
     ref_clip = ref.get("pre_clip0")
     if ref_clip and all(v.get("pre_clip0") for v in compared):
-        pre_clip, _ = _merge_worst([[c.diff for c in v["pre_clip0"]] for v in compared])
+        pre_clip, _ = _merge_worst([grad_floor.widen([c.diff for c in v["pre_clip0"]], grad=True)
+                                    for v in compared])
         pre_scale = scale_from([v["pre_clip0"] for v in compared], _norms(ref_clip))
     params = []
     for step in range(steps):
-        merged, _ = _merge_worst([[c.diff for c in v["params"][step]] for v in compared
-                                  if len(v.get("params") or []) > step])
+        merged, _ = _merge_worst([param_floor.widen([c.diff for c in v["params"][step]], grad=False)
+                                  for v in compared if len(v.get("params") or []) > step])
         params.append(merged)
     return Equivalence(plan, grads, grad_rank, none, pre_clip, params,
                        [_summary(v) for v in values], _summary(ref),
                        scale_from(rank_grads, _norms(ref_norms)), pre_scale,
-                       divergence=first_divergence(values), compared_by=compared_by(values))
+                       divergence=first_divergence(values), compared_by=compared_by(values),
+                       floor=floor, compression=compression)
 
 
 def _norms(norms: dict[str, Any]) -> list[float]:
@@ -485,7 +579,18 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
                            "microbatch outside no_sync), call the DDP model, and make nothing in the "
                            "step depend on the rank; " + recommendation)
     if eq.ok:
-        return None
+        wide = eq.indistinguishable()
+        if wide is None:
+            return None
+        # Within the bound, but the bound would let the smallest scaling bug through too:
+        # a pass here would be vacuous (docs/numerics.md).
+        metrics["key_figure"] = "noise floor too wide to judge"
+        return Outcome.inconclusive(
+            f"{what} cannot be judged: {wide}; measured: {eq.key_figure()}",
+            metrics=metrics, evidence=evidence,
+            recommendation="judge this configuration's equivalence in a less noisy variant (fp32, "
+                           "no compression) or with a larger batch per microbatch; the floor and "
+                           "its bound are in the record")
     causes, decidable = eq.hints()
     cause = ("; ".join(causes) if causes else eq.no_known_cause())
     message = f"{what} differs from the single-process step: {eq.mismatch_message()} — {cause}"

@@ -39,7 +39,13 @@ class Scale:
     @property
     def uniform(self) -> float | None:
         """The common factor when every gradient is the reference's times it, else None."""
-        if not self.parameters or self.residual > RESIDUAL:
+        return self.uniform_within(0.0)
+
+    def uniform_within(self, noise: float) -> float | None:
+        """``uniform``, with a residual of up to ``noise`` (the configuration's measured bound,
+        ``_floor``: bf16 autocast leaves ~3e-3 of every gradient as rounding) still counting as
+        "a multiple of the reference"."""
+        if not self.parameters or self.residual > max(RESIDUAL, noise):
             return None
         mid = (self.low + self.high) / 2
         if mid == 0 or (self.high - self.low) > SPREAD * abs(mid):

@@ -58,8 +58,10 @@ from ..harness.ddp import (
     unwrap,
     wrap,
 )
+from ..harness.features import FeatureProbe
 from ._compare import Compared
 from ._compiled import output_site, watch_compile
+from ._compression import comm_hook_of
 from ._digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
 from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
 from ._normalisation import group_batchnorm, sizes_seen
@@ -95,6 +97,9 @@ class RunPlan:
     # "reference": write snapshots into ``snapshots``; "compare": compare against them there.
     role: str = "compare"
     snapshots: str = ""
+    # The target's comm hook (configure_ddp) replaced by the stock all-reduce: the
+    # *uncompressed* run a compressing hook's error is measured against (``_floor``).
+    uncompressed: bool = False
     # Every torch.compile'd region run eagerly (``_compiled``): the eager reference of a
     # compiled target, so the N-rank difference is compiled vs eager DDP.
     eager: bool = False
@@ -196,10 +201,12 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     # (reference-checked) weights to every rank, including ranks that cannot read the files.
     differs = _verify_initial(model, snapshots, rank_ctx.device) if not writes and rank == 0 else None
     ddp = wrap(model, rank_ctx.device, kwargs, target=target)
+    hook = comm_hook_of(ddp, uncompressed=plan.uncompressed)
     inner = unwrap(ddp)
     optimizer = target.make_optimizer(ddp)
     record = writes or rank == 0 or plan.record_all_ranks
-    out: dict[str, Any] = {"rank": rank, "ddp_kwargs": repr(kwargs), "dropout_disabled": dropout,
+    out: dict[str, Any] = {"rank": rank, "ddp_kwargs": repr(kwargs), "comm_hook": hook,
+                           "dropout_disabled": dropout,
                            "rng_in_forward": rng_left, "batchnorm_grouped": grouped,
                            "batchnorm_group": group if grouped else None}
     # The reference's snapshots are written in the background while it trains on (one pending
@@ -274,6 +281,9 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         stack.callback(clip.close)
         stack.callback(output_site(ddp, inner).register_forward_hook(watch_output).remove)
         compiled = stack.enter_context(watch_compile(ddp, inner, eager=plan.eager))
+        # Which production features the step uses (autocast, GradScaler, checkpointing…),
+        # seen while it runs: the report's configuration table (harness.features).
+        features = stack.enter_context(FeatureProbe.watching(ddp))
         for step in range(plan.steps):
             current["step"] = step
             batch = global_batch(target, plan.global_batch, seed=plan.seed + step)
@@ -352,4 +362,14 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     out["nonfinite"] = nonfinite
     out["batchnorm_sizes_seen"] = sizes_seen(inner)
     out["compile"] = compiled or None
+    out["features"] = features.result()
     return out
+
+
+def run_reference_and_twin(rank_ctx: Any, reference: RunPlan,
+                           twin: RunPlan) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The reference (writing its snapshots), then its twin comparing against them, in one
+    world call on the 1-rank world (``_floor``: the twin measures the configuration's noise).
+    The reference's model is gone before the twin builds its own: one model at a time."""
+    ref = run_recorded(rank_ctx, reference)
+    return ref, run_recorded(rank_ctx, twin)

@@ -27,7 +27,11 @@ through DDP and the module, all-reduce rounds), ``max_abs_grad_diff``, ``max_rel
 ``first_diverging_step``, ``gradient_scale`` (per-parameter factor against the reference, the
 measurement behind a "loss scaled by N" hint), ``hypotheses``, per-parameter tables.
 Verdicts: NaN/Inf anywhere → failed (step and rank named); no gradient reached the optimizer
-→ skipped. Tolerances: ``_compare``.
+→ skipped. Tolerances: the fixed ones of ``_compare`` as the lower bound, widened to the
+measured noise floor of this configuration (``_floor``: a single-process twin on the N-rank
+run's microbatches, margin 4) and, with a comm hook, its compression bound against the
+uncompressed reference (``_compression``); a floor too wide to tell a loss scaled by N from
+noise → inconclusive. Evidence ``noise_floor``; docs/numerics.md.
 """
 
 from __future__ import annotations

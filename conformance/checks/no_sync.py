@@ -15,7 +15,8 @@ batch does not split in 4) under DDP, with a communication hook that wraps the s
 ``allreduce_hook`` and counts bucket all-reduces (a hook is called once per *bucket*; a
 synchronisation *round* ends with ``bucket.is_last()``); the reference is the same
 ``train_step`` in a 1-rank world on the whole global batch. Judged: gradients and parameters
-within tolerance (as gradient-equivalence) and rounds per optimizer step == 1.
+within tolerance (as gradient-equivalence: the fixed tolerance, widened to the configuration's
+measured noise floor, ``_floor``) and rounds per optimizer step == 1.
 Forgetting ``no_sync`` is numerically right but fails the accumulation contract: K rounds per
 step is a K× communication waste.
 

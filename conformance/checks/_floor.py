@@ -1,0 +1,192 @@
+"""The measured noise floor: how far two *mathematically equivalent* single-process runs of the
+same target and configuration differ, and the bound a DDP difference is judged against.
+
+Fixed per-dtype tolerances (``_compare.TOLERANCES``) are right for fp32 eager code and wrong
+for everything noisier: bf16 autocast rounds every matmul to 8 mantissa bits, so a rank's
+gradient on its shard and one process's on the whole batch differ by ~1e-3 of the gradient's
+scale whatever DDP does (docs/numerics.md has the measurements). So the equivalence checks
+measure the noise of *this* target in *this* configuration before judging DDP:
+
+- **The twin.** In the same 1-rank world call as the reference, right after it, the target's
+  own ``train_step`` runs once more on the same global batch — split into the N-rank run's N·K
+  microbatches (rank by rank, in order: exactly the pieces the ranks compute on), accumulated
+  in one process — and compares itself against the reference's snapshots exactly as the ranks
+  do (``_recorded.run_recorded`` in role "compare" on world size 1). Mathematically it *is*
+  the reference; numerically it computes every per-microbatch gradient as the ranks do and
+  differs from the whole-batch run by the configuration's rounding alone. Its cost: one more
+  single-process run of the check's steps on the global batch, comparing instead of writing
+  (no snapshot written; about one reference step per step).
+- **The floor.** The largest twin difference relative to the tensor's own scale
+  (``max|Δ| / max|ref|``), over every compared tensor whose scale is not negligible (below 1e-4 of
+  the largest: a conv bias before BatchNorm has a gradient of rounding noise only). One figure
+  for the gradients, one for the parameters. Taking the maximum over tensors makes it robust to
+  a tensor where the twin happened to agree bit for bit (a small bias that rounds the same both
+  ways): that tensor is still allowed the configuration's noise, not a zero one.
+- **The bound.** A tensor's DDP difference passes within its fixed tolerance *or* within
+  ``MARGIN × floor × max|ref|``. The margin covers that the N-rank run adds its own
+  summation order on top of the same per-microbatch rounding (the twin has the same pieces, so
+  the two are of one size; measured DDP/twin ratios are in docs/numerics.md).
+- **Not a floor.** The twin measures noise only when splitting the batch is all that differs:
+  it must step the optimizer and clip as often as the reference, and its gradients must be the
+  reference's times 1 (each parameter's projected factor within ``FACTOR_SLACK`` of 1 — rounding
+  moves a projection by far less). Otherwise the split changes what the step computes (a loss
+  not divided by the number of microbatches, clipping inside the accumulation window, a step
+  per microbatch): the floor is "not measured", said with the reason, and the fixed tolerances
+  judge alone — exactly the suite's behaviour before the floor existed.
+- **Too wide to judge.** When ``MARGIN × floor`` of the gradients reaches the relative error of
+  the smallest scaling bug the check names (a loss scaled by N or K, or divided by them: a
+  gradient factor f differs from the reference by ``|f - 1|`` of its scale), a passing
+  comparison proves nothing: the check is inconclusive, "this configuration cannot distinguish
+  …" with the numbers. Parameters never decide this: Adam normalises its update, so parameters
+  barely show a scaling bug even in fp32; the gradients are the detector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ._compare import Compared, TensorDiff, fmt
+from ._hypotheses import NEGLIGIBLE, scale_from
+
+#: DDP difference allowed per unit of measured floor. The twin and the N-rank run round the
+#: same per-microbatch gradients and differ only in how they sum them, so their differences
+#: from the reference are of one size: measured DDP/twin ratios stay below 2
+#: (benchmarks/noise_floor.py, docs/numerics.md); 4 leaves room for a noisier draw, and keeps
+#: the bound of bf16 autocast (~1e-2) fifty times under the smallest scaling bug (0.5).
+MARGIN = 4.0
+#: How far from 1 a parameter's projected twin/reference factor may be while the twin still
+#: counts as the same computation: rounding moves a projection by < 1e-2 even in bf16.
+FACTOR_SLACK = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """The twin's differences from the reference, reduced to one floor per kind of tensor."""
+
+    grad_rel: float | None  # max |Δ|/max|ref| over gradients (None: not measured, see reason)
+    param_rel: float | None
+    twin_microbatches: int
+    margin: float = MARGIN
+    grad_tensor: str | None = None  # the tensor that set the floor
+    param_tensor: str | None = None
+    twin_factors: tuple[float, float] | None = None  # per-parameter twin/reference factors
+    reason: str = ""  # why the floor was not measured
+
+    @property
+    def measured(self) -> bool:
+        return self.grad_rel is not None
+
+    @property
+    def grad_bound(self) -> float:
+        return self.margin * self.grad_rel if self.grad_rel else 0.0
+
+    @property
+    def param_bound(self) -> float:
+        return self.margin * self.param_rel if self.param_rel else 0.0
+
+    def widen(self, diffs: list[TensorDiff], *, grad: bool) -> list[TensorDiff]:
+        """``diffs`` judged against the floor as well as their fixed tolerance."""
+        bound = self.grad_bound if grad else self.param_bound
+        return [replace(d, allowed_rel=bound) for d in diffs] if bound > 0 else diffs
+
+    def indistinguishable(self, *, world_size: int, microbatches: int) -> str | None:
+        """Why a pass would prove nothing (the bound admits the smallest scaling bug), or None."""
+        if self.grad_bound <= 0:
+            return None
+        bug, what = smallest_bug(world_size=world_size, microbatches=microbatches)
+        if self.grad_bound < bug:
+            return None
+        return (f"this configuration cannot distinguish {what} (gradients off by {fmt(bug)} of "
+                f"their scale) from its own rounding: two equivalent single-process runs (the "
+                f"whole batch vs its {self.twin_microbatches} microbatches) already differ by "
+                f"{fmt(self.grad_rel or 0.0)} of the scale of {self.grad_tensor!r}, and the bound "
+                f"(margin {self.margin:g} x floor) is {fmt(self.grad_bound)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"measured": self.measured, "reason": self.reason or None,
+                "method": (f"the same train_step in one process on the global batch split into "
+                           f"the N-rank run's {self.twin_microbatches} microbatches, against the "
+                           f"whole-batch reference"),
+                "twin_microbatches": self.twin_microbatches, "margin": self.margin,
+                "twin_factor_range": list(self.twin_factors) if self.twin_factors else None,
+                "gradients": {"floor_rel": self.grad_rel, "tensor": self.grad_tensor,
+                              "bound_rel": self.grad_bound},
+                "parameters": {"floor_rel": self.param_rel, "tensor": self.param_tensor,
+                               "bound_rel": self.param_bound}}
+
+
+def smallest_bug(*, world_size: int, microbatches: int) -> tuple[float, str]:
+    """(relative gradient error, description) of the least visible scaling bug named by the
+    checks (``_hypotheses.scale_causes``): a gradient factor f is off by |f - 1| of its scale."""
+    n, k = world_size, microbatches
+    table = [(abs(n - 1), f"a loss multiplied by the world size (factor N={n})"),
+             (abs(1 - 1 / n), f"a loss divided by the world size or summed (factor 1/{n})")]
+    if k > 1:
+        table += [(abs(k - 1), f"a loss not divided by the K={k} accumulation steps (factor {k})"),
+                  (abs(1 - 1 / k), f"a loss divided by K={k} twice (factor 1/{k})")]
+    return min(table)
+
+
+def _largest(compared: list[Compared]) -> tuple[float, str | None]:
+    """(max relative difference, its tensor) over tensors of non-negligible scale."""
+    both = [c for c in compared if c.got_present and c.ref_present]
+    top = max((c.diff.ref_max for c in both), default=0.0)
+    rel, name = 0.0, None
+    for c in both:
+        if c.diff.ref_max > NEGLIGIBLE * top and not c.diff.max_rel <= rel:
+            rel, name = c.diff.max_rel, c.name
+    return rel, name
+
+
+def not_measured(reason: str, *, twin_microbatches: int) -> Floor:
+    return Floor(None, None, twin_microbatches, reason=reason)
+
+
+def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
+               twin_microbatches: int) -> Floor:
+    """The floor from the twin's summaries, or why the twin is no measurement of noise."""
+    def no(reason: str) -> Floor:
+        return not_measured(reason, twin_microbatches=twin_microbatches)
+
+    if twin is None:
+        return no("the twin run did not run")
+    if twin.get("nonfinite") or reference.get("nonfinite"):
+        return no("a run produced NaN/Inf: no noise to measure")
+    if twin.get("optimizer_steps") != reference.get("optimizer_steps"):
+        return no(f"train_step stepped the optimizer {twin.get('optimizer_steps')} times per "
+                  f"step on {twin_microbatches} microbatches but {reference.get('optimizer_steps')} "
+                  f"on the whole batch: the split changes what a step does")
+    if twin.get("grads0_step") != reference.get("grads0_step"):
+        return no(f"the first optimizer.step() ran at step {twin.get('grads0_step')} on "
+                  f"{twin_microbatches} microbatches but at {reference.get('grads0_step')} on the "
+                  f"whole batch (a GradScaler skipped a step on one side only)")
+    clips = [len(c) for c in twin.get("clip_calls") or []]
+    ref_clips = [len(c) for c in reference.get("clip_calls") or []]
+    if clips != ref_clips:
+        return no(f"clip_grad_norm_ ran {clips} times per step on {twin_microbatches} microbatches "
+                  f"but {ref_clips} on the whole batch: clipping inside the accumulation window "
+                  f"depends on the split")
+    grads: list[Compared] = twin.get("grads0") or []
+    if not grads:
+        return no("no gradient reached the optimizer in the twin run")
+    # At optimizer.step() and, when the step clips, before clipping: an engaged clip rescales
+    # both runs to max_norm and would hide a factor that the unclipped gradients show.
+    factors: tuple[float, float] | None = None
+    for label in ("grads0", "pre_clip0"):
+        got: list[Compared] = twin.get(label) or []
+        ref_norms = [float(v) for v in (reference.get(label) or {}).values() if v is not None]
+        scale = scale_from([got], ref_norms)
+        if not scale.parameters:
+            continue
+        factors = (min(scale.low, factors[0]), max(scale.high, factors[1])) if factors else (scale.low, scale.high)
+    if factors and max(abs(factors[0] - 1), abs(factors[1] - 1)) > FACTOR_SLACK:
+        return replace(no(
+            f"the gradients of the run on {twin_microbatches} microbatches are the whole-batch "
+            f"run's times {factors[0]:.3g}..{factors[1]:.3g}, not 1: the step's result depends on "
+            f"how the batch is split (e.g. a loss not divided by the number of microbatches)"),
+            twin_factors=factors)
+    grad_rel, grad_name = _largest([*grads, *(twin.get("pre_clip0") or [])])
+    param_rel, param_name = _largest([c for step in twin.get("params") or [] for c in step])
+    return Floor(grad_rel, param_rel, twin_microbatches, grad_tensor=grad_name,
+                 param_tensor=param_name, twin_factors=factors)

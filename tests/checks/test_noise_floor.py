@@ -1,0 +1,105 @@
+"""The measured noise floor (``_floor``) and the comm hook's compression bound
+(``_compression``), judged without a world: when the twin run is a measurement of noise and when
+it is not (with the reason), the floor robust to a tensor that happened to agree exactly, the
+bound a difference is judged against, and the "cannot distinguish" verdict with its numbers.
+The end-to-end runs (bf16 autocast, fp16/bf16/PowerSGD hooks; correct passes, scaled loss
+caught) are in tests/examples/test_numerics_examples.py."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conformance.checks._compare import Compared, TensorDiff, tolerance_for
+from conformance.checks._compression import compression_bound
+from conformance.checks._floor import MARGIN, Floor, smallest_bug, twin_floor
+
+TOL = tolerance_for("float32", grad=True)
+
+
+def _c(name: str, rel: float, scale: float, *, factor: float = 1.0) -> Compared:
+    """A twin-vs-reference summary: max |Δ| = rel·scale on a tensor whose max |ref| is scale."""
+    ref_sq = (10 * scale) ** 2
+    diff = TensorDiff(name, rel * scale, rel, rel * scale / (TOL.atol + TOL.rtol * scale), TOL,
+                      ref_max=scale)
+    return Compared(diff, True, True, ref_sq=ref_sq, dot=factor * ref_sq,
+                    got_sq=factor ** 2 * ref_sq, residual=0.0)
+
+
+def _runs(grads: list[Compared], **twin_overrides: object) -> tuple[dict, dict]:
+    ref = {"optimizer_steps": [1, 1], "grads0_step": 0, "clip_calls": [[], []],
+           "grads0": {c.name: 10 * c.diff.ref_max for c in grads}, "nonfinite": None}
+    twin = {**ref, "grads0": grads, "pre_clip0": None, "params": [[_c("w", 1e-3, 0.5)]],
+            **twin_overrides}
+    return ref, twin
+
+
+def test_floor_is_the_largest_relative_twin_difference_over_tensors_of_real_scale():
+    # 'b' agreed bit for bit with the reference; 'tiny' is rounding noise on a gradient 1e-6 of
+    # the largest (a conv bias before BatchNorm): neither sets the floor, 'w' does.
+    ref, twin = _runs([_c("w", 3e-3, 1.0), _c("b", 0.0, 0.2), _c("tiny", 0.9, 1e-6)])
+    floor = twin_floor(ref, twin, twin_microbatches=8)
+    assert floor.measured and floor.grad_rel == pytest.approx(3e-3) and floor.grad_tensor == "w"
+    assert floor.param_rel == pytest.approx(1e-3)
+    assert floor.grad_bound == pytest.approx(MARGIN * 3e-3)
+    # The tensor that agreed exactly is still allowed the configuration's noise, not zero.
+    exact_b = TensorDiff("b", 0.01 * 0.2, 0.01, 1e3, TOL, ref_max=0.2)
+    widened, = floor.widen([exact_b], grad=True)
+    assert not exact_b.ok and widened.ok and widened.judged_ratio == pytest.approx(0.01 / (MARGIN * 3e-3))
+    # Beyond the bound it fails, whatever the floor.
+    bad, = floor.widen([TensorDiff("w", 0.5, 0.5, 1e5, TOL, ref_max=1.0)], grad=True)
+    assert not bad.ok and "noise floor x margin" in bad.describe_bound()
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"optimizer_steps": [2, 2]}, r"stepped the optimizer \[2, 2\] times per step on 8 microbatches but"),
+    ({"grads0_step": 1}, r"first optimizer.step\(\) ran at step 1 on 8 microbatches but at 0"),
+    ({"clip_calls": [[{}] * 8, [{}] * 8]}, r"clip_grad_norm_ ran \[8, 8\] times .* inside the accumulation window"),
+    ({"nonfinite": {"step": 0}}, r"NaN/Inf"),
+    ({"grads0": []}, r"no gradient reached the optimizer in the twin"),
+])
+def test_a_twin_that_computes_something_else_is_no_floor(overrides, reason):
+    ref, twin = _runs([_c("w", 3e-3, 1.0)], **overrides)
+    floor = twin_floor(ref, twin, twin_microbatches=8)
+    assert not floor.measured and floor.grad_bound == 0.0
+    assert pytest.approx(0.0) == floor.param_bound
+    assert re.search(reason, floor.reason), floor.reason
+
+
+def test_a_twin_off_by_a_factor_is_a_semantic_difference_not_noise():
+    # A loss not divided by the number of microbatches: the twin on N·K=8 pieces is 8x the
+    # whole-batch run. A floor of 7 would let every scaling bug pass; it is refused instead.
+    ref, twin = _runs([_c("w", 7.0, 1.0, factor=8.0), _c("b", 7.0, 0.5, factor=8.0)])
+    floor = twin_floor(ref, twin, twin_microbatches=8)
+    assert not floor.measured and floor.twin_factors == (8.0, 8.0)
+    assert "times 8..8, not 1: the step's result depends on how the batch is split" in floor.reason
+    assert floor.indistinguishable(world_size=2, microbatches=4) is None
+
+
+def test_a_floor_too_wide_for_the_smallest_bug_cannot_distinguish_it():
+    assert smallest_bug(world_size=2, microbatches=1) == (0.5, "a loss divided by the world size or summed (factor 1/2)")
+    assert smallest_bug(world_size=4, microbatches=2)[0] == 0.5  # factor 1/K = 1/2
+    narrow = Floor(0.1, 0.1, 2)  # bound 0.4 < 0.5: a factor 1/2 still shows
+    assert narrow.indistinguishable(world_size=2, microbatches=1) is None
+    wide = Floor(0.2, 0.1, 2, grad_tensor="w")  # bound 0.8 >= 0.5
+    message = wide.indistinguishable(world_size=2, microbatches=1) or ""
+    assert re.search(r"cannot distinguish a loss divided by the world size or summed \(factor 1/2\) "
+                     r"\(gradients off by 0.5 of their scale\) .* already differ by 0.2 of the "
+                     r"scale of 'w', and the bound \(margin 4 x floor\) is 0.8", message), message
+
+
+def test_compression_bounds_per_hook():
+    fp16 = compression_bound({"name": "fp16_compress_hook", "kind": "fp16"}, world_size=2, steps=3)
+    bf16 = compression_bound({"name": "bf16_gloo_hook", "kind": "bf16"}, world_size=2, steps=3)
+    assert fp16[0] == pytest.approx(4 * 2 ** -10) and not fp16[2]
+    assert bf16[0] == pytest.approx(4 * 2 ** -7) and bf16[0] < smallest_bug(world_size=2, microbatches=1)[0] / 10
+    warm = compression_bound({"name": "powerSGD_hook", "kind": "powersgd", "start_powerSGD_iter": 10},
+                             world_size=2, steps=3)
+    assert warm[0] == 0.0 and not warm[2] and "compression not exercised" in warm[1]
+    low_rank = compression_bound({"name": "powerSGD_hook", "kind": "powersgd", "start_powerSGD_iter": 2,
+                                  "matrix_approximation_rank": 1}, world_size=2, steps=3)
+    assert low_rank[2] and "low-rank approximation" in low_rank[1]
+    # A hook the suite does not know gets no allowance: one that loses gradients fails.
+    assert compression_bound({"name": "my_hook", "kind": "other"}, world_size=2, steps=3)[0] == 0.0
+    assert compression_bound(None, world_size=2, steps=3) == (0.0, "no comm hook", False)

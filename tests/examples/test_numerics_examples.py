@@ -1,0 +1,76 @@
+"""The production numerics examples on 2 gloo ranks: bf16 autocast + GradScaler-style scaling +
+AdamW (``examples/train_amp.py``) and gradient compression hooks (``examples/train_compressed.py``:
+fp16, bf16, PowerSGD). Each correct configuration passes gradient-equivalence and
+no-sync-equivalence with **no false alarm** — judged against its measured noise floor and, with
+a hook, against the uncompressed run within the hook's bound — and the same configuration with
+the loss multiplied by the world size is **caught**, the hint naming factor N. Both fixed
+tolerances alone failed the correct configurations (docs/numerics.md)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conformance.harness.registry import BY_ID
+
+from ._variants import variant
+
+CHECKS = ("gradient-equivalence", "no-sync-equivalence")
+TIMES_WORLD = r"the loss is multiplied by the world size \(factor 2 = N\)"
+
+#: config -> (example, edits selecting it, the line whose loss the bug variant multiplies by N)
+CONFIGS = {
+    "bf16_autocast_adamw_scaler": ("train_amp.py", [],
+                                   "loss = loss_fn(model(tokens), labels) / k"),
+    **{f"{hook}_hook": ("train_compressed.py",
+                        [('HOOK = os.environ.get("DDP_COMPRESS_HOOK", "fp16")', f'HOOK = "{hook}"')],
+                        "(loss_fn(model(x), y) / k).backward()")
+       for hook in ("fp16", "bf16", "powersgd")},
+}
+
+
+def _times_world(line: str) -> str:
+    return line.replace(" / k", " * torch.distributed.get_world_size() / k")
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_correct_configuration_passes_against_its_floor(suite_session, tmp_path, config):
+    example, edits, _ = CONFIGS[config]
+    path = variant(tmp_path, example, config, *edits)
+    for check in CHECKS:
+        record, _ = suite_session.run_check(BY_ID[check], path)
+        assert record.status == "passed", f"{check}: {record.message}"
+        floor = record.evidence["noise_floor"]
+        # The record shows the floor, the margin, the bound and the observed difference.
+        assert floor["measured"] and floor["margin"] == 4.0, floor
+        grads = floor["gradients"]
+        assert grads["observed_rel"] == record.metrics["max_rel_grad_diff"]
+        assert floor["distinguishes_smallest_bug"]
+        if example == "train_amp.py":
+            # bf16 rounding: far above the fixed fp32 tolerance, inside the measured bound.
+            assert 1e-4 < grads["floor_rel"] < 2e-2 and grads["observed_rel"] <= grads["bound_rel"]
+        else:
+            compression = floor["compression"]
+            assert compression["within_bound"] and compression["hook"]["applied"]
+            assert compression["error_rel"] == record.metrics["compression_error_rel"]
+            if "powersgd" in config:
+                assert "compression not exercised" in compression["why"]
+            else:
+                # Real compression error, measured against the uncompressed reference.
+                assert 1e-5 < compression["error_rel"] < compression["bound_rel"], compression
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_loss_times_world_size_is_caught(suite_session, tmp_path, config):
+    example, edits, line = CONFIGS[config]
+    path = variant(tmp_path, example, config, *edits, (line, _times_world(line)))
+    for check in CHECKS:
+        record, _ = suite_session.run_check(BY_ID[check], path)
+        assert record.status == "failed", f"{check}: {record.status}: {record.message}"
+        # The factor the hint rests on: before clipping when the step clips (train_amp.py).
+        scale = (record.evidence["gradient_scale_before_clipping"]
+                 or record.evidence["gradient_scale"])
+        assert scale["factor_min"] == pytest.approx(2.0, rel=2e-2), scale
+        assert scale["factor_max"] == pytest.approx(2.0, rel=2e-2), scale
+        assert re.search(TIMES_WORLD, record.message), record.message
