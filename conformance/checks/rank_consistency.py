@@ -25,8 +25,17 @@ broadcast). Buffers are legitimately different *between* a step's forward and th
 A NaN/Inf in any parameter or buffer fails the check on its own, naming the first checkpoint
 and rank: NaN weights are bit-identical on every rank, and that is divergence, not consistency.
 
+(3) For a target that defines ``run_loop``: the loop itself, in a fresh world, with the
+parameters and every GradScaler's state (scale, growth tracker) digested on every rank at every
+optimizer step and at each ``Join``'s exit (``_midrun``). ``Join`` re-syncs the model from the
+last rank to finish when it exits, so drift *during* a loop over uneven inputs — the classic one:
+loss scales updated only on the ranks still training in Join's tail — is invisible at the end;
+the first step where ranks differ is named, with the scales per rank and whether the end agreed.
+
 Evidence: ``structure`` (per rank: counts and the first differing entry), ``nonfinite``, ``first_divergence``
-(tensor name, kind, rank, step, |Δsum|), ``tensors_compared``, ``checkpoints``.
+(tensor name, kind, rank, step, |Δsum|), ``tensors_compared``, ``checkpoints``; with a run_loop,
+``midrun`` (checkpoints compared, steps per rank, Join blocks, the first difference and the first
+parameter difference with scales per rank, steps skipped on inf/NaN, whether the end agreed).
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ inside backward, one rank with fewer batches -- a rank that never entered the co
 driver leaves it (entered on every rank, completed on none). It passes iff every fault fired
 and the diagnosis names the injected rank and class (and, for DDP, the bucket and parameters),
 within the deadline. Target mode runs the target's ``run_loop`` (or a default few-step loop of
-its model, data and ``train_step``) and fails when it hangs or raises, with the diagnosis.
+its model, data and ``train_step``) and fails when it hangs or raises, with the diagnosis; a
+hang in which the ranks ran different numbers of training batches (counted per rank) is named
+uneven inputs, with Join advised. A run_loop that completes with ``Join`` over uneven inputs is
+re-run with Join a no-op context, to show the hang it prevents (culprit rank and collective).
 
 Evidence: per-scenario classification (divergence | transport | dead-rank | error), culprit
 rank, collective (sequence number, op, shape, tag, DDP bucket and its parameter names), DDP's
