@@ -96,3 +96,34 @@ def test_a_rank_that_raised_leaves_the_end_undecided() -> None:
     runs[1] = {"points": runs[1]["points"][:3], "error": "RuntimeError: timed out"}
     found = judge(runs)
     assert found.errors == {1: "RuntimeError: timed out"} and found.end_params_agree is None
+
+
+def test_the_watch_records_each_step_once_and_a_skipped_scaler_step_and_leaves_torch_as_it_was() -> None:
+    # No world needed: a GradScaler and an optimizer on CPU, one step with an inf gradient.
+    import torch
+    from torch.amp.grad_scaler import GradScaler
+    from torch.distributed.algorithms.join import Join
+
+    from conformance.checks._midrun import _Recorder, watching
+
+    originals = (GradScaler.__dict__["step"], Join.__dict__["__enter__"], Join.__dict__["__exit__"])
+    model = torch.nn.Linear(2, 1)
+    recorder = _Recorder([model])
+    with watching(recorder):
+        plain = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(1, 2)).sum().backward()
+        plain.step()  # a plain optimizer step: one checkpoint, by the global post-hook
+        scaler = GradScaler("cpu", growth_interval=1)
+        scaled = torch.optim.SGD(model.parameters(), lr=0.1)
+        for value in (1.0, float("inf")):
+            scaled.zero_grad()
+            scaler.scale(model(torch.full((1, 2), value)).sum()).backward()
+            scaler.step(scaled)  # one checkpoint each, the inner optimizer.step not counted again
+            scaler.update()
+    plain.step()  # after the block: the global post-hook is gone
+    assert [p["kind"] for p in recorder.points] == ["step", "step", "step"]
+    assert [p["skipped"] for p in recorder.points] == [None, False, True]
+    assert [p["scalers"] for p in recorder.points] == [
+        [], [{"scale": 65536.0, "growth_tracker": 0}], [{"scale": 131072.0, "growth_tracker": 0}]]
+    assert recorder.points[0]["params"].keys() == {"weight", "bias"}
+    assert (GradScaler.__dict__["step"], Join.__dict__["__enter__"], Join.__dict__["__exit__"]) == originals
