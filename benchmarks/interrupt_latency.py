@@ -23,6 +23,10 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conformance.harness.world.local import process_running
+
 TAG = "DDP_BENCH_TAG"
 
 TARGET = '''
@@ -46,14 +50,6 @@ def train_step(model, optimizer, microbatches, loss_fn):  # noqa: F811
 '''
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def one_round(ranks: int, work: Path) -> float:
     ready = work / f"ready-{uuid.uuid4().hex[:6]}"
     ready.mkdir()
@@ -73,7 +69,7 @@ def one_round(ranks: int, work: Path) -> float:
         pids = [int(p.name) for p in ready.iterdir()]
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        while any(_alive(pid) for pid in pids):
+        while any(process_running(pid) for pid in pids):
             if time.monotonic() - sent > 60:
                 raise RuntimeError(f"ranks {pids} still alive 60 s after Ctrl-C")
             time.sleep(0.005)

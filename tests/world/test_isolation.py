@@ -19,6 +19,7 @@ from conformance.harness.timing import CLOSE_GRACE_S, INTERRUPT_BUDGET_S
 from conformance.harness.world import RankFailure, World, WorldLike
 from conformance.harness.world._protocol import encode
 from conformance.harness.world.attach import AttachedWorld, RankZeroLocalWorld
+from conformance.harness.world.local import process_running
 
 from . import _work
 
@@ -89,13 +90,6 @@ def test_a_malformed_or_stale_reply_replaces_the_world(work, why) -> None:
         assert world.generation == before + 1
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
 
 def test_close_with_every_rank_busy_takes_one_grace_period() -> None:
     world = World(4, "gloo", deadline=DEADLINE).start()
@@ -111,7 +105,7 @@ def test_close_with_every_rank_busy_takes_one_grace_period() -> None:
     # One grace period for all four (it was 5 s per busy rank: 20 s).
     assert took <= CLOSE_GRACE_S + 1.0, f"close took {took:.2f} s"
     assert CLOSE_GRACE_S + 1.0 <= INTERRUPT_BUDGET_S + 1.0
-    assert not any(_alive(p) for p in pids)
+    assert not any(process_running(p) for p in pids)
 
 
 @pytest.mark.parametrize("how, death", [("exit", "exit code 3"), ("segfault", "killed by SIGSEGV")])

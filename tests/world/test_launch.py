@@ -8,9 +8,9 @@ import pytest
 
 from conformance.harness.session import Session, Settings
 from conformance.harness.world import RankFailure, World
+from conformance.harness.world.local import process_running
 
 from . import _work
-from .test_world import _alive
 
 
 def test_a_launched_world_serves_its_first_call_with_the_launched_ranks() -> None:
@@ -25,7 +25,7 @@ def test_a_launched_world_serves_its_first_call_with_the_launched_ranks() -> Non
         assert world.pids == launched and world.generation == 1
     finally:
         world.close()
-    assert not any(_alive(pid) for pid in launched)
+    assert not any(process_running(pid) for pid in launched)
 
 
 def test_a_rank_that_cannot_start_is_reported_by_the_first_call() -> None:
@@ -39,7 +39,7 @@ def test_a_rank_that_cannot_start_is_reported_by_the_first_call() -> None:
             world.run(_work.allreduce_sum, 1.0)
     finally:
         world.close()
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(process_running(pid) for pid in pids)
 
 
 def test_a_launched_world_closed_unused_leaves_no_process() -> None:
@@ -47,7 +47,7 @@ def test_a_launched_world_closed_unused_leaves_no_process() -> None:
     world.launch()
     pids = world.pids
     world.close()
-    assert pids and not any(_alive(pid) for pid in pids)
+    assert pids and not any(process_running(pid) for pid in pids)
 
 
 def test_prewarm_launches_the_reference_world_with_a_thread_per_rank_it_stands_in_for() -> None:

@@ -8,19 +8,13 @@ import time
 import pytest
 
 from conformance.harness.world import RankFailure, World, WorldHang, WorldUnavailable
+from conformance.harness.world.local import process_running
 
 from . import _work
 
 DEADLINE = 4.0
 
 
-def _alive(pid: int) -> bool:
-    """True when pid is a live process (a zombie counts as dead: it runs nothing)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +48,7 @@ def test_a_blocked_rank_is_a_hang_with_stacks_and_a_fresh_world_after(world: Wor
     assert "ranks [1] did not finish" in str(hang)
     assert set(hang.stacks) == {0, 1}, "every rank's stack is collected"
     assert "block_forever_on" in hang.stacks[1]
-    assert not any(_alive(pid) for pid in old_pids), "the hung world must be killed"
+    assert not any(process_running(pid) for pid in old_pids), "the hung world must be killed"
     # The next call gets a fresh, working world.
     assert [r.value for r in world.run(_work.allreduce_sum, 1.0)] == [3.0, 3.0]
     assert world.generation >= 2 and set(world.pids).isdisjoint(old_pids)
@@ -69,7 +63,7 @@ def test_a_stopped_rank_is_a_hang_and_is_killed(world: World) -> None:
     assert time.monotonic() - start <= 3.0 + 2.0
     assert info.value.stuck_ranks == [1] or 1 in info.value.stuck_ranks
     assert "process is stopped" in info.value.stacks[1]
-    assert not _alive(stopped_pid)
+    assert not process_running(stopped_pid)
 
 
 def test_a_rank_that_raises_is_named_with_its_traceback(world: World) -> None:
@@ -101,11 +95,11 @@ def test_rank_children_die_with_the_world() -> None:
     with World(2, "gloo", deadline=DEADLINE) as w:
         helpers = [r.value for r in w.run(_work.spawn_grandchild)]
         ranks = w.pids
-        assert all(_alive(pid) for pid in helpers)
+        assert all(process_running(pid) for pid in helpers)
     deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in helpers + ranks) and time.monotonic() < deadline:
+    while any(process_running(pid) for pid in helpers + ranks) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(_alive(pid) for pid in helpers + ranks)
+    assert not any(process_running(pid) for pid in helpers + ranks)
 
 
 def test_bad_worlds_are_rejected_with_the_fix() -> None:
@@ -154,13 +148,13 @@ def test_ranks_die_when_the_supervisor_is_killed(tmp_path) -> None:
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert proc.stdout.readline().strip() == "ready"
-        assert all(_alive(pid) for pid in pids)
+        assert all(process_running(pid) for pid in pids)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         deadline = time.monotonic() + 5
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(process_running(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(pid) for pid in pids), "ranks outlived their supervisor"
+        assert not any(process_running(pid) for pid in pids), "ranks outlived their supervisor"
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

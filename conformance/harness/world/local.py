@@ -60,6 +60,12 @@ def _proc_state(pid: int) -> str:
         return ""
 
 
+def process_running(pid: int) -> bool:
+    """True when ``pid`` is a live process; a zombie counts as gone (it runs nothing, it only
+    waits for its parent to reap it). What "no process left behind" is checked with."""
+    return _proc_state(pid) not in ("", "Z")
+
+
 def _rank_of_cause(error: RankError | None) -> int:
     """Sort key: a death or a protocol breach is a root cause; an exception may be a symptom."""
     if error is None:
