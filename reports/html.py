@@ -31,7 +31,7 @@ from ._format import (
     truncate,
 )
 from .charts import charts_for
-from .recommend import recommend, warnings_of
+from .recommend import recommend, verification, warnings_of
 from .verdict import EXIT_CODES
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -76,6 +76,7 @@ def _check_view(c: Mapping[str, Any], index: int, events: list[Any], default_tar
         "target": _show(c.get("target") or default_target), "key_figure": key_figure(c),
         "summary": one_line(message, 240) or DASH, "message": message, "message_cut": message_cut,
         "duration": seconds(c.get("duration_s")), "peak_memory": peak_memory(c), "cost": cost_line(c), "recommendation": c.get("recommendation") or recommend(c),
+        "verification": verification(c),
         "warnings": warnings_of(c), "evidence_json": evidence_json, "evidence_cut": evidence_cut,
         "charts": charts_for(c, events), "events": own_events,
     }

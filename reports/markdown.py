@@ -28,7 +28,7 @@ from ._format import (
     timestamp,
     truncate,
 )
-from .recommend import recommend, warnings_of
+from .recommend import recommend, verification, warnings_of
 
 MAX_BYTES = 1_000_000  # GitHub's limit is 1 MiB per step summary; keep a margin
 CELL_CHARS = 160
@@ -140,7 +140,9 @@ def _detail(c: Mapping[str, Any]) -> list[str]:
         lines.append(f"- ⚠️ {cell(warning, 300)}")
     advice = c.get("recommendation") or recommend(c)
     if advice:
-        lines += ["", f"> **Recommendation:** {text(advice)}", ""]
+        # Whether a re-run with the change fixed the failure (reports.recommend.verification).
+        lines += ["", f"> **Recommendation:** {text(advice)}", ">",
+                  f"> _Verification: {text(verification({**c, 'recommendation': advice}) or '')}_", ""]
     evidence = c.get("evidence")
     if isinstance(evidence, Mapping) and evidence:
         body, cut = pretty_json(evidence, EVIDENCE_CHARS)

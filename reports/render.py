@@ -17,7 +17,7 @@ from typing import Any
 
 from . import html, markdown
 from .atomic import atomic_write_text
-from .recommend import recommend
+from .recommend import recommend, verification
 from .schema import SCHEMA_VERSION, CheckRecord, Event
 from .store import ResultStore
 from .verdict import counts, decide, is_harness, reasons
@@ -30,6 +30,8 @@ def _check_dict(record: CheckRecord) -> dict[str, Any]:
     own = data.get("recommendation")
     data["recommendation"] = recommend(data)
     data["recommendation_source"] = "check" if own else ("rules" if data["recommendation"] else None)
+    # "verified fix" / "did not fix" per re-run change, else "suggested, not verified" (None: no advice).
+    data["recommendation_verification"] = verification(data)
     return data
 
 
