@@ -7,7 +7,6 @@ from __future__ import annotations
 import traceback
 from types import SimpleNamespace
 
-import pytest
 import torch
 from torch import nn
 
@@ -96,9 +95,3 @@ def test_evidence_and_warning_from_the_ranks():
     assert evidence[DDP_BUCKET_SPLITS] == [[1, 1], [1, 1]]
     (warning,) = compile_warnings(evidence)
     assert "train.py:7 (Tensor.item())" in warning and "1 place(s)" in warning
-
-
-@pytest.fixture(autouse=True)
-def _cold_dynamo():
-    yield
-    torch._dynamo.reset()
