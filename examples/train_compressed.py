@@ -17,7 +17,9 @@ Compression changes the numbers: the suite runs its single-process reference *un
 reports the hook's error against it as a figure, and fails only beyond the hook's stated bound
 (fp16 2·N·2^-10 of a tensor's scale, bf16 2·N·2^-7; docs/numerics.md). PowerSGD's plain
 all-reduce phase lasts ``POWERSGD_START`` iterations here, longer than the checks' few steps, so
-the checks see it exact; its low-rank phase is an approximation no rounding bound covers.
+the checks see it exact; its low-rank phase is an approximation no rounding bound covers (with
+``POWERSGD_START = 2`` the checks judge the first-step gradients exactly and report, without
+judging, the parameters after the compressed steps).
 """
 
 from __future__ import annotations

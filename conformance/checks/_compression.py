@@ -19,9 +19,10 @@ noise floor, ``_floor``). It is reported as a figure and fails only beyond the h
 - PowerSGD (``powerSGD_hook``, ``batched_powerSGD_hook``): the plain all-reduce until iteration
   ``start_powerSGD_iter`` (1000 by default), then a rank-r approximation whose error is a
   property of the gradient's spectrum, not of rounding, and which error feedback repays over
-  later steps. Steps before it are held to the floor (bound 0 here); a run whose compared
-  steps reach it gets no bound that could tell a bug from the approximation, and the record
-  says so (``approximate``).
+  later steps. Steps before it are held to the floor (bound 0 here); the parameters after the
+  steps that reach it are reported and not judged (``approximate``; a warning says so): no bound
+  could tell a bug from the approximation there. The first-step gradients come before it
+  (``start_powerSGD_iter`` ≥ 2) and still catch a scaling bug.
 - Any other hook: no allowance. Its difference is judged like DDP's own all-reduce, so a hook
   that loses or rescales gradients fails with its name in the record.
 """

@@ -29,6 +29,7 @@ from reports.keys import (
     DATASET_DIFFERS_ON_RANKS,
     DDP_BYPASSED,
     DROPOUT_DISABLED,
+    FEATURES,
     GRADIENT_FACTOR,
     HYPOTHESES,
     NOISE_FLOOR,
@@ -71,6 +72,9 @@ class Equivalence:
     # already judged against them (``TensorDiff.allowed_rel``).
     floor: Floor = field(default_factory=lambda: not_measured("not run", twin_microbatches=0))
     compression: tuple[float, str, bool] = (0.0, "no comm hook", False)
+    # PowerSGD's low-rank steps: the parameters' difference from the uncompressed run after
+    # each, reported and not judged (no rounding bound covers an approximation).
+    low_rank_params: list[dict[str, Any]] = field(default_factory=list)
 
     # -- what was compared ---------------------------------------------------------------
 
@@ -198,7 +202,9 @@ class Equivalence:
         """Why a pass here would prove nothing, or None (``_floor``)."""
         n, k = self.world_size, self.plan.microbatches
         bound, why, approximate = self.compression
-        if approximate:
+        start = int((self.hook or {}).get("start_powerSGD_iter") or 0)
+        if approximate and start <= int(self.reference.get("grads0_step") or 0):
+            # The gradients were compared in the low-rank phase: nothing exact is left.
             bug, what = smallest_bug(world_size=n, microbatches=k)
             return (f"this configuration cannot distinguish {what} from the comm hook's "
                     f"approximation: {why}; compare with PowerSGD's start_powerSGD_iter above "
@@ -227,7 +233,8 @@ class Equivalence:
                                  "bound_rel": bound, "why": why, "approximate": approximate,
                                  "within_bound": (wg is None or approximate
                                                   or wg.max_rel <= max(bound, wg.allowed_rel)
-                                                  or wg.ok)})
+                                                  or wg.ok),
+                                 "low_rank_steps_not_judged": self.low_rank_params})
         floor["smallest_bug"] = {"relative_error": bug, "what": what}
         floor["distinguishes_smallest_bug"] = self.indistinguishable() is None
         return floor
@@ -243,6 +250,13 @@ class Equivalence:
                 f"BatchNorm ({', '.join(grouped)}) normalises over each rank's batch, not the "
                 f"global batch; both runs normalised in groups of {head.get('batchnorm_group')} "
                 f"samples. Use SyncBatchNorm if per-GPU batches are small.")
+        if self.low_rank_params:
+            worst_rel = max(p["max_rel"] for p in self.low_rank_params)
+            warnings.append(
+                f"{self.compression[1]}: the parameters after steps "
+                f"{[p['step'] for p in self.low_rank_params]} differ from the uncompressed run by "
+                f"up to {fmt(worst_rel)} of their scale — reported, not judged; the first-step "
+                f"gradients and the steps before were judged exactly")
         if dropout:
             warnings.append(f"dropout ({', '.join(dropout)}) was switched off in both runs: random "
                             f"masks cannot match between N ranks and one process")
@@ -279,6 +293,8 @@ class Equivalence:
                                      "reference": self.reference.get("batchnorm_sizes_seen")},
             BATCHNORM_PER_RANK: bool(grouped),
             NOISE_FLOOR: self.noise_floor(),
+            # What the target's step used, seen on rank 0 (the report's configuration table).
+            FEATURES: head.get("features"),
             WARNINGS: warnings,
         }
 
@@ -526,15 +542,22 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
                                     for v in compared])
         pre_scale = scale_from([v["pre_clip0"] for v in compared], _norms(ref_clip))
     params = []
+    low_rank: list[dict[str, Any]] = []
+    start = int(((values[0] if values else {}).get("comm_hook") or {}).get("start_powerSGD_iter") or 0)
     for step in range(steps):
         merged, _ = _merge_worst([param_floor.widen([c.diff for c in v["params"][step]], grad=False)
                                   for v in compared if len(v.get("params") or []) > step])
+        if compression[2] and step >= start and merged:
+            # PowerSGD's low-rank phase: a figure, not a judgement (``_compression``).
+            top = max(merged, key=lambda d: d.max_rel)
+            low_rank.append({"step": step, "tensor": top.name, "max_rel": top.max_rel})
+            merged = []
         params.append(merged)
     return Equivalence(plan, grads, grad_rank, none, pre_clip, params,
                        [_summary(v) for v in values], _summary(ref),
                        scale_from(rank_grads, _norms(ref_norms)), pre_scale,
                        divergence=first_divergence(values), compared_by=compared_by(values),
-                       floor=floor, compression=compression)
+                       floor=floor, compression=compression, low_rank_params=low_rank)
 
 
 def _norms(norms: dict[str, Any]) -> list[float]:

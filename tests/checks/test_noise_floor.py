@@ -103,3 +103,35 @@ def test_compression_bounds_per_hook():
     # A hook the suite does not know gets no allowance: one that loses gradients fails.
     assert compression_bound({"name": "my_hook", "kind": "other"}, world_size=2, steps=3)[0] == 0.0
     assert compression_bound(None, world_size=2, steps=3) == (0.0, "no comm hook", False)
+
+
+def _equivalence(floor: Floor, grad_rel: float):  # type: ignore[no-untyped-def]
+    """An Equivalence as run_equivalence builds it, from summaries (no world needed)."""
+    from conformance.checks._equivalence import Equivalence
+    from conformance.checks._hypotheses import Scale
+    from conformance.checks._recorded import RunPlan
+
+    grad = floor.widen([TensorDiff("w", grad_rel, grad_rel, grad_rel / TOL.rtol, TOL, ref_max=1.0)],
+                       grad=True)
+    rank = {"rank": 0, "optimizer_steps": [1], "grads0_step": 0, "ddp_forwards": [1],
+            "inner_forwards": [1], "allreduce_rounds": [1], "batch_digests": ["a"]}
+    return Equivalence(RunPlan(target_spec="mlp", global_batch=8, steps=1), grad, {"w": 0}, [], [],
+                       [[]], [rank, {**rank, "rank": 1}], {"optimizer_steps": [1], "grads0_step": 0},
+                       Scale(2, 1.0, 1.0, 0.1), None, floor=floor)
+
+
+def test_the_judge_says_inconclusive_when_the_bound_would_admit_a_scaling_bug():
+    from conformance.checks._equivalence import judge
+
+    wide = Floor(0.2, 0.01, 2, grad_tensor="w")  # bound 0.8 >= 0.5 (factor 1/2 on 2 ranks)
+    within = judge(_equivalence(wide, 0.1), what="the DDP step", recommendation="r")
+    assert within is not None and within.status == "inconclusive"
+    assert re.search(r"^the DDP step cannot be judged: this configuration cannot distinguish a loss "
+                     r"divided by the world size", within.message), within.message
+    assert within.evidence["noise_floor"]["distinguishes_smallest_bug"] is False
+    assert within.evidence["noise_floor"]["gradients"]["observed_rel"] == 0.1
+    # Beyond even the wide bound: a failure, not "cannot judge".
+    beyond = judge(_equivalence(wide, 0.9), what="the DDP step", recommendation="r")
+    assert beyond is not None and beyond.status == "failed"
+    # A narrow floor: within it is a pass (None: the caller passes it).
+    assert judge(_equivalence(Floor(3e-3, 1e-3, 2, grad_tensor="w"), 1e-2), what="x", recommendation="r") is None

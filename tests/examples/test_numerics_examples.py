@@ -1,6 +1,6 @@
 """The production numerics examples on 2 gloo ranks: bf16 autocast + GradScaler-style scaling +
 AdamW (``examples/train_amp.py``) and gradient compression hooks (``examples/train_compressed.py``:
-fp16, bf16, PowerSGD). Each correct configuration passes gradient-equivalence and
+fp16, bf16, PowerSGD in its all-reduce warm-up and in its low-rank phase). Each correct configuration passes gradient-equivalence and
 no-sync-equivalence with **no false alarm** — judged against its measured noise floor and, with
 a hook, against the uncompressed run within the hook's bound — and the same configuration with
 the loss multiplied by the world size is **caught**, the hint naming factor N. Both fixed
@@ -27,6 +27,12 @@ CONFIGS = {
                         [('HOOK = os.environ.get("DDP_COMPRESS_HOOK", "fp16")', f'HOOK = "{hook}"')],
                         "(loss_fn(model(x), y) / k).backward()")
        for hook in ("fp16", "bf16", "powersgd")},
+    # PowerSGD compressing from iteration 2 (its minimum): gradient-equivalence's third step
+    # runs the rank-2 approximation.
+    "powersgd_low_rank": ("train_compressed.py",
+                          [('HOOK = os.environ.get("DDP_COMPRESS_HOOK", "fp16")', 'HOOK = "powersgd"'),
+                           ("POWERSGD_START = 10", "POWERSGD_START = 2")],
+                          "(loss_fn(model(x), y) / k).backward()"),
 }
 
 
@@ -54,8 +60,15 @@ def test_correct_configuration_passes_against_its_floor(suite_session, tmp_path,
             compression = floor["compression"]
             assert compression["within_bound"] and compression["hook"]["applied"]
             assert compression["error_rel"] == record.metrics["compression_error_rel"]
-            if "powersgd" in config:
-                assert "compression not exercised" in compression["why"]
+            low_rank = compression["low_rank_steps_not_judged"]
+            if config == "powersgd_low_rank" and check == "gradient-equivalence":
+                # Step 2 is PowerSGD's approximation: its parameters are a figure, not judged
+                # (the first-step gradients and steps 0-1 were judged exactly), and said.
+                assert compression["approximate"] and [p["step"] for p in low_rank] == [2]
+                assert low_rank[0]["max_rel"] > grads["bound_rel"]
+                assert any("reported, not judged" in w for w in record.evidence["warnings"])
+            elif "powersgd" in config:
+                assert "compression not exercised" in compression["why"] and not low_rank
             else:
                 # Real compression error, measured against the uncompressed reference.
                 assert 1e-5 < compression["error_rel"] < compression["bound_rel"], compression
