@@ -31,6 +31,7 @@ from ._format import (
     truncate,
 )
 from .charts import charts_for
+from .configuration import tables
 from .recommend import recommend, verification, warnings_of
 from .verdict import EXIT_CODES
 
@@ -110,7 +111,7 @@ def render(report: Mapping[str, Any]) -> str:
     return _jinja().get_template("report.html.j2").render(
         report=report, verdict=verdict, verdict_title=VERDICT_TITLES[verdict], exit_code=EXIT_CODES[verdict],
         reasons=[str(r) for r in report.get("reasons") or []], complete=bool(report.get("complete", False)),
-        checks=views, tally=tally, statuses=STATUS_ORDER, facts=facts, settings=settings, env_errors=env_errors,
+        checks=views, configuration=tables(report), tally=tally, statuses=STATUS_ORDER, facts=facts, settings=settings, env_errors=env_errors,
         harness_errors=[str(e) for e in report.get("harness_errors") or []],
         missing=[str(m) for m in report.get("missing_checks") or []],
         loose_events=[e for e in events if id(e) not in checked], all_events=events,

@@ -19,6 +19,9 @@ BATCHNORM_PER_RANK = "batchnorm_per_rank_statistics"  # bool: plain BatchNorm, s
 # dict: the measured noise floor, margin, bounds and observed differences (and a comm hook's
 # compression error against the uncompressed run), _floor.py / _compression.py
 NOISE_FLOOR = "noise_floor"
+# dict: {feature: {"used", "value", "where"}} the N-rank run's step used (autocast, GradScaler,
+# compile, checkpointing, comm hook, static_graph, …), conformance/harness/features.py
+FEATURES = "features"
 
 # conformance/checks/_equivalence.py, measured hypotheses behind a gradient mismatch.
 DROPOUT_DISABLED = "dropout_disabled"  # evidence list[str]: dropout switched off in both runs
@@ -67,6 +70,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     WARNINGS: ("conformance.checks._equivalence",),
     BATCHNORM_PER_RANK: ("conformance.checks._equivalence",),
     NOISE_FLOOR: ("conformance.checks._equivalence",),
+    FEATURES: ("conformance.checks._equivalence",),
     DROPOUT_DISABLED: ("conformance.checks._equivalence",),
     GRADIENT_FACTOR: ("conformance.checks._equivalence",),
     HYPOTHESES: ("conformance.checks._equivalence",),

@@ -28,6 +28,7 @@ from ._format import (
     timestamp,
     truncate,
 )
+from .configuration import tables
 from .recommend import recommend, verification, warnings_of
 
 MAX_BYTES = 1_000_000  # GitHub's limit is 1 MiB per step summary; keep a margin
@@ -127,6 +128,19 @@ def _table(checks: list[Mapping[str, Any]], report: Mapping[str, Any]) -> list[s
     return ["## Checks", "", table, ""]
 
 
+def _configuration(report: Mapping[str, Any]) -> list[str]:
+    """Per target: the features its step used, where, and what was verified with each."""
+    lines = []
+    for table in tables(report):
+        rows = [[("✔️ " if r.used else "") + cell(r.feature, 40), cell(r.value, 80), cell(r.where, 120),
+                 cell(r.verified, 300)] for r in table.rows]
+        lines += [f"### Configuration of {cell(table.target, 120)}", "",
+                  tabulate(rows, headers=["Feature", "Value", "Where found", "Verified with it"],
+                           tablefmt="github", disable_numparse=True), ""]
+    return (["## Configuration", "", "_Seen at run time on the ranks while your step ran._", ""] + lines
+            if lines else [])
+
+
 def _detail(c: Mapping[str, Any]) -> list[str]:
     status = str(c.get("status"))
     lines = [f"### {STATUS_ICONS.get(status, '')} {cell(c.get('id'), 80)} — {cell(c.get('title') or '', 120)}", ""]
@@ -180,7 +194,7 @@ def _environment(report: Mapping[str, Any]) -> list[str]:
 def render(report: Mapping[str, Any]) -> str:
     """The markdown document for a report.json dict; always under :data:`MAX_BYTES` bytes."""
     checks = [c for c in report.get("checks") or [] if isinstance(c, Mapping)]
-    lines = _header(report) + _table(checks, report) + _not_run(report)
+    lines = _header(report) + _table(checks, report) + _configuration(report) + _not_run(report)
     failing = [c for c in checks if c.get("status") in ("failed", "inconclusive")]
     advised = [c for c in checks if c.get("status") not in ("failed", "inconclusive") and (warnings_of(c) or c.get("recommendation"))]
     if failing:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from reports.keys import FEATURES
 from tests.checks._check_helpers import run_check, target_spec
 
 ONCE = "can only be called once"
@@ -34,6 +35,9 @@ def test_fp16_hook_in_configure_ddp_composes_with_every_suite_hook(suite_session
         # one round per step on each rank, in front of the target's fp16 compression.
         rounds = record.evidence["compared"]["allreduce_rounds_per_step"]
         assert rounds and all(r == [1] * len(rounds[0]) for r in rounds), rounds
+        # The run's configuration, seen on the ranks (harness.features): the hook, by name.
+        assert record.evidence[FEATURES]["comm_hook"] == {
+            "used": True, "value": "fp16_compress_hook", "where": "configure_ddp"}
     else:
         assert record.status == "passed", record.message
 
