@@ -82,3 +82,32 @@ def test_uneven_inputs_without_join_named_with_join_advised(suite_session, tmp_p
 def test_without_join_is_for_a_run_loop_only():
     with pytest.raises(ValueError, match=r"without_join applies to a target's run_loop only .*not to kind 'ddp'"):
         Scenario("x", "ddp", "target.py", without_join=True)
+
+
+LOSS_LINE = "loss = loss_fn(model(inputs), targets) / k"
+
+
+def test_fp16_scaler_step_passes_equivalence_and_a_world_size_scaled_loss_is_caught(suite_session, tmp_path):
+    # The example's own configuration (fp16 autocast, GradScaler growth_interval=1) against its
+    # measured noise floor: no false alarm; the loss multiplied by N is still caught, named.
+    correct, _ = suite_session.run_check(BY_ID["gradient-equivalence"], str(EXAMPLES / "train_amp_join.py"))
+    assert correct.status == "passed", correct.message
+    scaled = variant(tmp_path, "train_amp_join.py", "times_world",
+                     (LOSS_LINE, LOSS_LINE.replace(" / k", " * torch.distributed.get_world_size() / k")))
+    record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], scaled)
+    assert record.status == "failed", record.message
+    assert re.search(r"the loss is multiplied by the world size \(factor 2 = N\)", record.message), record.message
+
+
+@pytest.mark.chaos
+def test_a_loop_that_hangs_is_no_mid_run_pass(suite_session, tmp_path):
+    # Without Join the loop hangs in its first epoch: the mid-run look compared the steps before
+    # it and says what it could not compare (a fresh world with a 10 s process-group timeout,
+    # so the hang neither reaches the shared world nor waits out the deadline).
+    target = variant(tmp_path, "train_amp_join.py", "no_join", WITHOUT_JOIN)
+    record, _ = suite_session.run_check(BY_ID["rank-consistency"], target)
+    assert record.status == "inconclusive", record.message
+    assert re.search(r"; run_loop did not complete on rank [01] \(.*\): its ranks agreed at the 2 checkpoints "
+                     r"before that, the rest was not compared \(hang-detection diagnoses a loop that hangs\)",
+                     record.message), record.message
+    assert set(record.evidence["midrun"]["errors"]) == {"0", "1"}
