@@ -201,7 +201,44 @@ def watch_compile(trained: Any, inner: Any, *, eager: bool) -> Iterator[dict[str
                  bucket_splits=splits)
 
 
+def run_eagerly(*, eager: bool = True) -> Any:
+    """Compiled regions run their Python eagerly inside the block (nothing is traced or
+    compiled); a no-op for a target that compiles nothing."""
+    import torch
+
+    return torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext()
+
+
 # -- supervisor side: the ranks' summaries into the record ----------------------------------
+
+#: Frames on a rank's stack that only a compilation in progress has: dynamo converting a frame,
+#: inductor generating or building kernels. (Running already compiled code shows neither.)
+COMPILING_FRAMES = ("torch/_dynamo/convert_frame.py", "torch/_inductor/")
+
+
+def slow_compile_outcome(exc: Any, what: str) -> Any:
+    """A world call past its deadline while a stuck rank was still compiling: ``inconclusive``
+    (a slow compile, not a DDP hang), or None when no stuck rank was compiling.
+
+    A first inductor compile builds C++ kernels; on a loaded CPU host it took 70 s for the
+    example's 2 MB MLP, past the default 60 s deadline, which must not read as a hang.
+    """
+    from ..harness.outcome import Outcome
+
+    stacks = {int(rank): text for rank, text in (exc.stacks or {}).items()}
+    compiling = [r for r in exc.stuck_ranks
+                 if any(marker in stacks.get(r, "").replace(os.sep, "/") for marker in COMPILING_FRAMES)]
+    if not compiling:
+        return None
+    return Outcome.inconclusive(
+        f"{what} did not finish within the deadline ({exc.elapsed_s:.0f} s) while rank(s) "
+        f"{compiling} were still compiling (torch.compile frames on their stacks): a slow "
+        f"compile, not a DDP hang; raise --deadline (a cold inductor compile can take minutes) "
+        f"or check with a faster backend (aot_eager)",
+        metrics={"key_figure": f"compiling at the {exc.elapsed_s:.0f} s deadline", "compiling_ranks": compiling},
+        evidence={"stacks": {str(k): v[-4000:] for k, v in stacks.items()}})
+
+
 
 
 def compile_evidence(ranks: list[dict[str, Any]], reference: dict[str, Any]) -> dict[str, Any]:

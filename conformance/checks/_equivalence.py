@@ -41,7 +41,7 @@ from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._compare import Compared, TensorDiff, fmt, worst
-from ._compiled import compile_evidence, compile_warnings
+from ._compiled import compile_evidence, compile_warnings, slow_compile_outcome
 from ._compression import compression_bound
 from ._digests import DIGEST, Divergence, compared_by, first_divergence
 from ._floor import Floor, not_measured, smallest_bug, twin_floor
@@ -630,6 +630,8 @@ def world_error_outcome(exc: Exception, what: str, *, ctx: CheckContext | None =
     """A DDP run that raised or hung on the target is a failed check, with every rank's story;
     with ``ctx``, a known DDP error is named and its remedies re-run (``_checkpointing``)."""
     if isinstance(exc, WorldHang):
+        if (compiling := slow_compile_outcome(exc, what)) is not None:
+            return compiling  # still compiling at the deadline: not a hang of DDP
         return Outcome.failed(
             f"{what} hung: ranks {exc.stuck_ranks} did not finish within the deadline",
             metrics={"key_figure": f"hang after {exc.elapsed_s:.1f} s", "stuck_ranks": exc.stuck_ranks},

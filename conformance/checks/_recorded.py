@@ -60,7 +60,7 @@ from ..harness.ddp import (
 )
 from ..harness.features import FeatureProbe
 from ._compare import Compared
-from ._compiled import output_site, watch_compile
+from ._compiled import output_site, run_eagerly, watch_compile
 from ._compression import comm_hook_of
 from ._digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
 from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
@@ -193,7 +193,8 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     # (norm_group): a size the target's forward runs at on the ranks, at 1/N of the whole
     # batch's cost; the ranks probe their first microbatch.
     probe = (first[0][:plan.norm_group], first[1][:plan.norm_group]) if writes and plan.norm_group else first
-    rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device)
+    with run_eagerly():  # a compile here would be thrown away (``watch_compile`` starts cold)
+        rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device)
     group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
     grouped = group_batchnorm(model, group)
     kwargs = effective_ddp_kwargs(target, plan.ddp_overrides)

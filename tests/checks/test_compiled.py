@@ -1,12 +1,14 @@
 """``_compiled``: graph breaks told apart by whose code broke, the eager reference, and the
 evidence the judge builds from the ranks' summaries. One process, no world: dynamo's own records
-on tiny modules (the ``eager`` backend, well under a second each)."""
+on tiny modules (the ``eager`` backend, well under a second each); one slow test on a real world."""
 
 from __future__ import annotations
 
+import re
 import traceback
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
@@ -95,3 +97,45 @@ def test_evidence_and_warning_from_the_ranks():
     assert evidence[DDP_BUCKET_SPLITS] == [[1, 1], [1, 1]]
     (warning,) = compile_warnings(evidence)
     assert "train.py:7 (Tensor.item())" in warning and "1 place(s)" in warning
+
+
+def _hang(stacks):
+    from conformance.harness.world import WorldHang
+
+    return WorldHang("deadline", stuck_ranks=[0], results=[], stacks=stacks, elapsed_s=60.0)
+
+
+COMPILING = ('  File "/venv/torch/_dynamo/convert_frame.py", line 2102 in _compile\n'
+             '  File "/work/train.py", line 40 in train_step\n')
+IN_COLLECTIVE = ('  File "/venv/torch/_dynamo/eval_frame.py", line 1166 in compile_wrapper\n'
+                 '  File "/venv/torch/distributed/distributed_c10d.py", line 2950 in all_reduce\n')
+
+
+def test_a_rank_still_compiling_at_the_deadline_is_inconclusive_not_a_hang():
+    from conformance.checks._compiled import slow_compile_outcome
+    from conformance.checks._equivalence import world_error_outcome
+
+    outcome = world_error_outcome(_hang({0: COMPILING, 1: IN_COLLECTIVE}), "the DDP training step")
+    assert outcome.status == "inconclusive"
+    assert re.search(r"rank\(s\) \[0\] were still compiling .* not a DDP hang; raise --deadline",
+                     outcome.message), outcome.message
+    # Running compiled code (eval_frame) in a collective is a hang like any other.
+    assert slow_compile_outcome(_hang({0: IN_COLLECTIVE, 1: COMPILING}), "x") is None  # rank 1 not stuck
+    assert world_error_outcome(_hang({0: IN_COLLECTIVE}), "the DDP training step").status == "failed"
+
+
+@pytest.mark.slow
+def test_a_compile_slower_than_the_deadline_is_inconclusive_on_a_real_world():
+    """~30 s: a 10 s deadline, and the stuck rank's world is killed and replaced."""
+    from conformance.harness.registry import BY_ID
+    from conformance.harness.session import Session, Settings
+
+    from ..conftest import target_path
+
+    session = Session(Settings(backend="gloo", world_size=2, deadline=10.0))
+    try:
+        record, _ = session.run_check(BY_ID["gradient-equivalence"], target_path("slow_compile"))
+    finally:
+        session.close()
+    assert record.status == "inconclusive", record.message
+    assert re.search(r"still compiling .* not a DDP hang", record.message), record.message
