@@ -366,11 +366,3 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     out["features"] = features.result()
     return out
 
-
-def run_reference_and_twin(rank_ctx: Any, reference: RunPlan,
-                           twin: RunPlan) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The reference (writing its snapshots), then its twin comparing against them, in one
-    world call on the 1-rank world (``_floor``: the twin measures the configuration's noise).
-    The reference's model is gone before the twin builds its own: one model at a time."""
-    ref = run_recorded(rank_ctx, reference)
-    return ref, run_recorded(rank_ctx, twin)
