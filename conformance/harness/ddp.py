@@ -147,8 +147,8 @@ def configure(target: Any, ddp: Any) -> Any:
     if fn is None:
         return ddp
     from .comm_hooks import capturing, ddp_of, install_user_hook
-    from .targets import SEE, TargetError, call_target
     from .target_calls import defined_at
+    from .targets import SEE, TargetError, call_target
 
     name = getattr(target, "name", "?")
 
