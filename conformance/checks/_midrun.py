@@ -363,6 +363,20 @@ def judge(results: list[dict[str, Any]]) -> MidRun:
                   any(p["scalers"] for pts in per_rank.values() for p in pts))
 
 
+def features(found: MidRun) -> dict[str, dict[str, Any]]:
+    """The rows of the report's configuration table this look saw used (reports.keys.FEATURES,
+    the format of ``conformance.harness.features``): the run_loop's GradScaler and Join."""
+    out: dict[str, dict[str, Any]] = {}
+    steps = ", ".join(f"rank {r} {n}" for r, n in sorted(found.steps_per_rank.items()))
+    if found.scaled:
+        out["grad_scaler"] = {"used": True, "value": "enabled in run_loop",
+                              "where": f"run_loop's optimizer steps ({steps})"}
+    if found.join_blocks:
+        out["join"] = {"used": True, "value": f"{found.join_blocks} block(s) in run_loop",
+                       "where": f"run_loop (optimizer steps per rank: {steps})"}
+    return out
+
+
 def _scales_text(d: Difference) -> str:
     if not d.scales:
         return ""

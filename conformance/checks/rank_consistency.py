@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from reports.keys import NONFINITE
+from reports.keys import FEATURES, NONFINITE
 
 from ..harness.context import CheckContext
 from ..harness.ddp import (
@@ -64,6 +64,7 @@ from ..harness.world import RankFailure, WorldHang
 from ._equivalence import world_error_outcome
 from ._midrun import NO_STEPS, watch_loop
 from ._midrun import describe as describe_midrun
+from ._midrun import features as midrun_features
 from ._midrun import judge as judge_midrun
 
 STEPS = 3
@@ -262,6 +263,9 @@ def _with_midrun(ctx: CheckContext, message: str, metrics: dict[str, Any],
         return world_error_outcome(exc, "the target's run_loop")
     found = judge_midrun(results)
     evidence = {**evidence, "midrun": found.as_dict()}
+    seen = midrun_features(found)
+    if seen:  # the configuration table's GradScaler and Join rows: verified by this run
+        evidence[FEATURES] = seen
     metrics = {**metrics, "midrun_checkpoints": found.checkpoints}
     if found.first is not None:
         text, rec = describe_midrun(found)

@@ -34,7 +34,7 @@ from typing import Any
 from conformance.harness.context import CheckContext
 from conformance.harness.outcome import Outcome
 from conformance.harness.timing import DETECTION_SLACK_S, STALL_DEADLINE_S
-from reports.keys import CULPRIT_RANK
+from reports.keys import CULPRIT_RANK, FEATURES
 
 from .._log import record_injections
 from ..injectors import (
@@ -207,6 +207,9 @@ def _target(ctx: CheckContext) -> Outcome:
                "detection_latency_s": round(result.latency_s, 3), "classification": d.classification,
                CULPRIT_RANK: d.culprit_rank}
     evidence: dict[str, Any] = {"scenarios": [entry], "stacks": _stacks_excerpt(result)}
+    if result.joins():  # the configuration table's Join row: this run and its re-run verify it
+        evidence[FEATURES] = {"join": {"used": True, "value": f"{result.joins()} block(s) in run_loop",
+                                       "where": f"run_loop (training batches per rank: {_batches_text(result)})"}}
     if d.classification == "none":
         message = f"{target.name}: {source} completed on every rank in {result.latency_s:.1f} s; no hang"
         if without is not None:

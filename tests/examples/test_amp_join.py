@@ -32,6 +32,10 @@ def test_correct_scaler_resync_passes_mid_run(suite_session):
     assert midrun["join_blocks"] == 2 and midrun["steps_per_rank"] == {"0": 4, "1": 6}
     assert midrun["checkpoints_compared"] == 7 and midrun["end_parameters_agree"] is True
     assert "GradScaler state bit-identical across ranks at 7 checkpoints" in record.message
+    # The configuration table's rows this run verified (reports.keys.FEATURES).
+    assert record.evidence["features"]["join"] == {"used": True, "value": "2 block(s) in run_loop",
+                                                   "where": "run_loop (optimizer steps per rank: rank 0 4, rank 1 6)"}
+    assert record.evidence["features"]["grad_scaler"]["used"] is True
 
 
 def test_scale_drift_hidden_by_join_is_caught_mid_run(suite_session, tmp_path):
@@ -64,6 +68,13 @@ def test_join_completes_and_the_hang_without_it_is_shown(suite_session):
     assert (join["without_join"], join["culprit_rank"]) == ("divergence", 0)
     assert [e["scenario"] for e in record.evidence["scenarios"]] == ["target-run_loop", "target-run_loop-without-join"]
     assert record.metrics["key_figure"] == "no hang; Join prevents one"
+    # In the report's configuration table, the Join row names the checks that verified it.
+    from reports.configuration import tables
+
+    rc, _ = suite_session.run_check(BY_ID["rank-consistency"], str(EXAMPLES / "train_amp_join.py"))
+    table, = tables({"checks": [rc.to_json(), record.to_json()]})
+    join_row = next(row for row in table.rows if row.feature == "Join")
+    assert join_row.used and join_row.verified == "rank-consistency passed, hang-detection passed", join_row
 
 
 @pytest.mark.chaos
