@@ -132,8 +132,8 @@ def wrap(model: Any, device: Any, kwargs: dict[str, Any], *, target: Any = None)
 
 
 def configure(target: Any, ddp: Any) -> Any:
-    """The target's ``configure_ddp(ddp_model)``, right after construction (README, "Writing a
-    target"); the model to train is returned.
+    """The target's ``configure_ddp(ddp_model)``, right after construction; the model to train
+    is returned (README section "Writing a target").
 
     A comm hook it registers is captured and becomes the innermost reduce of the model's one
     hook chain (``comm_hooks``), so the suite's counting and recording hooks compose with it
