@@ -29,6 +29,7 @@ stack excerpts, detection latency.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from conformance.harness.context import CheckContext
@@ -175,6 +176,19 @@ def _batches_text(result: ScenarioResult) -> str:
     return ", ".join(f"rank {r} {n}" for r, n in sorted(result.batches().items()))
 
 
+def _described(result: ScenarioResult) -> str:
+    """The diagnosis in words; for a rank that never entered a collective because it ran out of
+    batches (measured: it ran the fewest), that is said instead of how it ended afterwards (a
+    later collective of the user's code timing out on it is a consequence, not the cause)."""
+    d, batches = result.diagnosis, result.batches()
+    if (d.kind == "never-entered" and result.uneven() and d.culprit_rank in batches
+            and batches[d.culprit_rank] == min(batches.values())):
+        d = replace(d, detail=f"rank {d.culprit_rank} ran out of data after {batches[d.culprit_rank]} training "
+                              f"batches and left the loop; its peers went on into collective "
+                              f"#{d.collective.get('seq')}")
+    return d.describe()
+
+
 UNEVEN_RECOMMENDATION = ("The ranks run different numbers of batches (uneven inputs): wrap the loop in "
                          "torch.distributed.algorithms.Join([model]) (and every other joinable, e.g. a "
                          "ZeroRedundancyOptimizer), or give every rank the same number of batches "
@@ -220,7 +234,7 @@ def _target(ctx: CheckContext) -> Outcome:
     uneven = d.classification == "divergence" and result.uneven()
     cause = (f" -- uneven inputs: the ranks ran different numbers of training batches ({_batches_text(result)})"
              f"{' with no Join around the loop' if not result.joins() else ''}" if uneven else "")
-    return Outcome.failed(f"{target.name}: {source} did not complete{cause} -- {d.describe()} "
+    return Outcome.failed(f"{target.name}: {source} did not complete{cause} -- {_described(result)} "
                           f"(detected after {result.latency_s:.1f} s)", metrics=metrics,
                           evidence=evidence,
                           recommendation=UNEVEN_RECOMMENDATION if uneven else RECOMMENDATIONS[d.classification])
@@ -238,4 +252,4 @@ def _join_shown(without: ScenarioResult, result: ScenarioResult, evidence: dict[
         return (f"the ranks ran uneven numbers of batches ({_batches_text(result)}) inside Join, and "
                 f"the re-run with Join disabled completed too: Join was not needed for this loop")
     return (f"uneven inputs ({_batches_text(result)} batches) are handled by Join: re-run with Join "
-            f"disabled, the loop hangs -- {d.describe()} (detected after {without.latency_s:.1f} s)")
+            f"disabled, the loop hangs -- {_described(without)} (detected after {without.latency_s:.1f} s)")
