@@ -106,7 +106,7 @@ def _hang(stacks):
 
 
 COMPILING = ('  File "/venv/torch/_dynamo/convert_frame.py", line 2102 in _compile\n'
-             '  File "/work/train.py", line 40 in train_step\n')
+             '  File "/home/me/project/train.py", line 40 in train_step\n')
 IN_COLLECTIVE = ('  File "/venv/torch/_dynamo/eval_frame.py", line 1166 in compile_wrapper\n'
                  '  File "/venv/torch/distributed/distributed_c10d.py", line 2950 in all_reduce\n')
 
