@@ -280,7 +280,7 @@ def _with_midrun(ctx: CheckContext, message: str, metrics: dict[str, Any],
             f"{message}; run_loop did not complete on rank {rank} ({error}): its ranks agreed at the "
             f"{found.checkpoints} checkpoints before that, the rest was not compared (hang-detection "
             f"diagnoses a loop that hangs)", metrics=metrics, evidence=evidence)
-    if found.checkpoints == 0:
+    if not any(found.steps_per_rank.values()):
         return Outcome.passed(f"{message}; run_loop: {NO_STEPS} to compare mid-run", metrics=metrics,
                               evidence=evidence)
     steps = ", ".join(f"rank {r} {n}" for r, n in sorted(found.steps_per_rank.items()))
