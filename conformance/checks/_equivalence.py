@@ -184,7 +184,7 @@ class Equivalence:
             "first_diverging_step": self.first_bad_step,
             GRADIENT_FACTOR: self.scale.uniform_within(self.noise),
             "noise_floor_grad_rel": self.floor.grad_rel,
-            "noise_floor_param_rel": self.floor.param_rel,
+            "noise_floor_param_abs": self.floor.param_abs,
             "noise_margin": self.floor.margin,
             "grad_bound_rel": wg.allowed_rel if wg else None,
             "param_bound_rel": wp.allowed_rel if wp else None,
@@ -525,16 +525,15 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
     compression = compression_bound((values[0] if values else {}).get("comm_hook"),
                                     world_size=n, steps=steps)
     # Each tensor passes within its fixed tolerance or within the larger of the measured
-    # bound (margin x floor) and the comm hook's compression bound, relative to its scale.
-    grad_floor = replace(floor, grad_rel=max(floor.grad_bound, compression[0]) / floor.margin)
-    param_floor = replace(floor, param_rel=max(floor.param_bound, compression[0]) / floor.margin)
+    # bound (margin x floor) and the comm hook's compression bound (``_floor.Floor.widen``).
+    hooked = compression[0]
     # The tolerance comparisons come from the ranks that read the reference's files; the
     # others (another host under --attach) are held to those ranks by digest.
     compared = [v for v in values if v.get("compared_by") != DIGEST]
     rank_grads: list[list[Compared]] = [v.get("grads0") or [] for v in compared]
     has, none = _with_gradient(ref_norms, rank_grads)
     keep = set(has)
-    grads, grad_index = _merge_worst([grad_floor.widen([c.diff for c in got if c.name in keep], grad=True)
+    grads, grad_index = _merge_worst([floor.widen([c.diff for c in got if c.name in keep], grad=True, at_least=hooked)
                                       for got in rank_grads])
     grad_rank = {name: int(compared[i]["rank"]) for name, i in grad_index.items()}
     grads.sort(key=lambda d: has.index(d.name))
@@ -542,14 +541,14 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
     pre_scale = None
     ref_clip = ref.get("pre_clip0")
     if ref_clip and all(v.get("pre_clip0") for v in compared):
-        pre_clip, _ = _merge_worst([grad_floor.widen([c.diff for c in v["pre_clip0"]], grad=True)
+        pre_clip, _ = _merge_worst([floor.widen([c.diff for c in v["pre_clip0"]], grad=True, at_least=hooked)
                                     for v in compared])
         pre_scale = scale_from([v["pre_clip0"] for v in compared], _norms(ref_clip))
     params = []
     low_rank: list[dict[str, Any]] = []
     start = int(((values[0] if values else {}).get("comm_hook") or {}).get("start_powerSGD_iter") or 0)
     for step in range(steps):
-        merged, _ = _merge_worst([param_floor.widen([c.diff for c in v["params"][step]], grad=False)
+        merged, _ = _merge_worst([floor.widen([c.diff for c in v["params"][step]], grad=False, at_least=hooked)
                                   for v in compared if len(v.get("params") or []) > step])
         if compression[2] and step >= start and merged:
             # PowerSGD's low-rank phase: a figure, not a judgement (``_compression``).

@@ -18,12 +18,17 @@ measure the noise of *this* target in *this* configuration before judging DDP:
   single-process run of the check's steps on the global batch, comparing instead of writing
   snapshots — measured 0.5–1.5 x the reference's call (2 M and 34 M parameters, loaded 2-core
   host), i.e. about 3 more single-process steps per gradient-equivalence.
-- **The floor.** The largest twin difference relative to the tensor's own scale
-  (``max|Δ| / max|ref|``), over every compared tensor whose scale is not negligible (below 1e-4 of
-  the largest: a conv bias before BatchNorm has a gradient of rounding noise only). One figure
-  for the gradients, one for the parameters. Taking the maximum over tensors makes it robust to
-  a tensor where the twin happened to agree bit for bit (a small bias that rounds the same both
-  ways): that tensor is still allowed the configuration's noise, not a zero one.
+- **The floor.** For gradients: the largest twin difference relative to the tensor's own
+  scale (``max|Δ| / max|ref|``; rounding is relative to the values rounded), over every compared
+  tensor whose scale is not negligible (below 1e-4 of the largest: a conv bias before BatchNorm
+  has a gradient of rounding noise only). For parameters: the largest *absolute* twin difference
+  over every tensor and step. A parameter's noise is its update's, not a share of its value:
+  AdamW moves every element by up to ~lr whatever its size, so a zero-initialised bias (scale
+  1e-3 after a step) differs by as much as a weight of scale 0.5, and a relative floor set by
+  the bias (measured 0.73 under bf16 autocast) would let the weights drift by 1.5 absolute.
+  Taking the maximum over tensors makes both robust to a tensor where the twin happened to
+  agree bit for bit (a small bias that rounds the same both ways): that tensor is still allowed
+  the configuration's noise, not a zero one.
 - **The bound.** A tensor's DDP difference passes within its fixed tolerance *or* within
   ``MARGIN × floor × max|ref|``. The margin covers that the N-rank run adds its own
   summation order on top of the same per-microbatch rounding (the twin has the same pieces, so
@@ -67,7 +72,7 @@ class Floor:
     """The twin's differences from the reference, reduced to one floor per kind of tensor."""
 
     grad_rel: float | None  # max |Δ|/max|ref| over gradients (None: not measured, see reason)
-    param_rel: float | None
+    param_abs: float | None  # max |Δ| over parameters and steps (absolute: an update's noise)
     twin_microbatches: int
     margin: float = MARGIN
     grad_tensor: str | None = None  # the tensor that set the floor
@@ -85,12 +90,20 @@ class Floor:
 
     @property
     def param_bound(self) -> float:
-        return self.margin * self.param_rel if self.param_rel else 0.0
+        """Absolute: margin x the parameters' floor."""
+        return self.margin * self.param_abs if self.param_abs else 0.0
 
-    def widen(self, diffs: list[TensorDiff], *, grad: bool) -> list[TensorDiff]:
-        """``diffs`` judged against the floor as well as their fixed tolerance."""
-        bound = self.grad_bound if grad else self.param_bound
-        return [replace(d, allowed_rel=bound) for d in diffs] if bound > 0 else diffs
+    def widen(self, diffs: list[TensorDiff], *, grad: bool, at_least: float = 0.0) -> list[TensorDiff]:
+        """``diffs`` judged against the floor as well as their fixed tolerance: gradients within
+        margin x floor of their scale, parameters within margin x floor absolute (expressed
+        relative to each tensor's scale), and anything within ``at_least`` of its scale (a comm
+        hook's compression bound, ``_compression``)."""
+        out = []
+        for d in diffs:
+            bound = self.grad_bound if grad else (self.param_bound / d.ref_max if d.ref_max > 0 else 0.0)
+            bound = max(bound, at_least)
+            out.append(replace(d, allowed_rel=bound) if bound > 0 else d)
+        return out
 
     def indistinguishable(self, *, world_size: int, microbatches: int) -> str | None:
         """Why a pass would prove nothing (the bound admits the smallest scaling bug), or None."""
@@ -114,8 +127,8 @@ class Floor:
                 "twin_factor_range": list(self.twin_factors) if self.twin_factors else None,
                 "gradients": {"floor_rel": self.grad_rel, "tensor": self.grad_tensor,
                               "bound_rel": self.grad_bound},
-                "parameters": {"floor_rel": self.param_rel, "tensor": self.param_tensor,
-                               "bound_rel": self.param_bound}}
+                "parameters": {"floor_abs": self.param_abs, "tensor": self.param_tensor,
+                               "bound_abs": self.param_bound}}
 
 
 def smallest_bug(*, world_size: int, microbatches: int) -> tuple[float, str]:
@@ -189,6 +202,7 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
             f"how the batch is split (e.g. a loss not divided by the number of microbatches)"),
             twin_factors=factors)
     grad_rel, grad_name = _largest([*grads, *(twin.get("pre_clip0") or [])])
-    param_rel, param_name = _largest([c for step in twin.get("params") or [] for c in step])
-    return Floor(grad_rel, param_rel, twin_microbatches, grad_tensor=grad_name,
-                 param_tensor=param_name, twin_factors=factors)
+    params = [c for step in twin.get("params") or [] for c in step if c.got_present and c.ref_present]
+    top = max(params, key=lambda c: c.diff.max_abs, default=None)
+    return Floor(grad_rel, top.diff.max_abs if top else 0.0, twin_microbatches, grad_tensor=grad_name,
+                 param_tensor=top.name if top else None, twin_factors=factors)

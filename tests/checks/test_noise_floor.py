@@ -41,7 +41,14 @@ def test_floor_is_the_largest_relative_twin_difference_over_tensors_of_real_scal
     ref, twin = _runs([_c("w", 3e-3, 1.0), _c("b", 0.0, 0.2), _c("tiny", 0.9, 1e-6)])
     floor = twin_floor(ref, twin, twin_microbatches=8)
     assert floor.measured and floor.grad_rel == pytest.approx(3e-3) and floor.grad_tensor == "w"
-    assert floor.param_rel == pytest.approx(1e-3)
+    # Parameters: the largest absolute twin difference (1e-3 of a tensor of scale 0.5).
+    assert floor.param_abs == pytest.approx(5e-4) and floor.param_bound == pytest.approx(MARGIN * 5e-4)
+    # ...allowed to every parameter tensor alike, whatever its own scale: relative to a
+    # zero-initialised bias of scale 1e-3 that is 2.0 of it, to a weight of scale 0.5, 4e-3.
+    bias, weight = floor.widen([TensorDiff("b", 1e-3, 1.0, 1e3, TOL, ref_max=1e-3),
+                                TensorDiff("w", 1e-2, 2e-2, 1e3, TOL, ref_max=0.5)], grad=False)
+    assert bias.ok and bias.allowed_rel == pytest.approx(2.0)
+    assert not weight.ok and weight.allowed_rel == pytest.approx(4e-3)
     assert floor.grad_bound == pytest.approx(MARGIN * 3e-3)
     # The tensor that agreed exactly is still allowed the configuration's noise, not zero.
     exact_b = TensorDiff("b", 0.01 * 0.2, 0.01, 1e3, TOL, ref_max=0.2)
@@ -63,7 +70,7 @@ def test_a_twin_that_computes_something_else_is_no_floor(overrides, reason):
     ref, twin = _runs([_c("w", 3e-3, 1.0)], **overrides)
     floor = twin_floor(ref, twin, twin_microbatches=8)
     assert not floor.measured and floor.grad_bound == 0.0
-    assert pytest.approx(0.0) == floor.param_bound
+    assert floor.param_bound == 0.0
     assert re.search(reason, floor.reason), floor.reason
 
 
