@@ -71,7 +71,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     BATCHNORM_PER_RANK: ("conformance.checks._equivalence",),
     NOISE_FLOOR: ("conformance.checks._equivalence",),
     FEATURES: ("conformance.checks._equivalence", "conformance.checks.rank_consistency",
-               "faults.checks.hang_detection"),
+               "faults.checks.hang_detection", "conformance.checks._checkpointing"),
     DROPOUT_DISABLED: ("conformance.checks._equivalence",),
     GRADIENT_FACTOR: ("conformance.checks._equivalence",),
     HYPOTHESES: ("conformance.checks._equivalence",),

@@ -37,7 +37,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from reports.keys import REMEDIES
+from reports.keys import FEATURES, REMEDIES
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
@@ -273,5 +273,8 @@ def name_checkpointing(ctx: CheckContext, exc: Exception, outcome: Outcome) -> O
                       if fixes else f"{advice} (neither change made the re-run pass here: see the evidence)")
     metrics = {**outcome.metrics, "key_figure": f"reentrant checkpointing: {len(reentrant)} module(s)"}
     evidence = {**outcome.evidence, CHECKPOINTING: {"calls": calls, "ddp_kwargs": kwargs},
-                REMEDIES: to_json(remedies)}
+                REMEDIES: to_json(remedies),
+                # The configuration table's checkpointing row (the DDP run raised before the
+                # equivalence run's own probe could report it).
+                FEATURES: {"checkpoint": {"used": True, "value": "reentrant", "where": f"reentrant: {modules}"}}}
     return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)
