@@ -123,3 +123,22 @@ def test_a_loop_that_hangs_is_no_mid_run_pass(suite_session, tmp_path):
                      r"before that, the rest was not compared \(hang-detection diagnoses a loop that hangs\)",
                      record.message), record.message
     assert set(record.evidence["midrun"]["errors"]) == {"0", "1"}
+
+
+CORRUPT_RECORD = ("    return [make_batch(generator, BATCH) for _ in range(min(2 + rank, limit))]\n",
+                  ("    batches = [make_batch(generator, BATCH) for _ in range(min(2 + rank, limit))]\n"
+                   "    if rank == 1 and epoch == 0:  # a corrupt record at the end of rank 1's shard\n"
+                   "        batches[-1] = (batches[-1][0] * 1e6, batches[-1][1])\n"
+                   "    return batches\n"))
+
+
+def test_a_step_skipped_on_inf_on_one_rank_only_is_named(suite_session, tmp_path):
+    # Real data: rank 1's last batch of the first epoch overflows fp16; it is in Join's tail, so
+    # only rank 1's scaler skips the step and halves its scale.
+    target = variant(tmp_path, "train_amp_join.py", "corrupt_no_resync", WITHOUT_RESYNC, CORRUPT_RECORD)
+    record, _ = suite_session.run_check(BY_ID["rank-consistency"], target)
+    assert record.status == "failed", record.message
+    assert "; steps skipped on inf/NaN gradients differ: rank 1 at optimizer step 2 of Join block 1" in record.message
+    assert record.evidence["midrun"]["skipped_steps"] == {"1": ["optimizer step 2 of Join block 1"]}
+    first = record.evidence["midrun"]["first_difference"]
+    assert first["when"] == "optimizer step 0 of Join block 2" and first["scales"]["0"] != first["scales"]["1"]
