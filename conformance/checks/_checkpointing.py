@@ -23,7 +23,12 @@ failing step in the sandbox with each documented remedy (``conformance.harness.r
   the rank processes, :func:`forced_nonreentrant`, whichever way the target imported it);
 
 each a short run of the target's own ``train_step`` under DDP against its single-process
-reference: "verified fix" when it completes on every rank and matches the reference.
+reference, with the K microbatches of no-sync-equivalence (the target's accumulation path: a
+remedy must hold where production accumulates with ``no_sync``): "verified fix" when it
+completes on every rank and matches the reference. Measured on torch 2.13: ``static_graph=True``
+does *not* survive ``no_sync`` accumulation (the reducer's "expect_autograd_hooks_ INTERNAL
+ASSERT", pytorch/pytorch#143580), so for an accumulating step only ``use_reentrant=False`` is a
+verified fix.
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ from reports.keys import FEATURES, REMEDIES
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
-from ..harness.remedies import Remedy, Rerun, to_json, verify
+from ..harness.remedies import DID_NOT_FIX, Remedy, Rerun, to_json, verify
 from ..harness.world import RankFailure, WorldHang
 from ._recorded import RunPlan, run_recorded
+from .no_sync import MICROBATCH_CHOICES
 
 #: DDP's error text for a parameter reported ready twice in one backward (torch 2.13).
 MARKED_TWICE = "Expected to mark a variable ready only once"
@@ -54,6 +60,8 @@ REMEDY_STEPS = 2
 CHECKPOINTING = "reentrant_checkpointing"
 #: Modules named in the message; the evidence lists them all.
 NAMED_MODULES = 6
+#: The reducer's assert when static_graph meets no_sync (pytorch/pytorch#143580, torch 2.13).
+STATIC_GRAPH_NO_SYNC = "expect_autograd_hooks_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,30 +187,45 @@ def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
 
 
+def _accumulation(ctx: CheckContext) -> int:
+    """K of no-sync-equivalence where the global batch allows it, else 1."""
+    from ..harness.targets import TargetError
+
+    for k in MICROBATCH_CHOICES:
+        try:
+            ctx.target.batch_size_for(ctx.world_size, k)
+            return k
+        except TargetError:
+            continue
+    return 1
+
+
 def rerun(ctx: CheckContext, *, overrides: dict[str, object], nonreentrant: bool) -> Rerun:
     """The failing DDP step again, with the remedy: reference on the 1-rank world, the ranks
-    comparing against it, ``REMEDY_STEPS`` steps. Fixed: every rank completed and matched."""
-    n = ctx.world_size
-    batch = ctx.target.batch_size_for(n, 1)
-    plan = RunPlan(target_spec=ctx.target.spec, global_batch=batch, microbatches=1, steps=REMEDY_STEPS,
-                   norm_group=batch // n, ddp_overrides=dict(overrides))
+    comparing against it, ``REMEDY_STEPS`` steps of K microbatches (``_accumulation``).
+    Fixed: every rank completed and matched."""
+    n, k = ctx.world_size, _accumulation(ctx)
+    batch = ctx.target.batch_size_for(n, k)
+    plan = RunPlan(target_spec=ctx.target.spec, global_batch=batch, microbatches=k, steps=REMEDY_STEPS,
+                   norm_group=batch // (n * k), ddp_overrides=dict(overrides))
     folder = Path(tempfile.mkdtemp(prefix="remedy-", dir=ctx.tmpdir))
     try:
-        ref_plan = replace(plan, count_allreduce=False, role="reference", snapshots=str(folder))
+        ref_plan = replace(plan, microbatches=1, count_allreduce=False, role="reference", snapshots=str(folder))
         # Both calls carry the check's deadline: a remedy that turns the error into a hang
         # must become "did not fix", never a stuck check.
         ctx.world(world_size=1).run(run_remedied, ref_plan, nonreentrant, deadline=ctx.deadline)
         values = [r.value for r in ctx.world().run(run_remedied, replace(plan, snapshots=str(folder)),
                                                    nonreentrant, deadline=ctx.deadline)]
     except (RankFailure, WorldHang) as exc:
-        return Rerun(False, {"completed": False, "error": _first_line(exc)})
+        return Rerun(False, {"completed": False, "error": _first_line(exc), "microbatches_per_rank": k})
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     diffs = [c.diff for v in values for c in (v.get("grads0") or [])]
     diffs += [c.diff for v in values for step in (v.get("params") or []) for c in step]
     bad = sorted({d.name for d in diffs if not d.ok})
     nonfinite = [v["nonfinite"] for v in values if v.get("nonfinite")]
-    evidence = {"completed": True, "ranks": n, "steps": REMEDY_STEPS, "tensors_compared": len(diffs),
+    evidence = {"completed": True, "ranks": n, "steps": REMEDY_STEPS, "microbatches_per_rank": k,
+                "tensors_compared": len(diffs),
                 "worst_ratio_to_tolerance": round(max((d.ratio for d in diffs), default=0.0), 4),
                 "differ_from_reference": bad[:20], "nonfinite": nonfinite[:1]}
     return Rerun(bool(diffs) and not bad and not nonfinite, evidence)
@@ -211,9 +234,14 @@ def rerun(ctx: CheckContext, *, overrides: dict[str, object], nonreentrant: bool
 def _remedy_text(remedy: Remedy) -> str:
     ev = remedy.evidence
     if remedy.verified:
-        return (f"{remedy.change}: verified fix ({ev.get('steps')} steps completed on {ev.get('ranks')} "
-                f"ranks, {ev.get('tensors_compared')} gradients and parameters match the "
-                f"single-process reference)")
+        return (f"{remedy.change}: verified fix ({ev.get('steps')} steps of K={ev.get('microbatches_per_rank')} "
+                f"microbatches completed on {ev.get('ranks')} ranks, {ev.get('tensors_compared')} gradients "
+                f"and parameters match the single-process reference)")
+    if ev.get("error") and STATIC_GRAPH_NO_SYNC in ev["error"]:
+        return (f"{remedy.change}: {remedy.status} (with the step's no_sync accumulation over K="
+                f"{ev.get('microbatches_per_rank')} microbatches DDP's reducer raised "
+                f"'{STATIC_GRAPH_NO_SYNC} INTERNAL ASSERT FAILED': static_graph and no_sync do not mix "
+                f"in this torch, pytorch/pytorch#143580)")
     if ev.get("error"):
         return f"{remedy.change}: {remedy.status} (the re-run raised again: {ev['error']})"
     if ev.get("differ_from_reference"):
@@ -266,11 +294,15 @@ def name_checkpointing(ctx: CheckContext, exc: Exception, outcome: Outcome) -> O
                f"parameter ready twice (\"{MARKED_TWICE}\") — {_why(reentrant, kwargs)}. Re-run with "
                + "; ".join(_remedy_text(r) for r in remedies))
     fixes = [r.change for r in remedies if r.verified]
+    failed = [r.change for r in remedies if r.status == DID_NOT_FIX]
     advice = ("call torch.utils.checkpoint.checkpoint(..., use_reentrant=False) (the non-reentrant "
-              "implementation reports each gradient once, and is PyTorch's recommended default), or set "
-              "static_graph=True in ddp_kwargs when the graph is the same every step")
+              "implementation reports each gradient once, and is PyTorch's recommended default)")
+    if "static_graph=True" not in failed:
+        advice += ", or set static_graph=True in ddp_kwargs when the graph is the same every step"
     recommendation = (f"{advice}; verified here by re-running the failing step: {', '.join(fixes)}"
-                      if fixes else f"{advice} (neither change made the re-run pass here: see the evidence)")
+                      if fixes else f"{advice} (no change made the re-run pass here: see the evidence)")
+    if failed:
+        recommendation += f"; re-run and did not fix: {', '.join(failed)}"
     metrics = {**outcome.metrics, "key_figure": f"reentrant checkpointing: {len(reentrant)} module(s)"}
     evidence = {**outcome.evidence, CHECKPOINTING: {"calls": calls, "ddp_kwargs": kwargs},
                 REMEDIES: to_json(remedies),

@@ -44,7 +44,8 @@ _DDP_PARTS = (f"{os.sep}torch{os.sep}distributed{os.sep}", f"{os.sep}torch{os.se
 DDP_SIGNATURES = ("Expected to have finished reduction", "Expected to mark a variable ready",
                   "DistributedDataParallel", "find_unused_parameters", "ProcessGroup",
                   "process group", "Connection closed", "Connection reset", "Gloo", "gloo",
-                  "NCCL", "timed out", "Timed out", "Application timeout")
+                  "NCCL", "timed out", "Timed out", "Application timeout",
+                  "c10d/reducer.cpp")  # the reducer's internal asserts (static_graph + no_sync, pytorch#143580)
 
 
 def one_line(exc: BaseException) -> str:

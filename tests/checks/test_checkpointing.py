@@ -2,29 +2,33 @@
 
 In process: the probe's recording and the forced ``use_reentrant=False`` patch the two
 checkpoint implementations (whichever way a target imported ``checkpoint``) and put them back.
-On the shared 2-rank gloo session: examples/train_checkpointed.py as shipped passes the
-equivalence checks (no false alarm); its reentrant variants fail with the cause named and both
-remedies re-run as "verified fix" (tests/examples/test_example_bugs.py holds the messages);
-a deliberately wrong remedy re-runs as "did not fix".
+On the shared 2-rank gloo session: examples/train_checkpointed.py as shipped, and with reentrant
+checkpointing alone, passes the equivalence checks (no false alarm) while a loss scaled by the
+world size is still caught; its failing reentrant variants are named with both remedies re-run
+(tests/examples/test_example_bugs.py holds the messages); a deliberately wrong remedy re-runs as
+"did not fix" where the documented one is a verified fix.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from conformance.checks import _checkpointing
 from conformance.checks._checkpointing import (
     Candidate,
     forced_nonreentrant,
     recorded_checkpoints,
+    rerun,
 )
 from conformance.harness.registry import BY_ID
+from conformance.harness.remedies import verify
 from reports.keys import REMEDIES
 
-from ..examples._variants import EXAMPLES, variant
+from ..examples._variants import variant
 
 REENTRANT_SHARED = [("USE_REENTRANT = False", "USE_REENTRANT = True"),
                     ("nn.ModuleList(Block(WIDTH) for _ in range(DEPTH))", "nn.ModuleList([Block(WIDTH)] * DEPTH)")]
@@ -67,24 +71,50 @@ def test_forced_nonreentrant_reroutes_reentrant_calls_and_puts_everything_back()
     assert "apply" not in cp.CheckpointFunction.__dict__
 
 
-def test_the_correct_checkpointed_example_passes_the_equivalence_checks(suite_session) -> None:
-    target = str(EXAMPLES / "train_checkpointed.py")
+#: Correct configurations with checkpointing: reentrant alone is correct too (each block once,
+#: every parameter used, find_unused_parameters=False), as is the example as shipped.
+CORRECT_REENTRANT = {
+    "reentrant": [("USE_REENTRANT = False", "USE_REENTRANT = True")],
+    "non_reentrant": [],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRECT_REENTRANT))
+def test_correct_checkpointed_configurations_pass_and_a_scaled_loss_is_still_caught(suite_session, tmp_path,
+                                                                               case: str) -> None:
+    target = variant(tmp_path, "train_checkpointed.py", case, *CORRECT_REENTRANT[case])
     for check_id in ("gradient-equivalence", "no-sync-equivalence"):
         record, _ = suite_session.run_check(BY_ID[check_id], target)
         assert record.status == "passed", (check_id, record.message)
         assert REMEDIES not in record.evidence
+    scaled = variant(tmp_path, "train_checkpointed.py", f"{case}_scaled", *CORRECT_REENTRANT[case],
+                     ("loss = loss_fn(model(x), y) / k",
+                      "loss = loss_fn(model(x), y) / k * torch.distributed.get_world_size()"))
+    record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], scaled)
+    assert record.status == "failed" and "the loss is multiplied by the world size" in record.message, \
+        record.message
 
 
-def test_a_wrong_remedy_is_rerun_and_did_not_fix(suite_session, tmp_path, monkeypatch) -> None:
+def test_a_wrong_remedy_is_rerun_and_did_not_fix(suite_session, tmp_path) -> None:
     # find_unused_parameters=True does not stop a block applied four times per forward from
-    # being reported four times: the re-run raises DDP's error again.
-    wrong = Candidate("find_unused_parameters=True", {"find_unused_parameters": True})
-    monkeypatch.setattr(_checkpointing, "CANDIDATES", (wrong, *_checkpointing.CANDIDATES[1:]))
+    # being reported four times: the re-run of the failing step raises DDP's error again.
     target = variant(tmp_path, "train_checkpointed.py", "reentrant_shared", *REENTRANT_SHARED)
-    record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], target)
+    ctx = suite_session.context(BY_ID["gradient-equivalence"], target)
+    wrong = Candidate("find_unused_parameters=True", {"find_unused_parameters": True})
+    remedy = verify(wrong.change, partial(rerun, ctx, overrides=wrong.overrides, nonreentrant=wrong.nonreentrant))
+    assert (remedy.change, remedy.status) == ("find_unused_parameters=True", "did not fix"), remedy
+    assert remedy.evidence["completed"] is False
+    assert "Expected to mark a variable ready only once" in remedy.evidence["error"]
+    # The same re-run with the documented remedy: a verified fix (the world recovered).
+    right = verify("use_reentrant=False", partial(rerun, ctx, overrides={}, nonreentrant=True))
+    assert right.status == "verified fix" and right.evidence["microbatches_per_rank"] == 4, right
+
+
+def test_static_graph_with_no_sync_accumulation_is_a_finding_not_the_users_error(suite_session, tmp_path) -> None:
+    # torch 2.13's reducer asserts when static_graph meets no_sync (pytorch/pytorch#143580): the
+    # accumulating example with static_graph=True fails the check, it is not a target error.
+    target = variant(tmp_path, "train_checkpointed.py", "static_graph",
+                     ('ddp_kwargs = {"find_unused_parameters": False}', 'ddp_kwargs = {"static_graph": True}'))
+    record, _ = suite_session.run_check(BY_ID["no-sync-equivalence"], target)
     assert record.status == "failed", record.message
-    statuses = {r["change"]: r["status"] for r in record.evidence[REMEDIES]}
-    assert statuses == {"find_unused_parameters=True": "did not fix", "use_reentrant=False": "verified fix"}
-    assert "find_unused_parameters=True: did not fix (the re-run raised again: " in record.message
-    assert "Expected to mark a variable ready only once" in record.message
-    assert "verified here by re-running the failing step: use_reentrant=False" in (record.recommendation or "")
+    assert "expect_autograd_hooks_ INTERNAL ASSERT FAILED" in record.message
