@@ -93,6 +93,15 @@ CASES = {
         r"reentrant activation checkpointing in blocks\.0, blocks\.1, blocks\.2, blocks\.3 with ddp_kwargs "
         r"\{'find_unused_parameters': True\}: DDP marks a parameter ready twice .*find_unused_parameters=True "
         r"searches the autograd graph.*" + STATIC_GRAPH_DID_NOT_FIX + r".*use_reentrant=False: verified fix"),
+    # Without no_sync (every micro-step all-reduces) static_graph=True is a verified fix too.
+    "checkpointed_reentrant_find_unused_no_no_sync": (
+        "train_checkpointed.py", "gradient-equivalence",
+        [("USE_REENTRANT = False", "USE_REENTRANT = True"),
+         ('ddp_kwargs = {"find_unused_parameters": False}', 'ddp_kwargs = {"find_unused_parameters": True}'),
+         ("sync = contextlib.nullcontext() if i == k - 1 else model.no_sync()", "sync = contextlib.nullcontext()")],
+        r"reentrant activation checkpointing in blocks\.0, blocks\.1, blocks\.2, blocks\.3 .*"
+        r"static_graph=True: verified fix \(2 steps of K=4 microbatches completed on 2 ranks.*"
+        r"use_reentrant=False: verified fix"),
     "checkpointed_reentrant_shared_block": (
         "train_checkpointed.py", "no-sync-equivalence",
         [("USE_REENTRANT = False", "USE_REENTRANT = True"),
@@ -120,7 +129,7 @@ def test_bug_is_caught_with_its_cause(suite_session, tmp_path, case):
     record, _ = suite_session.run_check(BY_ID[check_id], target)
     assert record.status == "failed", (record.status, record.message)
     assert re.search(cause, record.message), record.message
-    if example == "train_checkpointed.py" and "reentrant" in case:
+    if case in ("checkpointed_reentrant_find_unused", "checkpointed_reentrant_shared_block"):
         assert re.search(r"verified here by re-running the failing step: use_reentrant=False; re-run and did "
                          r"not fix: static_graph=True", record.recommendation or ""), record.recommendation
     if case in ADVICE:
