@@ -72,10 +72,9 @@ def test_join_completes_and_the_hang_without_it_is_shown(suite_session):
     # In the report's configuration table, the Join row names the checks that verified it.
     from reports.configuration import tables
 
-    rc, _ = suite_session.run_check(BY_ID["rank-consistency"], str(EXAMPLES / "train_amp_join.py"))
-    table, = tables({"checks": [rc.to_json(), record.to_json()]})
+    table, = tables({"checks": [record.to_json()]})
     join_row = next(row for row in table.rows if row.feature == "Join")
-    assert join_row.used and join_row.verified == "rank-consistency passed, hang-detection passed", join_row
+    assert join_row.used and join_row.verified == "hang-detection passed", join_row
 
 
 @pytest.mark.chaos
