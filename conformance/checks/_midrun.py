@@ -201,10 +201,9 @@ def watch_loop(rank_ctx: Any, target_spec: str, steps: int) -> dict[str, Any]:
     target = load_target(target_spec)
     scratch = Path(rank_ctx.tmpdir) / f"midrun-rank{rank_ctx.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
+    # target: its configure_ddp runs on every model ctx.wrap returns, as in production.
     loop = LoopContext(rank=rank_ctx.rank, world_size=rank_ctx.world_size, device=rank_ctx.device,
-                       steps=steps, tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target))
-    if hasattr(loop, "target"):
-        loop.target = target  # its configure_ddp runs on every model ctx.wrap returns
+                       steps=steps, tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target), target=target)
     if target.run_loop is None:
         raise ValueError(f"target {target.name!r} defines no run_loop: there is no loop to watch")
     recorder = _Recorder(loop.models)

@@ -47,3 +47,13 @@ def test_nan_parameters_are_never_consistent(suite_session):
     assert record.message.startswith("non-finite parameter")
     assert "first after step 0 on rank 0" in record.message
     assert record.metrics["nonfinite"]["step"] == 0
+
+
+def test_mid_run_look_runs_the_loop_as_production_wraps_it(suite_session):
+    # loop_with_hook's run_loop raises unless ctx.wrap ran its configure_ddp (a comm hook that
+    # must reduce buckets): the mid-run look wraps as production does, and compares every step.
+    record = run_check(suite_session, "rank-consistency", "loop_with_hook")
+    assert record.status == "passed", record.message
+    assert record.evidence["midrun"]["steps_per_rank"] == {"0": 4, "1": 4}
+    assert record.message.endswith("run_loop: parameters bit-identical across ranks at 5 checkpoints (every "
+                                   "optimizer step; steps per rank: rank 0 4, rank 1 4)")
