@@ -156,7 +156,8 @@ RULES: dict[str, Rule] = {
     "shared-weights": Rule(
         "Tie shared weights before wrapping in DDP (one Parameter object used twice, not a "
         "copy) and never re-tie after wrapping; with activation checkpointing on tied "
-        "weights, use static_graph=True instead of find_unused_parameters=True."),
+        "weights, checkpoint with use_reentrant=False (static_graph=True also works, but not with "
+        "no_sync accumulation on torch 2.13) instead of find_unused_parameters=True."),
     "unused-parameters": Rule(
         "Remove the dynamic branch so every parameter participates every step, then set "
         "find_unused_parameters=False; if the branch must stay, keep find_unused_parameters=True "

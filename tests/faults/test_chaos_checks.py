@@ -73,6 +73,9 @@ def test_unused_parameters_injected_incident(suite_session: Any) -> None:
     assert set(record.evidence["unused"]) == {"aux_head.0.bias", "aux_head.0.weight",
                                               "aux_head.2.bias", "aux_head.2.weight"}
     assert any(e.name == "conditional-branch" for e in ctx.events)
+    # The reproduced hang is gone when the same steps re-run with find_unused_parameters=True.
+    assert [(r["change"], r["status"]) for r in record.evidence["remedies"]] == \
+        [("find_unused_parameters=True", "verified fix")]
 
 
 def test_unused_parameters_fails_on_dynamic_branch_and_names_it(suite_session: Any) -> None:
