@@ -143,8 +143,7 @@ def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str
 
     target = resolve(source, ctx.rank, InjectionLog())
     torch.manual_seed(PROBE_SEED)
-    kwargs = {k: v for k, v in target.ddp_kwargs.items() if k != "static_graph"}
-    model = wrap(target.build_model(), ctx.device, {**kwargs, **overrides}, target=target)
+    model = wrap(target.build_model(), ctx.device, {**target.ddp_kwargs, **overrides}, target=target)
     optimizer = target.make_optimizer(model)
     for step in range(steps):
         batch = rank_batch(target, ctx.rank, ctx.world_size, seed=DATA_SEED + step, per_rank=per_rank,
@@ -155,8 +154,9 @@ def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str
 
 def verify_find_unused(world: WorldLike, source: VehicleSpec | str, *, steps: int, per_rank: int,
                        deadline: float, overrides: dict[str, Any] | None = None) -> Remedy:
-    """Re-run the failed reproduction with find_unused_parameters=True (``overrides``: another
-    change, for the test of a remedy that does not fix). Fixed: every rank completed every step."""
+    """Re-run the failed reproduction with ``overrides`` on the target's ddp_kwargs (default
+    find_unused_parameters=True; with static_graph=False too when the target set it; a wrong
+    change in the test of a remedy that does not fix). Fixed: every rank completed every step."""
     from conformance.harness.world import WorldError
 
     change = overrides if overrides is not None else {"find_unused_parameters": True}
@@ -245,8 +245,11 @@ def run(ctx: CheckContext) -> Outcome:
                 # The recommendation is tried, not only given: the same steps, the same data,
                 # find_unused_parameters=True (in the same world: a hung rank was released by
                 # the scenario's subgroup timeout, a dead one replaced at the next call).
+                # static_graph=True cannot search for unused parameters: the remedy turns it off.
+                fix = {"find_unused_parameters": True, **({"static_graph": False} if kwargs.get("static_graph")
+                                                          else {})}
                 remedy = verify_find_unused(world, source, steps=sc.steps, per_rank=per_rank,
-                                            deadline=scenario_deadline(ctx))
+                                            deadline=scenario_deadline(ctx), overrides=fix)
     metrics = {"key_figure": (f"{len(table)} unused params" if table else "all params used")
                + (f", tax x{tax_info['tax']:.2f}" if tax_info.get("tax") else ""),
                "parameters": len(names), "unused_parameters": len(table),
