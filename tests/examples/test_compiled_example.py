@@ -1,19 +1,16 @@
 """examples/train_compiled.py, compiled vs eager DDP on the shared gloo 2-rank session.
 
 CI uses the ``aot_eager`` backend (no C++ compiler, ~1 s to compile this model); the example's
-default, ``inductor``, runs in the ``slow`` tests. Each recorded run compiles from a cold cache
-(``_compiled``), so these are the suite's slowest equivalence runs: four check runs in CI,
-~8-15 s each on a quiet 2-core host.
+default, ``inductor``, runs in one ``slow`` test (its C++ kernels: ~30 s warm, ~100 s with a cold
+kernel cache on a loaded 2-core host). Each recorded run compiles from a cold dynamo cache
+(``_compiled``); the four aot_eager check runs took 49-75 s together on a loaded 2-core host
+(most of it the first test's world start-up and compiles).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,7 @@ from conformance.checks._compiled import MODULE, WRAPPER
 from conformance.harness.registry import BY_ID
 from reports.keys import COMPILED, DDP_BUCKET_SPLITS, GRAPH_BREAKS, WARNINGS
 
-from ._variants import EXAMPLES, variant
+from ._variants import variant
 
 EXAMPLE = "train_compiled.py"
 #: Per world call of the inductor test: cold C++ compiles of every graph, twice per check.
@@ -96,26 +93,11 @@ def test_inductor_compiled_ddp_matches_eager(tmp_path):
     # past the shared session's 60 s deadline per world call, where it reads as a hang.
     session = Session(Settings(backend="gloo", world_size=2, deadline=INDUCTOR_DEADLINE_S))
     try:
-        records = [_run(session, check_id, target)
-                   for check_id in ("gradient-equivalence", "no-sync-equivalence")]
+        # gradient-equivalence only: no-sync-equivalence adds nothing inductor-specific (aot_eager
+        # covers it in CI) and costs another three cold compiles.
+        record = _run(session, "gradient-equivalence", target)
     finally:
         session.close()
-    for check_id, record in zip(("gradient-equivalence", "no-sync-equivalence"), records):
-        assert record.status == "passed", (check_id, record.message)
-        assert record.evidence[COMPILED]["backend"] == "inductor", record.evidence[COMPILED]
-        assert record.evidence[DDP_BUCKET_SPLITS] == [[2], [2]]
-
-
-@pytest.mark.slow
-def test_every_check_on_the_compiled_example(tmp_path):
-    """The whole suite through the command line: every check passes or skips with its reason."""
-    report_dir = tmp_path / "report"
-    env = dict(os.environ, DDP_EXAMPLE_COMPILE_BACKEND="aot_eager")
-    proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--target", str(EXAMPLES / EXAMPLE),
-                           "--report-dir", str(report_dir)],
-                          check=False, capture_output=True, text=True, timeout=900, env=env)
-    report = json.loads((report_dir / "report.json").read_text())
-    statuses = {c["id"]: (c["status"], c["message"]) for c in report["checks"]}
-    alarms = {k: v for k, v in statuses.items() if v[0] not in ("passed", "skipped")}
-    assert not alarms, alarms
-    assert proc.returncode == 0 and report["verdict"] == "ready", (proc.stdout[-3000:], proc.stderr[-2000:])
+    assert record.status == "passed", record.message
+    assert record.evidence[COMPILED]["backend"] == "inductor", record.evidence[COMPILED]
+    assert record.evidence[DDP_BUCKET_SPLITS] == [[2], [2]]
