@@ -19,8 +19,11 @@ compression, a compiled graph) is judged against its own measured noise floor on
 (``_floor``; ``TensorDiff.allowed_rel``): bf16 autocast + AdamW measures 3.7e-3 of a gradient's
 scale, an fp16 compression hook 5.3e-4 against the uncompressed run — far over the fp32 rtol,
 far under the smallest scaling bug (0.5). docs/numerics.md, "Measured", has the numbers. The
-entries for tensors whose own dtype is not float32 (a model cast to half precision) are
-conservative guesses, not measurements; the floor widens them where the run is noisier.
+entries for tensors whose own dtype is not float32 (a model cast with ``.to(dtype)``) were set
+from machine epsilon and then measured (the built-in MLP cast to the dtype, SGD, 2 gloo ranks,
+K = 1 and 4): correct bf16 gradients differ by ≤ 6.8e-3 relative (0.07 of the bf16 tolerance),
+fp16 by ≤ 8.5e-4 (0.05 of it), fp64 by ≤ 3.9e-16; a loss times N is off by 1.0 and fails in
+each. The floor widens them where a run is noisier still.
 """
 
 from __future__ import annotations
