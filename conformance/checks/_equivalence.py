@@ -8,12 +8,18 @@ then compares against them on every rank, where its tensors are (``_recorded``),
 per-tensor summaries (``_compare.Compared``). The supervisor never holds a tensor of the
 model: its memory is flat in the model size. Compared: the gradients ``optimizer.step()``
 consumed at the first step that ran (and, when the step clips, the gradients before clipping)
-and the parameters after every step, rank by rank, within the dtype tolerance of ``_compare``;
-the gradient factors of the hypotheses come from the ranks' projections (``scale_from``).
+and the parameters after every step, rank by rank, within the dtype tolerance of ``_compare``
+or the configuration's measured noise floor: right after the reference, its *twin* (the same
+run on the N-rank run's N·K microbatches, in one process) compares against the same snapshots,
+and a tensor passes within margin x that floor (``_floor``); with a comm hook the reference and
+twin run uncompressed and the hook's bound applies (``_compression``). The gradient factors of
+the hypotheses come from the ranks' projections (``scale_from``).
 
 What the judge decides, in order: a NaN/Inf anywhere is a failure of its own; no gradient
 reaching the optimizer on either side is ``skipped`` (nothing to compare); a mismatch is a
-failure whose hint names a cause only when a measurement supports it (``_hypotheses``).
+failure whose hint names a cause only when a measurement supports it (``_hypotheses``); a
+match within a bound so wide that the smallest scaling bug would match too is
+``inconclusive`` ("this configuration cannot distinguish …").
 """
 
 from __future__ import annotations
