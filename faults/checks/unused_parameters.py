@@ -16,7 +16,9 @@ graph in every iteration.
    side by side in alternating steps; ratio of medians.
 4. Remedy verified (``conformance.harness.remedies``): when the reproduction failed, the very
    same steps and data again with ``find_unused_parameters=True``; "verified fix" when every
-   rank completes them (the record's :data:`reports.keys.REMEDIES`).
+   rank completes them (the record's :data:`reports.keys.REMEDIES`). The static_graph=True
+   suggestion for a graph that never changes is tried too, on the target's step with two
+   microbatches (its no_sync accumulation): advice that would crash the step is withdrawn.
 
 Target mode: failed when some parameter is unused somewhere and find_unused_parameters is
 False (or static_graph is True); passed with the measured tax when it is True; passed when
@@ -39,7 +41,7 @@ from conformance.harness.ddp import (
     SCENARIO_DATA_SEED as DATA_SEED,  # the reproduction replays the scenarios' batches
 )
 from conformance.harness.outcome import Outcome
-from conformance.harness.remedies import Remedy, Rerun, verify
+from conformance.harness.remedies import NOT_VERIFIED, Remedy, Rerun, verify
 from conformance.harness.targets import TargetError
 from reports.keys import FIND_UNUSED_TAX, REMEDIES, UNUSED_TABLE
 
@@ -57,6 +59,8 @@ STEPS = 8  # seeded global batches per rank in discovery
 # Untimed steps of the tax: the first builds the buckets, the second runs the rebuilt ones; the
 # timed steps are then sized by the second one's time (timing.sweep_reps).
 TAX_WARMUP = 2
+# Steps of the static_graph=True re-run: the first records the graph, the later ones run on it.
+STATIC_STEPS = 3
 # Seed 1207: both ranks take the aux head at step 0 (DDP sees it used), then at step 1 rank 0
 # takes it and rank 1 does not -- the incident's "ranks 0-1 took the branch, 2-7 did not".
 INCIDENT = VehicleSpec(kind="branchy", branch=ConditionalBranch(seed=1207))
@@ -134,12 +138,14 @@ def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s:
 
 
 def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str, Any], steps: int,
-                per_rank: int) -> dict[str, Any]:
+                per_rank: int, microbatches: int = 1) -> dict[str, Any]:
     """The reproduction's DDP loop (same model seed, same batches) with ``overrides`` on the
-    target's ddp_kwargs: how many steps of its own train_step every rank completed."""
+    target's ddp_kwargs: how many steps of its own train_step every rank completed. With
+    ``microbatches`` > 1 each step gets this rank's rows in that many microbatches (the
+    target's accumulation path: no_sync, where its train_step uses it)."""
     import torch
 
-    from conformance.harness.ddp import PROBE_SEED, rank_batch, wrap
+    from conformance.harness.ddp import PROBE_SEED, rank_batch, shard, wrap
 
     target = resolve(source, ctx.rank, InjectionLog())
     torch.manual_seed(PROBE_SEED)
@@ -148,12 +154,12 @@ def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str
     for step in range(steps):
         batch = rank_batch(target, ctx.rank, ctx.world_size, seed=DATA_SEED + step, per_rank=per_rank,
                            device=ctx.device)
-        target.run_step(model, optimizer, [batch], step=step)
+        target.run_step(model, optimizer, shard(batch, 0, 1, microbatches), step=step)
     return {"steps": steps}
 
 
-def verify_find_unused(world: WorldLike, source: VehicleSpec | str, *, steps: int, per_rank: int,
-                       deadline: float, overrides: dict[str, Any] | None = None) -> Remedy:
+def verify_change(world: WorldLike, source: VehicleSpec | str, *, steps: int, per_rank: int,
+                  deadline: float, overrides: dict[str, Any] | None = None, microbatches: int = 1) -> Remedy:
     """Re-run the failed reproduction with ``overrides`` on the target's ddp_kwargs (default
     find_unused_parameters=True; with static_graph=False too when the target set it; a wrong
     change in the test of a remedy that does not fix). Fixed: every rank completed every step."""
@@ -163,13 +169,15 @@ def verify_find_unused(world: WorldLike, source: VehicleSpec | str, *, steps: in
 
     def rerun() -> Rerun:
         try:
-            done = world.run(remedy_rank, source, change, steps, per_rank, deadline=deadline)
+            done = world.run(remedy_rank, source, change, steps, per_rank, microbatches, deadline=deadline)
         except WorldError as exc:
             # The same error or hang again: the change did not remove the failure.
             errors = {str(r.rank): r.error.describe().splitlines()[0][:300] for r in exc.results if r.error}
-            return Rerun(False, {"completed": False, "errors": errors, "steps": steps})
+            return Rerun(False, {"completed": False, "errors": errors, "steps": steps,
+                                 "microbatches_per_rank": microbatches})
         return Rerun(all(r.value["steps"] == steps for r in done),
-                     {"completed": True, "steps": steps, "ranks": len(done), "samples_per_rank": per_rank})
+                     {"completed": True, "steps": steps, "ranks": len(done), "samples_per_rank": per_rank,
+                      "microbatches_per_rank": microbatches})
 
     return verify(", ".join(f"{k}={v}" for k, v in change.items()), rerun)
 
@@ -233,7 +241,7 @@ def run(ctx: CheckContext) -> Outcome:
             raise  # the user's own code raised: exit 2 with its line, not an unmeasured tax
         except Exception as exc:  # a random branch can still strike: the tax stays unmeasured
             tax_info = {"tax": None, "error": str(exc)[:500]}
-        repro, remedy = None, None
+        repro, remedy, static = None, None, None
         replay = (4, first) if first is not None else (1, first_single) if first_single is not None else None
         if replay is not None and not kwargs.get("find_unused_parameters", False):
             # Replay the first data that left a parameter without gradient, plus one step:
@@ -248,16 +256,24 @@ def run(ctx: CheckContext) -> Outcome:
                 # static_graph=True cannot search for unused parameters: the remedy turns it off.
                 fix = {"find_unused_parameters": True, **({"static_graph": False} if kwargs.get("static_graph")
                                                           else {})}
-                remedy = verify_find_unused(world, source, steps=sc.steps, per_rank=per_rank,
-                                            deadline=scenario_deadline(ctx), overrides=fix)
+                remedy = verify_change(world, source, steps=sc.steps, per_rank=per_rank,
+                                       deadline=scenario_deadline(ctx), overrides=fix)
+        if not ctx.injected and not table and static_ok and not kwargs.get("static_graph") \
+                and not kwargs.get("find_unused_parameters"):
+            # The static_graph=True suggestion is tried on the step as production runs it,
+            # accumulation included: on torch 2.13 static_graph and no_sync do not mix
+            # (pytorch/pytorch#143580), and advice that crashes the user's step is worse than none.
+            static = verify_change(world, source, steps=STATIC_STEPS, per_rank=4, microbatches=2,
+                                   deadline=scenario_deadline(ctx), overrides={"static_graph": True})
     metrics = {"key_figure": (f"{len(table)} unused params" if table else "all params used")
                + (f", tax x{tax_info['tax']:.2f}" if tax_info.get("tax") else ""),
                "parameters": len(names), "unused_parameters": len(table),
                FIND_UNUSED_TAX: tax_info.get("tax"), "step_s_find_unused_false": tax_info.get("false_s"),
                "step_s_find_unused_true": tax_info.get("true_s"), "static_graph_compatible": static_ok}
     evidence: dict[str, Any] = {UNUSED_TABLE: table, "tax": tax_info}
-    if remedy is not None:
-        evidence[REMEDIES] = [remedy.to_json()]
+    tried = [r.to_json() for r in (remedy, static) if r is not None]
+    if tried:
+        evidence[REMEDIES] = tried
     if repro is not None:
         evidence["reproduction"] = {"diagnosis": repro.diagnosis.as_dict(), "describe": repro.diagnosis.describe(),
                                     "latency_s": round(repro.latency_s, 3),
@@ -265,7 +281,7 @@ def run(ctx: CheckContext) -> Outcome:
                                     "stacks": {str(k): v[-1200:] for k, v in repro.stacks.items()}}
     if ctx.injected:
         return _judge_injected(found, table, repro, tax_info, metrics, evidence)
-    return _judge_target(ctx, kwargs, table, repro, tax_info, static_ok, metrics, evidence, remedy)
+    return _judge_target(ctx, kwargs, table, repro, tax_info, static_ok, metrics, evidence, remedy, static)
 
 
 def _where(table: dict[str, dict[str, list[int]]]) -> str:
@@ -287,10 +303,25 @@ def _remedy_text(remedy: Remedy | None) -> str:
     return f"; re-run with {remedy.change}: {remedy.status} ({why})"
 
 
+def _static_graph_advice(static: Remedy | None) -> str:
+    """The static_graph suggestion, as its re-run on the target's accumulating step came out."""
+    if static is None or static.status == NOT_VERIFIED:
+        return "The graph never changed: static_graph=True may speed DDP up further."
+    ev = static.evidence
+    if static.verified:
+        return (f"The graph never changed: static_graph=True may speed DDP up further (re-run with it: "
+                f"{ev['steps']} steps of K={ev['microbatches_per_rank']} microbatches completed on every rank).")
+    errors = "; ".join(f"rank {r}: {e}" for r, e in (ev.get("errors") or {}).items())
+    known = (" — static_graph and no_sync do not mix in this torch, pytorch/pytorch#143580"
+             if "expect_autograd_hooks_" in errors else "")
+    return (f"The graph never changed, but keep static_graph off: re-run with static_graph=True and "
+            f"K={ev.get('microbatches_per_rank')} microbatches, this train_step raised ({errors[:300]}){known}.")
+
+
 def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, Any], repro: ScenarioResult | None,
                   tax: dict[str, Any],
                   static_ok: bool, metrics: dict[str, Any], evidence: dict[str, Any],
-                  remedy: Remedy | None = None) -> Outcome:
+                  remedy: Remedy | None = None, static: Remedy | None = None) -> Outcome:
     name = ctx.target.name
     tax_text = f"{tax['tax']:.2f}x step time" if tax.get("tax") else "unmeasured"
     params = ", ".join(table)
@@ -323,7 +354,7 @@ def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, An
     if kwargs.get("find_unused_parameters"):
         rec = f"Every parameter is always used: set find_unused_parameters=False (it costs {tax_text})."
     elif static_ok and not kwargs.get("static_graph"):
-        rec = "The graph never changed: static_graph=True may speed DDP up further."
+        rec = _static_graph_advice(static)
     return Outcome.passed(f"{name}: every parameter received a gradient on every rank and step "
                           f"(find_unused_parameters=True would cost {tax_text})",
                           metrics=metrics, evidence=evidence, recommendation=rec)

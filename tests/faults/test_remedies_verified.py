@@ -1,6 +1,7 @@
 """Recommendations of the chaos checks verified by a re-run (conformance/harness/remedies.py):
-a deliberately wrong change to unused-parameters' failing reproduction did not fix it, and
-bucket-config's side-by-side judgement of the recommended cap. The verified fixes on failing
+a deliberately wrong change to unused-parameters' failing reproduction did not fix it; its
+static_graph=True suggestion withdrawn where the re-run crashes the step (no_sync) and verified
+where it completes; bucket-config's side-by-side judgement of the recommended cap. The verified fixes on failing
 targets are asserted where those checks already run on them (test_chaos_checks.py:
 branchy_unused, and tiny_buckets under the slow marker)."""
 
@@ -8,10 +9,13 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.harness.registry import BY_ID
 from conformance.harness.remedies import DID_NOT_FIX, NOT_VERIFIED, VERIFIED, verify
 from conformance.harness.world import World
 from faults.checks.bucket_config import judge_side_by_side
-from faults.checks.unused_parameters import verify_find_unused
+from faults.checks.unused_parameters import verify_change
+from reports.keys import REMEDIES
+from tests.examples._variants import EXAMPLES, variant
 
 from .conftest import fault_target
 
@@ -20,13 +24,34 @@ STEPS, PER_RANK = 8, 4
 
 
 @pytest.mark.chaos
-def test_a_wrong_unused_parameters_remedy_did_not_fix() -> None:
+def test_static_graph_is_suggested_only_where_its_rerun_completes(suite_session) -> None:
+    # The example accumulates with no_sync: static_graph=True crashes its step on torch 2.13
+    # (pytorch/pytorch#143580), so the suggestion is withdrawn, with the re-run as evidence.
+    record, _ = suite_session.run_check(BY_ID["unused-parameters"], str(EXAMPLES / "train_checkpointed.py"))
+    assert record.status == "passed", record.message
+    assert [(r["change"], r["status"]) for r in record.evidence[REMEDIES]] == [("static_graph=True", DID_NOT_FIX)]
+    assert record.recommendation is not None
+    assert record.recommendation.startswith("The graph never changed, but keep static_graph off: re-run with "
+                                            "static_graph=True and K=2 microbatches, this train_step raised")
+    assert "pytorch/pytorch#143580" in record.recommendation
+
+
+@pytest.mark.chaos
+def test_a_wrong_unused_parameters_remedy_did_not_fix(tmp_path) -> None:
     # The configured find_unused_parameters=False "as the remedy": the same steps fail again.
     with World(2, "gloo", deadline=30.0, pg_timeout=5.0) as world:
-        remedy = verify_find_unused(world, fault_target("branchy_unused"), steps=STEPS, per_rank=PER_RANK,
-                                    deadline=30.0, overrides={"find_unused_parameters": False})
+        remedy = verify_change(world, fault_target("branchy_unused"), steps=STEPS, per_rank=PER_RANK,
+                               deadline=30.0, overrides={"find_unused_parameters": False})
+        # The same static_graph=True re-run on a step without no_sync completes: suggested, verified.
+        no_sync_free = variant(tmp_path, "train_checkpointed.py", "sync_every_micro_step",
+                               ("sync = contextlib.nullcontext() if i == k - 1 else model.no_sync()",
+                                "sync = contextlib.nullcontext()"))
+        static = verify_change(world, no_sync_free, steps=3, per_rank=4, microbatches=2, deadline=30.0,
+                               overrides={"static_graph": True})
     assert (remedy.change, remedy.status) == ("find_unused_parameters=False", DID_NOT_FIX), remedy
     assert remedy.evidence["completed"] is False and remedy.evidence["errors"], remedy.evidence
+    assert (static.change, static.status) == ("static_graph=True", VERIFIED), static
+    assert static.evidence["microbatches_per_rank"] == 2
 
 
 FAST, SLOW = [0.010, 0.011, 0.010, 0.012, 0.011], [0.020, 0.021, 0.019, 0.022, 0.020]
