@@ -279,7 +279,10 @@ def _with_midrun(ctx: CheckContext, message: str, metrics: dict[str, Any],
         return Outcome.inconclusive(
             f"{message}; run_loop did not complete on rank {rank} ({error}): its ranks agreed at the "
             f"{found.checkpoints} checkpoints before that, the rest was not compared (hang-detection "
-            f"diagnoses a loop that hangs)", metrics=metrics, evidence=evidence)
+            f"diagnoses a loop that hangs)", metrics=metrics, evidence=evidence,
+            recommendation="Make run_loop complete on every rank (run hang-detection on this target: it names "
+                           "the rank and the collective a hang waits in; uneven inputs need Join), then the "
+                           "mid-run comparison covers the whole loop")
     if not any(found.steps_per_rank.values()):
         return Outcome.passed(f"{message}; run_loop: {NO_STEPS} to compare mid-run", metrics=metrics,
                               evidence=evidence)

@@ -122,6 +122,7 @@ def test_a_loop_that_hangs_is_no_mid_run_pass(suite_session, tmp_path):
                      r"before that, the rest was not compared \(hang-detection diagnoses a loop that hangs\)",
                      record.message), record.message
     assert set(record.evidence["midrun"]["errors"]) == {"0", "1"}
+    assert record.recommendation.startswith("Make run_loop complete on every rank (run hang-detection")
 
 
 CORRUPT_RECORD = ("    return [make_batch(generator, BATCH) for _ in range(min(2 + rank, limit))]\n",
