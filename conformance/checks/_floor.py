@@ -166,6 +166,9 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
 
     if twin is None:
         return no("the twin run did not run")
+    if twin.get("failed"):
+        return no(f"the same train_step on {twin_microbatches} microbatches in one process raised "
+                  f"({twin['failed']}): the step does not take that split")
     if twin.get("nonfinite") or reference.get("nonfinite"):
         return no("a run produced NaN/Inf: no noise to measure")
     if twin.get("optimizer_steps") != reference.get("optimizer_steps"):

@@ -142,3 +142,16 @@ def test_the_judge_says_inconclusive_when_the_bound_would_admit_a_scaling_bug():
     assert beyond is not None and beyond.status == "failed"
     # A narrow floor: within it is a pass (None: the caller passes it).
     assert judge(_equivalence(Floor(3e-3, 1e-3, 2, grad_tensor="w"), 1e-2), what="x", recommendation="r") is None
+
+
+def test_a_step_that_refuses_the_twins_split_is_judged_by_the_fixed_tolerances(suite_session):
+    from ._check_helpers import run_check
+
+    record = run_check(suite_session, "no-sync-equivalence", "at_most_four_microbatches")
+    assert record.status == "passed", record.message
+    floor = record.evidence["noise_floor"]
+    assert not floor["measured"] and record.metrics["noise_floor_grad_rel"] is None
+    assert re.search(r"the same train_step on 8 microbatches in one process raised \(.*ValueError.*"
+                     r"8 microbatches: at most 4 fit at .*at_most_four_microbatches.py:\d+\): the step "
+                     r"does not take that split",
+                     floor["reason"]), floor["reason"]
