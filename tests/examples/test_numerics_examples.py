@@ -1,6 +1,7 @@
 """The production numerics examples on 2 gloo ranks: bf16 autocast + GradScaler-style scaling +
 AdamW (``examples/train_amp.py``) and gradient compression hooks (``examples/train_compressed.py``:
-fp16, bf16, PowerSGD in its all-reduce warm-up and in its low-rank phase). Each correct configuration passes gradient-equivalence and
+fp16 — also with gradient_as_bucket_view —, bf16, PowerSGD in its all-reduce
+warm-up and in its low-rank phase). Each correct configuration passes gradient-equivalence and
 no-sync-equivalence with **no false alarm** — judged against its measured noise floor and, with
 a hook, against the uncompressed run within the hook's bound — and the same configuration with
 the loss multiplied by the world size is **caught**, the hint naming factor N. Both fixed
@@ -27,6 +28,16 @@ CONFIGS = {
                         [('HOOK = os.environ.get("DDP_COMPRESS_HOOK", "fp16")', f'HOOK = "{hook}"')],
                         "(loss_fn(model(x), y) / k).backward()")
        for hook in ("fp16", "bf16", "powersgd")},
+    # The fp16 hook with gradient_as_bucket_view: the gradients are views into the buckets the
+    # hook compresses in place. (static_graph=True is not among these: with no_sync in its first
+    # iteration DDP itself raises "expect_autograd_hooks_ INTERNAL ASSERT FAILED" on torch 2.13,
+    # which no-sync-equivalence reports as the finding it is.)
+    "fp16_hook_bucket_view": (
+        "train_compressed.py",
+        [('HOOK = os.environ.get("DDP_COMPRESS_HOOK", "fp16")', 'HOOK = "fp16"'),
+         ('ddp_kwargs = {"find_unused_parameters": False, "bucket_cap_mb": 1}',
+          'ddp_kwargs = {"gradient_as_bucket_view": True, "bucket_cap_mb": 1}')],
+        "(loss_fn(model(x), y) / k).backward()"),
     # PowerSGD compressing from iteration 2 (its minimum): gradient-equivalence's third step
     # runs the rank-2 approximation.
     "powersgd_low_rank": ("train_compressed.py",
