@@ -16,16 +16,14 @@ from ._variants import EXAMPLES
 pytestmark = pytest.mark.slow
 
 EXAMPLE_FILES = ("train_gpt.py", "train_split.py", "train_resnet.py", "train_checkpointed.py",
-                 "train_amp_join.py", "train_amp.py", "train_compressed.py")
+                 "train_amp_join.py")
 #: What each example must show besides passing: the checks with nothing to check skip with the
 #: reason that is true of it, and the GPT's dropout is switched off for the comparison, said so.
 SKIPS = {"train_gpt.py": {"sampler-coverage": "sampling with replacement"},
          "train_split.py": {"no-sync-equivalence": "train_step does no accumulation"},
          "train_resnet.py": {"no-sync-equivalence": "train_step does no accumulation"},
          "train_checkpointed.py": {"sampler-coverage": "defines no epoch_batches"},
-         "train_amp_join.py": {"sampler-coverage": "defines no epoch_batches"},
-         "train_amp.py": {"sampler-coverage": "defines no epoch_batches"},
-         "train_compressed.py": {"sampler-coverage": "defines no epoch_batches"}}
+         "train_amp_join.py": {"sampler-coverage": "defines no epoch_batches"}}
 
 
 @pytest.mark.parametrize("example", EXAMPLE_FILES)
