@@ -15,7 +15,9 @@ The classic failure is one flag away: ``USE_REENTRANT = True`` together with
 ``find_unused_parameters=True`` (or a block applied more than once per forward, as in
 weight-shared ALBERT-style stacks) makes DDP raise "Expected to mark a variable ready only
 once"; the suite names that cause and re-runs the step with ``static_graph=True`` and with
-``use_reentrant=False`` to show which remedy works (tests/examples/test_example_bugs.py).
+``use_reentrant=False`` to show which remedy works (tests/examples/test_example_bugs.py). With
+this step's ``no_sync`` accumulation only ``use_reentrant=False`` does on torch 2.13:
+``static_graph=True`` and ``no_sync`` trip DDP's reducer (pytorch/pytorch#143580).
 """
 
 from __future__ import annotations
