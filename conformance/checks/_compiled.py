@@ -270,12 +270,22 @@ def compile_evidence(ranks: list[dict[str, Any]], reference: dict[str, Any]) -> 
 
 
 def compile_warnings(evidence: dict[str, Any]) -> list[str]:
-    """What a passed record still says about compilation: graph breaks in the user's code."""
+    """What a passed record still says about compilation: graph breaks in the user's code, and
+    a compiled model of which dynamo compiled nothing (it ran eagerly: a pass then says nothing
+    about compiled code)."""
+    said = []
+    graphs = (evidence.get(COMPILED) or {}).get("graphs_per_rank") or []
+    if graphs and all(g == 0 for g in graphs):
+        # Seen with torch.compile(ddp_model) around an nn.Sequential: DDP's forward breaks the
+        # graph before calling the module, and dynamo does not compile torch's own module frames.
+        said.append("torch.compile compiled no graph on any rank: the model ran eagerly, so this "
+                    "compared eager DDP with eager; compile a module of your own code (its forward "
+                    "in your file), or compile the module inside DDP")
     breaks = evidence.get(GRAPH_BREAKS) or []
-    if not breaks:
-        return []
-    sites = ", ".join(f"{b['where']} ({'; '.join(b['reasons'])})" for b in breaks)
-    return [(f"torch.compile broke the graph at {len(breaks)} place(s) in the target's code: {sites}. "
-             f"Each break splits the compiled graph (and DDPOptimizer's bucket-aligned subgraphs) "
-             f"and runs Python between the pieces; move host syncs (.item(), print, data-dependent "
-             f"if) out of forward")]
+    if breaks:
+        sites = ", ".join(f"{b['where']} ({'; '.join(b['reasons'])})" for b in breaks)
+        said.append(f"torch.compile broke the graph at {len(breaks)} place(s) in the target's code: "
+                    f"{sites}. Each break splits the compiled graph (and DDPOptimizer's bucket-aligned "
+                    f"subgraphs) and runs Python between the pieces; move host syncs (.item(), print, "
+                    f"data-dependent if) out of forward")
+    return said

@@ -139,3 +139,11 @@ def test_a_compile_slower_than_the_deadline_is_inconclusive_on_a_real_world():
         session.close()
     assert record.status == "inconclusive", record.message
     assert re.search(r"still compiling .* not a DDP hang", record.message), record.message
+
+
+def test_a_compiled_model_of_which_dynamo_compiled_nothing_is_said_to_have_run_eagerly():
+    rank = {"compile": {"form": MODULE, "ran": "compiled", "graphs": 0, "graph_breaks": []}}
+    (warning,) = compile_warnings(compile_evidence([rank, rank], {}))
+    assert re.search(r"compiled no graph on any rank: the model ran eagerly", warning), warning
+    compiled = dict(rank["compile"], graphs=1)
+    assert compile_warnings(compile_evidence([{"compile": compiled}, rank], {})) == []
