@@ -118,3 +118,30 @@ def test_static_graph_with_no_sync_accumulation_is_a_finding_not_the_users_error
     record, _ = suite_session.run_check(BY_ID["no-sync-equivalence"], target)
     assert record.status == "failed", record.message
     assert "expect_autograd_hooks_ INTERNAL ASSERT FAILED" in record.message
+
+
+def test_the_error_without_reentrant_checkpointing_is_not_named(suite_session) -> None:
+    # DDP's "marked ready twice" on a target whose probe sees no reentrant checkpoint call (the
+    # example as shipped: non-reentrant): no cause is named and nothing is re-run.
+    from conformance.checks._checkpointing import (
+        CHECKPOINTING,
+        MARKED_TWICE,
+        name_checkpointing,
+    )
+    from conformance.harness.outcome import Outcome
+    from conformance.harness.world import RankFailure
+    from conformance.harness.world._results import RankError, RankResult
+
+    from ..examples._variants import EXAMPLES
+
+    ctx = suite_session.context(BY_ID["gradient-equivalence"], str(EXAMPLES / "train_checkpointed.py"))
+    error = RankError("exception", f"RuntimeError: {MARKED_TWICE}. This error is caused by ...", exc_type="RuntimeError")
+    exc = RankFailure("rank 0 raised", results=[RankResult(0, error=error), RankResult(1, error=error)])
+    generic = Outcome.failed("the DDP training step raised on rank 0: ...", evidence={"rank_errors": {}})
+    outcome = name_checkpointing(ctx, exc, generic)
+    assert outcome.message == generic.message and REMEDIES not in outcome.evidence
+    assert outcome.evidence[CHECKPOINTING]["calls"] == {"reentrant": {}, "non_reentrant": {f"blocks.{i}": 1
+                                                                                          for i in range(4)}}
+    # Another DDP error is left alone without even probing.
+    other = RankFailure("rank 0 raised", results=[RankResult(0, error=RankError("exception", "RuntimeError: boom"))])
+    assert name_checkpointing(ctx, other, generic) is generic
