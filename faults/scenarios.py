@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.harness.targets import TargetError, call_target
 from conformance.harness.timing import (
+    COMPILE_PG_TIMEOUT_S,
     FLIGHT_SNAPSHOT_AFTER_S,
     SCENARIO_BARRIER_TIMEOUT_S,
     SCENARIO_DEADLINE_CAP_S,
@@ -135,10 +136,28 @@ def _ddp_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
                               per_rank=sc.per_rank, device=ctx.device)
 
         if sc.fault is None:  # the target as configured: its own train_step
-            target.run_step(model, optimizer, [batch()], step=step)
+            with _compile_allowance(group, model, first=step == 0):
+                target.run_step(model, optimizer, [batch()], step=step)
         elif not faulted_step(sc.fault, rank=ctx.rank, step=step, log=log, device=ctx.device, model=model,
                               optimizer=optimizer, compute_loss=target.compute_loss, batch=batch):
             break  # this rank's data ran out; its peers go on into a collective it never enters
+
+
+@contextlib.contextmanager
+def _compile_allowance(group: Any, model: Any, *, first: bool) -> Iterator[None]:
+    """The first step of a compiled model waits for its peers' compiles (``COMPILE_PG_TIMEOUT_S``)
+    instead of the scenario's 2 s; every later step has the scenario's own timeout again."""
+    from torch._dynamo.eval_frame import OptimizedModule
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    if not first or not any(isinstance(m, OptimizedModule) for m in model.modules()):
+        yield
+        return
+    _set_pg_timeout(timedelta(seconds=COMPILE_PG_TIMEOUT_S), group)
+    try:
+        yield
+    finally:
+        _set_pg_timeout(timedelta(seconds=SCENARIO_PG_TIMEOUT_S), group)
 
 
 def _collectives(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog,

@@ -52,6 +52,12 @@ MAX_DEADLINE_S = 3600.0
 #: scenario collective takes milliseconds once the ranks are lined up (faults.scenarios warms
 #: them up first), and a hang costs every scenario this much.
 SCENARIO_PG_TIMEOUT_S = 2.0
+#: ...except in the first step of a target whose model is compiled: each rank compiles in that
+#: step at its own pace, and a 4 s skew between two ranks' compiles (a loaded host) tripped the
+#: 2 s timeout above and read as a hang of a correct target. Ten seconds covers that skew for a
+#: fast backend and leaves the scenario's 20 s deadline room for the steps after it; a cold
+#: inductor compile can take longer than the whole scenario (raise --deadline for it).
+COMPILE_PG_TIMEOUT_S = 10.0
 #: The monitored barrier every rank meets after a scenario: one second past the subgroup
 #: timeout, so a rank that timeout released still arrives, and one that never arrives (stuck,
 #: frozen) is named by it.
