@@ -15,9 +15,10 @@ measure the noise of *this* target in *this* configuration before judging DDP:
   do (``_recorded.run_recorded`` in role "compare" on world size 1). Mathematically it *is*
   the reference; numerically it computes every per-microbatch gradient as the ranks do and
   differs from the whole-batch run by the configuration's rounding alone. Its cost: one more
-  single-process run of the check's steps on the global batch, comparing instead of writing
-  snapshots — measured 0.5–1.5 x the reference's call (2 M and 34 M parameters, loaded 2-core
-  host), i.e. about 3 more single-process steps per gradient-equivalence.
+  single-process run of the check's steps on the global batch that compares every tensor at
+  every step as a rank does (reading the snapshots back, a projection pass for the gradients),
+  where the reference writes in the background: measured 1.9x the reference's call at 34 M
+  parameters and 3.6x at 8 M (medians of 4 calls, a 2-core host shared with other test runs).
 - **The floor.** For gradients: the largest twin difference relative to the tensor's own
   scale (``max|Δ| / max|ref|``; rounding is relative to the values rounded), over every compared
   tensor whose scale is not negligible (below 1e-4 of the largest: a conv bias before BatchNorm
