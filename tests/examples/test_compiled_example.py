@@ -2,13 +2,15 @@
 
 CI uses the ``aot_eager`` backend (no C++ compiler, ~1 s to compile this model); the example's
 default, ``inductor``, runs in one ``slow`` test (its C++ kernels: ~30 s warm, ~100 s with a cold
-kernel cache on a loaded 2-core host). Each recorded run compiles from a cold dynamo cache
+kernel cache on a loaded 2-core host), opt-in with ``DDP_CONFORMANCE_INDUCTOR=1``: CI starts from a
+cold cache every time, and 100 s of it would be a third of the whole test run's budget. Each recorded run compiles from a cold dynamo cache
 (``_compiled``); the four aot_eager check runs took 49-75 s together on a loaded 2-core host
 (most of it the first test's world start-up and compiles).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -83,6 +85,9 @@ def _compiler() -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("DDP_CONFORMANCE_INDUCTOR"),
+                    reason="inductor's cold C++ compile takes ~100 s on 2 CPU cores: set "
+                           "DDP_CONFORMANCE_INDUCTOR=1 to run it (aot_eager covers the same path in CI)")
 @pytest.mark.skipif(_compiler() is None, reason="inductor on CPU needs a C++ compiler (c++, g++ or "
                                                 "clang++ on PATH); none found")
 def test_inductor_compiled_ddp_matches_eager(tmp_path):
