@@ -82,6 +82,8 @@ class Equivalence:
     # PowerSGD's low-rank steps: the parameters' difference from the uncompressed run after
     # each, reported and not judged (no rounding bound covers an approximation).
     low_rank_params: list[dict[str, Any]] = field(default_factory=list)
+    # The twin's optimizer steps per step (None: no twin ran): a GradScaler may skip there too.
+    twin_steps: list[int] | None = None
 
     # -- what was compared ---------------------------------------------------------------
 
@@ -342,11 +344,61 @@ class Equivalence:
                    f"{ref['step']}: {ref['kind']} {ref['name']!r} (the DDP run stayed finite)")
         return message, {"rank": None, **ref, "reference": ref}
 
+    @property
+    def scaler_used(self) -> bool:
+        """The target's step runs an enabled GradScaler (seen by the feature probe on rank 0)."""
+        features = self.ranks[0].get("features") or {} if self.ranks else {}
+        return bool((features.get("grad_scaler") or {}).get("used"))
+
+    def skipped_steps(self) -> tuple[list[int], list[int]]:
+        """(steps without an optimizer.step() under DDP, in the reference): a GradScaler's
+        skips on inf/NaN when one is used."""
+        ddp = self.ranks[0].get("optimizer_steps") or [] if self.ranks else []
+        ref = self.reference.get("optimizer_steps") or []
+        return [s for s, n in enumerate(ddp) if n == 0], [s for s, n in enumerate(ref) if n == 0]
+
+    def scaler_skips_differ(self) -> str | None:
+        """Measured: a GradScaler skipped optimizer.step() at other steps under DDP than in the
+        reference (every step stepped once or not at all, so skips are all that differ).
+
+        fp16 gradients overflow at another loss scale on each side: a rank's backward runs on
+        its B/N samples' loss, the reference's on the whole batch's, and the fp16 activation
+        gradients of the two differ in size (measured both ways round: DDP skipping first, and
+        the reference). Once one side skips a step the other takes, their parameters part for a
+        reason that is no DDP bug, and every later comparison measures that instead
+        (docs/numerics.md, "GradScaler skips").
+        """
+        if not self.scaler_used:
+            return None
+        counts = [*(r.get("optimizer_steps") or [] for r in self.ranks),
+                  self.reference.get("optimizer_steps") or [], *([self.twin_steps] if self.twin_steps else [])]
+        if len({tuple(c) for c in counts}) == 1 or not {n for c in counts for n in c} <= {0, 1}:
+            return None
+        ddp, ref = self.skipped_steps()
+        why = (f"each side computes its fp16 gradients over other groups of samples (each rank's "
+               f"B/{self.world_size} under DDP, the whole batch in the reference, "
+               f"{self.floor.twin_microbatches} microbatches in the floor's twin), so they overflow "
+               f"at other loss scales")
+        if ddp != ref:
+            return (f"the GradScaler skipped optimizer.step() (inf/NaN in the fp16 gradients) at "
+                    f"steps {ddp} under DDP but at steps {ref} in the single-process reference: "
+                    f"{why}; once one side skips a step the other takes, their parameters part for "
+                    f"a reason that is not a DDP bug")
+        twin = [s for s, n in enumerate(self.twin_steps or []) if n == 0]
+        return (f"the GradScaler skipped optimizer.step() (inf/NaN in the fp16 gradients) at steps "
+                f"{twin} in the noise floor's twin run but at steps {ref} in the reference (and "
+                f"under DDP): {why}; so no noise floor was measured, and the fixed fp32 tolerances "
+                f"alone are narrower than fp16 autocast's rounding")
+
     def empty_reason(self) -> str | None:
         """Why nothing could be compared, or None."""
         if self.grad_diffs:
             return None
         steps = [s for r in [*self.ranks, self.reference] for s in (r.get("optimizer_steps") or [])]
+        if not any(steps) and self.scaler_used:
+            return ("no gradient reached the optimizer: the GradScaler skipped optimizer.step() at "
+                    "every step, under DDP and in the single-process reference (inf/NaN in the fp16 "
+                    "gradients at its loss scale); for the check, start it from a lower init_scale")
         if not any(steps):
             return ("no gradient reached the optimizer: train_step never called optimizer.step() "
                     "(an optimizer step pre-hook saw no call)")
@@ -577,7 +629,8 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
                        [_summary(v) for v in values], _summary(ref),
                        scale_from(rank_grads, _norms(ref_norms)), pre_scale,
                        divergence=first_divergence(values), compared_by=compared_by(values),
-                       floor=floor, compression=compression, low_rank_params=low_rank)
+                       floor=floor, compression=compression, low_rank_params=low_rank,
+                       twin_steps=(twin or {}).get("optimizer_steps"))
 
 
 def _norms(norms: dict[str, Any]) -> list[float]:
@@ -600,6 +653,24 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
                               recommendation="find where the value first becomes non-finite (loss "
                                              "scale, learning rate, a log or division of zero, fp16 "
                                              "overflow): nothing trained on NaN can be verified")
+    skips = eq.scaler_skips_differ() if eq.divergence is None else None
+    if skips is not None and not eq.ok and not eq.hints()[0]:
+        # Not decidable step by step, and no measured cause (a gradient factor of N or K at a
+        # step both sides took still fails): inconclusive, never a false alarm on correct AMP.
+        ddp_skips, ref_skips = eq.skipped_steps()
+        metrics["key_figure"] = "GradScaler skipped other steps under DDP"
+        measured = eq.mismatch_message() if eq.grad_diffs else ""
+        return Outcome.inconclusive(
+            f"{what} cannot be judged step by step: {skips}"
+            + (f"; measured anyway: {measured}" if measured else ""),
+            metrics=metrics,
+            evidence={**evidence, "scaler_skipped_steps": {
+                "ddp": ddp_skips, "reference": ref_skips,
+                "twin": [s for s, n in enumerate(eq.twin_steps or []) if n == 0]}},
+            recommendation="for the check, start the GradScaler from a loss scale that does not "
+                           "overflow in the check's first steps (a lower init_scale), or use bf16 "
+                           "autocast, which needs no scaler; the steps each side skipped are in the "
+                           "record")
     empty = eq.empty_reason()
     if empty is not None:
         metrics["key_figure"] = "no gradient reached the optimizer"
