@@ -45,11 +45,12 @@ from typing import Any
 from reports.keys import FEATURES, REMEDIES
 
 from ..harness.context import CheckContext
+from ..harness.features import checkpointed_module_name
 from ..harness.outcome import Outcome
 from ..harness.remedies import DID_NOT_FIX, Remedy, Rerun, to_json, verify
 from ..harness.world import RankFailure, WorldHang
 from ._recorded import RunPlan, run_recorded
-from .no_sync import MICROBATCH_CHOICES
+from .no_sync import microbatches_for
 
 #: DDP's error text for a parameter reported ready twice in one backward (torch 2.13).
 MARKED_TWICE = "Expected to mark a variable ready only once"
@@ -81,17 +82,6 @@ CANDIDATES: tuple[Candidate, ...] = (Candidate("static_graph=True", {"static_gra
 # -- rank side ---------------------------------------------------------------------------
 
 
-def _callable_name(fn: Any, names: dict[int, str]) -> str:
-    """The module a checkpointed function belongs to (``blocks.0``), else its qualified name."""
-    from torch import nn
-
-    fn = getattr(fn, "func", fn)  # functools.partial
-    owner = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", None)
-    if isinstance(owner, nn.Module) and id(owner) in names:
-        return names[id(owner)] or "<the model>"
-    return str(getattr(fn, "__qualname__", type(fn).__name__))
-
-
 @contextlib.contextmanager
 def recorded_checkpoints(model: Any) -> Iterator[dict[str, dict[str, int]]]:
     """Record every ``torch.utils.checkpoint`` call made inside the block: per kind
@@ -108,7 +98,7 @@ def recorded_checkpoints(model: Any) -> Iterator[dict[str, dict[str, int]]]:
     generator = cp._checkpoint_without_reentrant_generator
 
     def count(kind: str, fn: Any) -> None:
-        name = _callable_name(fn, names)
+        name = checkpointed_module_name(fn, names)
         seen[kind][name] = seen[kind].get(name, 0) + 1
 
     def reentrant(function: Any, preserve: Any, *args: Any) -> Any:
@@ -189,15 +179,7 @@ def _first_line(exc: Exception) -> str:
 
 def _accumulation(ctx: CheckContext) -> int:
     """K of no-sync-equivalence where the global batch allows it, else 1."""
-    from ..harness.targets import TargetError
-
-    for k in MICROBATCH_CHOICES:
-        try:
-            ctx.target.batch_size_for(ctx.world_size, k)
-            return k
-        except TargetError:
-            continue
-    return 1
+    return microbatches_for(ctx) or 1
 
 
 def rerun(ctx: CheckContext, *, overrides: dict[str, object], nonreentrant: bool) -> Rerun:

@@ -40,7 +40,8 @@ MICROBATCH_CHOICES = (4, 2)
 STEPS = 2
 
 
-def _microbatches(ctx: CheckContext) -> int | None:
+def microbatches_for(ctx: CheckContext) -> int | None:
+    """K of no-sync-equivalence: the largest choice the target's global batch splits into, or None."""
     for k in MICROBATCH_CHOICES:
         try:
             ctx.target.batch_size_for(ctx.world_size, k)
@@ -51,7 +52,7 @@ def _microbatches(ctx: CheckContext) -> int | None:
 
 
 def run(ctx: CheckContext) -> Outcome:
-    k = _microbatches(ctx)
+    k = microbatches_for(ctx)
     if k is None:
         return Outcome.skipped(
             f"global_batch_size={ctx.target.global_batch_size} cannot be split into "

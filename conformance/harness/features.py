@@ -76,7 +76,7 @@ def _replaced(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[Non
             setattr(owner, name, own)
 
 
-def _module_name(fn: Any, names: dict[int, str]) -> str:
+def checkpointed_module_name(fn: Any, names: dict[int, str]) -> str:
     """The module a checkpointed function belongs to (``blocks.0``), else its qualified name."""
     from torch import nn
 
@@ -137,13 +137,13 @@ class FeatureProbe:
 
         def reentrant_apply(original: Any) -> Any:
             def apply(function: Any, preserve: Any, *args: Any) -> Any:
-                probe.checkpoints["reentrant"].add(_module_name(function, names))
+                probe.checkpoints["reentrant"].add(checkpointed_module_name(function, names))
                 return original(function, preserve, *args)
             return staticmethod(apply)
 
         def non_reentrant(original: Any) -> Any:
             def generator(fn: Any, *args: Any, **kwargs: Any) -> Any:
-                probe.checkpoints["non-reentrant"].add(_module_name(fn, names))
+                probe.checkpoints["non-reentrant"].add(checkpointed_module_name(fn, names))
                 return original(fn, *args, **kwargs)
             return generator
 
