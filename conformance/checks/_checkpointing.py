@@ -34,12 +34,9 @@ verified fix.
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from reports.keys import FEATURES, REMEDIES
@@ -190,18 +187,17 @@ def rerun(ctx: CheckContext, *, overrides: dict[str, object], nonreentrant: bool
     batch = ctx.target.batch_size_for(n, k)
     plan = RunPlan(target_spec=ctx.target.spec, global_batch=batch, microbatches=k, steps=REMEDY_STEPS,
                    norm_group=batch // (n * k), ddp_overrides=dict(overrides))
-    folder = Path(tempfile.mkdtemp(prefix="remedy-", dir=ctx.tmpdir))
     try:
-        ref_plan = replace(plan, microbatches=1, count_allreduce=False, role="reference", snapshots=str(folder))
-        # Both calls carry the check's deadline: a remedy that turns the error into a hang
-        # must become "did not fix", never a stuck check.
-        ctx.world(world_size=1).run(run_remedied, ref_plan, nonreentrant, deadline=ctx.deadline)
-        values = [r.value for r in ctx.world().run(run_remedied, replace(plan, snapshots=str(folder)),
-                                                   nonreentrant, deadline=ctx.deadline)]
+        with ctx.snapshot_folders("remedy-") as (folder, memory):
+            ref_plan = replace(plan, microbatches=1, count_allreduce=False, role="reference",
+                               snapshots=str(folder), memory=str(memory or ""))
+            # Both calls carry the check's deadline: a remedy that turns the error into a hang
+            # must become "did not fix", never a stuck check.
+            ctx.world(world_size=1).run(run_remedied, ref_plan, nonreentrant, deadline=ctx.deadline)
+            values = [r.value for r in ctx.world().run(run_remedied, replace(plan, snapshots=str(folder)),
+                                                       nonreentrant, deadline=ctx.deadline)]
     except (RankFailure, WorldHang) as exc:
         return Rerun(False, {"completed": False, "error": _first_line(exc), "microbatches_per_rank": k})
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     diffs = [c.diff for v in values for c in (v.get("grads0") or [])]
     diffs += [c.diff for v in values for step in (v.get("params") or []) for c in step]
     bad = sorted({d.name for d in diffs if not d.ok})

@@ -97,6 +97,9 @@ class RunPlan:
     # "reference": write snapshots into ``snapshots``; "compare": compare against them there.
     role: str = "compare"
     snapshots: str = ""
+    # The reference's memory-backed folder for its snapshots while they fit ("": none; see
+    # ``_snapshots``); readers find them through ``snapshots`` either way.
+    memory: str = ""
     # The target's comm hook (configure_ddp) replaced by the stock all-reduce: the
     # *uncompressed* run a compressing hook's error is measured against (``_floor``).
     uncompressed: bool = False
@@ -121,7 +124,7 @@ def _nonfinite_output(output: Any) -> bool:
                and not bool(torch.isfinite(t.detach()).all()) for t in tensors)
 
 
-def _verify_initial(inner: Any, snapshots: Path, device: Any) -> str | None:
+def _verify_initial(inner: Any, snapshots: Path, device: Any, *, buffers_only: bool = False) -> str | None:
     """Make rank 0 start exactly where the reference started (before wrapping: DDP's
     construction broadcast then carries these weights to every rank).
 
@@ -129,11 +132,17 @@ def _verify_initial(inner: Any, snapshots: Path, device: Any) -> str | None:
     every tensor here is bit-identical to it, which is checked tensor by tensor. Where one
     differs (a build that draws from an unseeded source), the reference's initial parameters
     and buffers are copied in, so both runs still start from the same weights; the first
-    differing name is returned for the record.
+    differing name is returned for the record. ``buffers_only``: the parameters are left
+    alone (after DDP's construction broadcast they are rank 0's, checked there already).
     """
     import torch
 
     state = inner.state_dict()
+    if buffers_only:
+        buffers = {name for name, _ in inner.named_buffers()}
+        state = {name: t for name, t in state.items() if name in buffers}
+        if not state:
+            return None
     first = None
     with torch.no_grad():
         for name, ref in read_snapshot(snapshots, INITIAL, device):
@@ -212,14 +221,14 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
                            "batchnorm_group": group if grouped else None}
     # The reference's snapshots are written in the background while it trains on (one pending
     # copy at most); every write has landed, index last, before this function returns.
-    writer = SnapshotWriter(snapshots) if writes else None
+    writer = SnapshotWriter(snapshots, memory=Path(plan.memory) if plan.memory else None) if writes else None
     if writer is not None:
-        writer.write(INITIAL, inner.state_dict().items())
+        writer.write(INITIAL, inner.state_dict().items(), norms=False)
     else:
         if rank != 0 and sees:
             # After the construction broadcast, as a second look: with broadcast_buffers=False
             # DDP leaves buffers rank-local, and a rank that can read the files fixes its own.
-            differs = _verify_initial(inner, snapshots, rank_ctx.device)
+            differs = _verify_initial(inner, snapshots, rank_ctx.device, buffers_only=True)
         out["initial_differs_from_reference"] = differs
         out["compared_by"] = REFERENCE if sees else DIGEST
     digests: list[tuple[str, list[tuple[str, str | None]]]] = []
@@ -342,7 +351,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
             if digest and record:
                 digests.append((f"parameters after step {step}", named_digests(live)))
             if writer is not None:
-                writer.write(f"{PARAMS}{step}", live)
+                writer.write(f"{PARAMS}{step}", live, norms=False)
             elif record and sees:
                 params.append(compare_snapshot(live, snapshots, f"{PARAMS}{step}", rank_ctx.device,
                                                 grad=False))

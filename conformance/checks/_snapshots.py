@@ -15,10 +15,19 @@ tensor that is not a plain strided one (a sparse gradient) is ``torch.save``d to
 written snapshot. One tensor at a time is in memory on the reader's side (memory-mapped from
 the page cache).
 
+Where the bytes go: the snapshots live for seconds (removed as soon as the ranks compared),
+so writing them to a disk only spends its bandwidth: past ~1 GB of dirty pages the kernel
+throttled the writer to the disk's speed (2 GB of snapshots of a 100 M model: 3.3 s on disk,
+0.75 s in memory). With a ``memory`` folder (the session's folder on ``/dev/shm``, see
+``conformance/harness/session.py``) a snapshot goes there while it fits in a quarter of the
+memory left (``memory_room``), and ``<dir>/<label>`` is a symlink to it, so readers see one
+layout; otherwise, or without one, it is written under ``<dir>``.
+
 ``SnapshotWriter`` writes in a background thread so that the disk works while the reference
-trains: it holds at most one pending snapshot (a copy of the tensors, taken when asked: the
-live ones change with the next step), which is the ≤ 1 extra copy of the model the checks may
-spend per process. A write error is raised by the next call that touches the writer.
+trains (except into memory on a host whose every core already trains, see ``_inline``): it
+holds at most one pending snapshot (a copy of the tensors, taken when asked: the live ones
+change with the next step), which is the ≤ 1 extra copy of the model the checks may spend per
+process. A write error is raised by the next call that touches the writer.
 
 Functions here run inside rank processes; torch is imported lazily.
 """
@@ -80,7 +89,90 @@ def _save(folder: Path, i: int, tensor: Any) -> list[Any]:
 
 
 
-def _write(folder: Path, named: Iterable[tuple[str, Any]], *, copy: bool) -> dict[str, float | None]:
+#: A snapshot goes to memory when it takes at most this share of the memory left: the
+#: training processes on the host keep the rest, and later snapshots of the run still fit.
+MEMORY_SHARE = 0.25
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """Bytes left under this process's cgroup memory limit (v2, then v1); None: no limit.
+    A memory-backed file is charged to the cgroup that wrote it: in a container the host's
+    MemAvailable overstates what the writer may take."""
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            cap = Path(limit).read_text().strip()
+            if cap == "max" or int(cap) >= 1 << 60:
+                return None
+            return max(0, int(cap) - int(Path(usage).read_text()))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def memory_room(memory: Path) -> int:
+    """Bytes a snapshot may still take in the memory-backed folder ``memory``: the least of
+    its file system's free space, the host's available memory and the cgroup's room."""
+    try:
+        stat = os.statvfs(memory)
+    except OSError:
+        return 0
+    rooms = [stat.f_bavail * stat.f_frsize, _meminfo_available(), _cgroup_room()]
+    return min(r for r in rooms if r is not None)
+
+
+def _nbytes(named: list[tuple[str, Any]]) -> int:
+    return sum(t.numel() * t.element_size() for _, t in named if t is not None)
+
+
+def _home(directory: Path, label: str, nbytes: int, memory: Path | None) -> Path:
+    """The folder ``label`` is written to: ``memory/label`` behind a symlink at
+    ``directory/label`` when it fits there (see the module's docstring), else
+    ``directory/label``. A label written again stays where it first went."""
+    link = directory / label
+    if link.is_symlink() or link.exists() or memory is None:
+        return link
+    if nbytes > MEMORY_SHARE * memory_room(memory):
+        return link
+    target = memory / label
+    target.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=True)
+    return link
+
+
+def _inline(named: list[tuple[str, Any]]) -> bool:
+    """Write a memory-backed snapshot in the caller's thread? Yes for CPU tensors when the
+    process's compute threads already take every core it may run on (the 1-rank reference on
+    a small host): a background writer then only takes turns with the step it was meant to
+    overlap, and its staging copy doubles the bytes moved (a 100 M model on 2 cores: the
+    reference waited 1.4 s on its writer). A device's tensors (the writer's copy is the
+    device-to-host one, overlapping device compute) and a disk (write-back stalls) keep the
+    background writer."""
+    import torch
+
+    if any(t is not None and t.device.type != "cpu" for _, t in named):
+        return False
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return torch.get_num_threads() >= cores
+
+
+def _write(folder: Path, named: Iterable[tuple[str, Any]], *, copy: bool,
+           measure: bool = True) -> dict[str, float | None]:
     folder.mkdir(parents=True, exist_ok=True)
     # A label written again (every clip before the first step overwrites the last): the old
     # index goes first, so the folder never lists files of two writes.
@@ -94,7 +186,7 @@ def _write(folder: Path, named: Iterable[tuple[str, Any]], *, copy: bool) -> dic
             continue
         compact = _compact(tensor, copy=copy)
         index.append([name, *_save(folder, i, compact)])
-        norms[name] = _norm(compact)
+        norms[name] = _norm(compact) if measure else None
         del compact
     partial = folder / (INDEX + ".part")
     partial.write_text(json.dumps(index))
@@ -103,11 +195,13 @@ def _write(folder: Path, named: Iterable[tuple[str, Any]], *, copy: bool) -> dic
     return norms
 
 
-def write_snapshot(directory: Path, label: str, named: Iterable[tuple[str, Any]]) -> dict[str, float | None]:
+def write_snapshot(directory: Path, label: str, named: Iterable[tuple[str, Any]],
+                   *, memory: Path | None = None) -> dict[str, float | None]:
     """Write every (name, tensor or None) to ``directory/label`` now, one tensor at a time;
     returns each tensor's norm (None where there is none): the reference's norms that the
-    judges need travel as floats."""
-    return _write(directory / label, named, copy=False)
+    judges need travel as floats. ``memory``: see the module's docstring."""
+    named = list(named)
+    return _write(_home(directory, label, _nbytes(named), memory), named, copy=False)
 
 
 class SnapshotWriter:
@@ -116,15 +210,41 @@ class SnapshotWriter:
     ``write`` first waits for the pending snapshot (the memory bound: one copy of the model,
     never two), then copies the tensors (the live ones change once the caller moves on) and
     returns; the thread writes them, the index last. ``norms(label)`` and ``close`` wait.
+    The copies land in staging buffers kept per tensor name and reused by the next snapshot of
+    that name: the same one copy of the model, allocated once instead of once per snapshot (a
+    fresh 400 MB allocation page-faults its way in; on a VM that hands idle memory back to the
+    host that is slower than the copy itself). ``close`` frees them.
     A write error is kept and raised by the next ``write``, ``norms`` or ``close``: a snapshot
     that failed must fail the run, not leave the ranks comparing against nothing.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, memory: Path | None = None) -> None:
         self.directory = directory
+        self.memory = memory
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._norms: dict[str, dict[str, float | None]] = {}
+        self._staging: dict[str, Any] = {}
+
+    def _stage(self, name: str, tensor: Any) -> Any:
+        """A copy of ``tensor`` in this name's staging buffer (a new one on first use, or when
+        the shape or dtype changed; a sparse tensor is copied afresh each time)."""
+        import torch
+
+        src = tensor.detach()
+        buf = self._staging.get(name)
+        if (buf is not None and src.layout == torch.strided and buf.shape == src.shape
+                and buf.dtype == src.dtype):
+            return buf.copy_(src)
+        out = _compact(src, copy=True)
+        if out.layout == torch.strided:
+            self._staging[name] = out
+        return out
+
+    def _failed(self, error: BaseException) -> RuntimeError:
+        return RuntimeError(f"writing the reference's snapshot to {self.directory} failed: "
+                            f"{error!r}; the check's temp dir must be writable, with room for "
+                            f"several copies of the model")
 
     def _wait(self) -> None:
         # join() has no deadline on purpose: the thread only writes local files; the check's
@@ -132,22 +252,33 @@ class SnapshotWriter:
         self.settle()
         if self._error is not None:
             error, self._error = self._error, None
-            raise RuntimeError(f"writing the reference's snapshot to {self.directory} failed: "
-                               f"{error!r}; the check's temp dir must be writable, with room for "
-                               f"several copies of the model") from error
+            raise self._failed(error) from error
 
-    def write(self, label: str, named: Iterable[tuple[str, Any]]) -> None:
+    def write(self, label: str, named: Iterable[tuple[str, Any]], *, norms: bool = True) -> None:
+        """Snapshot ``named`` as ``label``; ``norms``: measure each tensor's norm for
+        ``norms(label)`` (a pass over the snapshot: only the judged gradients need it)."""
         self._wait()
         self._norms.pop(label, None)
-        copies = [(name, None if t is None else _compact(t, copy=True)) for name, t in named]
+        named = list(named)
+        try:
+            folder = _home(self.directory, label, _nbytes(named), self.memory)
+            if folder.is_symlink() and _inline(named):
+                # Into memory, from the live tensors, now: one copy, and no thread competing
+                # with the training step for cores it already uses (see ``_inline``).
+                self._norms[label] = _write(folder, named, copy=False, measure=norms)
+                return
+        except Exception as exc:
+            raise self._failed(exc) from exc
+        # Safe to overwrite the staging buffers: the previous snapshot is on disk (``_wait``).
+        copies = [(name, None if t is None else self._stage(name, t)) for name, t in named]
 
         def run() -> None:
             try:
-                self._norms[label] = _write(self.directory / label, copies, copy=False)
+                self._norms[label] = _write(folder, copies, copy=False, measure=norms)
             except BaseException as exc:  # noqa: BLE001 - kept, raised by the caller's next call
                 self._error = exc
             finally:
-                copies.clear()  # the copy is freed as soon as it is on disk
+                copies.clear()
 
         self._thread = threading.Thread(target=run, name=f"snapshot-{label}", daemon=True)
         self._thread.start()
@@ -163,8 +294,12 @@ class SnapshotWriter:
             self._thread = None
 
     def close(self) -> None:
-        """Wait for the pending snapshot; its error, if any, is raised here."""
-        self._wait()
+        """Wait for the pending snapshot; its error, if any, is raised here. Frees the staging
+        buffers."""
+        try:
+            self._wait()
+        finally:
+            self._staging.clear()
 
 
 def has_snapshot(directory: Path, label: str) -> bool:

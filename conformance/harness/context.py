@@ -9,6 +9,8 @@ fault never leaks into the next check.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,9 @@ class CheckContext:
     new_world: Callable[..., World] | None  # (**World kwargs) -> a fresh World; None under --attach
     attached: bool = False
     events: list[Event] = field(default_factory=list)
+    # The session's memory-backed scratch folder (/dev/shm), None where the host has none:
+    # see ``snapshot_folders``.
+    memory_dir: Path | None = None
 
     def world(self, world_size: int | None = None) -> WorldLike:
         """The persistent world of this session (``world_size`` ranks; default the run's).
@@ -45,6 +50,22 @@ class CheckContext:
         single-process reference (under --attach, rank 0 spawns it locally).
         """
         return self.pool(world_size=world_size)
+
+    @contextlib.contextmanager
+    def snapshot_folders(self, prefix: str) -> Iterator[tuple[Path, Path | None]]:
+        """(folder, memory): where one experiment's reference writes its snapshots, in this
+        check's temp dir, and its private folder in the session's memory-backed one (None:
+        none here) that the writer fills while the host has room
+        (``conformance/checks/_snapshots.py``). Both are removed when the block ends: the
+        snapshots are the model's size several times over."""
+        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=self.tmpdir))
+        memory = Path(tempfile.mkdtemp(prefix=prefix, dir=self.memory_dir)) if self.memory_dir else None
+        try:
+            yield folder, memory
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+            if memory is not None:
+                shutil.rmtree(memory, ignore_errors=True)
 
     @contextlib.contextmanager
     def fresh_world(self, *, world_size: int | None = None, **kwargs: Any) -> Iterator[WorldLike]:

@@ -36,6 +36,38 @@ def _session_tmp() -> Path:
     return path
 
 
+#: What a persistent world's ranks import as soon as they are up (``World``'s ``preload``):
+#: DDP's constructor imports torch._dynamo, ~1 s of the first check that wraps a model in each
+#: process. Fresh (chaos) worlds skip it: their start-up is on the clock.
+PERSISTENT_PRELOAD = ("torch._dynamo",)
+
+#: Memory-backed file system for scratch that lives seconds (a reference's snapshots);
+#: ``DDP_CONFORMANCE_SHM`` names another one (a larger tmpfs where /dev/shm is a container's
+#: 64 MB), or ``off`` for none.
+SHM = Path("/dev/shm")
+SHM_ENV = "DDP_CONFORMANCE_SHM"
+
+
+def _session_memory() -> Path | None:
+    """The session's folder in memory (``/dev/shm``), or None where the host has none.
+
+    Snapshots written there skip the disk's write-back (``conformance/checks/_snapshots.py``);
+    what is in it is RAM until removed, so the guardian removes it if this process is killed,
+    like the temp dir."""
+    where = os.environ.get(SHM_ENV, "").strip()
+    if where.lower() == "off":
+        return None
+    shm = Path(where) if where else SHM
+    if not (shm.is_dir() and os.access(shm, os.W_OK | os.X_OK)):
+        return None
+    try:
+        path = Path(tempfile.mkdtemp(prefix="ddp-session-", dir=shm))
+    except OSError:
+        return None
+    guardian().watch(path=str(path))
+    return path
+
+
 @dataclass(frozen=True)
 class Settings:
     backend: str = "gloo"  # resolved: gloo | nccl
@@ -59,6 +91,7 @@ class Session:
     _worlds: dict[tuple[str, int], WorldLike] = field(default_factory=dict)
     _model_sizes: dict[str, tuple[int, int] | None] = field(default_factory=dict)
     _tmp: Path = field(default_factory=_session_tmp)
+    _memory: Path | None = field(default_factory=_session_memory)
     # Where a long check's "still running" line goes (the plugin: the terminal); None: silent.
     progress: Callable[[str], None] | None = None
 
@@ -83,7 +116,7 @@ class Session:
                     self._worlds[(key[0], self.settings.world_size)] = launched
                 world = launched if key[1] == self.settings.world_size else RankZeroLocalWorld(launched)
             else:
-                world = self.new_world(backend=key[0], world_size=key[1],
+                world = self.new_world(backend=key[0], world_size=key[1], preload=PERSISTENT_PRELOAD,
                                        **self._reference_threads(key[0], key[1]))
             self._worlds[key] = world
         return world
@@ -146,6 +179,10 @@ class Session:
             if not self.settings.keep_tmp:
                 shutil.rmtree(self._tmp, ignore_errors=True)
             guardian().forget(path=str(self._tmp))
+            if self._memory is not None:  # RAM: never kept
+                shutil.rmtree(self._memory, ignore_errors=True)
+                guardian().forget(path=str(self._memory))
+                self._memory = None
 
     def context(self, spec: CheckSpec, target_spec: str) -> CheckContext:
         label = "mlp" if target_spec == "builtin" else target_spec
@@ -153,6 +190,7 @@ class Session:
             spec=spec, target=load_target(label), backend=self.settings.backend,
             world_size=self.settings.world_size, deadline=self.settings.deadline,
             injected=target_spec == "builtin", tmpdir=Path(tempfile.mkdtemp(dir=self._tmp)),
+            memory_dir=self._memory,
             pool=self.world, new_world=None if self.settings.attach else self.new_world,
             attached=self.settings.attach)
 

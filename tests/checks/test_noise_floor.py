@@ -144,9 +144,23 @@ def test_the_judge_says_inconclusive_when_the_bound_would_admit_a_scaling_bug():
     assert judge(_equivalence(Floor(3e-3, 1e-3, 2, grad_tensor="w"), 1e-2), what="x", recommendation="r") is None
 
 
-def test_a_step_that_refuses_the_twins_split_is_judged_by_the_fixed_tolerances(suite_session):
+def test_no_twin_runs_when_every_tensor_is_within_the_fixed_tolerances(suite_session):
     from ._check_helpers import run_check
 
+    # fp32, correct: nothing a floor could widen, so no twin run (one single-process run less).
+    record = run_check(suite_session, "no-sync-equivalence", "at_most_four_microbatches")
+    assert record.status == "passed", record.message
+    floor = record.evidence["noise_floor"]
+    assert not floor["measured"] and floor["reason"].startswith("not needed: every tensor matched")
+
+
+def test_a_step_that_refuses_the_twins_split_is_judged_by_the_fixed_tolerances(suite_session, monkeypatch):
+    from conformance.checks import _equivalence
+
+    from ._check_helpers import run_check
+
+    # As if a difference had exceeded the fixed tolerance: the twin must run, and cannot.
+    monkeypatch.setattr(_equivalence, "_within_fixed_tolerances", lambda values: False)
     record = run_check(suite_session, "no-sync-equivalence", "at_most_four_microbatches")
     assert record.status == "passed", record.message
     floor = record.evidence["noise_floor"]
@@ -155,3 +169,19 @@ def test_a_step_that_refuses_the_twins_split_is_judged_by_the_fixed_tolerances(s
                      r"8 microbatches: at most 4 fit at .*at_most_four_microbatches.py:\d+\): the step "
                      r"does not take that split",
                      floor["reason"]), floor["reason"]
+
+
+def test_the_twin_is_needed_exactly_when_a_difference_exceeds_a_fixed_tolerance():
+    from conformance.checks._digests import DIGEST
+    from conformance.checks._equivalence import _within_fixed_tolerances
+
+    ok, off = _c("w", 1e-7, 1.0), _c("w", 1e-3, 1.0)  # ratio ~0.01 and ~91 of the fp32 tolerance
+    nan = Compared(TensorDiff("w", float("nan"), float("nan"), float("nan"), TOL), True, True)
+    rank = {"grads0": [ok], "pre_clip0": None, "params": [[ok], [ok]]}
+    assert _within_fixed_tolerances([rank, rank])
+    assert not _within_fixed_tolerances([rank, {**rank, "params": [[ok], [off]]}])  # any step
+    assert not _within_fixed_tolerances([{**rank, "pre_clip0": [off]}])  # before clipping too
+    assert not _within_fixed_tolerances([{**rank, "grads0": [nan]}])  # NaN is never within
+    # A rank judged by digest compared nothing itself; no rank compared: nothing is known.
+    assert _within_fixed_tolerances([rank, {"compared_by": DIGEST}])
+    assert not _within_fixed_tolerances([{"compared_by": DIGEST}])

@@ -100,10 +100,10 @@ def test_the_writer_holds_one_pending_snapshot(tmp_path, monkeypatch):
     real = _snapshots._write
     started: list[str] = []
 
-    def slow(folder, named, *, copy):  # type: ignore[no-untyped-def]
+    def slow(folder, named, **kwargs):  # type: ignore[no-untyped-def]
         started.append(folder.name)
         assert release.wait(30)
-        return real(folder, named, copy=copy)
+        return real(folder, named, **kwargs)
 
     monkeypatch.setattr(_snapshots, "_write", slow)
     writer = SnapshotWriter(tmp_path)
@@ -131,3 +131,74 @@ def test_a_write_error_is_raised_by_the_next_call(tmp_path):
     writer.write("p1", [("w", torch.ones(3))])
     with pytest.raises(RuntimeError, match="failed"):
         writer.write("p2", [("w", torch.ones(3))])
+
+
+def test_snapshots_go_to_memory_while_they_fit_and_readers_see_one_layout(tmp_path, monkeypatch):
+    disk, memory = tmp_path / "disk", tmp_path / "memory"
+    disk.mkdir()
+    memory.mkdir()
+    w = torch.randn(1000)  # 4000 bytes
+    monkeypatch.setattr(_snapshots, "memory_room", lambda folder: 4 * 4000)  # fits: a quarter
+    writer = SnapshotWriter(disk, memory=memory)
+    writer.write("initial", [("w", w)], norms=False)
+    monkeypatch.setattr(_snapshots, "memory_room", lambda folder: 4 * 4000 - 1)  # no longer fits
+    writer.write("params0", [("w", w + 1)], norms=False)
+    writer.close()
+    assert (disk / "initial").is_symlink() and (memory / "initial" / INDEX).exists()
+    assert not (disk / "params0").is_symlink() and (disk / "params0" / INDEX).exists()
+    assert not (memory / "params0").exists()
+    (_, a), = read_snapshot(disk, "initial", CPU)
+    (_, b), = read_snapshot(disk, "params0", CPU)
+    assert torch.equal(a, w) and torch.equal(b, w + 1)
+    assert writer.norms("initial") == {"w": None}, "norms only where asked for"
+    # Written again, a label stays where it first went (the readers' path never changes).
+    write_snapshot(disk, "params0", [("w", w)], memory=memory)
+    assert not (disk / "params0").is_symlink()
+
+
+def test_memory_room_is_the_least_of_free_space_available_memory_and_the_cgroup(tmp_path, monkeypatch):
+    free = _snapshots.memory_room(tmp_path)
+    assert free > 0
+    monkeypatch.setattr(_snapshots, "_meminfo_available", lambda: 12345)
+    assert _snapshots.memory_room(tmp_path) == 12345
+    monkeypatch.setattr(_snapshots, "_cgroup_room", lambda: 678)
+    assert _snapshots.memory_room(tmp_path) == 678
+    assert _snapshots.memory_room(tmp_path / "absent") == 0
+
+
+def test_the_writer_stages_every_snapshot_in_one_reused_copy(tmp_path):
+    writer = SnapshotWriter(tmp_path)
+    live = torch.zeros(1000)
+    writer.write("p0", [("w", live)])
+    writer.settle()
+    staged = writer._staging["w"].data_ptr()
+    live.add_(1.0)
+    writer.write("p1", [("w", live)])
+    writer.settle()
+    # The second snapshot reused the first one's buffer (the previous write had landed)...
+    assert writer._staging["w"].data_ptr() == staged and staged != live.data_ptr()
+    writer.close()
+    # ...and each file holds what the tensor was at its own write.
+    assert torch.equal(next(read_snapshot(tmp_path, "p0", CPU))[1], torch.zeros(1000))
+    assert torch.equal(next(read_snapshot(tmp_path, "p1", CPU))[1], torch.ones(1000))
+    assert writer._staging == {}, "close frees the staging copy"
+
+
+def test_a_snapshot_into_memory_on_a_busy_host_is_written_at_once_from_the_live_tensors(tmp_path, monkeypatch):
+    disk, memory = tmp_path / "disk", tmp_path / "memory"
+    disk.mkdir()
+    memory.mkdir()
+    monkeypatch.setattr(_snapshots, "_inline", lambda named: True)  # every core trains
+    writer = SnapshotWriter(disk, memory=memory)
+    live = torch.ones(100)
+    writer.write("grads0", [("w", live)])
+    # Written before write() returned (no thread, no staging copy): the next step may move it.
+    assert (disk / "grads0" / INDEX).exists() and writer._thread is None and writer._staging == {}
+    live.add_(1.0)
+    assert torch.equal(next(read_snapshot(disk, "grads0", CPU))[1], torch.ones(100))
+    assert writer.norms("grads0")["w"] == pytest.approx(10.0)
+    # A failure is raised by that very call, with the folder and the fix.
+    (memory / "params0").write_text("a file where the snapshot's folder should go")
+    with pytest.raises(RuntimeError, match=r"writing the reference's snapshot to .* failed: .*must be writable"):
+        writer.write("params0", [("w", live)])
+    writer.close()

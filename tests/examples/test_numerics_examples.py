@@ -62,8 +62,13 @@ def test_correct_configuration_passes_against_its_floor(suite_session, tmp_path,
         record, _ = suite_session.run_check(BY_ID[check], path)
         assert record.status == "passed", f"{check}: {record.message}"
         floor = record.evidence["noise_floor"]
-        # The record shows the floor, the margin, the bound and the observed difference.
-        assert floor["measured"] and floor["margin"] == 4.0, floor
+        # The record shows the floor, the margin, the bound and the observed difference. PowerSGD
+        # before it compresses (and the steps judged exactly before it does) stays within the
+        # fixed fp32 tolerances: no floor is needed there, and the record says so.
+        if "powersgd" in config and not floor["measured"]:
+            assert floor["reason"].startswith("not needed"), floor
+        else:
+            assert floor["measured"] and floor["margin"] == 4.0, floor
         grads = floor["gradients"]
         assert grads["observed_rel"] == record.metrics["max_rel_grad_diff"]
         assert floor["distinguishes_smallest_bug"]

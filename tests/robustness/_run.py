@@ -49,7 +49,9 @@ class Run:
         self.tmp = workdir / f"tmp-{self.tag[:8]}"
         self.tmp.mkdir(parents=True)
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                    TAG: self.tag, "TMPDIR": str(self.tmp), **(env or {})}
+                    TAG: self.tag, "TMPDIR": str(self.tmp),
+                    # The session's memory-backed folder too, where leftovers() looks.
+                    "DDP_CONFORMANCE_SHM": str(self.tmp), **(env or {})}
         full_env.pop("PYTEST_XDIST_WORKER", None)  # the launched suite is not an xdist worker
         full_env.pop("PYTEST_ADDOPTS", None)
         self.started = time.monotonic()

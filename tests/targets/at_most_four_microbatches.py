@@ -1,7 +1,8 @@
 """Correct target whose step refuses more than 4 microbatches (a fixed accumulation budget, as
-a step sized to the accelerator's memory may have). no-sync-equivalence's noise-floor twin needs
-N·K = 8 in one process: it cannot run, which is no finding about DDP — the floor is "not
-measured" with the reason, the fixed tolerances judge, and the check passes.
+a step sized to the accelerator's memory may have). no-sync-equivalence's noise-floor twin, when
+a difference needs a floor, takes N·K = 8 in one process: it cannot run, which is no finding
+about DDP — the floor is "not measured" with the reason, the fixed tolerances judge, and the
+check passes.
 
     ddp-conformance run --target tests/targets/at_most_four_microbatches.py --checks no-sync-equivalence
 """

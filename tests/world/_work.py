@@ -153,3 +153,9 @@ def torch_threads(ctx: Any) -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def imported(ctx: Any, module: str) -> bool:
+    import sys
+
+    return module in sys.modules

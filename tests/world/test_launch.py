@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -68,5 +69,38 @@ def test_prewarm_without_reference_launches_only_the_rank_world() -> None:
     try:
         session.prewarm(reference=False)
         assert [key[1] for key in session._worlds] == [2]
+    finally:
+        session.close()
+
+
+def test_a_world_preloads_its_modules_before_serving_the_first_call() -> None:
+    # A module the ranks never import on their own: there only if preload imported it.
+    world = World(1, "gloo", deadline=30.0, preload=("json.tool", "no_such_module_xyz"))
+    try:
+        assert world.run(_work.imported, "json.tool")[0].value
+        # A module that cannot be imported is only a lost head start, never a broken world.
+        assert not world.run(_work.imported, "no_such_module_xyz")[0].value
+    finally:
+        world.close()
+
+
+def test_the_session_memory_folder_lives_with_the_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conformance.harness import session as session_mod
+
+    monkeypatch.setenv(session_mod.SHM_ENV, str(tmp_path))
+    session = Session(Settings(world_size=2, deadline=30.0))
+    memory = session._memory
+    assert memory is not None and memory.parent == tmp_path and memory.is_dir()
+    from conformance.harness.registry import BY_ID
+
+    with session.context(BY_ID["gradient-equivalence"], "builtin").snapshot_folders("x-") as (disk, mem):
+        assert mem is not None and mem.parent == memory and disk.parent.parent == session.tmpdir
+    assert not mem.exists() and not disk.exists(), "both removed when the block ends"
+    session.close()
+    assert not memory.exists(), "the memory folder is RAM: removed at close, even with keep_tmp"
+    monkeypatch.setenv(session_mod.SHM_ENV, "off")
+    session = Session(Settings(world_size=2, deadline=30.0))
+    try:
+        assert session._memory is None
     finally:
         session.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import importlib
 import os
 import signal
 import socket
@@ -74,6 +75,9 @@ class RankConfig:
     env: dict[str, str]
     threads: int
     parent_pid: int
+    # Modules imported once the rank reported ready, before its first call is read (see
+    # ``World``'s ``preload``).
+    preload: tuple[str, ...] = ()
 
 
 def stack_file(tmpdir: str | Path, rank: int) -> Path:
@@ -131,6 +135,11 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
         conn.send_bytes(encode("failed", NO_CALL, _error(exc)))
         return
     conn.send_bytes(encode("ready", NO_CALL, os.getpid()))
+    for module in cfg.preload:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - only a head start: the call that needs it raises
+            pass
     while True:
         try:
             message = decode(conn.recv_bytes())

@@ -88,7 +88,8 @@ class World:
     def __init__(self, world_size: int = 2, backend: str = "gloo", *, deadline: float = DEFAULT_DEADLINE_S,
                  pg_timeout: float | None = None, start_timeout: float = WORLD_START_S,
                  devices: list[int] | None = None, env: dict[str, str] | None = None,
-                 threads: int = 1, grace: float = DEFAULT_GRACE_S) -> None:
+                 threads: int = 1, grace: float = DEFAULT_GRACE_S,
+                 preload: tuple[str, ...] = ()) -> None:
         if world_size < 1:
             raise ValueError(f"world_size={world_size} must be at least 1")
         if backend not in BACKENDS:
@@ -113,6 +114,9 @@ class World:
         self.env = {"TORCH_DISTRIBUTED_DEBUG": "INFO", **(env or {})}
         self.threads = threads
         self.grace = grace
+        # Modules every rank imports right after it is ready, while the supervisor is busy
+        # elsewhere, instead of inside the first call that needs them.
+        self.preload = tuple(preload)
         self.generation = 0
         self.restarts: list[str] = []  # why each previous generation was replaced
         self._procs: list[Any] = []
@@ -214,7 +218,7 @@ class World:
                     store_prefix=f"g{self.generation}", tmpdir=self._tmpdir,
                     generation=self.generation, pg_timeout_s=self.pg_timeout,
                     device_index=self.devices[rank] if self.devices else None,
-                    env=env, threads=self.threads, parent_pid=os.getpid())
+                    env=env, threads=self.threads, parent_pid=os.getpid(), preload=self.preload)
                 proc = ctx.Process(target=rank_main, args=(cfg, child), name=f"ddp-rank{rank}",
                                    daemon=True)
                 proc.start()
