@@ -145,16 +145,6 @@ def projected_tree(seen: list[tuple[int, int]], nbytes: int) -> int:
     return int((base_peak + tree_slope(seen) * (nbytes - base_bytes)) * HEADROOM)
 
 
-def available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def run_size(label: str, path: str, checks: list[str], deadline: float) -> list[Row]:
     from conformance.harness.registry import BY_ID
     from conformance.harness.resources import model_size
@@ -204,6 +194,7 @@ def fmt_row(r: Row) -> str:
 
 def main() -> int:
     from conformance.harness.registry import BY_ID, CHECKS
+    from conformance.harness.resources import available_memory
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--sizes", default=",".join(SIZES),
@@ -231,7 +222,7 @@ def main() -> int:
             path = Path(tmp) / f"mlp_{label.replace('.', '_')}.py"
             path.write_text(target_source(width))
             nbytes = 4 * (LAYERS * (width * width + width) + width * OUT + OUT)
-            need, slope, avail = projected_tree(seen, nbytes), tree_slope(seen), available_bytes()
+            need, slope, avail = projected_tree(seen, nbytes), tree_slope(seen), available_memory()
             if avail is not None and need > avail and not args.force:
                 print(f"[{label}] skipped: projected process-tree peak {need / 2**30:.1f} GiB "
                       f"(~{slope:.0f} tree bytes per extra model byte, a {nbytes / 2**20:.0f} MiB model, "

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..harness.resources import available_memory
 from ._compare import Compared, compare_tensor
 
 INDEX = "index.json"
@@ -94,16 +95,6 @@ def _save(folder: Path, i: int, tensor: Any) -> list[Any]:
 MEMORY_SHARE = 0.25
 
 
-def _meminfo_available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _cgroup_room() -> int | None:
     """Bytes left under this process's cgroup memory limit (v2, then v1); None: no limit.
     A memory-backed file is charged to the cgroup that wrote it: in a container the host's
@@ -128,7 +119,7 @@ def memory_room(memory: Path) -> int:
         stat = os.statvfs(memory)
     except OSError:
         return 0
-    rooms = [stat.f_bavail * stat.f_frsize, _meminfo_available(), _cgroup_room()]
+    rooms = [stat.f_bavail * stat.f_frsize, available_memory(), _cgroup_room()]
     return min(r for r in rooms if r is not None)
 
 

@@ -86,6 +86,17 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def available_memory() -> int | None:
+    """The host's MemAvailable in bytes (None where /proc/meminfo does not say)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def tree_rss_bytes(root: int | None = None) -> int | None:
     """RSS of ``root`` (default: this process) and all its descendants, in bytes."""
     root = os.getpid() if root is None else root

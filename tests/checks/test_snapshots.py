@@ -159,7 +159,7 @@ def test_snapshots_go_to_memory_while_they_fit_and_readers_see_one_layout(tmp_pa
 def test_memory_room_is_the_least_of_free_space_available_memory_and_the_cgroup(tmp_path, monkeypatch):
     free = _snapshots.memory_room(tmp_path)
     assert free > 0
-    monkeypatch.setattr(_snapshots, "_meminfo_available", lambda: 12345)
+    monkeypatch.setattr(_snapshots, "available_memory", lambda: 12345)
     assert _snapshots.memory_room(tmp_path) == 12345
     monkeypatch.setattr(_snapshots, "_cgroup_room", lambda: 678)
     assert _snapshots.memory_room(tmp_path) == 678
