@@ -576,7 +576,7 @@ def _twin(ctx: CheckContext, plan: RunPlan, group: int, folder: Path) -> dict[st
         # A step that refuses N·K microbatches (a fixed accumulation count, a memory limit) is
         # no finding about DDP, and no error in the target (its real split runs): no floor, the
         # fixed tolerances judge alone, and the record says why. (The failed call replaced the
-        # 1-rank world; the snapshots are on disk.)
+        # 1-rank world; the snapshots are still in place.)
         culprit = (exc.culprit.error.describe() if isinstance(exc, RankFailure | WorldHang)
                    and exc.culprit and exc.culprit.error else str(exc))
         return {"failed": culprit.split("; fix it")[0].splitlines()[0][:300] if culprit
