@@ -44,7 +44,16 @@ from reports.keys import FEATURES, REMEDIES
 from ..harness.context import CheckContext
 from ..harness.features import checkpointed_module_name
 from ..harness.outcome import Outcome
-from ..harness.remedies import DID_NOT_FIX, Remedy, Rerun, to_json, verify
+from ..harness.remedies import (
+    DID_NOT_FIX,
+    STATIC_GRAPH_NO_SYNC,
+    STATIC_GRAPH_NO_SYNC_CAUSE,
+    Remedy,
+    Rerun,
+    static_graph_no_sync,
+    to_json,
+    verify,
+)
 from ..harness.world import RankFailure, WorldHang
 from ._recorded import RunPlan, run_recorded
 from .no_sync import microbatches_for
@@ -58,8 +67,6 @@ REMEDY_STEPS = 2
 CHECKPOINTING = "reentrant_checkpointing"
 #: Modules named in the message; the evidence lists them all.
 NAMED_MODULES = 6
-#: The reducer's assert when static_graph meets no_sync (pytorch/pytorch#143580, torch 2.13).
-STATIC_GRAPH_NO_SYNC = "expect_autograd_hooks_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,11 +222,10 @@ def _remedy_text(remedy: Remedy) -> str:
         return (f"{remedy.change}: verified fix ({ev.get('steps')} steps of K={ev.get('microbatches_per_rank')} "
                 f"microbatches completed on {ev.get('ranks')} ranks, {ev.get('tensors_compared')} gradients "
                 f"and parameters match the single-process reference)")
-    if ev.get("error") and STATIC_GRAPH_NO_SYNC in ev["error"]:
+    if ev.get("error") and static_graph_no_sync(ev["error"]):
         return (f"{remedy.change}: {remedy.status} (with the step's no_sync accumulation over K="
                 f"{ev.get('microbatches_per_rank')} microbatches DDP's reducer raised "
-                f"'{STATIC_GRAPH_NO_SYNC} INTERNAL ASSERT FAILED': static_graph and no_sync do not mix "
-                f"in this torch, pytorch/pytorch#143580)")
+                f"'{STATIC_GRAPH_NO_SYNC} INTERNAL ASSERT FAILED': {STATIC_GRAPH_NO_SYNC_CAUSE})")
     if ev.get("error"):
         return f"{remedy.change}: {remedy.status} (the re-run raised again: {ev['error']})"
     if ev.get("differ_from_reference"):

@@ -56,9 +56,6 @@ from ._hypotheses import Scale, scale_causes, scale_from
 from ._recorded import RunPlan, run_recorded
 
 _TENSORS = ("initial", "grads0", "pre_clip0", "params", "digests")
-#: The floor's record when no twin ran (``_within_fixed_tolerances``).
-NOT_NEEDED = ("not needed: every tensor matched the single-process reference within its fixed "
-              "dtype tolerance, which already tells the smallest scaling bug from rounding")
 
 
 @dataclass(frozen=True, slots=True)
@@ -609,8 +606,7 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
         # the fixed tolerances (the twin costs one more single-process run of the check).
         twin = None if _within_fixed_tolerances(values) else _twin(ctx, plan, group, folder)
     ref_norms: dict[str, Any] = ref.get("grads0") or {}
-    floor = (twin_floor(ref, twin, twin_microbatches=n * microbatches) if twin is not None else
-             not_measured(NOT_NEEDED, twin_microbatches=n * microbatches))
+    floor = twin_floor(ref, twin, twin_microbatches=n * microbatches)
     compression = compression_bound((values[0] if values else {}).get("comm_hook"),
                                     world_size=n, steps=steps)
     # Each tensor passes within its fixed tolerance or within the larger of the measured

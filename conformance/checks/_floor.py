@@ -161,14 +161,20 @@ def not_measured(reason: str, *, twin_microbatches: int) -> Floor:
     return Floor(None, None, twin_microbatches, reason=reason)
 
 
+#: The floor's record when no twin ran: every difference was within its fixed tolerance.
+NOT_NEEDED = ("not needed: every tensor matched the single-process reference within its fixed "
+              "dtype tolerance, which already tells the smallest scaling bug from rounding")
+
+
 def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
                twin_microbatches: int) -> Floor:
-    """The floor from the twin's summaries, or why the twin is no measurement of noise."""
+    """The floor from the twin's summaries, or why the twin is no measurement of noise (None:
+    no twin ran, because no difference needed a floor)."""
     def no(reason: str) -> Floor:
         return not_measured(reason, twin_microbatches=twin_microbatches)
 
     if twin is None:
-        return no("the twin run did not run")
+        return no(NOT_NEEDED)
     if twin.get("failed"):
         return no(f"the same train_step on {twin_microbatches} microbatches in one process raised "
                   f"({twin['failed']}): the step does not take that split")

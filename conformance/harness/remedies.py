@@ -30,8 +30,20 @@ from .targets import TargetError
 
 REMEDY_STATUSES = (VERIFIED, DID_NOT_FIX, NOT_VERIFIED)
 
-__all__ = ["DID_NOT_FIX", "NOT_VERIFIED", "REMEDIES", "REMEDY_STATUSES", "VERIFIED", "Remedy", "Rerun",
-           "suggested", "to_json", "verify"]
+#: DDP's reducer asserts this when static_graph=True meets no_sync accumulation (torch 2.13,
+#: pytorch/pytorch#143580): a static_graph re-run on an accumulating step fails for that reason,
+#: which both checks that try static_graph=True name.
+STATIC_GRAPH_NO_SYNC = "expect_autograd_hooks_"
+STATIC_GRAPH_NO_SYNC_CAUSE = "static_graph and no_sync do not mix in this torch, pytorch/pytorch#143580"
+
+
+def static_graph_no_sync(error: str) -> bool:
+    """Did a re-run with static_graph=True fail on the reducer's no_sync assert?"""
+    return STATIC_GRAPH_NO_SYNC in error
+
+__all__ = ["DID_NOT_FIX", "NOT_VERIFIED", "REMEDIES", "REMEDY_STATUSES", "STATIC_GRAPH_NO_SYNC",
+           "STATIC_GRAPH_NO_SYNC_CAUSE", "VERIFIED", "Remedy", "Rerun", "static_graph_no_sync", "suggested",
+           "to_json", "verify"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,14 @@ from conformance.harness.ddp import (
     SCENARIO_DATA_SEED as DATA_SEED,  # the reproduction replays the scenarios' batches
 )
 from conformance.harness.outcome import Outcome
-from conformance.harness.remedies import NOT_VERIFIED, Remedy, Rerun, verify
+from conformance.harness.remedies import (
+    NOT_VERIFIED,
+    STATIC_GRAPH_NO_SYNC_CAUSE,
+    Remedy,
+    Rerun,
+    static_graph_no_sync,
+    verify,
+)
 from conformance.harness.targets import TargetError
 from reports.keys import FIND_UNUSED_TAX, REMEDIES, UNUSED_TABLE
 
@@ -312,8 +319,7 @@ def _static_graph_advice(static: Remedy | None) -> str:
         return (f"The graph never changed: static_graph=True may speed DDP up further (re-run with it: "
                 f"{ev['steps']} steps of K={ev['microbatches_per_rank']} microbatches completed on every rank).")
     errors = "; ".join(f"rank {r}: {e}" for r, e in (ev.get("errors") or {}).items())
-    known = (" — static_graph and no_sync do not mix in this torch, pytorch/pytorch#143580"
-             if "expect_autograd_hooks_" in errors else "")
+    known = f" — {STATIC_GRAPH_NO_SYNC_CAUSE}" if static_graph_no_sync(errors) else ""
     return (f"The graph never changed, but keep static_graph off: re-run with static_graph=True and "
             f"K={ev.get('microbatches_per_rank')} microbatches, this train_step raised ({errors[:300]}){known}.")
 

@@ -185,3 +185,6 @@ def test_the_twin_is_needed_exactly_when_a_difference_exceeds_a_fixed_tolerance(
     # A rank judged by digest compared nothing itself; no rank compared: nothing is known.
     assert _within_fixed_tolerances([rank, {"compared_by": DIGEST}])
     assert not _within_fixed_tolerances([{"compared_by": DIGEST}])
+    # No twin ran: the floor says why, and widens nothing.
+    floor = twin_floor(_runs([ok])[0], None, twin_microbatches=2)
+    assert not floor.measured and floor.reason.startswith("not needed") and floor.grad_bound == 0
