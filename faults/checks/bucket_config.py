@@ -14,10 +14,14 @@ it aborts a process at step 0 with ``find_unused_parameters=True`` (torch 2.13, 
 
 Status: failed when the configured cap is more than :data:`PENALTY_LIMIT` slower than the best
 *and* the gap is clear of noise (the configured cap's fastest quartile is slower than the
-best cap's slowest quartile); otherwise passed. A failure's recommended cap is then verified
-(``conformance.harness.remedies``): the two caps re-run side by side, "verified fix" when the
-recommended one is clearly faster again, "did not fix" when it is not faster at all. Injected mode (width-256 MLP vehicle) passes
-iff the tiny cap shows many more buckets than the default and the mismatch is reproduced.
+best cap's slowest quartile); otherwise passed. Any penalty past the limit with another bucket
+layout is then re-run side by side (``conformance.harness.remedies``; ``judge_rerun``):
+"verified fix" when the recommended cap is clearly faster again (the failure stands), "did not
+fix" when it is not faster at all, undecided within noise. A clear gap that does not reproduce
+is inconclusive, never a failure of the configuration on noise; a gap the sweep could not tell
+from noise passes when side by side the configured cap is within the limit. Injected mode
+(width-256 MLP vehicle) passes iff the tiny cap shows many more buckets than the default and
+the mismatch is reproduced.
 
     ddp-conformance run --checks bucket-config
     ddp-conformance run --target my_target.py --checks bucket-config
@@ -258,12 +262,42 @@ def run(ctx: CheckContext) -> Outcome:
     if ctx.injected:
         return _judge_injected(by_cap, mismatch, metrics, evidence)
     outcome = judge_configured(result, metrics, evidence)
-    if outcome.status != "failed":
+    if outcome.status == "passed":
         return outcome
-    # The recommended cap is tried, not only given: both caps again, side by side.
+    # A penalty past the limit with another bucket layout, clear of the sweep's noise or not:
+    # the recommended cap is tried, not only given -- both caps again, side by side.
     remedy = verify_cap(ctx.world(), source, configured, result["best"], deadline_s=ctx.deadline)
-    return replace(outcome, message=f"{outcome.message}; {_remedy_text(remedy)}",
-                   evidence={**outcome.evidence, REMEDIES: [remedy.to_json()]})
+    return judge_rerun(outcome, remedy, result)
+
+
+def judge_rerun(outcome: Outcome, remedy: Remedy, result: dict[str, Any]) -> Outcome:
+    """The sweep's verdict (failed: a clear gap; inconclusive: a gap within its noise) after the
+    two caps were re-run side by side. A failure stands only when the re-run shows the
+    recommended cap clearly faster again: a penalty must reproduce (seen on a loaded 2-core
+    host: x2.10 in the sweep, x0.57 side by side). A gap the sweep could not tell from noise
+    passes when, side by side, the configured cap is within the limit of the recommended one
+    (the check's own rule, on the closer measurement), and fails when the re-run shows it
+    clearly slower; anything else is inconclusive."""
+    evidence = {**outcome.evidence, REMEDIES: [remedy.to_json()]}
+    configured, best, penalty = result["configured"], result["best"], result["penalty"]
+    speedup = remedy.evidence.get("speedup")
+    if remedy.verified and outcome.status == "failed":
+        return replace(outcome, message=f"{outcome.message}; {_remedy_text(remedy)}", evidence=evidence)
+    if remedy.verified and (speedup or 0.0) > PENALTY_LIMIT:
+        return Outcome.failed(
+            f"bucket_cap_mb={configured:g} is {speedup:.2f}x slower per step than {best:g} MB side by side "
+            f"(x{penalty:.2f} in the sweep, within its noise); {_remedy_text(remedy)}",
+            metrics=outcome.metrics, evidence=evidence, recommendation=_set_cap(best))
+    if outcome.status != "failed" and speedup is not None and speedup <= PENALTY_LIMIT:
+        return Outcome.passed(
+            f"bucket_cap_mb={configured:g} is within {PENALTY_LIMIT}x of {best:g} MB side by side (x{speedup:.2f}; "
+            f"the sweep's x{penalty:.2f} was within its noise)", metrics=outcome.metrics, evidence=evidence)
+    why = ("but the gap did not reproduce" if outcome.status == "failed" else
+           "within the sweep's noise, and no clearer")
+    return Outcome.inconclusive(
+        f"bucket_cap_mb={configured:g} measured x{penalty:.2f} slower than {best:g} MB in the sweep ({why}): "
+        f"{_remedy_text(remedy)}", metrics=outcome.metrics, evidence=evidence,
+        recommendation="Re-run bucket-config on an idle machine (or the production node).")
 
 
 def _remedy_text(remedy: Remedy) -> str:
@@ -301,9 +335,12 @@ def judge_configured(result: dict[str, Any], metrics: dict[str, Any], evidence: 
     return Outcome.failed(
         f"bucket_cap_mb={configured:g} is {penalty:.2f}x slower per step than the best {best:g} MB "
         f"({buckets_conf} vs {buckets_best} buckets)",
-        metrics=metrics, evidence=evidence,
-        recommendation=f"Set bucket_cap_mb={best:g} in ddp_kwargs (re-measure on the production "
-                       f"network: ~25 MB within one NVLink node, ~50 MB across nodes).")
+        metrics=metrics, evidence=evidence, recommendation=_set_cap(best))
+
+
+def _set_cap(best: float) -> str:
+    return (f"Set bucket_cap_mb={best:g} in ddp_kwargs (re-measure on the production network: ~25 MB "
+            f"within one NVLink node, ~50 MB across nodes).")
 
 
 def _judge_injected(by_cap: dict[float, Any], mismatch: list[dict[str, Any]], metrics: dict[str, Any],

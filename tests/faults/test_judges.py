@@ -177,6 +177,59 @@ def test_configured_bucket_cap_is_blamed_only_when_layout_and_timing_both_differ
     assert re.search(message, outcome.message), outcome.message
 
 
+@pytest.mark.parametrize(("configured_s", "recommended_s", "status", "said"), [
+    # The gap reproduces side by side: the failure stands, with its verified fix.
+    ([0.020] * 8, [0.010] * 8, "failed", r"is 1.80x slower .*re-run side by side with bucket_cap_mb=1: verified fix"),
+    # It does not (seen on a loaded host: x2.10 in the sweep, x0.57 side by side): noise, not
+    # a bad configuration -- inconclusive, saying both measurements.
+    ([0.006] * 8, [0.010] * 8, "inconclusive", r"x1.80 slower than 1 MB in the sweep \(but the gap did not "
+                                               r"reproduce\): re-run side by side .*did not fix"),
+    ([0.010, 0.012, 0.011, 0.013], [0.010, 0.011, 0.012, 0.009], "inconclusive", r"did not reproduce"),
+])
+def test_a_bucket_penalty_must_reproduce_side_by_side_to_fail(
+        monkeypatch: pytest.MonkeyPatch, configured_s: list[float], recommended_s: list[float],
+        status: str, said: str) -> None:
+    outcome = _run_bucket_check(monkeypatch, configured_s, recommended_s, clear_gap=True)
+    assert outcome.status == status, outcome.message
+    assert re.search(said, outcome.message), outcome.message
+
+
+@pytest.mark.parametrize(("configured_s", "recommended_s", "status", "said"), [
+    # The sweep's x1.80 was within its noise; side by side the configured cap is as fast.
+    ([0.010] * 8, [0.010] * 8, "passed", r"within 1.25x of 1 MB side by side \(x1.00; the sweep's x1.80 "
+                                         r"was within its noise\)"),
+    # Side by side it is clearly slower, past the limit: the penalty is measured after all.
+    ([0.020] * 8, [0.010] * 8, "failed", r"is 2.00x slower per step than 1 MB side by side \(x1.80 in the sweep"),
+    # Clearly faster by less than the limit: within the check's rule.
+    ([0.0110] * 8, [0.0100] * 8, "passed", r"within 1.25x .*x1.10"),
+    # Still within noise and past the limit: nothing decided.
+    ([0.010, 0.030, 0.011, 0.029], [0.010, 0.011, 0.012, 0.009], "inconclusive",
+     r"within the sweep's noise, and no clearer\): re-run side by side"),
+])
+def test_a_bucket_gap_within_the_sweeps_noise_is_decided_side_by_side(
+        monkeypatch: pytest.MonkeyPatch, configured_s: list[float], recommended_s: list[float],
+        status: str, said: str) -> None:
+    outcome = _run_bucket_check(monkeypatch, configured_s, recommended_s, clear_gap=False)
+    assert outcome.status == status, outcome.message
+    assert re.search(said, outcome.message), outcome.message
+
+
+def _run_bucket_check(monkeypatch: pytest.MonkeyPatch, configured_s: list[float], recommended_s: list[float],
+                      *, clear_gap: bool) -> Any:
+    """bucket-config on a --target whose sweep measured the configured 25 MB x1.80 slower than
+    1 MB (6 buckets vs 1), then the two caps side by side at the given step times."""
+    sweep = {**_configured_sweep(conf_buckets=1, best_buckets=6, penalty=1.80, clear_gap=clear_gap),
+             "rounds": 8, "warmup_step_s": 0.01}
+    monkeypatch.setattr(bucket_config, "sweep", lambda *a, **k: sweep)
+    monkeypatch.setattr(bucket_config, "verify_cap", lambda *a, **k: bucket_config.verify(
+        "bucket_cap_mb=1", lambda: bucket_config.judge_side_by_side(25.0, 1.0, configured_s, recommended_s)))
+    ctx = SimpleNamespace(world_size=2, injected=False, new_world=None, deadline=60.0, world=lambda: None,
+                          target=SimpleNamespace(spec="t.py", ddp_kwargs={"bucket_cap_mb": 25.0}))
+    outcome = bucket_config.run(ctx)
+    assert outcome.evidence["remedies"][0]["change"] == "bucket_cap_mb=1"
+    return outcome
+
+
 # -- unused-parameters -----------------------------------------------------------------------------
 
 AUX = sorted(unused_parameters.INCIDENT.aux_parameter_names)
