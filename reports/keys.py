@@ -97,3 +97,10 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     SUPERVISOR_PEAK_RSS: ("conformance.harness.resources",),
     TREE_PEAK_RSS: ("conformance.harness.resources",),
 }
+
+# conformance/perf/scaling_cliff.py, metrics.
+CLIFF_SWEEP = "cliff_sweep"  # list[{"rate_gbps" (None: unshaped), "measured_step_s", "predicted_step_s", ...}]
+CLIFF_KNEE = "cliff_knee"  # {"measured_gbps", "predicted_gbps", "measured_index", "predicted_index"}
+CLIFF_RATIO = "cliff_ratio"  # float: step at the lowest rate / unshaped step
+CLIFF_MAX_ERROR = "cliff_max_error"  # float: the simulator's largest relative error at a shaped rate
+CLIFF_VALIDATED = "cliff_simulator_validated"  # bool: every shaped rate within the bound, knee within a point

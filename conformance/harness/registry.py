@@ -96,6 +96,12 @@ CHECKS: tuple[CheckSpec, ...] = (
         "conformance.perf.allreduce_bandwidth:run",
         suites=frozenset({"full"}), slow=True,
     ),
+    CheckSpec(
+        "scaling-cliff", "Scaling cliff", "perf",
+        "the ranks behind a shaped link (slow-link: a private network namespace, tc tbf): the measured knee vs the simulator's, its error stated",
+        "conformance.perf.scaling_cliff:run",
+        suites=frozenset({"full"}), slow=True,
+    ),
 )
 
 BY_ID: dict[str, CheckSpec] = {spec.id: spec for spec in CHECKS}

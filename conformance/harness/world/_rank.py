@@ -24,6 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ._netns import join
 from ._protocol import NO_CALL, ProtocolError, decode, encode
 from ._results import RankError, RankResult
 
@@ -78,6 +79,10 @@ class RankConfig:
     # Modules imported once the rank reported ready, before its first call is read (see
     # ``World``'s ``preload``).
     preload: tuple[str, ...] = ()
+    # The rendezvous through a file instead of the supervisor's TCPStore, and the network
+    # namespace the rank joins first (a World with ``private_network``: _netns.py).
+    store_file: str | None = None
+    netns: str | None = None
 
 
 def stack_file(tmpdir: str | Path, rank: int) -> Path:
@@ -99,8 +104,14 @@ def _init_process_group(cfg: RankConfig) -> RankContext:
         device = torch.device("cuda", cfg.device_index)
     else:
         device = torch.device("cpu")
-    store = dist.TCPStore(cfg.store_host, cfg.store_port, is_master=False,
-                          timeout=timedelta(seconds=max(cfg.pg_timeout_s, 30)))
+    store: Any
+    if cfg.store_file is not None:
+        # In a private network the supervisor's store is out of reach (another namespace's
+        # loopback); a file in the world's temp dir needs no socket at all.
+        store = dist.FileStore(cfg.store_file, cfg.world_size)
+    else:
+        store = dist.TCPStore(cfg.store_host, cfg.store_port, is_master=False,
+                              timeout=timedelta(seconds=max(cfg.pg_timeout_s, 30)))
     prefixed = dist.PrefixStore(cfg.store_prefix, store)
     # The timeout bounds how long a collective may wait for a peer. The supervisor's deadline
     # is what protects the run; this only stops a stuck rank from waiting gloo's default 30 min.
@@ -130,6 +141,9 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     os.environ.update(cfg.env)
     try:
+        if cfg.netns is not None:
+            # Before any socket exists: every thread gloo starts later inherits the namespace.
+            join(cfg.netns)
         ctx = _init_process_group(cfg)
     except BaseException as exc:  # report instead of dying silently: the supervisor is waiting
         conn.send_bytes(encode("failed", NO_CALL, _error(exc)))

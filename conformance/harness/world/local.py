@@ -28,6 +28,7 @@ from typing import Any, Callable
 from ..timing import CLOSE_GRACE_S, DEFAULT_DEADLINE_S, WORLD_START_S, pg_timeout_for
 from ._containment import cookie_in_environment, guardian, new_cookie, reap
 from ._loopback import LOOPBACK_HOST, loopback_interface
+from ._netns import PrivateNetwork
 from ._protocol import ProtocolError, decode, encode
 from ..targets import raise_target_error
 from ._rank import RankConfig, rank_main, stack_file
@@ -89,7 +90,7 @@ class World:
                  pg_timeout: float | None = None, start_timeout: float = WORLD_START_S,
                  devices: list[int] | None = None, env: dict[str, str] | None = None,
                  threads: int = 1, grace: float = DEFAULT_GRACE_S,
-                 preload: tuple[str, ...] = ()) -> None:
+                 preload: tuple[str, ...] = (), private_network: bool = False) -> None:
         if world_size < 1:
             raise ValueError(f"world_size={world_size} must be at least 1")
         if backend not in BACKENDS:
@@ -117,6 +118,10 @@ class World:
         # Modules every rank imports right after it is ready, while the supervisor is busy
         # elsewhere, instead of inside the first call that needs them.
         self.preload = tuple(preload)
+        # The ranks in a network namespace of their own, whose loopback a check can shape
+        # (``link``): _netns.py. Starting it raises NetworkUnavailable where it cannot be made.
+        self.private_network = private_network
+        self._network: PrivateNetwork | None = None
         self.generation = 0
         self.restarts: list[str] = []  # why each previous generation was replaced
         self._procs: list[Any] = []
@@ -141,6 +146,11 @@ class World:
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
+
+    @property
+    def link(self) -> PrivateNetwork | None:
+        """The private network the ranks run in (``private_network=True``), once launched."""
+        return self._network
 
     @property
     def tmpdir(self) -> Path | None:
@@ -185,21 +195,17 @@ class World:
         # Registered before any rank exists: if this supervisor is SIGKILLed from here on,
         # the guardian kills everything carrying the cookie and removes the temp dir.
         guardian().watch(cookie=self._cookie, path=self._tmpdir)
-        # Loopback only, by construction: the store serves on a socket bound to 127.0.0.1
-        # (TCPStore("127.0.0.1", 0, is_master=True) alone listens on the wildcard address,
-        # reachable from the network). Port 0: the kernel picks a free port, so concurrent
-        # pytest-xdist workers never race for one.
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            listener.bind((LOOPBACK_HOST, 0))
-            listener.listen(max(128, 2 * self.world_size))
-            port = listener.getsockname()[1]
-            self._store = dist.TCPStore(LOOPBACK_HOST, port, is_master=True, wait_for_workers=False,
-                                        master_listen_fd=listener.fileno())
-        except BaseException:
-            listener.close()
-            raise
-        listener.detach()  # the store owns the descriptor now and closes it when it goes
+        if self.private_network:
+            port, store_file = 0, os.path.join(self._tmpdir, "rendezvous")
+            try:
+                with cookie_in_environment(self._cookie):
+                    # The holder carries the cookie: the guardian reaps it with the ranks.
+                    self._network = PrivateNetwork().start()
+            except BaseException:
+                self._kill()  # the temp dir and the guardian's registration go with it
+                raise
+        else:
+            port, store_file = self._serve_store(dist), None
         # gloo picks its interface from the hostname unless told; pin it to loopback so the
         # ranks' own listening sockets are on 127.0.0.1 whatever /etc/hosts says.
         env = {"GLOO_SOCKET_IFNAME": loopback_interface(), **self.env}
@@ -216,6 +222,8 @@ class World:
                     rank=rank, world_size=self.world_size, backend=self.backend,
                     store_host=LOOPBACK_HOST, store_port=port,
                     store_prefix=f"g{self.generation}", tmpdir=self._tmpdir,
+                    store_file=store_file,
+                    netns=self._network.path if self._network is not None else None,
                     generation=self.generation, pg_timeout_s=self.pg_timeout,
                     device_index=self.devices[rank] if self.devices else None,
                     env=env, threads=self.threads, parent_pid=os.getpid(), preload=self.preload)
@@ -226,6 +234,25 @@ class World:
                 self._procs.append(proc)
                 self._conns.append(parent)
         return self
+
+    def _serve_store(self, dist: Any) -> int:
+        """The rendezvous store served by the supervisor; returns its port."""
+        # Loopback only, by construction: the store serves on a socket bound to 127.0.0.1
+        # (TCPStore("127.0.0.1", 0, is_master=True) alone listens on the wildcard address,
+        # reachable from the network). Port 0: the kernel picks a free port, so concurrent
+        # pytest-xdist workers never race for one.
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            listener.bind((LOOPBACK_HOST, 0))
+            listener.listen(max(128, 2 * self.world_size))
+            port = listener.getsockname()[1]
+            self._store = dist.TCPStore(LOOPBACK_HOST, port, is_master=True, wait_for_workers=False,
+                                        master_listen_fd=listener.fileno())
+        except BaseException:
+            listener.close()
+            raise
+        listener.detach()  # the store owns the descriptor now and closes it when it goes
+        return port
 
     def _await_ready(self) -> None:
         waiting = set(range(self.world_size))
@@ -312,6 +339,10 @@ class World:
         self._procs, self._conns = [], []
         self._ready = False
         self._store = None
+        if self._network is not None:
+            # After the ranks: the namespace (its lo, its qdisc) goes with its last process.
+            self._network.close()
+            self._network = None
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
         if self._cookie or self._tmpdir:

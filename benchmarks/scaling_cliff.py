@@ -1,0 +1,92 @@
+"""A real scaling cliff on one machine: a built-in target's DDP step behind a shaped link,
+measured at each rate beside the simulator's prediction (the ``scaling-cliff`` check's sweep).
+
+    sudo python benchmarks/scaling_cliff.py                 # tied-lm, gloo, 2 ranks (needs root)
+    sudo python benchmarks/scaling_cliff.py --target mlp --repeats 3
+
+Needs CAP_SYS_ADMIN and CAP_NET_ADMIN (a private network namespace, ``tc tbf`` on its
+loopback) and iproute2; without them it prints the reason and exits 0. Printed: the host's
+load (``/proc/loadavg``: a shared host makes every timing noisy), then per rate the measured
+and predicted step, the compute and the error; then ``cliff_ratio: X`` (the step at the lowest
+rate over the unshaped one; want >= 2: a cliff reproduced) and, last, ``max_error: X`` (the
+simulator's largest relative error at a shaped rate; want <= 0.15). With ``--repeats``, the
+sweep runs that many times in one world and the medians per rate are judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conformance.harness.world import World
+from conformance.harness.world._netns import unavailable_reason
+from conformance.perf import cliff_model as cm
+from conformance.perf.scaling_cliff import SweepData, measure
+
+
+def _loadavg() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()
+    except OSError:
+        return "unknown"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="tied-lm")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    reason = unavailable_reason()
+    if reason:
+        print(f"skipped: {reason}")
+        return 0
+    print(f"load average (1, 5, 15 min) before: {_loadavg()}")
+    runs: list[cm.CliffReport] = []
+    with World(args.world_size, "gloo", deadline=300, private_network=True) as world:
+        for _ in range(args.repeats):
+            data: SweepData = measure(world, args.target, cap_mb=None)
+            points = [cm.link_point(rate, vals, sizes, data.cap_mb)
+                      for rate, sizes, vals in zip(data.rates, data.sizes, data.values)]
+            runs.append(cm.validate(points))
+    print(f"load average after: {_loadavg()}")
+    report = runs[0] if len(runs) == 1 else _median_report(runs)
+    for i, p in enumerate(report.points):
+        rate = "unshaped" if p.rate_bits_per_s is None else f"{p.rate_bits_per_s / 1e6:8.2f} Mbit/s"
+        mark = " <- knee (measured)" if i == report.measured_index else ""
+        mark += " <- knee (predicted)" if i == report.predicted_index else ""
+        err = "calibration" if p.rate_bits_per_s is None else f"{p.error:6.1%}"
+        print(f"{rate:>16}  measured {p.measured_step_s * 1e3:8.2f} ms  predicted {p.predicted_step_s * 1e3:8.2f} ms"
+              f"  compute {p.compute_s * 1e3:7.2f} ms  error {err}{mark}")
+    for note in report.notes():
+        print(f"note: {note}")
+    print(f"knee within one sweep point: {report.knee_agrees}")
+    print(f"cliff_ratio: {report.cliff_ratio:.2f}")
+    print(f"max_error: {report.max_error:.3f}")
+    return 0
+
+
+def _median_report(runs: list[cm.CliffReport]) -> cm.CliffReport:
+    """Per rate, the median measured and predicted step over the repeats (the rates of every
+    repeat are the same only when the compute was; the first repeat's rates label them)."""
+    from dataclasses import replace
+
+    points = []
+    for i, p in enumerate(runs[0].points):
+        points.append(replace(p, measured_step_s=statistics.median(r.points[i].measured_step_s for r in runs),
+                              predicted_step_s=statistics.median(r.points[i].predicted_step_s for r in runs),
+                              compute_s=statistics.median(r.points[i].compute_s for r in runs)))
+    floor = [p.compute_s + runs[0].overhead_s for p in points]
+    return cm.CliffReport(points=tuple(points), overhead_s=statistics.median(r.overhead_s for r in runs),
+                          unshaped_drift=statistics.median(r.unshaped_drift for r in runs),
+                          measured_index=cm.knee_index([p.measured_step_s for p in points], floor),
+                          predicted_index=cm.knee_index([p.predicted_step_s for p in points], floor))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

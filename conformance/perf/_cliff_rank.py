@@ -1,0 +1,88 @@
+"""What the ``scaling-cliff`` check runs on every rank at one link rate: an all-reduce sweep
+(for that rate's alpha-beta fit), then the target's own DDP steps, each after a plain (no-DDP)
+forward+backward pass that times each gradient's readiness, in one call.
+
+One call per rate, every part side by side: the link's rate is what the supervisor changed
+between calls, so the fit and the step it predicts are measured under the same shaping; and
+the compute the simulator is given (a plain pass) alternates with the DDP steps it is held
+to, pass by pass, so a change of load on a shared host hits both.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..harness.ddp import PROBE_SEED, build_model, effective_ddp_kwargs, logging_data, sync_device, wrap
+from .profile import GradReadyRecorder, local_batch
+from .sweep import sweep_on
+
+if TYPE_CHECKING:
+    from ..harness.world import RankContext
+
+#: Untimed DDP steps first: iteration 0 rebuilds the buckets, iteration 1 is still cold.
+STEP_WARMUP = 2
+
+
+def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, steps: int, iters: int,
+               bucket_cap_mb: float | None = None) -> dict[str, Any]:
+    """World work function: the all-reduce sweep over ``sizes`` (``iters`` timed iterations
+    each), then ``steps`` timed forward+backward steps of the target under DDP (``bucket_cap_mb``
+    overrides the target's cap: the side-by-side re-run of another bucket layout)."""
+    import torch.distributed as dist
+
+    from ..harness.targets import load_target
+
+    sweep = sweep_on(ctx.group, ctx.rank, ctx.world_size, ctx.device, sizes, warmup=1, iters=iters)
+    target = load_target(target_spec)
+    overrides = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    ddp = wrap(build_model(target, ctx.device, seed=PROBE_SEED), ctx.device,
+               effective_ddp_kwargs(target, overrides), target=target)
+    plain = build_model(target, ctx.device, seed=PROBE_SEED)
+    recorder = GradReadyRecorder(plain)
+    inputs, targets = local_batch(target, ctx.rank, ctx.world_size, ctx.device)
+    passes: list[tuple[float, float, dict[int, float]]] = []
+    times: list[float] = []
+    for i in range(STEP_WARMUP + steps):
+        plain_pass = _plain_pass(target, plain, recorder, inputs, targets, ctx.device)
+        # The plain pass takes a different time on each rank: line the ranks up again (outside
+        # the timed step), so that the DDP step starts together on every rank, as each step of
+        # a training loop does after the previous step's all-reduce.
+        dist.barrier(group=ctx.side_group)
+        ddp.zero_grad(set_to_none=True)
+        sync_device(ctx.device)
+        t0 = time.perf_counter()
+        # backward() returns once DDP has waited for every bucket's all-reduce: this is the
+        # whole overlapped step that the simulator predicts.
+        target.compute_loss(ddp, inputs, targets).backward()
+        sync_device(ctx.device)
+        if i >= STEP_WARMUP:
+            times.append(time.perf_counter() - t0)
+            passes.append(plain_pass)
+    recorder.remove()
+    sizes_b = [p.numel() * p.element_size() for p in plain.parameters()]
+    forward, backward, ready = zip(*passes)
+    end = statistics.median(backward)
+    profile = {"forward_s": statistics.median(forward), "backward_end_s": end, "forward": list(forward),
+               "backward": list(backward), "nbytes": sizes_b, "names": recorder.names,
+               "ready_s": [statistics.median(r.get(i, end) for r in ready) for i in range(len(sizes_b))]}
+    return {"sweep": sweep, "step_times": times, "logging": logging_data(ddp), "profile": profile}
+
+
+def _plain_pass(target: Any, model: Any, recorder: GradReadyRecorder, inputs: Any, targets: Any,
+                device: Any) -> tuple[float, float, dict[int, float]]:
+    """(forward s, backward s, {parameter index: s into backward its gradient was ready}) of
+    one forward+backward of the model without DDP: the compute the simulator is given."""
+    model.zero_grad(set_to_none=True)
+    sync_device(device)
+    t0 = time.perf_counter()
+    loss = target.compute_loss(model, inputs, targets)
+    sync_device(device)
+    t1 = time.perf_counter()
+    recorder.start()
+    loss.backward()
+    sync_device(device)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, {k: v - recorder.t0 for k, v in recorder.ready.items()}

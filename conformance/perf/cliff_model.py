@@ -1,0 +1,287 @@
+"""The scaling cliff, measured and predicted: one link rate's numbers, the knee, the projection.
+
+Pure maths over what ``_cliff_rank.link_point`` measured on every rank at each rate of a
+sweep (docs/ddp-background.md, "Scaling cliffs"): a bucket's all-reduce can start only once its
+last gradient is ready on *every* rank, so the profile the simulator is given is the
+per-gradient latest of the ranks' side-by-side no-DDP passes; each rate gets its own alpha-beta
+fit from the all-reduce sweep measured under the same shaping; the simulator
+(:func:`~conformance.perf.simulator.step_at`) overlaps DDP's own bucket layout with that
+backward.
+
+The knee is the fastest rate of the sweep at which the step's exposed communication (the step
+minus the side-by-side compute) exceeds :data:`KNEE_SHARE` of the compute: above it the link
+hides behind backward, below it every halving of the rate shows in the step time.
+
+    >>> knee_index([0.010, 0.0105, 0.011, 0.016, 0.030], [0.010] * 5)
+    3
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .alphabeta import AlphaBeta, fit_alpha_beta
+from .bandwidth_math import median_of_slowest
+from .overlap import parse_bucket_indices
+from .simulator import BackwardProfile, ddp_bucket_caps, greedy_buckets, step_at
+
+#: Exposed communication above this share of the compute marks the knee (measured and
+#: predicted alike). A quarter: well above the step-to-step noise of a loaded 2-core host
+#: (a few per cent on the medians), well below the doubling the sweep's lowest rate reaches.
+KNEE_SHARE = 0.25
+#: The simulator's bound at every shaped rate of the sweep: above it a projection is marked
+#: unvalidated rather than shown as a result.
+ERROR_BOUND = 0.15
+
+
+@dataclass(frozen=True, slots=True)
+class LinkPoint:
+    """One rate of the sweep, measured and predicted (seconds; ``rate_bits_per_s`` None: unshaped)."""
+
+    rate_bits_per_s: float | None
+    measured_step_s: float
+    predicted_step_s: float
+    compute_s: float  # forward + backward without DDP, side by side with the DDP steps
+    alpha_s: float
+    beta_bytes_per_s: float
+    fit_residual: float
+    buckets: int
+    ddp_comm_s: float | None = None  # DDP's own backward communication time (its logging)
+
+    def __post_init__(self) -> None:
+        if self.measured_step_s <= 0 or self.predicted_step_s <= 0:
+            raise ValueError(f"step times {self.measured_step_s}, {self.predicted_step_s} must be positive")
+
+    @property
+    def error(self) -> float:
+        """|predicted - measured| / measured."""
+        return abs(self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+    @property
+    def measured_exposed_s(self) -> float:
+        return max(0.0, self.measured_step_s - self.compute_s)
+
+    @property
+    def predicted_exposed_s(self) -> float:
+        return max(0.0, self.predicted_step_s - self.compute_s)
+
+    def to_metric(self) -> dict[str, float | int | None]:
+        return {"rate_gbps": None if self.rate_bits_per_s is None else self.rate_bits_per_s / 1e9,
+                "measured_step_s": self.measured_step_s, "predicted_step_s": self.predicted_step_s,
+                "compute_s": self.compute_s, "measured_exposed_s": self.measured_exposed_s,
+                "predicted_exposed_s": self.predicted_exposed_s, "error": round(self.error, 4),
+                "alpha_s": self.alpha_s, "beta_bytes_per_s": self.beta_bytes_per_s,
+                "fit_residual": round(self.fit_residual, 4), "buckets": self.buckets,
+                "ddp_comm_s": self.ddp_comm_s}
+
+
+def synchronized(per_rank: Sequence[Mapping[str, Any]], key: str) -> float:
+    """Median over passes of the slowest rank's time in that pass.
+
+    In a training loop every step's all-reduce waits for the last rank, so what the step
+    pays is each step's slowest compute, which on a shared host is more than any one rank's
+    median (two ranks' noise, the worse of the two every time)."""
+    return statistics.median(max(times) for times in zip(*(r[key] for r in per_rank)))
+
+
+def combined_profile(per_rank: Sequence[Mapping[str, Any]]) -> tuple[BackwardProfile, list[int]]:
+    """(the profile in backward order, the parameter index at each position) from every rank's
+    no-DDP passes: per gradient the latest rank (a collective starts when its last rank joins),
+    forward and backward the passes' synchronized times (:func:`synchronized`), the ready
+    times scaled to that backward."""
+    nbytes = list(per_rank[0]["nbytes"])
+    backward = synchronized(per_rank, "backward")
+    latest = max(r["backward_end_s"] for r in per_rank)
+    scale = backward / latest if latest > 0 else 1.0
+    ready = [scale * max(r["ready_s"][i] for r in per_rank) for i in range(len(nbytes))]
+    order = sorted(range(len(nbytes)), key=lambda i: (ready[i], -i))
+    names = list(per_rank[0]["names"])
+    profile = BackwardProfile(ready_s=tuple(ready[i] for i in order), nbytes=tuple(nbytes[i] for i in order),
+                              backward_end_s=backward, forward_s=synchronized(per_rank, "forward"),
+                              names=tuple(names[i] for i in order))
+    return profile, order
+
+
+def bucket_layout(profile: BackwardProfile, order: Sequence[int], logging: Mapping[str, Any],
+                  cap_mb: float | None) -> list[list[int]]:
+    """Buckets as positions in ``profile``: DDP's rebuilt layout where it logged one, else DDP's
+    greedy rule over the profile's order."""
+    position = {param: pos for pos, param in enumerate(order)}
+    ddp = parse_bucket_indices(str(logging.get("rebuilt_per_bucket_param_indices", "") or ""))
+    if ddp and all(i in position for b in ddp for i in b):
+        return [[position[i] for i in b] for b in ddp]
+    first, cap = ddp_bucket_caps(cap_mb)
+    return greedy_buckets(profile.nbytes, cap, first_cap_bytes=first)
+
+
+def fit_point(sizes: Sequence[int], per_rank_times: Sequence[Sequence[Sequence[float]]], world_size: int) -> AlphaBeta:
+    """The alpha-beta fit of one rate's sweep (per size, the median of the slowest rank)."""
+    times = [median_of_slowest([rank[i] for rank in per_rank_times]) for i in range(len(sizes))]
+    return fit_alpha_beta(sizes, times, world_size)
+
+
+def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: Sequence[int],
+               cap_mb: float | None) -> LinkPoint:
+    """One rate's LinkPoint from every rank's ``_cliff_rank.link_point`` value."""
+    n = len(values)
+    profile, order = combined_profile([v["profile"] for v in values])
+    fit = fit_point(sizes, [v["sweep"]["times"] for v in values], n)
+    layout = bucket_layout(profile, order, values[0]["logging"], cap_mb)
+    timing = step_at(profile, layout, fit, n)
+    comm = [v["logging"].get("avg_backward_comm_time") for v in values]
+    ddp_comm = statistics.median(c * 1e-9 for c in comm) if all(isinstance(c, (int, float)) and c > 0
+                                                               for c in comm) else None
+    return LinkPoint(rate_bits_per_s=rate, measured_step_s=measured_step(values),
+                     predicted_step_s=profile.forward_s + timing.step_s,
+                     compute_s=profile.forward_s + profile.backward_end_s, alpha_s=fit.alpha_s,
+                     beta_bytes_per_s=fit.beta_bytes_per_s, fit_residual=fit.median_rel_residual,
+                     buckets=len(layout), ddp_comm_s=ddp_comm)
+
+
+def measured_step(values: Sequence[Mapping[str, Any]]) -> float:
+    """The median step time over every rank's timed steps (the ranks run in step: each
+    step's all-reduces end on every rank at about the same instant)."""
+    return statistics.median(t for v in values for t in v["step_times"])
+
+
+def knee_index(steps: Sequence[float], compute: Sequence[float]) -> int | None:
+    """Index of the first point (rates in descending order) whose exposed communication
+    exceeds KNEE_SHARE of its compute; None when the whole sweep stays hidden."""
+    for i, (step, comp) in enumerate(zip(steps, compute)):
+        if step - comp > KNEE_SHARE * comp:
+            return i
+    return None
+
+
+#: The all-reduce sweep of each rate reaches the size whose transfer takes this long at that
+#: rate (at least twice the model's gradients): below it a loopback's latency noise decides
+#: the slope, and the fit would be of noise.
+FIT_SPAN_S = 0.004
+#: What "unshaped" is taken to carry, for sizing its sweep: a namespace loopback measured ~3-5 Gbit/s.
+UNSHAPED_BITS_PER_S = 5e9
+MAX_FIT_BYTES = 4 << 20
+
+
+def fit_sizes(total_bytes: int, rate_bits_per_s: float | None) -> list[int]:
+    """Message sizes (bytes, multiples of 4, ascending) for one rate's alpha-beta fit."""
+    rate = rate_bits_per_s or UNSHAPED_BITS_PER_S
+    top = min(max(2 * total_bytes, int(rate * FIT_SPAN_S / 8)), MAX_FIT_BYTES)
+    size, sizes = max(min(total_bytes // 8, 4096), 64), []
+    while size < top:
+        sizes.append(size // 4 * 4)
+        size *= 4
+    return sorted({*sizes, top // 4 * 4})
+
+
+def sweep_rates(total_bytes: int, compute_s: float, world_size: int, *,
+                exposures: Sequence[float]) -> list[float]:
+    """Link rates (bits/s, descending) at which all-reducing ``total_bytes`` would take each of
+    ``exposures`` times ``compute_s``. Every rank's share crosses the one shaped loopback, so
+    an all-reduce carries ``2(N-1)/N`` of the bytes per rank, N ranks together."""
+    carried = 2 * (world_size - 1) * total_bytes * 8
+    return [max(carried / (share * compute_s), 1e5) for share in sorted(exposures)]
+
+
+@dataclass(frozen=True, slots=True)
+class CliffReport:
+    """The sweep judged: ``points[0]`` is the unshaped link (the calibration point: the median
+    of its two measurements, first and last), then the shaped rates in descending order, each
+    prediction including DDP's fixed per-step cost ``overhead_s`` measured unshaped."""
+
+    points: tuple[LinkPoint, ...]
+    overhead_s: float
+    unshaped_drift: float  # |last - first| / first of the two unshaped measurements
+    measured_index: int | None
+    predicted_index: int | None
+
+    @property
+    def shaped(self) -> tuple[LinkPoint, ...]:
+        return self.points[1:]
+
+    @property
+    def cliff_ratio(self) -> float:
+        """The lowest rate's step over the unshaped one."""
+        return self.points[-1].measured_step_s / self.points[0].measured_step_s
+
+    @property
+    def max_error(self) -> float:
+        return max(p.error for p in self.shaped)
+
+    @property
+    def knee_agrees(self) -> bool:
+        """The predicted knee within one sweep point of the measured (or both absent)."""
+        if self.measured_index is None or self.predicted_index is None:
+            return self.measured_index == self.predicted_index
+        return abs(self.measured_index - self.predicted_index) <= 1
+
+    @property
+    def validated(self) -> bool:
+        return bool(self.shaped) and self.max_error <= ERROR_BOUND and self.knee_agrees
+
+    def knee(self, index: int | None) -> float | None:
+        return None if index is None else self.points[index].rate_bits_per_s
+
+    @property
+    def measured_knee(self) -> float | None:
+        return self.knee(self.measured_index)
+
+    @property
+    def predicted_knee(self) -> float | None:
+        return self.knee(self.predicted_index)
+
+    def notes(self) -> list[str]:
+        out = [f"DDP's fixed per-step cost {self.overhead_s * 1e3:.2f} ms (hooks, bucket copies, thread "
+               f"hand-offs: the unshaped step minus the simulated one) is added to every prediction; "
+               f"the shaped rates are the validation"]
+        if self.unshaped_drift > ERROR_BOUND:
+            out.append(f"the unshaped step moved {self.unshaped_drift:.0%} between the sweep's start and "
+                       f"end: the host's load changed during the sweep")
+        bad = [p for p in self.shaped if p.error > ERROR_BOUND]
+        if bad:
+            out.append(f"{len(bad)} of {len(self.shaped)} shaped rates predicted outside {ERROR_BOUND:.0%}: "
+                       + ", ".join(f"{p.rate_bits_per_s / 1e6:.3g} Mbit/s {p.error:.0%}" for p in bad
+                                   if p.rate_bits_per_s is not None))
+        return out
+
+
+def validate(points: Sequence[LinkPoint]) -> CliffReport:
+    """Judge a sweep measured as [unshaped, shaped rates descending..., unshaped]."""
+    unshaped = [p for p in points if p.rate_bits_per_s is None]
+    shaped = sorted((p for p in points if p.rate_bits_per_s is not None),
+                    key=lambda p: -(p.rate_bits_per_s or 0.0))
+    if not unshaped or not shaped:
+        raise ValueError(f"a sweep needs the unshaped link and at least one shaped rate "
+                         f"({len(unshaped)} unshaped, {len(shaped)} shaped)")
+
+    def mid(values: Sequence[float]) -> float:
+        return statistics.median(values)
+
+    base = replace(unshaped[0], measured_step_s=mid([p.measured_step_s for p in unshaped]),
+                   predicted_step_s=mid([p.predicted_step_s for p in unshaped]),
+                   compute_s=mid([p.compute_s for p in unshaped]))
+    overhead = max(0.0, base.measured_step_s - base.predicted_step_s)
+    calibrated = tuple(replace(p, predicted_step_s=p.predicted_step_s + overhead) for p in (base, *shaped))
+    drift = abs(unshaped[-1].measured_step_s - unshaped[0].measured_step_s) / unshaped[0].measured_step_s
+    # The knee is judged against the compute *plus* DDP's fixed cost: that cost is no exposed
+    # communication, it is there on the fastest link too.
+    floor = [p.compute_s + overhead for p in calibrated]
+    return CliffReport(points=calibrated, overhead_s=overhead, unshaped_drift=drift,
+                       measured_index=knee_index([p.measured_step_s for p in calibrated], floor),
+                       predicted_index=knee_index([p.predicted_step_s for p in calibrated], floor))
+
+
+def table(points: Sequence[LinkPoint]) -> list[dict[str, str]]:
+    """The sweep as rows for the report's evidence."""
+    rows = []
+    for p in points:
+        rate = "unshaped" if p.rate_bits_per_s is None else f"{p.rate_bits_per_s / 1e6:.4g} Mbit/s"
+        rows.append({"link": rate, "measured step": f"{p.measured_step_s * 1e3:.2f} ms",
+                     "predicted step": f"{p.predicted_step_s * 1e3:.2f} ms",
+                     "error": "calibration" if p.rate_bits_per_s is None else f"{p.error:.0%}",
+                     "compute": f"{p.compute_s * 1e3:.2f} ms",
+                     "exposed comm (measured)": f"{p.measured_exposed_s * 1e3:.2f} ms",
+                     "alpha": f"{p.alpha_s * 1e6:.0f} us", "beta": f"{p.beta_bytes_per_s / 1e6:.3g} MB/s"})
+    return rows

@@ -1,0 +1,178 @@
+"""``scaling-cliff``: the target's own DDP step behind a shaped link, and the simulator held to it.
+
+Contract (docs/ddp-background.md, "Scaling cliffs"): DDP hides a bucket's all-reduce behind the
+rest of backward only while the link moves the bucket faster than backward produces the next
+one; below that rate the exposed communication grows and the step time bends upward. On
+loopback the "network" is a memory copy and the cliff can only be projected; here it is
+reproduced: the world's ranks run in a private network namespace whose loopback is shaped with
+``tc tbf`` (``conformance/harness/world/_netns.py``; the ``slow-link`` fault's effect).
+
+Evidence, at each rate of a sweep from unshaped down to where the exposed communication is
+several times the compute (rates chosen from the model's gradient bytes and compute): the
+median DDP step, the compute side by side (a plain no-DDP pass before each step: the
+simulator's input), DDP's own communication time, that rate's alpha-beta fit (an all-reduce
+sweep under the same shaping, every result checked exact) and the simulator's predicted step
+from the backward profile, DDP's bucket layout and that fit. The unshaped point is measured
+first and last (its median calibrates DDP's fixed per-step cost, which the simulator adds to
+every prediction); every shaped point is a validation. The knee (``cliff_model.knee_index``),
+measured and predicted.
+
+Verdict: failed if an all-reduce result was wrong; skipped without the privilege or ``tc``
+(the reason named), on one rank, or under --attach; inconclusive when a rate's timings cannot
+be fitted or the sweep reproduced no cliff (the lowest rate's step under
+:data:`CLIFF_MIN_RATIO` x the unshaped one); passed otherwise. The simulator is "validated"
+only when every shaped rate is within ``cliff_model.ERROR_BOUND`` and the predicted knee
+within one sweep point of the measured one; otherwise the message says it is unvalidated and
+by how much.
+
+    ddp-conformance run --checks scaling-cliff                      # as root (CAP_NET_ADMIN)
+    ddp-conformance run --target my_target.py --checks scaling-cliff
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from reports.keys import CLIFF_KNEE, CLIFF_MAX_ERROR, CLIFF_RATIO, CLIFF_SWEEP, CLIFF_VALIDATED
+from reports.units import fmt_bytes
+
+from ..harness.context import CheckContext
+from ..harness.outcome import Outcome
+from ..harness.world import World, WorldLike
+from ..harness.world._netns import LinkShape, NetworkUnavailable, unavailable_reason
+from . import cliff_model as cm
+from ._cliff_rank import link_point
+
+#: Exposed communication the shaped rates aim at, as multiples of the compute: from well
+#: hidden (a tenth) to several times the compute, where the cliff is unmistakable.
+EXPOSURES = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+#: The lowest rate's step over the unshaped one below which no cliff was reproduced.
+CLIFF_MIN_RATIO = 1.5
+#: Timed DDP steps (each after a plain pass) and timed all-reduces per size, at each rate.
+STEPS, ITERS = 12, 6
+
+
+@dataclass(frozen=True, slots=True)
+class SweepData:
+    """What the sweep measured: every rank's ``link_point`` value per rate, in sweep order
+    (None: unshaped; the unshaped rate is measured first and again last)."""
+
+    world_size: int
+    cap_mb: float | None
+    rates: tuple[float | None, ...]
+    sizes: tuple[tuple[int, ...], ...]
+    values: tuple[tuple[dict[str, Any], ...], ...]
+
+
+def run(ctx: CheckContext) -> Outcome:
+    if ctx.world_size < 2:
+        return Outcome.skipped(f"world_size={ctx.world_size}: one rank has no link to shape; "
+                               f"run with --world-size 2 or more")
+    if ctx.new_world is None:
+        return Outcome.skipped("under --attach the ranks' network is the launcher's: a shaped "
+                               "private network needs ranks the suite starts itself")
+    reason = unavailable_reason()
+    if reason:
+        return Outcome.skipped(f"no shaped link here: {reason}")
+    try:
+        with ctx.fresh_world(private_network=True) as world:
+            data = measure(world, ctx.target.spec, cap_mb=ctx.target.ddp_kwargs.get("bucket_cap_mb"),
+                           on_shape=lambda rate: _record(ctx, rate))
+    except NetworkUnavailable as exc:
+        return Outcome.skipped(f"no shaped link here: {exc}")
+    return judge(data)
+
+
+def _record(ctx: CheckContext, rate: float | None) -> None:
+    ctx.record_event("slow-link", rate_gbps=None if rate is None else rate / 1e9)
+
+
+def measure(world: WorldLike, target_spec: str, *, cap_mb: float | None, exposures: Sequence[float] = EXPOSURES,
+            steps: int = STEPS, iters: int = ITERS, on_shape: Any = None) -> SweepData:
+    """The sweep on ``world`` (a World started with ``private_network=True``)."""
+    world.start()
+    link = world.link if isinstance(world, World) else None
+    if link is None:
+        raise NetworkUnavailable("the world was not started with a private network")
+    rates: list[float | None] = []
+    sizes: list[tuple[int, ...]] = []
+    values: list[tuple[dict[str, Any], ...]] = []
+
+    def at(rate: float | None, total_bytes: int) -> dict[str, Any]:
+        link.shape(LinkShape(rate) if rate is not None else None)
+        if on_shape is not None:
+            on_shape(rate)
+        point_sizes = tuple(cm.fit_sizes(total_bytes, rate))
+        result = world.run(link_point, target_spec, point_sizes, steps=steps, iters=iters)
+        rates.append(rate)
+        sizes.append(point_sizes)
+        values.append(tuple(r.value for r in result))
+        return result[0].value
+
+    first = at(None, 0)
+    total = sum(first["profile"]["nbytes"])
+    compute = first["profile"]["forward_s"] + first["profile"]["backward_end_s"]
+    for rate in cm.sweep_rates(total, compute, world.world_size, exposures=exposures):
+        at(rate, total)
+    at(None, total)  # unshaped again: a drift of the host's load shows between the two
+    link.shape(None)
+    return SweepData(world_size=world.world_size, cap_mb=cap_mb, rates=tuple(rates), sizes=tuple(sizes),
+                     values=tuple(values))
+
+
+def _rate(rate: float | None) -> str:
+    if rate is None:
+        return "unshaped"
+    return f"{rate / 1e9:.3g} Gbit/s" if rate >= 1e9 else f"{rate / 1e6:.3g} Mbit/s"
+
+
+def judge(data: SweepData) -> Outcome:
+    wrong = [(rate, v["sweep"]["wrong"]) for rate, vals in zip(data.rates, data.values) for v in vals
+             if any(v["sweep"]["wrong"])]
+    if wrong:
+        where = ", ".join(f"{_rate(rate)}: {sum(w)}" for rate, w in wrong[:4])
+        return Outcome.failed(f"all-reduce results differ from the exact sum behind the shaped link ({where})",
+                              evidence={"wrong_results": [{"rate": r, "wrong": w} for r, w in wrong]},
+                              recommendation="A collective returned a wrong sum: suspect the transport "
+                                             "(gloo version, the host's network stack), not the model.")
+    points: list[cm.LinkPoint] = []
+    for rate, sizes, vals in zip(data.rates, data.sizes, data.values):
+        try:
+            points.append(cm.link_point(rate, vals, sizes, data.cap_mb))
+        except ValueError as exc:
+            return Outcome.inconclusive(f"the all-reduce timings at {_rate(rate)} cannot be fitted ({exc}); "
+                                        f"the host is too noisy to measure the cliff",
+                                        metrics={CLIFF_SWEEP: [p.to_metric() for p in points]})
+    report = cm.validate(points)
+    metrics: dict[str, Any] = {
+        CLIFF_SWEEP: [p.to_metric() for p in report.points], CLIFF_RATIO: round(report.cliff_ratio, 3),
+        CLIFF_MAX_ERROR: round(report.max_error, 4), CLIFF_VALIDATED: report.validated,
+        CLIFF_KNEE: {"measured_gbps": _gbps(report.measured_knee), "predicted_gbps": _gbps(report.predicted_knee),
+                     "measured_index": report.measured_index, "predicted_index": report.predicted_index},
+        "ddp_overhead_s": report.overhead_s, "unshaped_drift": round(report.unshaped_drift, 4),
+        "gradient_bytes": sum(data.values[0][0]["profile"]["nbytes"]), "world_size": data.world_size,
+        "shaped_rates": len(report.points) - 1,
+    }
+    evidence = {"table": cm.table(report.points), "notes": report.notes()}
+    grads = fmt_bytes(metrics["gradient_bytes"])
+    if report.cliff_ratio < CLIFF_MIN_RATIO:
+        return Outcome.inconclusive(
+            f"no cliff reproduced: at {_rate(report.points[-1].rate_bits_per_s)} the step is only "
+            f"x{report.cliff_ratio:.2f} the unshaped one ({grads} of gradients)", metrics=metrics,
+            evidence=evidence)
+    knee = (f"knee at {_rate(report.measured_knee)} measured, {_rate(report.predicted_knee)} predicted"
+            if report.measured_index is not None else "no knee in the sweep")
+    model = (f"simulator validated: within {report.max_error:.0%} at all {len(report.points) - 1} shaped rates"
+             if report.validated else
+             f"simulator unvalidated: off by up to {report.max_error:.0%} (bound {cm.ERROR_BOUND:.0%})"
+             + ("" if report.knee_agrees else ", its knee more than one sweep point from the measured one"))
+    return Outcome.passed(f"{knee}; step x{report.cliff_ratio:.1f} at {_rate(report.points[-1].rate_bits_per_s)} "
+                          f"({grads} of gradients); {model}", metrics=metrics, evidence=evidence)
+
+
+def _gbps(rate: float | None) -> float | None:
+    return None if rate is None else rate / 1e9
