@@ -24,10 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from conformance.harness.world import LinkShape
+
 from .sites import PHASES, Site, check_phase, fires_at
 
-__all__ = ["PHASES", "BucketConfig", "ConditionalBranch", "DeadRank", "SkipCollective", "SlowRank",
-           "StalledRank", "UnevenBatches", "delay", "freeze"]
+__all__ = ["PHASES", "BucketConfig", "ConditionalBranch", "DeadRank", "SkipCollective", "SlowLink",
+           "SlowRank", "StalledRank", "UnevenBatches", "delay", "freeze"]
 
 
 def _steps(value: Iterable[int] | None) -> tuple[int, ...] | None:
@@ -269,6 +271,52 @@ class UnevenBatches:
             return False
         site.mark(self, batches=self.batches)
         site.exhausted = True
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class SlowLink:
+    """The world's interconnect slowed to ``rate_gbps``: its ranks run in a private network
+    namespace (a World started with ``private_network=True``) whose loopback is shaped with
+    ``tc tbf`` (conformance/harness/world/_netns.py), so every gloo byte and nothing else
+    crosses the slow link, and nothing reaches the host's network.
+
+    Scheduled by step like the others (``steps``: where the link is slow; None: from the first
+    "link" site on). Where a "link" site's step is outside ``steps`` the link is unshaped again,
+    so a schedule of steps is a window of slowness, recorded with its rate.
+
+        SlowLink(rate_gbps=0.2).inject(Site("link", 0, 0, "data", log, link=world.link))
+    """
+
+    rate_gbps: float
+    steps: tuple[int, ...] | None = None
+    burst_bytes: int | None = None
+    latency_s: float = 1.0
+    name: str = "slow-link"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", _steps(self.steps))
+        self.shape()  # the same validation as the link will apply: a bad rate fails here
+
+    def shape(self) -> LinkShape:
+        return LinkShape(rate_bits_per_s=self.rate_gbps * 1e9, burst_bytes=self.burst_bytes,
+                         latency_s=self.latency_s)
+
+    def fires(self, rank: int, step: int, phase: str = "data") -> bool:
+        return phase == "data" and (self.steps is None or step in self.steps)
+
+    def inject(self, site: Site) -> bool:
+        """At a "link" site: shape the world's link where the schedule fires, unshape it where
+        it does not (after a window). The injection is recorded on the site's log."""
+        if site.kind != "link" or site.link is None:
+            return False
+        if not self.fires(site.rank, site.step, site.phase):
+            if getattr(site.link, "shape_now", None) is not None:
+                site.link.shape(None)
+            return False
+        shape = self.shape()
+        site.link.shape(shape)
+        site.mark(self, rate_gbps=self.rate_gbps, burst_bytes=shape.burst, mtu=shape.mtu)
         return True
 
 

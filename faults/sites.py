@@ -28,8 +28,10 @@ PHASES = ("data", "forward", "backward", "optimizer")
 #: "step": a phase boundary of a training step (``exhausted`` at "data": no batch left);
 #: "collective": an explicit all-reduce about to be issued (``tensor``, ``skip``, ``on_issue``);
 #: "branch": an optional path in a model's forward (``taken``);
-#: "wrap": DDP construction (``ddp_kwargs``).
-SITE_KINDS = ("step", "collective", "branch", "wrap")
+#: "wrap": DDP construction (``ddp_kwargs``);
+#: "link": the world's network, offered by whoever holds a world started with a private
+#: network (``link``: its ``PrivateNetwork``, whose ``shape`` the fault calls).
+SITE_KINDS = ("step", "collective", "branch", "wrap", "link")
 
 
 def check_phase(phase: str) -> None:
@@ -59,6 +61,7 @@ class Site:
     on_issue: Callable[[], None] | None = None  # collective: runs once the enqueue is on record
     taken: bool = False  # branch: this rank takes the optional path
     ddp_kwargs: dict[str, Any] = field(default_factory=dict)  # wrap: what DDP is built with
+    link: Any = None  # link: the world's private network (``shape(LinkShape | None)``)
 
     def __post_init__(self) -> None:
         if self.kind not in SITE_KINDS:

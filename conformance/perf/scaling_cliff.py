@@ -42,8 +42,7 @@ from reports.units import fmt_bytes
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
-from ..harness.world import World, WorldLike
-from ..harness.world._netns import LinkShape, NetworkUnavailable, unavailable_reason
+from ..harness.world import LinkShape, NetworkUnavailable, World, WorldLike, unavailable_reason
 from . import cliff_model as cm
 from ._cliff_rank import link_point
 
@@ -81,7 +80,7 @@ def run(ctx: CheckContext) -> Outcome:
     try:
         with ctx.fresh_world(private_network=True) as world:
             data = measure(world, ctx.target.spec, cap_mb=ctx.target.ddp_kwargs.get("bucket_cap_mb"),
-                           on_shape=lambda rate: _record(ctx, rate))
+                           exposures=EXPOSURES, steps=STEPS, iters=ITERS, on_shape=lambda rate: _record(ctx, rate))
     except NetworkUnavailable as exc:
         return Outcome.skipped(f"no shaped link here: {exc}")
     return judge(data)

@@ -159,3 +159,17 @@ def imported(ctx: Any, module: str) -> bool:
     import sys
 
     return module in sys.modules
+
+
+def network_view(ctx: Any) -> dict[str, Any]:
+    """This rank's network namespace, its interfaces and the qdisc on its loopback (as ``tc``
+    started from the rank, which inherits the namespace, shows it)."""
+    import subprocess
+
+    qdisc = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True,
+                           timeout=10).stdout
+    # /proc/self/net is per network namespace (/sys/class/net shows the one sysfs was mounted in).
+    with open("/proc/self/net/dev") as f:
+        interfaces = sorted(line.split(":")[0].strip() for line in f.readlines()[2:])
+    return {"netns": os.readlink("/proc/self/ns/net"), "interfaces": interfaces,
+            "qdisc": qdisc}

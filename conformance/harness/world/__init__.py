@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._netns import LinkShape, NetworkUnavailable, PrivateNetwork, unavailable_reason
 from ._rank import RankContext
 from ._results import (
     RankError,
@@ -15,6 +16,9 @@ from .like import WorldLike
 from .local import World
 
 __all__ = [
+    "LinkShape",
+    "NetworkUnavailable",
+    "PrivateNetwork",
     "RankContext",
     "RankError",
     "RankFailure",
@@ -24,4 +28,5 @@ __all__ = [
     "WorldHang",
     "WorldLike",
     "WorldUnavailable",
+    "unavailable_reason",
 ]

@@ -1,0 +1,153 @@
+"""``scaling-cliff``: the judge on synthetic sweeps (a physical alpha-beta link, so the verdict
+does not depend on the host's load), the skips with their reasons, and one real, short sweep
+through the session (wiring and record shape only: timing claims go to
+benchmarks/scaling_cliff.py)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conformance.harness.registry import BY_ID
+from conformance.harness.world import NetworkUnavailable, unavailable_reason
+from conformance.perf import cliff_model as cm
+from conformance.perf import scaling_cliff
+from conformance.perf.scaling_cliff import SweepData, judge
+from reports import keys
+
+NBYTES = [4096, 8192, 16384]  # three gradients, one bucket
+FORWARD, BACKWARD, ALPHA, DDP_COST = 0.002, 0.004, 100e-6, 0.0005
+
+
+def _rank_value(rate: float | None, sizes: list[int], *, slower: float = 1.0) -> dict[str, Any]:
+    """One rank's link_point value on an exact link: an all-reduce of V bytes takes
+    2 alpha + V / (rate / 8 / 2) (both ranks' traffic crosses the one shaped loopback)."""
+    per_byte = 1 / 5e8 if rate is None else 2 * 8 / rate
+    comm = [2 * ALPHA + v * per_byte for v in sizes]
+    step = FORWARD + BACKWARD + 2 * ALPHA + sum(NBYTES) * per_byte + DDP_COST
+    ready = [BACKWARD * (i + 1) / len(NBYTES) for i in range(len(NBYTES))]
+    return {"sweep": {"times": [[t] * 3 for t in comm], "wrong": [0] * len(sizes)},
+            "step_times": [step * (slower if rate is not None else 1.0)] * 5,
+            "logging": {"rebuilt_per_bucket_param_indices": "2 1 0"},
+            "profile": {"forward_s": FORWARD, "backward_end_s": BACKWARD, "forward": [FORWARD] * 5,
+                        "backward": [BACKWARD] * 5, "nbytes": NBYTES, "names": ["a", "b", "c"],
+                        "ready_s": ready}}
+
+
+def _sweep(*, slower: float = 1.0, exposures: tuple[float, ...] = scaling_cliff.EXPOSURES) -> SweepData:
+    compute = FORWARD + BACKWARD
+    rates: list[float | None] = [None, *cm.sweep_rates(sum(NBYTES), compute, 2, exposures=exposures), None]
+    sizes = [tuple(cm.fit_sizes(sum(NBYTES), r)) for r in rates]
+    values = tuple(tuple(_rank_value(r, list(s), slower=slower) for _ in range(2)) for r, s in zip(rates, sizes))
+    return SweepData(world_size=2, cap_mb=None, rates=tuple(rates), sizes=tuple(sizes), values=values)
+
+
+def test_an_exact_link_is_predicted_and_the_knee_found_where_it_is() -> None:
+    outcome = judge(_sweep())
+    assert outcome.status == "passed", outcome.message
+    m = outcome.metrics
+    assert m[keys.CLIFF_VALIDATED] is True and m[keys.CLIFF_MAX_ERROR] < 0.02
+    assert m["ddp_overhead_s"] == pytest.approx(DDP_COST, rel=0.05)  # calibrated unshaped
+    knee = m[keys.CLIFF_KNEE]
+    # Exposures 0.1, 0.2, 0.4 ... of the compute: the first above KNEE_SHARE (0.25) is 0.4, index 3.
+    assert knee["measured_index"] == knee["predicted_index"] == 3
+    assert m[keys.CLIFF_RATIO] > 3
+    assert len(m[keys.CLIFF_SWEEP]) == 1 + len(scaling_cliff.EXPOSURES)
+    assert "knee at" in outcome.message and "simulator validated" in outcome.message
+
+
+def test_a_simulator_off_by_half_is_marked_unvalidated_with_its_error() -> None:
+    outcome = judge(_sweep(slower=1.5))
+    assert outcome.status == "passed"
+    assert outcome.metrics[keys.CLIFF_VALIDATED] is False
+    assert outcome.metrics[keys.CLIFF_MAX_ERROR] == pytest.approx(1 / 3, abs=0.02)
+    assert "simulator unvalidated: off by up to 33% (bound 15%)" in outcome.message
+    assert any("predicted outside 15%" in n for n in outcome.evidence["notes"])
+
+
+def test_a_knee_more_than_one_point_off_is_unvalidated_even_within_the_error_bound() -> None:
+    report = cm.validate([cm.LinkPoint(None, 0.010, 0.010, 0.010, 0, 1e9, 0, 1),
+                          cm.LinkPoint(1e9, 0.0110, 0.0100, 0.010, 0, 1e9, 0, 1),
+                          cm.LinkPoint(5e8, 0.0130, 0.0115, 0.010, 0, 1e9, 0, 1),
+                          cm.LinkPoint(2e8, 0.0140, 0.0124, 0.010, 0, 1e9, 0, 1),
+                          cm.LinkPoint(1e8, 0.0150, 0.0150, 0.010, 0, 1e9, 0, 1)])
+    assert report.max_error <= cm.ERROR_BOUND
+    assert (report.measured_index, report.predicted_index) == (2, 4)
+    assert not report.knee_agrees and not report.validated
+
+
+def test_a_wrong_all_reduce_behind_the_link_fails() -> None:
+    data = _sweep()
+    bad = copy.deepcopy(data.values[2][1])
+    bad["sweep"]["wrong"][0] = 2
+    values = (*data.values[:2], (data.values[2][0], bad), *data.values[3:])
+    outcome = judge(replace(data, values=values))
+    assert outcome.status == "failed"
+    assert "differ from the exact sum" in outcome.message
+
+
+def test_no_cliff_reproduced_is_inconclusive_never_a_pass() -> None:
+    outcome = judge(_sweep(exposures=(0.01, 0.02)))
+    assert outcome.status == "inconclusive"
+    assert outcome.message.startswith("no cliff reproduced")
+
+
+def test_unfittable_timings_are_inconclusive() -> None:
+    data = _sweep()
+    flat = copy.deepcopy(data.values[1])
+    for v in flat:
+        v["sweep"]["times"] = [[0.001] * 3 for _ in v["sweep"]["times"]]
+    outcome = judge(replace(data, values=(data.values[0], flat, *data.values[2:])))
+    assert outcome.status == "inconclusive" and "cannot be fitted" in outcome.message
+
+
+def _ctx(world_size: int = 2, new_world: Any = object()) -> Any:
+    return SimpleNamespace(world_size=world_size, new_world=new_world, spec=BY_ID["scaling-cliff"])
+
+
+def test_it_skips_with_the_reason_without_a_peer_a_supervisor_or_the_privilege(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "one rank has no link to shape" in scaling_cliff.run(_ctx(world_size=1)).message
+    assert "under --attach" in scaling_cliff.run(_ctx(new_world=None)).message
+    monkeypatch.setattr(scaling_cliff, "unavailable_reason", lambda: "simulated: no CAP_NET_ADMIN")
+    outcome = scaling_cliff.run(_ctx())
+    assert outcome.status == "skipped"
+    assert outcome.message == "no shaped link here: simulated: no CAP_NET_ADMIN"
+
+
+def test_a_network_that_fails_to_start_is_a_skip_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Refusing:
+        def __enter__(self) -> None:
+            raise NetworkUnavailable("private network start failed: unshare(CLONE_NEWNET): Operation not permitted")
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(scaling_cliff, "unavailable_reason", lambda: None)
+    ctx = _ctx()
+    ctx.fresh_world = lambda **_: Refusing()
+    ctx.target = SimpleNamespace(spec="mlp", ddp_kwargs={})
+    outcome = scaling_cliff.run(ctx)
+    assert outcome.status == "skipped" and "Operation not permitted" in outcome.message
+
+
+def test_a_short_real_sweep_through_the_session(suite_session: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"no private network here: {reason}")
+    monkeypatch.setattr(scaling_cliff, "EXPOSURES", (4.0,))
+    monkeypatch.setattr(scaling_cliff, "STEPS", 3)
+    monkeypatch.setattr(scaling_cliff, "ITERS", 2)
+    record, ctx = suite_session.run_check(BY_ID["scaling-cliff"], "mlp")
+    # Timing decides passed vs inconclusive on a loaded host; never a failure, never a skip here.
+    assert record.status in ("passed", "inconclusive"), record.message
+    sweep = record.metrics[keys.CLIFF_SWEEP]
+    assert [p["rate_gbps"] is None for p in sweep] == [True, False]
+    assert all(p["measured_step_s"] > 0 and p["predicted_step_s"] > 0 for p in sweep)
+    assert ctx is not None
+    shaped = [e.data["rate_gbps"] for e in ctx.events if e.name == "slow-link"]
+    assert len(shaped) == 3 and shaped[0] is None and shaped[1] > 0 and shaped[2] is None
