@@ -49,12 +49,20 @@ def main() -> int:
     print(f"load average (1, 5, 15 min) before: {_loadavg()}")
     runs: list[cm.CliffReport] = []
     with World(args.world_size, "gloo", deadline=300, private_network=True) as world:
-        for _ in range(args.repeats):
-            data: SweepData = measure(world, args.target, cap_mb=None)
-            points = [cm.link_point(rate, vals, sizes, data.cap_mb)
-                      for rate, sizes, vals in zip(data.rates, data.sizes, data.values)]
+        for repeat in range(args.repeats):
+            # Every repeat at the first one's rates, so that the medians are per rate.
+            data: SweepData = measure(world, args.target, cap_mb=None, rates=runs[0].rates if runs else None)
+            try:
+                points = [cm.link_point(rate, vals, sizes, data.cap_mb)
+                          for rate, sizes, vals in zip(data.rates, data.sizes, data.values)]
+            except ValueError as exc:  # a rate's all-reduce timings were noise: say so, go on
+                print(f"repeat {repeat + 1}: not judged, a rate's timings cannot be fitted ({exc})")
+                continue
             runs.append(cm.validate(points))
     print(f"load average after: {_loadavg()}")
+    if not runs:
+        print("no repeat could be judged: the host is too loaded to measure")
+        return 1
     report = runs[0] if len(runs) == 1 else _median_report(runs)
     for i, p in enumerate(report.points):
         rate = "unshaped" if p.rate_bits_per_s is None else f"{p.rate_bits_per_s / 1e6:8.2f} Mbit/s"
@@ -80,10 +88,10 @@ def _median_report(runs: list[cm.CliffReport]) -> cm.CliffReport:
     for i, p in enumerate(runs[0].points):
         points.append(replace(p, measured_step_s=statistics.median(r.points[i].measured_step_s for r in runs),
                               predicted_step_s=statistics.median(r.points[i].predicted_step_s for r in runs),
-                              compute_s=statistics.median(r.points[i].compute_s for r in runs)))
-    floor = [p.compute_s + runs[0].overhead_s for p in points]
-    return cm.CliffReport(points=tuple(points), overhead_s=statistics.median(r.overhead_s for r in runs),
-                          unshaped_drift=statistics.median(r.unshaped_drift for r in runs),
+                              compute_s=statistics.median(r.points[i].compute_s for r in runs),
+                              overhead_s=statistics.median(r.points[i].overhead_s for r in runs)))
+    floor = [p.compute_s + p.overhead_s for p in points]
+    return cm.CliffReport(points=tuple(points), unshaped_drift=statistics.median(r.unshaped_drift for r in runs),
                           measured_index=cm.knee_index([p.measured_step_s for p in points], floor),
                           predicted_index=cm.knee_index([p.predicted_step_s for p in points], floor))
 

@@ -50,6 +50,7 @@ class LinkPoint:
     fit_residual: float
     buckets: int
     ddp_comm_s: float | None = None  # DDP's own backward communication time (its logging)
+    overhead_s: float = 0.0  # DDP's fixed per-step cost included in the prediction (``validate``)
 
     def __post_init__(self) -> None:
         if self.measured_step_s <= 0 or self.predicted_step_s <= 0:
@@ -62,11 +63,12 @@ class LinkPoint:
 
     @property
     def measured_exposed_s(self) -> float:
-        return max(0.0, self.measured_step_s - self.compute_s)
+        """The step less its compute and DDP's fixed cost: communication that did not hide."""
+        return max(0.0, self.measured_step_s - self.compute_s - self.overhead_s)
 
     @property
     def predicted_exposed_s(self) -> float:
-        return max(0.0, self.predicted_step_s - self.compute_s)
+        return max(0.0, self.predicted_step_s - self.compute_s - self.overhead_s)
 
     def to_metric(self) -> dict[str, float | int | None]:
         return {"rate_gbps": None if self.rate_bits_per_s is None else self.rate_bits_per_s / 1e9,
@@ -75,7 +77,7 @@ class LinkPoint:
                 "predicted_exposed_s": self.predicted_exposed_s, "error": round(self.error, 4),
                 "alpha_s": self.alpha_s, "beta_bytes_per_s": self.beta_bytes_per_s,
                 "fit_residual": round(self.fit_residual, 4), "buckets": self.buckets,
-                "ddp_comm_s": self.ddp_comm_s}
+                "ddp_comm_s": self.ddp_comm_s, "overhead_s": self.overhead_s}
 
 
 def synchronized(per_rank: Sequence[Mapping[str, Any]], key: str) -> float:
@@ -187,19 +189,28 @@ def sweep_rates(total_bytes: int, compute_s: float, world_size: int, *,
 
 @dataclass(frozen=True, slots=True)
 class CliffReport:
-    """The sweep judged: ``points[0]`` is the unshaped link (the calibration point: the median
-    of its two measurements, first and last), then the shaped rates in descending order, each
-    prediction including DDP's fixed per-step cost ``overhead_s`` measured unshaped."""
+    """The sweep judged: ``points[0]`` is the unshaped link (medians of its measurements), then
+    the shaped rates in descending order, each prediction including DDP's fixed per-step cost
+    as measured on the unshaped link right before and after that rate (``overhead_s``)."""
 
     points: tuple[LinkPoint, ...]
-    overhead_s: float
-    unshaped_drift: float  # |last - first| / first of the two unshaped measurements
+    unshaped_drift: float  # (max - min) / min of the unshaped steps measured through the sweep
     measured_index: int | None
     predicted_index: int | None
 
     @property
     def shaped(self) -> tuple[LinkPoint, ...]:
         return self.points[1:]
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """The shaped rates, descending (bits/s)."""
+        return tuple(p.rate_bits_per_s or 0.0 for p in self.shaped)
+
+    @property
+    def overhead_s(self) -> float:
+        """DDP's fixed per-step cost on the unshaped link (median of its calibrations)."""
+        return self.points[0].overhead_s
 
     @property
     def cliff_ratio(self) -> float:
@@ -233,42 +244,51 @@ class CliffReport:
         return self.knee(self.predicted_index)
 
     def notes(self) -> list[str]:
-        out = [f"DDP's fixed per-step cost {self.overhead_s * 1e3:.2f} ms (hooks, bucket copies, thread "
-               f"hand-offs: the unshaped step minus the simulated one) is added to every prediction; "
+        out = [f"DDP's fixed per-step cost (hooks, bucket copies, thread hand-offs: the unshaped step "
+               f"minus the simulated one) is measured on the unshaped link before and after each "
+               f"shaped rate and added to its prediction ({self.overhead_s * 1e3:.2f} ms median); "
                f"the shaped rates are the validation"]
         if self.unshaped_drift > ERROR_BOUND:
-            out.append(f"the unshaped step moved {self.unshaped_drift:.0%} between the sweep's start and "
-                       f"end: the host's load changed during the sweep")
+            out.append(f"the unshaped step varied {self.unshaped_drift:.0%} through the sweep: the "
+                       f"host's load changed while it ran")
         bad = [p for p in self.shaped if p.error > ERROR_BOUND]
         if bad:
             out.append(f"{len(bad)} of {len(self.shaped)} shaped rates predicted outside {ERROR_BOUND:.0%}: "
-                       + ", ".join(f"{p.rate_bits_per_s / 1e6:.3g} Mbit/s {p.error:.0%}" for p in bad
-                                   if p.rate_bits_per_s is not None))
+                       + ", ".join(f"{(p.rate_bits_per_s or 0) / 1e6:.3g} Mbit/s {p.error:.0%}" for p in bad))
         return out
 
 
 def validate(points: Sequence[LinkPoint]) -> CliffReport:
-    """Judge a sweep measured as [unshaped, shaped rates descending..., unshaped]."""
-    unshaped = [p for p in points if p.rate_bits_per_s is None]
-    shaped = sorted((p for p in points if p.rate_bits_per_s is not None),
-                    key=lambda p: -(p.rate_bits_per_s or 0.0))
-    if not unshaped or not shaped:
-        raise ValueError(f"a sweep needs the unshaped link and at least one shaped rate "
-                         f"({len(unshaped)} unshaped, {len(shaped)} shaped)")
+    """Judge a sweep measured in sweep order, the unshaped link between every two shaped rates
+    (and first and last): [unshaped, rate 1, unshaped, rate 2, ..., unshaped], rates descending.
 
-    def mid(values: Sequence[float]) -> float:
-        return statistics.median(values)
+    Each shaped rate's prediction gets the fixed cost measured on its two unshaped neighbours
+    (the median of measured minus simulated, never below 0): side by side, so a change of the
+    host's load during the sweep moves calibration and validation together."""
+    if len(points) < 3 or len(points) % 2 == 0 or any(
+            (p.rate_bits_per_s is None) != (i % 2 == 0) for i, p in enumerate(points)):
+        raise ValueError(f"a sweep is [unshaped, rate, unshaped, ..., unshaped]; got rates "
+                         f"{[p.rate_bits_per_s for p in points]}")
 
-    base = replace(unshaped[0], measured_step_s=mid([p.measured_step_s for p in unshaped]),
-                   predicted_step_s=mid([p.predicted_step_s for p in unshaped]),
-                   compute_s=mid([p.compute_s for p in unshaped]))
-    overhead = max(0.0, base.measured_step_s - base.predicted_step_s)
-    calibrated = tuple(replace(p, predicted_step_s=p.predicted_step_s + overhead) for p in (base, *shaped))
-    drift = abs(unshaped[-1].measured_step_s - unshaped[0].measured_step_s) / unshaped[0].measured_step_s
+    def cost(p: LinkPoint) -> float:
+        return max(0.0, p.measured_step_s - p.predicted_step_s)
+
+    unshaped = points[0::2]
+    shaped = [replace(p, overhead_s=statistics.median([cost(points[i - 1]), cost(points[i + 1])]),
+                      predicted_step_s=p.predicted_step_s + statistics.median(
+                          [cost(points[i - 1]), cost(points[i + 1])]))
+              for i, p in enumerate(points) if i % 2]
+    shaped.sort(key=lambda p: -(p.rate_bits_per_s or 0.0))
+    fixed = statistics.median(cost(p) for p in unshaped)
+    base = replace(unshaped[0], measured_step_s=statistics.median(p.measured_step_s for p in unshaped),
+                   compute_s=statistics.median(p.compute_s for p in unshaped), overhead_s=fixed,
+                   predicted_step_s=statistics.median(p.predicted_step_s for p in unshaped) + fixed)
+    steps = [p.measured_step_s for p in unshaped]
+    calibrated = (base, *shaped)
     # The knee is judged against the compute *plus* DDP's fixed cost: that cost is no exposed
     # communication, it is there on the fastest link too.
-    floor = [p.compute_s + overhead for p in calibrated]
-    return CliffReport(points=calibrated, overhead_s=overhead, unshaped_drift=drift,
+    floor = [p.compute_s + p.overhead_s for p in calibrated]
+    return CliffReport(points=calibrated, unshaped_drift=(max(steps) - min(steps)) / min(steps),
                        measured_index=knee_index([p.measured_step_s for p in calibrated], floor),
                        predicted_index=knee_index([p.predicted_step_s for p in calibrated], floor))
 

@@ -12,9 +12,10 @@ several times the compute (rates chosen from the model's gradient bytes and comp
 median DDP step, the compute side by side (a plain no-DDP pass before each step: the
 simulator's input), DDP's own communication time, that rate's alpha-beta fit (an all-reduce
 sweep under the same shaping, every result checked exact) and the simulator's predicted step
-from the backward profile, DDP's bucket layout and that fit. The unshaped point is measured
-first and last (its median calibrates DDP's fixed per-step cost, which the simulator adds to
-every prediction); every shaped point is a validation. The knee (``cliff_model.knee_index``),
+from the backward profile, DDP's bucket layout and that fit. The unshaped link is measured
+first and after every rate: DDP's fixed per-step cost (what the unshaped step takes beyond the
+simulated one) is calibrated on a rate's two unshaped neighbours and added to its prediction;
+every shaped point is a validation. The knee (``cliff_model.knee_index``),
 measured and predicted.
 
 Verdict: failed if an all-reduce result was wrong; skipped without the privilege or ``tc``
@@ -91,13 +92,16 @@ def _record(ctx: CheckContext, rate: float | None) -> None:
 
 
 def measure(world: WorldLike, target_spec: str, *, cap_mb: float | None, exposures: Sequence[float] = EXPOSURES,
-            steps: int = STEPS, iters: int = ITERS, on_shape: Any = None) -> SweepData:
-    """The sweep on ``world`` (a World started with ``private_network=True``)."""
+            steps: int = STEPS, iters: int = ITERS, on_shape: Any = None,
+            rates: Sequence[float] | None = None) -> SweepData:
+    """The sweep on ``world`` (a World started with ``private_network=True``): at ``rates``
+    (bits/s, descending), else at the rates where all-reducing the model's gradients would
+    take each of ``exposures`` times its compute measured unshaped first."""
     world.start()
     link = world.link if isinstance(world, World) else None
     if link is None:
         raise NetworkUnavailable("the world was not started with a private network")
-    rates: list[float | None] = []
+    measured: list[float | None] = []
     sizes: list[tuple[int, ...]] = []
     values: list[tuple[dict[str, Any], ...]] = []
 
@@ -107,7 +111,7 @@ def measure(world: WorldLike, target_spec: str, *, cap_mb: float | None, exposur
             on_shape(rate)
         point_sizes = tuple(cm.fit_sizes(total_bytes, rate))
         result = world.run(link_point, target_spec, point_sizes, steps=steps, iters=iters)
-        rates.append(rate)
+        measured.append(rate)
         sizes.append(point_sizes)
         values.append(tuple(r.value for r in result))
         return result[0].value
@@ -115,11 +119,15 @@ def measure(world: WorldLike, target_spec: str, *, cap_mb: float | None, exposur
     first = at(None, 0)
     total = sum(first["profile"]["nbytes"])
     compute = first["profile"]["forward_s"] + first["profile"]["backward_end_s"]
-    for rate in cm.sweep_rates(total, compute, world.world_size, exposures=exposures):
+    if rates is None:
+        rates = cm.sweep_rates(total, compute, world.world_size, exposures=exposures)
+    for rate in rates:
         at(rate, total)
-    at(None, total)  # unshaped again: a drift of the host's load shows between the two
+        # The unshaped link again after every rate: DDP's fixed cost is calibrated on both
+        # neighbours of a rate, side by side, not once for a sweep during which the load moves.
+        at(None, total)
     link.shape(None)
-    return SweepData(world_size=world.world_size, cap_mb=cap_mb, rates=tuple(rates), sizes=tuple(sizes),
+    return SweepData(world_size=world.world_size, cap_mb=cap_mb, rates=tuple(measured), sizes=tuple(sizes),
                      values=tuple(values))
 
 

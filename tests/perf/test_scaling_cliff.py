@@ -40,7 +40,9 @@ def _rank_value(rate: float | None, sizes: list[int], *, slower: float = 1.0) ->
 
 def _sweep(*, slower: float = 1.0, exposures: tuple[float, ...] = scaling_cliff.EXPOSURES) -> SweepData:
     compute = FORWARD + BACKWARD
-    rates: list[float | None] = [None, *cm.sweep_rates(sum(NBYTES), compute, 2, exposures=exposures), None]
+    rates: list[float | None] = [None]
+    for rate in cm.sweep_rates(sum(NBYTES), compute, 2, exposures=exposures):
+        rates += [rate, None]
     sizes = [tuple(cm.fit_sizes(sum(NBYTES), r)) for r in rates]
     values = tuple(tuple(_rank_value(r, list(s), slower=slower) for _ in range(2)) for r, s in zip(rates, sizes))
     return SweepData(world_size=2, cap_mb=None, rates=tuple(rates), sizes=tuple(sizes), values=values)
@@ -70,11 +72,11 @@ def test_a_simulator_off_by_half_is_marked_unvalidated_with_its_error() -> None:
 
 
 def test_a_knee_more_than_one_point_off_is_unvalidated_even_within_the_error_bound() -> None:
-    report = cm.validate([cm.LinkPoint(None, 0.010, 0.010, 0.010, 0, 1e9, 0, 1),
-                          cm.LinkPoint(1e9, 0.0110, 0.0100, 0.010, 0, 1e9, 0, 1),
-                          cm.LinkPoint(5e8, 0.0130, 0.0115, 0.010, 0, 1e9, 0, 1),
-                          cm.LinkPoint(2e8, 0.0140, 0.0124, 0.010, 0, 1e9, 0, 1),
-                          cm.LinkPoint(1e8, 0.0150, 0.0150, 0.010, 0, 1e9, 0, 1)])
+    unshaped = cm.LinkPoint(None, 0.010, 0.010, 0.010, 0, 1e9, 0, 1)
+    report = cm.validate([unshaped, cm.LinkPoint(1e9, 0.0110, 0.0100, 0.010, 0, 1e9, 0, 1),
+                          unshaped, cm.LinkPoint(5e8, 0.0130, 0.0115, 0.010, 0, 1e9, 0, 1),
+                          unshaped, cm.LinkPoint(2e8, 0.0140, 0.0124, 0.010, 0, 1e9, 0, 1),
+                          unshaped, cm.LinkPoint(1e8, 0.0150, 0.0150, 0.010, 0, 1e9, 0, 1), unshaped])
     assert report.max_error <= cm.ERROR_BOUND
     assert (report.measured_index, report.predicted_index) == (2, 4)
     assert not report.knee_agrees and not report.validated
@@ -84,7 +86,7 @@ def test_a_wrong_all_reduce_behind_the_link_fails() -> None:
     data = _sweep()
     bad = copy.deepcopy(data.values[2][1])
     bad["sweep"]["wrong"][0] = 2
-    values = (*data.values[:2], (data.values[2][0], bad), *data.values[3:])
+    values = (*data.values[:2], (data.values[2][0], bad), *data.values[3:])  # an unshaped repeat
     outcome = judge(replace(data, values=values))
     assert outcome.status == "failed"
     assert "differ from the exact sum" in outcome.message
@@ -98,7 +100,7 @@ def test_no_cliff_reproduced_is_inconclusive_never_a_pass() -> None:
 
 def test_unfittable_timings_are_inconclusive() -> None:
     data = _sweep()
-    flat = copy.deepcopy(data.values[1])
+    flat = copy.deepcopy(data.values[1])  # the first shaped rate
     for v in flat:
         v["sweep"]["times"] = [[0.001] * 3 for _ in v["sweep"]["times"]]
     outcome = judge(replace(data, values=(data.values[0], flat, *data.values[2:])))
