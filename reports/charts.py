@@ -14,7 +14,17 @@ from typing import Any
 
 from ._format import number
 from ._svg import MARGIN_B, MARGIN_T, PALETTE, Canvas, Scale, esc, fmt, r
-from .keys import BEST_BUCKET_CAP_MB, CLIFF_WORLD_SIZE, CONFIGURED_BUCKET_CAP_MB, CULPRIT_RANK
+from .keys import (
+    BEST_BUCKET_CAP_MB,
+    CLIFF_KNEE,
+    CLIFF_MAX_ERROR,
+    CLIFF_RATIO,
+    CLIFF_SWEEP,
+    CLIFF_VALIDATED,
+    CLIFF_WORLD_SIZE,
+    CONFIGURED_BUCKET_CAP_MB,
+    CULPRIT_RANK,
+)
 from .units import fmt_bytes
 
 log = logging.getLogger(__name__)
@@ -148,6 +158,57 @@ def scaling(metrics: Mapping[str, Any]) -> Chart | None:
     return {"title": "Scaling projection", "svg": c.render(), "caption": caption}
 
 
+def link_cliff(metrics: Mapping[str, Any]) -> Chart | None:
+    """Step time vs link rate (log x, slower to the right): measured compute, DDP's fixed cost
+    and exposed communication stacked, the measured and predicted step as lines, both knees."""
+    rows = metrics.get(CLIFF_SWEEP)
+    pts = sorted((p for p in _points(rows, "rate_gbps", "measured_step_s", "predicted_step_s", "compute_s")
+                  if p["rate_gbps"] > 0), key=lambda p: -p["rate_gbps"])
+    if len(pts) < 2:
+        return None
+    cost = {p["rate_gbps"]: max(p["overhead_s"], 0) for p in _points(rows, "rate_gbps", "overhead_s")}
+    c = Canvas("Scaling cliff: step time vs link rate")
+    rates = [p["rate_gbps"] * 1e3 for p in pts]  # Mbit/s
+    x = Scale(min(rates), max(rates), c.right - 24, c.left + 24, log=True)
+    top = max(max(p["measured_step_s"], p["predicted_step_s"]) for p in pts)
+    y = Scale(0, top * 1e3 * 1.2, c.bottom, c.top)
+    c.axes(x, y, x_label="link rate (Mbit/s, log scale; slower to the right)", y_label="step time (ms)",
+           x_fmt=lambda v: f"{v:.3g}")
+    slot = (c.right - c.left) / (len(pts) + 1)
+    for p, rate in zip(pts, rates):
+        comp, fixed = max(p["compute_s"], 0) * 1e3, cost.get(p["rate_gbps"], 0.0) * 1e3
+        exposed = max(p["measured_step_s"] * 1e3 - comp - fixed, 0)
+        px, bw = x(rate) - slot * 0.3, slot * 0.6
+        tip = (f"{rate:.4g} Mbit/s: compute {comp:.1f} ms, DDP fixed cost {fixed:.1f} ms, exposed comm "
+               f"{exposed:.1f} ms; measured {p['measured_step_s'] * 1e3:.1f} ms, predicted "
+               f"{p['predicted_step_s'] * 1e3:.1f} ms")
+        parts, base = [], 0.0
+        for height, fill in ((comp, "#2563eb"), (fixed, "#a5b4fc"), (exposed, "#fca5a5")):
+            parts.append(f'<rect x="{r(px)}" y="{r(y(base + height))}" width="{r(bw)}" '
+                         f'height="{r(y(base) - y(base + height))}" fill="{fill}"/>')
+            base += height
+        c.add(f'<g class="bar"><title>{esc(tip)}</title>{"".join(parts)}</g>')
+    c.polyline([(x(a), y(p["measured_step_s"] * 1e3)) for a, p in zip(rates, pts)], color=PALETTE[0], label="measured")
+    c.polyline([(x(a), y(p["predicted_step_s"] * 1e3)) for a, p in zip(rates, pts)], color=PALETTE[1],
+               label="predicted", dashed=True)
+    knee = metrics.get(CLIFF_KNEE) if isinstance(metrics.get(CLIFF_KNEE), Mapping) else {}
+    for row, (key, label, cls) in enumerate((("measured_gbps", "knee (measured)", "bad"),
+                                             ("predicted_gbps", "knee (predicted)", "mark"))):
+        rate = number(knee.get(key))
+        if rate is not None and rate > 0:
+            c.vline(x(rate * 1e3), label=label, cls=cls, row=row)
+    c.legend([(PALETTE[0], "measured"), (PALETTE[1], "predicted"), ("#2563eb", "compute"),
+              ("#a5b4fc", "DDP fixed"), ("#fca5a5", "exposed comm")])
+    error, ratio = number(metrics.get(CLIFF_MAX_ERROR)), number(metrics.get(CLIFF_RATIO))
+    caption = f"{len(pts)} shaped rates"
+    if ratio is not None:
+        caption += f"; step x{ratio:.2f} at the lowest rate"
+    if error is not None:
+        verdict = "validated" if metrics.get(CLIFF_VALIDATED) is True else "unvalidated"
+        caption += f"; simulator max error {error:.0%} ({verdict})"
+    return {"title": "Scaling cliff", "svg": c.render(), "caption": caption}
+
+
 def _event_window(e: Mapping[str, Any]) -> tuple[float, float] | None:
     start = number(e.get("t_start"))
     if start is None:
@@ -196,7 +257,8 @@ def timeline(metrics: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) ->
     return {"title": "Timeline", "svg": c.render(), "caption": caption}
 
 
-BUILDERS: tuple[Callable[[Mapping[str, Any]], Chart | None], ...] = (bucket_sweep, straggler, bandwidth, scaling)
+BUILDERS: tuple[Callable[[Mapping[str, Any]], Chart | None], ...] = (bucket_sweep, straggler, bandwidth, scaling,
+                                                                      link_cliff)
 
 
 def charts_for(check: Mapping[str, Any], events: Sequence[Any] = ()) -> list[Chart]:

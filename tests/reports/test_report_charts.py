@@ -82,3 +82,29 @@ def test_chart_text_is_escaped() -> None:
     event = {"name": "<script>alert(1)</script>", "t_start": 0.2, "t_end": 0.4, "check": "x"}
     svg = str(charts.charts_for({"id": "x", "metrics": metrics}, [event])[0]["svg"])
     assert "<script>" not in svg and "&lt;script&gt;" in svg
+
+
+def _cliff_metrics() -> dict[str, Any]:
+    rows = [{"rate_gbps": None, "measured_step_s": 0.010, "predicted_step_s": 0.010, "compute_s": 0.008,
+             "overhead_s": 0.001}]
+    for rate, step, pred in ((1.0, 0.010, 0.0105), (0.25, 0.013, 0.012), (0.06, 0.030, 0.028)):
+        rows.append({"rate_gbps": rate, "measured_step_s": step, "predicted_step_s": pred, "compute_s": 0.008,
+                     "overhead_s": 0.001})
+    return {"cliff_sweep": rows, "cliff_knee": {"measured_gbps": 0.25, "predicted_gbps": 0.06},
+            "cliff_max_error": 0.077, "cliff_ratio": 3.0, "cliff_simulator_validated": True}
+
+
+def test_the_cliff_chart_stacks_compute_and_exposed_comm_and_marks_both_knees() -> None:
+    chart = charts.link_cliff(_cliff_metrics())
+    svg = str(chart["svg"])
+    assert "knee (measured)" in svg and "knee (predicted)" in svg and "slower to the right" in svg
+    assert svg.count('<g class="bar">') == 3  # the shaped rates only: the unshaped has no rate
+    assert "exposed comm 21.0 ms" in svg  # 30 ms step - 8 ms compute - 1 ms DDP fixed cost
+    assert chart["caption"] == "3 shaped rates; step x3.00 at the lowest rate; simulator max error 8% (validated)"
+    assert [c["title"] for c in charts.charts_for({"id": "scaling-cliff", "metrics": _cliff_metrics()})] == \
+        ["Scaling cliff"]
+
+
+@pytest.mark.parametrize("bad", [None, [], [{"rate_gbps": "x"}], [{"rate_gbps": 1.0, "measured_step_s": 0.01}]])
+def test_a_malformed_cliff_sweep_costs_only_the_chart(bad: Any) -> None:
+    assert charts.link_cliff({"cliff_sweep": bad}) is None
