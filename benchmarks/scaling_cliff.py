@@ -90,10 +90,9 @@ def _median_report(runs: list[cm.CliffReport]) -> cm.CliffReport:
                               predicted_step_s=statistics.median(r.points[i].predicted_step_s for r in runs),
                               compute_s=statistics.median(r.points[i].compute_s for r in runs),
                               overhead_s=statistics.median(r.points[i].overhead_s for r in runs)))
-    floor = [p.compute_s + p.overhead_s for p in points]
+    measured, predicted = cm.knees(points)
     return cm.CliffReport(points=tuple(points), unshaped_drift=statistics.median(r.unshaped_drift for r in runs),
-                          measured_index=cm.knee_index([p.measured_step_s for p in points], floor),
-                          predicted_index=cm.knee_index([p.predicted_step_s for p in points], floor))
+                          measured_index=measured, predicted_index=predicted)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from .harness.timing import DEFAULT_DEADLINE_S, MAX_DEADLINE_S
 from .harness.targets import BUILTINS
 
 DEFAULT_REPORT_DIR = "./ddp-conformance-report"
+#: The fastest interconnect --link-gbps accepts (per rank): beyond it the number is a typo.
+MAX_LINK_GBPS = 10_000.0
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
 
 
@@ -53,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S,
                      help=f"seconds a distributed call may take before it is a hang (default {DEFAULT_DEADLINE_S:g})")
     run.add_argument("--attach", action="store_true", help="run as one rank under torchrun/srun")
+    run.add_argument("--link-gbps", type=float, default=None,
+                     help="your interconnect per rank in Gbit/s: scaling-cliff projects your step on it "
+                          "with its validated model, saying how far it extrapolates")
     run.add_argument("--keep-tmp", action="store_true",
                      help="keep the run's temp dir (ddp-session-*) for debugging; its path is printed")
     run.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
@@ -146,6 +151,9 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
     if not (math.isfinite(args.deadline) and 0 < args.deadline <= MAX_DEADLINE_S):
         raise UsageError(f"--deadline {args.deadline:g} must be a positive number of seconds, "
                          f"finite and at most {MAX_DEADLINE_S:g} (default {DEFAULT_DEADLINE_S:g})")
+    if args.link_gbps is not None and not (math.isfinite(args.link_gbps) and 0 < args.link_gbps <= MAX_LINK_GBPS):
+        raise UsageError(f"--link-gbps {args.link_gbps:g} must be a positive number of Gbit/s, at most "
+                         f"{MAX_LINK_GBPS:g} (e.g. 100 for 100 GbE, 400 for NDR InfiniBand)")
     if args.world_size is not None and args.world_size < 1:
         raise UsageError(f"--world-size {args.world_size} must be at least 1")
     if not args.report_dir:
@@ -259,6 +267,8 @@ def _run(args: argparse.Namespace) -> int:
         argv += ["--ddp-attach"]
     if args.keep_tmp:
         argv += ["--ddp-keep-tmp"]
+    if args.link_gbps is not None:
+        argv += ["--ddp-link-gbps", str(args.link_gbps)]
     argv += args.pytest_args
     stopped = _ExitMessage()
     code = pytest.main(argv, plugins=[stopped])

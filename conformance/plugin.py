@@ -53,6 +53,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run as one rank of a torchrun/srun launch instead of spawning a world")
     group.addoption("--ddp-run-id", default=None,
                     help="the run id stamped on every record and on report.json (default: a new one)")
+    group.addoption("--ddp-link-gbps", type=float, default=None,
+                    help="the user's interconnect per rank (Gbit/s): scaling-cliff projects the step on it")
     group.addoption("--ddp-keep-tmp", action="store_true", default=False,
                     help="keep the session's temp dir (ddp-session-*) for debugging")
 
@@ -102,7 +104,8 @@ def settings_from(config: pytest.Config) -> Any:
     world_size = world_size or default_world_size(backend)
     return Settings(backend=backend, world_size=world_size, deadline=config.getoption("--ddp-deadline"),
                     target=config.getoption("--ddp-target"), attach=attach,
-                    keep_tmp=bool(config.getoption("--ddp-keep-tmp", False)))
+                    keep_tmp=bool(config.getoption("--ddp-keep-tmp", False)),
+                    link_gbps=config.getoption("--ddp-link-gbps", None))
 
 
 INTERRUPTED = pytest.StashKey[bool]()

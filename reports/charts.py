@@ -191,12 +191,12 @@ def link_cliff(metrics: Mapping[str, Any]) -> Chart | None:
     c.polyline([(x(a), y(p["measured_step_s"] * 1e3)) for a, p in zip(rates, pts)], color=PALETTE[0], label="measured")
     c.polyline([(x(a), y(p["predicted_step_s"] * 1e3)) for a, p in zip(rates, pts)], color=PALETTE[1],
                label="predicted", dashed=True)
-    knee = metrics.get(CLIFF_KNEE) if isinstance(metrics.get(CLIFF_KNEE), Mapping) else {}
+    knee = metrics.get(CLIFF_KNEE)
     for row, (key, label, cls) in enumerate((("measured_gbps", "knee (measured)", "bad"),
                                              ("predicted_gbps", "knee (predicted)", "mark"))):
-        rate = number(knee.get(key))
-        if rate is not None and rate > 0:
-            c.vline(x(rate * 1e3), label=label, cls=cls, row=row)
+        at = number(knee.get(key)) if isinstance(knee, Mapping) else None
+        if at is not None and at > 0:
+            c.vline(x(at * 1e3), label=label, cls=cls, row=row)
     c.legend([(PALETTE[0], "measured"), (PALETTE[1], "predicted"), ("#2563eb", "compute"),
               ("#a5b4fc", "DDP fixed"), ("#fca5a5", "exposed comm")])
     error, ratio = number(metrics.get(CLIFF_MAX_ERROR)), number(metrics.get(CLIFF_RATIO))

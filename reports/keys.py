@@ -103,4 +103,5 @@ CLIFF_SWEEP = "cliff_sweep"  # list[{"rate_gbps" (None: unshaped), "measured_ste
 CLIFF_KNEE = "cliff_knee"  # {"measured_gbps", "predicted_gbps", "measured_index", "predicted_index"}
 CLIFF_RATIO = "cliff_ratio"  # float: step at the lowest rate / unshaped step
 CLIFF_MAX_ERROR = "cliff_max_error"  # float: the simulator's largest relative error at a shaped rate
+LINK_PROJECTION = "link_projection"  # {"link_gbps", "projection", "validated", "bandwidth_factor", ...}: --link-gbps
 CLIFF_VALIDATED = "cliff_simulator_validated"  # bool: every shaped rate within the bound, knee within a point

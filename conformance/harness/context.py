@@ -42,6 +42,8 @@ class CheckContext:
     # The session's memory-backed scratch folder (/dev/shm), None where the host has none:
     # see ``snapshot_folders``.
     memory_dir: Path | None = None
+    # The user's interconnect per rank in Gbit/s (--link-gbps), for checks that project onto it.
+    link_gbps: float | None = None
 
     def world(self, world_size: int | None = None) -> WorldLike:
         """The persistent world of this session (``world_size`` ranks; default the run's).

@@ -76,6 +76,7 @@ class Settings:
     target: str | None = None  # None: the built-in targets
     attach: bool = False
     keep_tmp: bool = False  # keep the session's temp dir (scratch of every check) for debugging
+    link_gbps: float | None = None  # the user's interconnect per rank (--link-gbps): scaling-cliff
 
     def targets_for(self, spec: CheckSpec) -> list[str]:
         """Conformance checks run on every built-in target; chaos and perf checks run once,
@@ -192,7 +193,7 @@ class Session:
             injected=target_spec == "builtin", tmpdir=Path(tempfile.mkdtemp(dir=self._tmp)),
             memory_dir=self._memory,
             pool=self.world, new_world=None if self.settings.attach else self.new_world,
-            attached=self.settings.attach)
+            attached=self.settings.attach, link_gbps=self.settings.link_gbps)
 
     def run_check(self, spec: CheckSpec, target_spec: str) -> tuple[CheckRecord, CheckContext | None]:
         """Run one check into its record. Never raises, except TargetError (a usage error).

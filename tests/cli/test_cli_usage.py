@@ -30,6 +30,8 @@ def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
     (["--world-size", "4096"], "world_size=4096 gloo ranks cannot start on"),
     (["--", "--ddp-report-dir", "elsewhere"], "--ddp-report-dir after -- would override ddp-conformance's own option"),
     (["--attach"], "--attach needs a launcher: run it under torchrun or srun"),
+    (["--link-gbps", "0"], "--link-gbps 0 must be a positive number of Gbit/s, at most 10000 (e.g. 100 for 100 GbE"),
+    (["--link-gbps", "nan"], "--link-gbps nan must be a positive number of Gbit/s"),
 ])
 def test_bad_run_options_exit_2(argv: list[str], message: str, tmp_path, capsys, monkeypatch) -> None:
     for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):

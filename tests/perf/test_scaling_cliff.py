@@ -55,7 +55,8 @@ def test_an_exact_link_is_predicted_and_the_knee_found_where_it_is() -> None:
     assert m[keys.CLIFF_VALIDATED] is True and m[keys.CLIFF_MAX_ERROR] < 0.02
     assert m["ddp_overhead_s"] == pytest.approx(DDP_COST, rel=0.05)  # calibrated unshaped
     knee = m[keys.CLIFF_KNEE]
-    # Exposures 0.1, 0.2, 0.4 ... of the compute: the first above KNEE_SHARE (0.25) is 0.4, index 3.
+    # Exposures 0.1, 0.2, 0.4 ... of the compute: the first above KNEE_SHARE (0.25) is 0.4, index 3
+    # (index 0 is the unshaped link).
     assert knee["measured_index"] == knee["predicted_index"] == 3
     assert m[keys.CLIFF_RATIO] > 3
     assert len(m[keys.CLIFF_SWEEP]) == 1 + len(scaling_cliff.EXPOSURES)
@@ -133,6 +134,7 @@ def test_a_network_that_fails_to_start_is_a_skip_with_its_reason(monkeypatch: py
     ctx = _ctx()
     ctx.fresh_world = lambda **_: Refusing()
     ctx.target = SimpleNamespace(spec="mlp", ddp_kwargs={})
+    ctx.injected = False
     outcome = scaling_cliff.run(ctx)
     assert outcome.status == "skipped" and "Operation not permitted" in outcome.message
 
@@ -153,3 +155,23 @@ def test_a_short_real_sweep_through_the_session(suite_session: Any, monkeypatch:
     assert ctx is not None
     shaped = [e.data["rate_gbps"] for e in ctx.events if e.name == "slow-link"]
     assert len(shaped) == 3 and shaped[0] is None and shaped[1] > 0 and shaped[2] is None
+
+
+def test_link_gbps_projects_the_step_and_says_how_far_it_extrapolates() -> None:
+    outcome = judge(_sweep(), link_gbps=100.0)
+    projection = outcome.metrics[keys.LINK_PROJECTION]
+    assert projection["validated"] is True and projection["link_gbps"] == 100.0
+    # The sweep's fastest shaped link carried ~1e7 B/s; 100 Gbit/s is 1.25e10 B/s.
+    assert projection["bandwidth_factor"] > 100
+    assert projection["world_size_factor"] == 512  # 1024 ranks projected from 2 measured
+    steps = [p["step_time_s"] for p in projection["projection"]]
+    assert steps == sorted(steps)  # weak scaling: never faster with more ranks
+    assert steps[0] == pytest.approx(FORWARD + BACKWARD + DDP_COST, rel=0.05)
+    assert "projection at 100 Gbit/s per rank" in outcome.message
+    assert "x outside the link rates validated" in outcome.message and "past the 2 ranks measured" in outcome.message
+
+
+def test_a_projection_from_an_unvalidated_sweep_says_so() -> None:
+    outcome = judge(_sweep(slower=1.5), link_gbps=0.01)
+    assert outcome.metrics[keys.LINK_PROJECTION]["validated"] is False
+    assert "projection (UNVALIDATED: the simulator missed the bound here)" in outcome.message
