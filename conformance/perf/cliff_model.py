@@ -119,10 +119,24 @@ def bucket_layout(profile: BackwardProfile, order: Sequence[int], logging: Mappi
     return greedy_buckets(profile.nbytes, cap, first_cap_bytes=first)
 
 
-def fit_point(sizes: Sequence[int], per_rank_times: Sequence[Sequence[Sequence[float]]], world_size: int) -> AlphaBeta:
-    """The alpha-beta fit of one rate's sweep (per size, the median of the slowest rank)."""
+def fit_point(sizes: Sequence[int], per_rank_times: Sequence[Sequence[Sequence[float]]], world_size: int, *,
+              unshaped: bool = False) -> AlphaBeta:
+    """The alpha-beta fit of one rate's sweep (per size, the median of the slowest rank).
+
+    ``unshaped``: on the unshaped loopback the whole sweep takes about a millisecond and a busy
+    host's scheduling noise can tilt the line below flat; there the all-reduce is a sliver of
+    the step, so instead of giving up, the smallest size's time is the latency and the
+    largest size's throughput the bandwidth (the fit's own weakest reading, stated as such by
+    ``intercept_clamped``). A shaped rate's fit never falls back: its slope is the link."""
     times = [median_of_slowest([rank[i] for rank in per_rank_times]) for i in range(len(sizes))]
-    return fit_alpha_beta(sizes, times, world_size)
+    try:
+        return fit_alpha_beta(sizes, times, world_size)
+    except ValueError:
+        if not unshaped or min(times) <= 0:
+            raise
+    n = world_size
+    return AlphaBeta(alpha_s=times[0] / (2 * (n - 1)), beta_bytes_per_s=2 * (n - 1) / n * sizes[-1] / times[-1],
+                     fit_world_size=n, median_rel_residual=1.0, intercept_clamped=True)
 
 
 def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: Sequence[int],
@@ -130,7 +144,7 @@ def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: S
     """One rate's LinkPoint from every rank's ``_cliff_rank.link_point`` value."""
     n = len(values)
     profile, order = combined_profile([v["profile"] for v in values])
-    fit = fit_point(sizes, [v["sweep"]["times"] for v in values], n)
+    fit = fit_point(sizes, [v["sweep"]["times"] for v in values], n, unshaped=rate is None)
     layout = bucket_layout(profile, order, values[0]["logging"], cap_mb)
     timing = step_at(profile, layout, fit, n)
     comm = [v["logging"].get("avg_backward_comm_time") for v in values]

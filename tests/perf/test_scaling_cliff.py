@@ -175,3 +175,11 @@ def test_a_projection_from_an_unvalidated_sweep_says_so() -> None:
     outcome = judge(_sweep(slower=1.5), link_gbps=0.01)
     assert outcome.metrics[keys.LINK_PROJECTION]["validated"] is False
     assert "projection (UNVALIDATED: the simulator missed the bound here)" in outcome.message
+
+
+def test_a_noisy_unshaped_sweep_falls_back_but_a_noisy_shaped_one_never_does() -> None:
+    tilted = [[[0.002] * 3, [0.001] * 3], [[0.002] * 3, [0.001] * 3]]  # bigger is faster: noise
+    fit = cm.fit_point([4096, 1 << 20], tilted, 2, unshaped=True)
+    assert fit.alpha_s == pytest.approx(0.001) and fit.median_rel_residual == 1.0
+    with pytest.raises(ValueError, match="time does not grow with message size"):
+        cm.fit_point([4096, 1 << 20], tilted, 2)
