@@ -18,6 +18,11 @@ simulated one) is calibrated on a rate's two unshaped neighbours and added to it
 every shaped point is a validation. The knee (``cliff_model.knee_index``),
 measured and predicted.
 
+The bucket layout that moves the knee (``_cliff_layout``): proposed by the simulator at the
+measured knee, then re-run side by side at that rate against the configured one, and reported
+as a remedy ("verified fix" / "did not fix" / "suggested, not verified") -- never claimed from
+the model alone; the recommendation is made only when verified.
+
 Verdict: failed if an all-reduce result was wrong; skipped without the privilege or ``tc``
 (the reason named), on one rank, or under --attach; inconclusive when a rate's timings cannot
 be fitted or the sweep reproduced no cliff (the lowest rate's step under
@@ -55,9 +60,11 @@ from reports.keys import (
 from reports.units import fmt_bytes
 
 from ..harness.context import CheckContext
+from ..harness.remedies import REMEDIES, Remedy, to_json
 from ..harness.outcome import Outcome
 from ..harness.world import LinkShape, NetworkUnavailable, World, WorldLike, unavailable_reason
 from . import cliff_model as cm
+from ._cliff_layout import verify_layout
 from ._cliff_rank import link_point
 
 #: Exposed communication the shaped rates aim at, as multiples of the compute measured
@@ -76,7 +83,7 @@ VEHICLE = "tied-lm"
 @dataclass(frozen=True, slots=True)
 class SweepData:
     """What the sweep measured: every rank's ``link_point`` value per rate, in sweep order
-    (None: unshaped; the unshaped rate is measured first and again last)."""
+    (None: unshaped; the unshaped rate is measured first and again after every shaped rate)."""
 
     world_size: int
     cap_mb: float | None
@@ -102,9 +109,12 @@ def run(ctx: CheckContext) -> Outcome:
         with ctx.fresh_world(private_network=True) as world:
             data = measure(world, spec, cap_mb=cap_mb,
                            exposures=EXPOSURES, steps=STEPS, iters=ITERS, on_shape=lambda rate: _record(ctx, rate))
+            # The layout that moves the knee, proposed by the simulator and re-run side by side
+            # in the same world: nothing is claimed from the model alone.
+            layout = verify_layout(world, spec, data, cap_mb) if isinstance(world, World) else None
     except NetworkUnavailable as exc:
         return Outcome.skipped(f"no shaped link here: {exc}")
-    return judge(data, link_gbps=ctx.link_gbps)
+    return judge(data, link_gbps=ctx.link_gbps, layout=layout)
 
 
 def _record(ctx: CheckContext, rate: float | None) -> None:
@@ -157,7 +167,7 @@ def _rate(rate: float | None) -> str:
     return f"{rate / 1e9:.3g} Gbit/s" if rate >= 1e9 else f"{rate / 1e6:.3g} Mbit/s"
 
 
-def judge(data: SweepData, *, link_gbps: float | None = None) -> Outcome:
+def judge(data: SweepData, *, link_gbps: float | None = None, layout: Remedy | str | None = None) -> Outcome:
     wrong = [(rate, v["sweep"]["wrong"]) for rate, vals in zip(data.rates, data.values) for v in vals
              if any(v["sweep"]["wrong"])]
     if wrong:
@@ -184,7 +194,7 @@ def judge(data: SweepData, *, link_gbps: float | None = None) -> Outcome:
         "gradient_bytes": sum(data.values[0][0]["profile"]["nbytes"]), "world_size": data.world_size,
         "shaped_rates": len(report.points) - 1,
     }
-    evidence = {"table": cm.table(report.points), "notes": report.notes()}
+    evidence: dict[str, Any] = {"table": cm.table(report.points), "notes": report.notes()}
     grads = fmt_bytes(metrics["gradient_bytes"])
     if report.cliff_ratio < CLIFF_MIN_RATIO:
         return Outcome.inconclusive(
@@ -197,7 +207,16 @@ def judge(data: SweepData, *, link_gbps: float | None = None) -> Outcome:
              if report.validated else
              f"simulator unvalidated: off by up to {report.max_error:.0%} (bound {cm.ERROR_BOUND:.0%})"
              + ("" if report.knee_agrees else ", its knee more than one sweep point from the measured one"))
-    suffix = ""
+    suffix, recommendation = "", None
+    if isinstance(layout, Remedy):
+        evidence[REMEDIES] = to_json([layout])
+        suffix += f"; {layout.change} re-run at the knee: {layout.status}"
+        if layout.verified:
+            recommendation = (f"Set {layout.change}: at the knee's link rate it measured "
+                              f"{layout.evidence['proposed_step_s'] * 1e3:.1f} ms per step against "
+                              f"{layout.evidence['configured_step_s'] * 1e3:.1f} ms configured (re-run side by side)")
+    elif layout:
+        evidence["notes"].append(f"bucket layout: {layout}")
     if link_gbps is not None:
         profile, _ = cm.combined_profile([v["profile"] for v in data.values[0]])
         projection = cm.project_link(report, profile, link_gbps=link_gbps, world_size=data.world_size,
@@ -205,7 +224,8 @@ def judge(data: SweepData, *, link_gbps: float | None = None) -> Outcome:
         metrics[LINK_PROJECTION] = projection.to_metric()
         suffix = f"; {projection.describe(data.world_size)}"
     return Outcome.passed(f"{knee}; step x{report.cliff_ratio:.1f} at {_rate(report.points[-1].rate_bits_per_s)} "
-                          f"({grads} of gradients); {model}{suffix}", metrics=metrics, evidence=evidence)
+                          f"({grads} of gradients); {model}{suffix}", metrics=metrics, evidence=evidence,
+                          recommendation=recommendation)
 
 
 def _gbps(rate: float | None) -> float | None:

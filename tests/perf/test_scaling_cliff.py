@@ -183,3 +183,65 @@ def test_a_noisy_unshaped_sweep_falls_back_but_a_noisy_shaped_one_never_does() -
     assert fit.alpha_s == pytest.approx(0.001) and fit.median_rel_residual == 1.0
     with pytest.raises(ValueError, match="time does not grow with message size"):
         cm.fit_point([4096, 1 << 20], tilted, 2)
+
+
+def _front_loaded_profile() -> Any:
+    """Most bytes ready early in backward: a split into buckets lets them overlap the rest."""
+    from conformance.perf.simulator import BackwardProfile
+
+    return BackwardProfile(ready_s=(0.001, 0.002, 0.010), nbytes=(60_000, 60_000, 1_000), backward_end_s=0.010,
+                           forward_s=0.002)
+
+
+def test_the_simulator_proposes_a_layout_only_where_it_moves_the_knee() -> None:
+    from conformance.perf import _cliff_layout as layout
+
+    report = cm.validate([cm.LinkPoint(None, 0.012, 0.012, 0.012, 0, 1e9, 0, 1),
+                          cm.LinkPoint(1e7, 0.030, 0.030, 0.012, 1e-4, 1.2e7, 0, 1),
+                          cm.LinkPoint(None, 0.012, 0.012, 0.012, 0, 1e9, 0, 1)])
+    proposal = layout.propose(_front_loaded_profile(), report, world_size=2, cap_mb=None)
+    assert not isinstance(proposal, str)
+    cap, configured, proposed = proposal
+    assert proposed < configured * (1 - layout.LAYOUT_GAIN) and cap < 0.1
+    from conformance.perf.simulator import BackwardProfile
+
+    back_loaded = BackwardProfile(ready_s=(0.001, 0.009, 0.010), nbytes=(1_000, 1_000, 120_000),
+                                  backward_end_s=0.010, forward_s=0.002)
+    reason = layout.propose(back_loaded, report, world_size=2, cap_mb=None)
+    assert isinstance(reason, str) and "is predicted to cut the step at the knee by 10%" in reason
+    assert "the gradient ready last holds 98% of the bytes" in reason
+
+
+class _FakeWorld:
+    """Answers link_point calls with fixed step times per bucket cap; records the shaping."""
+
+    def __init__(self, configured_s: float, proposed_s: float) -> None:
+        self.times = {None: configured_s, "proposed": proposed_s}
+        self.link = _Link()
+
+    def run(self, fn: Any, *args: Any, bucket_cap_mb: float | None = None, **kwargs: Any) -> list[Any]:
+        step = self.times[None if bucket_cap_mb is None else "proposed"]
+        return [SimpleNamespace(value={"step_times": [step] * 3}) for _ in range(2)]
+
+
+class _Link:
+    def __init__(self) -> None:
+        self.shapes: list[Any] = []
+
+    def shape(self, shape: Any) -> None:
+        self.shapes.append(shape)
+
+
+@pytest.mark.parametrize(("proposed_s", "status"), [(0.020, "verified fix"), (0.031, "did not fix"),
+                                                    (0.028, "suggested, not verified")])
+def test_the_layout_is_verified_only_by_its_side_by_side_rerun(proposed_s: float, status: str) -> None:
+    from conformance.harness.remedies import verify
+    from conformance.perf import _cliff_layout as layout
+
+    world = _FakeWorld(0.030, proposed_s)
+    remedy = verify("bucket_cap_mb=0.03", layout.rerun_layout(world, "mlp", 1e7, 0.03))  # type: ignore[arg-type]
+    assert remedy.status == status
+    assert [None if s is None else s.rate_bits_per_s for s in world.link.shapes] == [1e7, None]
+    outcome = judge(_sweep(), layout=remedy)
+    assert outcome.evidence[keys.REMEDIES][0]["status"] == status
+    assert (outcome.recommendation is not None) == (status == "verified fix")
