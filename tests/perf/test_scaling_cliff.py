@@ -146,6 +146,10 @@ def test_a_short_real_sweep_through_the_session(suite_session: Any, monkeypatch:
     monkeypatch.setattr(scaling_cliff, "EXPOSURES", (4.0,))
     monkeypatch.setattr(scaling_cliff, "STEPS", 3)
     monkeypatch.setattr(scaling_cliff, "ITERS", 2)
+    from conformance.perf import _cliff_layout
+
+    monkeypatch.setattr(_cliff_layout, "ROUNDS", 1)
+    monkeypatch.setattr(_cliff_layout, "STEPS", 2)
     record, ctx = suite_session.run_check(BY_ID["scaling-cliff"], "mlp")
     # Timing decides passed vs inconclusive on a loaded host; never a failure, never a skip here.
     assert record.status in ("passed", "inconclusive"), record.message
