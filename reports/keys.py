@@ -65,6 +65,15 @@ MODEL_BYTES = "model_bytes"  # int: bytes of those parameters
 SUPERVISOR_PEAK_RSS = "supervisor_peak_rss_bytes"  # int | None: the supervisor's peak RSS during the check
 TREE_PEAK_RSS = "tree_peak_rss_bytes"  # int | None: peak RSS of supervisor + ranks + their children, summed
 
+# conformance/perf/scaling_cliff.py, metrics.
+CLIFF_SWEEP = "cliff_sweep"  # list[{"rate_gbps" (None: unshaped), "measured_step_s", "predicted_step_s", ...}]
+CLIFF_KNEE = "cliff_knee"  # {"measured_gbps", "predicted_gbps", "measured_index", "predicted_index"}
+CLIFF_RATIO = "cliff_ratio"  # float: step at the lowest rate / unshaped step
+CLIFF_MAX_ERROR = "cliff_max_error"  # float: the simulator's largest relative error at a shaped rate
+LINK_PROJECTION = "link_projection"  # {"link_gbps", "projection", "validated", "bandwidth_factor", ...}: --link-gbps
+CLIFF_VALIDATED = "cliff_simulator_validated"  # bool: every shaped rate within the bound, knee within a point
+
+
 # Which module produces which key: what the test of this module holds the producers to.
 PRODUCERS: dict[str, tuple[str, ...]] = {
     WARNINGS: ("conformance.checks._equivalence",),
@@ -86,7 +95,8 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     BEST_BUCKET_CAP_MB: ("faults.checks.bucket_config",),
     CONFIGURED_BUCKET_CAP_MB: ("faults.checks.bucket_config",),
     REMEDIES: ("conformance.harness.remedies", "conformance.checks._checkpointing",
-               "faults.checks.unused_parameters", "faults.checks.bucket_config"),
+               "faults.checks.unused_parameters", "faults.checks.bucket_config",
+               "conformance.perf.scaling_cliff"),
     COMPILED: ("conformance.checks._compiled",),
     GRAPH_BREAKS: ("conformance.checks._compiled",),
     DDP_BUCKET_SPLITS: ("conformance.checks._compiled",),
@@ -96,12 +106,10 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     MODEL_BYTES: ("conformance.harness.resources",),
     SUPERVISOR_PEAK_RSS: ("conformance.harness.resources",),
     TREE_PEAK_RSS: ("conformance.harness.resources",),
+    CLIFF_SWEEP: ("conformance.perf.scaling_cliff",),
+    CLIFF_KNEE: ("conformance.perf.scaling_cliff",),
+    CLIFF_RATIO: ("conformance.perf.scaling_cliff",),
+    CLIFF_MAX_ERROR: ("conformance.perf.scaling_cliff",),
+    CLIFF_VALIDATED: ("conformance.perf.scaling_cliff",),
+    LINK_PROJECTION: ("conformance.perf.scaling_cliff",),
 }
-
-# conformance/perf/scaling_cliff.py, metrics.
-CLIFF_SWEEP = "cliff_sweep"  # list[{"rate_gbps" (None: unshaped), "measured_step_s", "predicted_step_s", ...}]
-CLIFF_KNEE = "cliff_knee"  # {"measured_gbps", "predicted_gbps", "measured_index", "predicted_index"}
-CLIFF_RATIO = "cliff_ratio"  # float: step at the lowest rate / unshaped step
-CLIFF_MAX_ERROR = "cliff_max_error"  # float: the simulator's largest relative error at a shaped rate
-LINK_PROJECTION = "link_projection"  # {"link_gbps", "projection", "validated", "bandwidth_factor", ...}: --link-gbps
-CLIFF_VALIDATED = "cliff_simulator_validated"  # bool: every shaped rate within the bound, knee within a point

@@ -178,6 +178,10 @@ RULES: dict[str, Rule] = {
         "The all-reduce timings were too noisy to fit or to project from: re-run the check "
         "alone on an idle machine (--checks allreduce-bandwidth, no other jobs on its cores "
         "or GPUs).", _cliff),
+    "scaling-cliff": Rule(
+        "The shaped-link sweep could not be judged (all-reduce timings too noisy to fit, or no "
+        "cliff within the sweep): re-run the check alone on an idle machine (--checks "
+        "scaling-cliff, no other jobs on its cores)."),
 }
 
 NEXT_STEP = ("The check could not decide: read its evidence, fix the harness error, and re-run it "
