@@ -66,3 +66,18 @@ def test_slow_link_on_a_real_private_network_sets_tbf_inside_the_namespace_only(
         assert "tbf" not in inside, inside
     finally:
         net.close()
+
+
+def test_a_tc_that_refuses_is_a_network_unavailable_naming_the_command() -> None:
+    from conformance.harness.world import NetworkUnavailable
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    net = PrivateNetwork(tc="/bin/false").start()
+    try:
+        with pytest.raises(NetworkUnavailable, match=r"private network shape failed: `/bin/false qdisc replace "
+                                                     r"dev lo root tbf rate 100000000bit .*` exited 1"):
+            SlowLink(rate_gbps=0.1).inject(Site("link", 0, 0, "data", InjectionLog(), link=net))
+    finally:
+        net.close()

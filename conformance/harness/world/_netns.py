@@ -233,7 +233,8 @@ def _run(argv: list[str]) -> str | None:
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HOLDER_REPLY_S)
     if done.returncode == 0:
         return None
-    return f"{' '.join(argv[-6:])}: {(done.stderr or done.stdout).strip().splitlines()[-1:] or done.returncode}"
+    said = (done.stderr or done.stdout).strip().splitlines()
+    return f"`{' '.join(argv)}` exited {done.returncode}: {said[-1] if said else 'no message'}"
 
 
 def _holder_main(parent_pid: int, tc: str, ip: str) -> None:
