@@ -16,6 +16,8 @@ sweep runs that many times in one world and the medians per rate are judged.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -41,6 +43,7 @@ def main() -> int:
     parser.add_argument("--target", default="tied-lm")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--save", default=None, help="write every repeat's raw sweep here (JSON lines)")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason:
@@ -52,6 +55,9 @@ def main() -> int:
         for repeat in range(args.repeats):
             # Every repeat at the first one's rates, so that the medians are per rate.
             data: SweepData = measure(world, args.target, cap_mb=None, rates=runs[0].rates if runs else None)
+            if args.save:
+                with open(args.save, "a") as f:
+                    f.write(json.dumps(dataclasses.asdict(data)) + "\n")
             try:
                 points = [cm.link_point(rate, vals, sizes, data.cap_mb)
                           for rate, sizes, vals in zip(data.rates, data.sizes, data.values)]

@@ -24,11 +24,13 @@ FORWARD, BACKWARD, ALPHA, DDP_COST = 0.002, 0.004, 100e-6, 0.0005
 
 
 def _rank_value(rate: float | None, sizes: list[int], *, slower: float = 1.0) -> dict[str, Any]:
-    """One rank's link_point value on an exact link: an all-reduce of V bytes takes
-    2 alpha + V / (rate / 8 / 2) (both ranks' traffic crosses the one shaped loopback)."""
+    """One rank's link_point value on an exact token-bucket link: an all-reduce of V bytes
+    takes 2 alpha + V / (rate / 8 / 2) back to back (both ranks' traffic crosses the one shaped
+    loopback), and a step's all-reduce, after the idle compute, gets the burst for free."""
     per_byte = 1 / 5e8 if rate is None else 2 * 8 / rate
     comm = [2 * ALPHA + v * per_byte for v in sizes]
-    step = FORWARD + BACKWARD + 2 * ALPHA + sum(NBYTES) * per_byte + DDP_COST
+    transfer = sum(NBYTES) * per_byte
+    step = FORWARD + BACKWARD + 2 * ALPHA + transfer - min(cm.burst_credit_s(rate), transfer) + DDP_COST
     ready = [BACKWARD * (i + 1) / len(NBYTES) for i in range(len(NBYTES))]
     return {"sweep": {"times": [[t] * 3 for t in comm], "wrong": [0] * len(sizes)},
             "step_times": [step * (slower if rate is not None else 1.0)] * 5,
@@ -55,9 +57,10 @@ def test_an_exact_link_is_predicted_and_the_knee_found_where_it_is() -> None:
     assert m[keys.CLIFF_VALIDATED] is True and m[keys.CLIFF_MAX_ERROR] < 0.02
     assert m["ddp_overhead_s"] == pytest.approx(DDP_COST, rel=0.05)  # calibrated unshaped
     knee = m[keys.CLIFF_KNEE]
-    # Exposures 0.1, 0.2, 0.4 ... of the compute: the first above KNEE_SHARE (0.25) is 0.4, index 3
-    # (index 0 is the unshaped link).
-    assert knee["measured_index"] == knee["predicted_index"] == 3
+    # Exposures 0.1, 0.2, 0.4, 0.8 ... of the compute (index 0 is the unshaped link). At 0.4 the
+    # burst (1 ms of the rate) hides 1 ms of the 2.4 ms transfer: 1.6 ms exposed with latency, under a quarter
+    # of the 6.5 ms compute + DDP cost; at 0.8 (index 4) it is well above.
+    assert knee["measured_index"] == knee["predicted_index"] == 4
     assert m[keys.CLIFF_RATIO] > 3
     assert len(m[keys.CLIFF_SWEEP]) == 1 + len(scaling_cliff.EXPOSURES)
     assert "knee at" in outcome.message and "simulator validated" in outcome.message
