@@ -43,10 +43,8 @@ extrapolates past the rates and the world size that were measured.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from reports.keys import (
@@ -60,8 +58,8 @@ from reports.keys import (
 from reports.units import fmt_bytes
 
 from ..harness.context import CheckContext
-from ..harness.remedies import REMEDIES, Remedy, to_json
 from ..harness.outcome import Outcome
+from ..harness.remedies import REMEDIES, Remedy, to_json
 from ..harness.world import LinkShape, NetworkUnavailable, World, WorldLike, unavailable_reason
 from . import cliff_model as cm
 from ._cliff_layout import verify_layout

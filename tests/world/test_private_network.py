@@ -111,7 +111,7 @@ def test_without_the_capabilities_or_tc_the_reason_is_named() -> None:
 
 
 UNPRIVILEGED = """
-import sys, tempfile
+import sys
 sys.path.insert(0, {root!r})
 from conformance.harness.world import NetworkUnavailable, World, unavailable_reason
 print("reason:", unavailable_reason())
