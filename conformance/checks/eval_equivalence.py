@@ -37,7 +37,7 @@ from ..harness.outcome import Outcome
 from ..harness.timing import EVAL_PG_TIMEOUT_S
 from ..harness.world import RankFailure, WorldHang
 from ._equivalence import world_error_outcome
-from ._eval import EvalRank, evaluate_on_rank, verdict
+from ._eval import EvalRank, evaluate_on_rank, failed_world, verdict
 
 
 def _n_ranks(ctx: CheckContext) -> list[EvalRank]:
@@ -58,7 +58,10 @@ def run(ctx: CheckContext) -> Outcome:
     try:
         ranks = _n_ranks(ctx)
     except (RankFailure, WorldHang) as exc:
-        return world_error_outcome(exc, "the target's evaluate")
+        # A rank that died (gloo aborts a process on a collective mismatch) or stayed stuck past
+        # the deadline: the ranks that returned still say what they did (no forward at all...).
+        described = {r.rank: r.error.describe() for r in exc.results if r.error is not None}
+        return failed_world(exc.results, described) or world_error_outcome(exc, "the target's evaluate")
     try:
         reference = ctx.world(1).run(evaluate_on_rank, ctx.target.spec, train_after=False,
                                      deadline=ctx.deadline)[0].value

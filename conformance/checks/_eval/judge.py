@@ -157,7 +157,7 @@ def compare(ranks: list[EvalRank], reference: EvalRank, samples: int) -> list[Co
 
 @dataclass(frozen=True)
 class Cause:
-    name: str  # padding | missing | mean-of-means | no-reduction | train-mode
+    name: str  # only-some-ranks | padding | missing | mean-of-means | no-reduction | train-mode
     text: str
 
 
@@ -207,6 +207,11 @@ def causes(ranks: list[EvalRank], comp: Comparison, cov: Coverage) -> list[Cause
     """What the records show about a metric that is not the 1-rank one (or not the same on
     every rank): each cause only where its measurement holds."""
     found = []
+    forwards = {r.rank: r.forward.calls for r in ranks}
+    if 0 in forwards.values() and any(forwards.values()):
+        found.append(Cause("only-some-ranks", "only rank(s) " + str([r for r, n in forwards.items() if n])
+                           + " evaluated (forwards per rank: "
+                           + ", ".join(f"rank {r} {n}" for r, n in forwards.items()) + ")"))
     if cov.duplicates:
         found.append(Cause("padding", "padding duplicates: " + padding_text(cov, len(ranks))))
     if cov.missing:

@@ -15,6 +15,8 @@ REC_PADDING = ("count every sample once: shard without padding (indices rank, ra
 REC_REDUCE = ("all-reduce the sums and the counts (SUM) and divide once at the end; never average "
               "per-rank means, never log one rank's own value")
 REC_TRAIN = "call model.eval() (and torch.no_grad()) before evaluating, model.train() after"
+REC_EVERY_RANK = ("run evaluate on every rank (each on its shard, then reduce), or on rank 0 only through "
+                  "model.module with no collective inside, while the others wait in a barrier")
 REC_GATHER = ("all_gather needs the same shape on every rank: all-reduce sums and counts instead, or "
               "gather the sizes first, pad to the largest and trim after, or use all_gather_object")
 
@@ -78,6 +80,8 @@ def _recommend(names: set[str]) -> list[str]:
         recs.append(REC_REDUCE)
     if "train-mode" in names:
         recs.append(REC_TRAIN)
+    if "only-some-ranks" in names:
+        recs.append(REC_EVERY_RANK)
     return recs
 
 
@@ -162,7 +166,14 @@ def errored(ranks: list[EvalRank]) -> Outcome:
             evidence=evidence, recommendation=REC_GATHER)
     idle = [r for r, n in forwards.items() if n == 0]
     busy = [r for r, n in forwards.items() if n > 0]
-    rank, error = next(iter(errors.items()))
+    # The rank whose error is not a peer's symptom (a collective timed out or was reset waiting
+    # for the rank that left) is the one that raised first.
+    rank, error = next(((r, e) for r, e in errors.items() if not _symptom(e)), next(iter(errors.items())))
+    train = sorted({m for r in ranks for m in r.forward.train_mode_modules})
+    why = (f" — cause: model in train mode during evaluate ({', '.join(repr(m) for m in train[:4])} in train "
+           f"mode at the forward)" if train else "")
+    others = "; ".join(f"rank {r}: {e}" for r, e in errors.items() if r != rank)
+    also = f" (then {others})" if others else ""
     if idle and busy:
         return Outcome.failed(
             f"only rank(s) {busy} evaluated (forwards per rank: "
@@ -171,8 +182,42 @@ def errored(ranks: list[EvalRank]) -> Outcome:
             f"broadcasts buffers, a metric's all-reduce), or evaluate the bare module on one rank",
             metrics={"key_figure": f"only rank(s) {busy} evaluated", "culprit_rank": idle[0]},
             evidence=evidence,
-            recommendation="run evaluate on every rank (each on its shard, then reduce), or on rank 0 only "
-                           "through model.module with no collective inside, while the others wait in a barrier")
-    return Outcome.failed(f"evaluate raised on rank {rank}: {error} — {NO_CAUSE} (forwards per rank: "
+            recommendation=REC_EVERY_RANK)
+    if train:
+        return Outcome.failed(f"evaluate raised on rank {rank}: {error}{why}{also}",
+                              metrics={"key_figure": f"evaluate raised on rank {rank} (train mode)",
+                                       "culprit_rank": rank}, evidence=evidence, recommendation=REC_TRAIN)
+    return Outcome.failed(f"evaluate raised on rank {rank}: {error}{also} — {NO_CAUSE} (forwards per rank: "
                           f"{', '.join(f'rank {r} {n}' for r, n in forwards.items())})",
-                          metrics={"key_figure": f"evaluate raised on rank {rank}"}, evidence=evidence)
+                          metrics={"key_figure": f"evaluate raised on rank {rank}", "culprit_rank": rank},
+                          evidence=evidence)
+
+
+def _symptom(error: str) -> bool:
+    text = error.lower()
+    return any(s in text for s in ("timed out", "timeout", "connection closed", "connection reset", "broken pipe"))
+
+
+def failed_world(results: list[Any], described: dict[int, str]) -> Outcome | None:
+    """Some rank died or was stuck while others returned their records (``results``: every
+    rank's RankResult; ``described``: rank -> its RankError in words). Returns None when no
+    rank returned a record (the world error then speaks for itself)."""
+    returned = [r.value for r in results if r.error is None and isinstance(r.value, EvalRank)]
+    if not returned:
+        return None
+    lost = ", ".join(f"rank {r} {text}" for r, text in sorted(described.items()))
+    idle = [r.rank for r in returned if r.forward.calls == 0]
+    said = "; ".join(f"rank {r.rank} returned from evaluate after {r.forward.calls} forwards"
+                     + (f" and its training step raised {r.step.error}" if r.step.error else "") for r in returned)
+    evidence = {"rank_errors": {str(k): v for k, v in described.items()},
+                "forwards_per_rank": {str(r.rank): r.forward.calls for r in returned},
+                "step_errors": {str(r.rank): r.step.error for r in returned if r.step.error}}
+    if idle:
+        return Outcome.failed(
+            f"only some ranks evaluated: rank(s) {idle} returned from evaluate after 0 forwards and went on "
+            f"into the training step, while {lost} ({said}) — every rank must run the same collectives (DDP's "
+            f"forward broadcasts buffers, a metric's all-reduce)",
+            metrics={"key_figure": f"rank(s) {idle} did not evaluate", "culprit_rank": idle[0]},
+            evidence=evidence, recommendation=REC_EVERY_RANK)
+    return Outcome.failed(f"evaluate failed: {lost} ({said}) — {NO_CAUSE}",
+                          metrics={"key_figure": "a rank died in evaluate"}, evidence=evidence)
