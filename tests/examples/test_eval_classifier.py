@@ -37,6 +37,7 @@ MEAN_OF_MEANS = ("    totals = torch.stack([losses.sum(), hits.sum(), torch.tens
                  "    return {\"loss\": loss, \"accuracy\": accuracy}")
 UNREDUCED = ("    dist.all_reduce(totals)  # SUM over ranks: every rank then logs the same numbers\n", "")
 TRAIN_MODE = ("    model.eval()\n", "")
+WITH_AUTOGRAD = ("    with torch.no_grad():\n", "    if True:  # no torch.no_grad()\n")
 RANK0_ONLY = ("    loader = DataLoader(", "    if ctx.rank != 0:\n        return {}\n    loader = DataLoader(")
 UNEVEN_GATHER = (MEAN_OF_MEANS[0],
                  "    gathered = [torch.empty_like(hits) for _ in range(ctx.world_size)]\n"
@@ -56,6 +57,9 @@ CASES = {
     "train_mode_left_on": ([TRAIN_MODE], r"— cause: model in train mode during evaluate: '1', '3' in train mode at "
                                          r"the forward; buffers updated by the eval set: 1\.num_batches_tracked, "
                                          r"1\.running_mean, 1\.running_var"),
+    # The metrics agree (autograd changes no value): the forward with autograd on is the finding.
+    "autograd_on": ([WITH_AUTOGRAD], r"^the forward ran with autograd on during evaluate \(rank 0 2 of 2 forwards, "
+                                     r"rank 1 2 of 2 forwards\)$"),
     "uneven_all_gather": ([UNEVEN_GATHER], r"^evaluate's all_gather \(collective #0\) of tensors of different shapes: "
                                            r"rank 0 \[26\], rank 1 \[25\] — culprit rank 1"),
     # Last: DDP's buffer broadcast in rank 0's eval forward meets rank 1's training step, and gloo

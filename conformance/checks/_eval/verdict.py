@@ -43,11 +43,12 @@ def _evidence(comps: list[Comparison], cov: Coverage, hyg: Hygiene, ranks: list[
             "evaluate_seconds": {str(r.rank): r.seconds for r in ranks}}
 
 
-def _hygiene_problems(hyg: Hygiene) -> tuple[list[str], list[str]]:
-    """(problems, recommendations) of what evaluate must leave alone."""
+def _hygiene_problems(hyg: Hygiene, *, mode_named: bool) -> tuple[list[str], list[str]]:
+    """(problems, recommendations) of what evaluate must leave alone (``mode_named``: a metric's
+    cause already names the train mode and the buffers it changed)."""
     problems: list[str] = []
     recs: list[str] = []
-    if hyg.buffers_changed:
+    if hyg.buffers_changed and not mode_named:
         rank, names = next(iter(hyg.buffers_changed.items()))
         problems.append(f"evaluate changed buffers on rank {rank}: {', '.join(names[:4])}")
     if hyg.grad_enabled:
@@ -64,7 +65,7 @@ def _hygiene_problems(hyg: Hygiene) -> tuple[list[str], list[str]]:
             text += (" — cause: evaluate's forward through DDP with autograd on prepared a gradient "
                      "reduction that no backward finished")
         problems.append(text)
-    if hyg.train_mode and not hyg.buffers_changed:
+    if hyg.train_mode and not hyg.buffers_changed and not mode_named:
         rank, modules = next(iter(hyg.train_mode.items()))
         problems.append(f"modules in train mode during evaluate on rank {rank}: {', '.join(modules[:4])}")
     if hyg.train_mode or hyg.buffers_changed:
@@ -95,6 +96,15 @@ def _passed(comps: list[Comparison], cov: Coverage, hyg: Hygiene, world_size: in
                f"{hyg.buffers_compared} buffer(s) unchanged over {hyg.forwards} forwards; a training step "
                f"after evaluate ran")
     if cov.duplicates:
+        repeats = sum(n - 1 for n in cov.duplicates.values())
+        # The smallest move a counted repeat makes: 10% of the metric's value, once in n + repeats.
+        resolved = all(c.tolerance < 0.1 * abs(c.reference or 0.0) / (cov.expected + repeats) for c in comps)
+        if not resolved:
+            return Outcome.inconclusive(
+                f"{padding_text(cov, world_size)}: forwarded, and the metrics agree within a tolerance (max "
+                f"|Δ| {worst:.2g}) too wide at {cov.expected} samples to see {repeats} repeat(s): it cannot tell "
+                f"repeats counted from repeats removed", metrics={"key_figure": f"{repeats} repeat(s) forwarded"},
+                evidence=evidence, recommendation=REC_PADDING)
         message += (f"; note: {padding_text(cov, world_size)} — forwarded, yet the metrics agree, so the "
                     f"repeats are not counted")
     metrics = {"key_figure": f"{len(comps)} metric(s) equal on {world_size} ranks and 1 ({cov.expected} samples)",
@@ -119,12 +129,11 @@ def verdict(ranks: list[EvalRank], reference: EvalRank) -> Outcome:
     comps = compare(ranks, reference, max(cov.expected, 1))
     hyg = hygiene(ranks)
     evidence = _evidence(comps, cov, hyg, ranks)
-    problems, recs = _hygiene_problems(hyg)
     wrong = [c for c in comps if not c.equal]
-    named: set[str] = set()
+    found = causes(ranks, wrong[0], cov) if wrong else []
+    named = {c.name for c in found}
+    problems, recs = _hygiene_problems(hyg, mode_named="train-mode" in named)
     if wrong:
-        found = causes(ranks, wrong[0], cov)
-        named = {c.name for c in found}
         text = "; ".join(_metric_problem(c, world_size) for c in wrong[:3])
         text += (" — cause: " + "; ".join(c.text for c in found) if found else
                  f" — {NO_CAUSE} (samples {cov.seen} on {world_size} ranks vs {cov.expected}, collectives "
@@ -208,7 +217,8 @@ def failed_world(results: list[Any], described: dict[int, str]) -> Outcome | Non
     lost = ", ".join(f"rank {r} {text}" for r, text in sorted(described.items()))
     idle = [r.rank for r in returned if r.forward.calls == 0]
     said = "; ".join(f"rank {r.rank} returned from evaluate after {r.forward.calls} forwards"
-                     + (f" and its training step raised {r.step.error}" if r.step.error else "") for r in returned)
+                     + (f" and its training step raised {r.step.error[:120]}" if r.step.error else "")
+                     for r in returned)
     evidence = {"rank_errors": {str(k): v for k, v in described.items()},
                 "forwards_per_rank": {str(r.rank): r.forward.calls for r in returned},
                 "step_errors": {str(r.rank): r.step.error for r in returned if r.step.error}}
