@@ -17,6 +17,7 @@ counted (``unindexed_batches``), and the forward's rows stand in for the sample 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 from typing import Any, Callable, Iterator, Protocol
 
@@ -210,7 +211,8 @@ class Collectives:
 
         # The original, for the shape exchange of a gather (never recorded as the user's call).
         self._gather_object = c10d.all_gather_object
-        wrappers = {"all_reduce": self._reduce, "reduce": self._reduce, "all_gather": self._gather,
+        wrappers: dict[str, Callable[[str, Callable[..., Any]], Callable[..., Any]]] = {
+                    "all_reduce": self._reduce, "reduce": self._reduce, "all_gather": self._gather,
                     "all_gather_into_tensor": self._gather_into, "broadcast": self._plain,
                     "all_gather_object": self._plain, "gather": self._plain, "reduce_scatter": self._plain,
                     "barrier": self._plain}
@@ -218,7 +220,7 @@ class Collectives:
         # distributed_c10d's globals (all_gather_object -> all_gather), which stay untouched.
         for name, wrap in wrappers.items():
             if name in dist.__dict__:
-                self._stack.enter_context(_replaced(dist, name, lambda orig, n=name, w=wrap: w(n, orig)))
+                self._stack.enter_context(_replaced(dist, name, functools.partial(wrap, name)))
 
     def _plain(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
