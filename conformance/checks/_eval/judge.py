@@ -1,7 +1,7 @@
 """The supervisor side: the N ranks' records against the 1-rank reference's, and the causes.
 
-Every cause named here is a hypothesis tested on the records (docs/numerics.md, "Evaluation
-metrics", for the tolerance):
+Every cause named here is a hypothesis tested on the records (the tolerance: docs/numerics.md,
+"Evaluation metrics"):
 
 - padding duplicates: indices fetched more often on N ranks than in the 1-rank run, with the
   DistributedSampler's arithmetic (dataset length, replicas, padded total);
