@@ -81,6 +81,12 @@ def test_correct_evaluation_passes_and_says_what_it_compared(suite_session):
     assert record.evidence["collectives"] == {"0": ["all_reduce(SUM)"], "1": ["all_reduce(SUM)"]}
 
 
+def test_target_without_evaluate_skips_with_the_reason(suite_session):
+    record, _ = suite_session.run_check(CHECK, "mlp")
+    assert record.status == "skipped"
+    assert record.message.startswith("target 'mlp' defines no evaluate(model, ctx): no distributed evaluation")
+
+
 @pytest.fixture(scope="module")
 def eval_world(suite_session):
     with contextlib.closing(suite_session.new_world(pg_timeout=EVAL_PG_TIMEOUT_S)) as world:

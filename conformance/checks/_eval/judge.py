@@ -89,16 +89,16 @@ def coverage(ranks: list[EvalRank], reference: EvalRank) -> Coverage:
     return Coverage("rows", reference.forward.rows, sum(rows.values()), rows, {}, (), None)
 
 
-def padding_text(cov: Coverage, world_size: int) -> str:
+def padding_text(cov: Coverage, world_size: int, *, verb: str = "counted") -> str:
     """"51 samples on 2 ranks: DistributedSampler pads to 52, sample 0 counted twice"."""
     times = {2: "twice", 3: "three times"}
-    dups = ", ".join(f"sample {i} counted {times.get(n, f'{n} times')}" for i, n in list(cov.duplicates.items())[:5])
+    dups = ", ".join(f"sample {i} {verb} {times.get(n, f'{n} times')}" for i, n in list(cov.duplicates.items())[:5])
     more = f" (and {len(cov.duplicates) - 5} more)" if len(cov.duplicates) > 5 else ""
     s = cov.sampler
     if s is not None and s.total_size > s.dataset_len and not s.drop_last:
         return (f"{s.dataset_len} samples on {s.num_replicas} ranks: DistributedSampler pads to "
                 f"{s.total_size}, {dups}{more}")
-    return f"{cov.expected} samples on {world_size} ranks, {cov.seen} counted: {dups}{more}"
+    return f"{cov.expected} samples on {world_size} ranks, {cov.seen} {verb}: {dups}{more}"
 
 
 @dataclass(frozen=True)

@@ -101,12 +101,12 @@ def _passed(comps: list[Comparison], cov: Coverage, hyg: Hygiene, world_size: in
         resolved = all(c.tolerance < 0.1 * abs(c.reference or 0.0) / (cov.expected + repeats) for c in comps)
         if not resolved:
             return Outcome.inconclusive(
-                f"{padding_text(cov, world_size)}: forwarded, and the metrics agree within a tolerance (max "
+                f"{padding_text(cov, world_size, verb='forwarded')}, and the metrics agree within a tolerance (max "
                 f"|Δ| {worst:.2g}) too wide at {cov.expected} samples to see {repeats} repeat(s): it cannot tell "
                 f"repeats counted from repeats removed", metrics={"key_figure": f"{repeats} repeat(s) forwarded"},
                 evidence=evidence, recommendation=REC_PADDING)
-        message += (f"; note: {padding_text(cov, world_size)} — forwarded, yet the metrics agree, so the "
-                    f"repeats are not counted")
+        message += (f"; note: {padding_text(cov, world_size, verb='forwarded')} — yet the metrics agree, so "
+                    f"the repeats are not counted")
     metrics = {"key_figure": f"{len(comps)} metric(s) equal on {world_size} ranks and 1 ({cov.expected} samples)",
                "metrics_compared": len(comps), "samples": cov.expected, "max_abs_diff": worst}
     return Outcome.passed(message, metrics=metrics, evidence=evidence)
