@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...harness.outcome import Outcome
-from .judge import REDUCER_ERROR, Comparison, Coverage, Hygiene, causes, compare, coverage, hygiene, padding_text
+from .judge import REDUCER_ERROR, Cause, Comparison, Coverage, Hygiene, causes, compare, coverage, hygiene, padding_text
 from .records import EvalRank
 
 NO_CAUSE = "no known cause matched"
@@ -71,6 +71,18 @@ def _hygiene_problems(hyg: Hygiene, *, mode_named: bool) -> tuple[list[str], lis
     if hyg.train_mode or hyg.buffers_changed:
         recs.append(REC_TRAIN)
     return problems, recs
+
+
+def _key_figure(wrong: list[Comparison], world_size: int, found: list[Cause]) -> str:
+    """The metric furthest from the 1-rank value (relative), and the cause's name."""
+    def rel(c: Comparison) -> float:
+        return c.max_diff / max(abs(c.reference or 0.0), 1e-12)
+
+    c = max(wrong, key=rel)
+    why = f" ({', '.join(x.name for x in found)})" if found else ""
+    if c.missing or not c.ranks_agree or c.first is None or c.reference is None:
+        return f"{c.metric} {'missing' if c.missing else 'differs across ranks'}{why}"
+    return f"{c.metric} {c.first:.6g} on {world_size} ranks vs {c.reference:.6g} on 1{why}"
 
 
 def _recommend(names: set[str]) -> list[str]:
@@ -142,10 +154,7 @@ def verdict(ranks: list[EvalRank], reference: EvalRank) -> Outcome:
         evidence["causes"] = [c.name for c in found]
     if not problems:
         return _passed(comps, cov, hyg, world_size, evidence)
-    first = wrong[0] if wrong else None
-    key = (f"{first.metric} {first.first:.4g} on {world_size} ranks vs {first.reference:.4g} on 1"
-           if first is not None and first.first is not None and first.reference is not None and first.ranks_agree
-           else f"{first.metric} differs across ranks" if first is not None else problems[0][:80])
+    key = _key_figure(wrong, world_size, found) if wrong else problems[0][:80]
     metrics = {"key_figure": key, "metrics_compared": len(comps), "samples": cov.expected,
                "metrics_differing": [c.metric for c in wrong]}
     return Outcome.failed("; ".join(problems), metrics=metrics, evidence=evidence,
