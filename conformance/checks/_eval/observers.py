@@ -80,10 +80,13 @@ class Forward:
         self._handle: Any = None
         self._module: Any = None
         self._had_grad: set[str] = set()
+        self._watched: list[tuple[str, Any]] = []
 
     def attach(self, model: Any) -> None:
         self._module = unwrap(model)
         self._had_grad = {n for n, p in self._module.named_parameters() if p.grad is not None}
+        # Found once: a forward then reads only these modules' flags, not the whole tree.
+        self._watched = [(n or type(m).__name__, m) for n, m in self._module.named_modules() if _mode_dependent(m)]
         self._handle = self._module.register_forward_pre_hook(self._seen, with_kwargs=True)
 
     def _seen(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -92,9 +95,9 @@ class Forward:
         self.calls += 1
         self.rows += _rows(args, kwargs)
         self.grad_enabled += torch.is_grad_enabled()
-        for name, sub in module.named_modules():
-            if sub.training and _mode_dependent(sub):
-                self.train_mode.setdefault(name or type(sub).__name__)
+        for name, sub in self._watched:
+            if sub.training:
+                self.train_mode.setdefault(name)
 
     def detach(self) -> ForwardSlice:
         self._handle.remove()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .observers import Buffers, Collectives, Forward, Instrument, SampleIndices, UnevenGather
-from .records import EvalRank, StepSlice
+from .records import BufferSlice, CollectiveSlice, EvalRank, ForwardSlice, SamplesSlice, StepSlice
 
 #: The seed of the global batch of the training step run right after evaluate.
 STEP_SEED = 4321
@@ -96,7 +96,9 @@ def evaluate_on_rank(rank_ctx: Any, target_spec: str, *, train_after: bool) -> E
     digest = _params_digest(ddp)
     forward, samples, buffers = Forward(), SampleIndices(), Buffers()
     collectives = Collectives(side_group=rank_ctx.side_group, world_size=rank_ctx.world_size)
-    instruments: list[Instrument] = [forward, samples, collectives, buffers]
+    # The two that replace torch attributes come first, so they are put back first: in a
+    # persistent world a patch left behind would reach the next check.
+    instruments: list[Instrument] = [samples, collectives, forward, buffers]
     for instrument in instruments:
         instrument.attach(ddp)
     metrics: dict[str, float] | None = None
@@ -115,9 +117,10 @@ def evaluate_on_rank(rank_ctx: Any, target_spec: str, *, train_after: bool) -> E
         metrics = _metrics(target, returned)
     finally:
         seconds = time.perf_counter() - started
-        slices = [instrument.detach() for instrument in instruments]
+        # Each observer returns its own typed slice; the record takes them by type.
+        slices = {type(part): part for part in (instrument.detach() for instrument in instruments)}
     # A rank whose evaluate raised does not train on: its peers' step then waits for it and
     # is released by the process group's (short) timeout, with its own error as data.
     step = _train_step(target, ddp, rank_ctx) if train_after and error is None else StepSlice(ran=False)
-    return EvalRank(rank_ctx.rank, rank_ctx.world_size, metrics, error, digest, slices[0], slices[1],
-                    slices[2], slices[3], step, round(seconds, 4))
+    return EvalRank(rank_ctx.rank, rank_ctx.world_size, metrics, error, digest, slices[ForwardSlice],
+                    slices[SamplesSlice], slices[CollectiveSlice], slices[BufferSlice], step, round(seconds, 4))
