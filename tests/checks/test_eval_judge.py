@@ -117,3 +117,15 @@ def test_repeats_within_a_tolerance_too_wide_to_resolve_them_are_inconclusive():
     outcome = verdict(ranks, reference)
     assert outcome.status == "inconclusive", outcome.message
     assert "cannot tell repeats counted from repeats removed" in outcome.message
+
+
+def test_ranks_with_their_own_datasets_are_counted_by_rows():
+    """Each rank built its own dataset (its shard): indices restart at 0 on every rank and say
+    nothing about the 1-rank run's; rows are compared instead, and nothing is called missing."""
+    ranks = [EvalRank(**{**{f: getattr(_rank(r, 2, {"accuracy": 0.5}, list(range(n))), f)
+                            for f in REFERENCE.__dataclass_fields__},
+                         "samples": SamplesSlice({f"TensorDataset[{n}]": tuple(range(n))}, ())})
+             for r, n in ((0, 26), (1, 25))]
+    outcome = verdict(ranks, REFERENCE)
+    assert outcome.status == "passed", outcome.message
+    assert "51 samples (26+25 per rank, by rows) against 51 on 1 rank" in outcome.message

@@ -72,8 +72,10 @@ class Coverage:
 
 def coverage(ranks: list[EvalRank], reference: EvalRank) -> Coverage:
     ref = index_counts([reference.samples])
-    if ref:
-        seen = index_counts([r.samples for r in ranks])
+    seen = index_counts([r.samples for r in ranks])
+    # Indices are comparable only into the same datasets: ranks that each build their own
+    # (a per-rank file shard) number their samples from 0, and are counted by rows instead.
+    if ref and set(seen) == set(ref):
         dup: dict[int, int] = {}
         missing: list[int] = []
         for key, expected in ref.items():
