@@ -129,3 +129,25 @@ def test_ranks_with_their_own_datasets_are_counted_by_rows():
     outcome = verdict(ranks, REFERENCE)
     assert outcome.status == "passed", outcome.message
     assert "51 samples (26+25 per rank, by rows) against 51 on 1 rank" in outcome.message
+
+
+def test_mean_of_means_and_no_reduction_are_named_from_the_reduced_values():
+    shards = _strided(2)  # 26 + 25
+    weighted = (26 * 0.6 + 25 * 0.4) / 51
+    reference = EvalRank(**{**{f: getattr(REFERENCE, f) for f in REFERENCE.__dataclass_fields__},
+                            "metrics": {"accuracy": weighted}})
+    calls = [(CollectiveCall("all_reduce", "SUM", (1,), (v,), (1.0,)),) for v in (0.6, 0.4)]
+    averaged = [_rank(r, 2, {"accuracy": 0.5}, shards[r], calls=calls[r]) for r in range(2)]
+    outcome = verdict(averaged, reference)
+    assert ("cause: mean of per-rank means over uneven shards: rank 0 0.6 over 26 samples, rank 1 0.4 over 25 "
+            "samples averaged unweighted to 0.5; weighted by the samples they are 0.501961, the 1-rank value"
+            in outcome.message), outcome.message
+    own = [_rank(r, 2, {"accuracy": v}, shards[r]) for r, v in ((0, 0.6), (1, 0.4))]
+    outcome = verdict(own, reference)
+    assert ("cause: no reduction: each rank reports its own shard's value (rank 0 0.6 over 26 samples, rank 1 0.4 "
+            "over 25 samples); weighted by the samples they are 0.501961, the 1-rank value, and evaluate called "
+            "no collective" in outcome.message), outcome.message
+    # The same values with a reference the weights do not explain: no cause is claimed.
+    other = EvalRank(**{**{f: getattr(reference, f) for f in REFERENCE.__dataclass_fields__},
+                        "metrics": {"accuracy": 0.7}})
+    assert "no known cause matched" in verdict(averaged, other).message
