@@ -245,8 +245,8 @@ class Hygiene:
     buffers_changed: dict[int, tuple[str, ...]] = field(default_factory=dict)
     grads_written: dict[int, tuple[str, ...]] = field(default_factory=dict)
     step_errors: dict[int, str] = field(default_factory=dict)
-    buffers_compared: int = 0
-    forwards: int = 0
+    buffers_compared: int = 0  # per rank
+    forwards: int = 0  # over the ranks
 
     def as_dict(self) -> dict[str, Any]:
         def keyed(d: dict[int, Any]) -> dict[str, Any]:
@@ -266,4 +266,4 @@ def hygiene(ranks: list[EvalRank]) -> Hygiene:
         {r.rank: r.buffers.changed for r in ranks if r.buffers.changed},
         {r.rank: r.forward.grads_written for r in ranks if r.forward.grads_written},
         {r.rank: r.step.error for r in ranks if r.step.error},
-        sum(r.buffers.compared for r in ranks), sum(r.forward.calls for r in ranks))
+        max((r.buffers.compared for r in ranks), default=0), sum(r.forward.calls for r in ranks))

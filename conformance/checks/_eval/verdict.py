@@ -104,9 +104,9 @@ def _passed(comps: list[Comparison], cov: Coverage, hyg: Hygiene, world_size: in
     worst = max((c.max_diff for c in comps), default=0.0)
     message = (f"{len(comps)} metric(s) ({', '.join(c.metric for c in comps[:6])}) on {world_size} ranks equal "
                f"the 1-rank run within tolerance (max |Δ| {worst:.2g}) and on every rank; {cov.seen} samples "
-               f"({shards} per rank, by {cov.by}) against {cov.expected} on 1 rank; eval mode, no autograd, "
-               f"{hyg.buffers_compared} buffer(s) unchanged over {hyg.forwards} forwards; a training step "
-               f"after evaluate ran")
+               f"({shards} per rank, by {cov.by}) against {cov.expected} on 1 rank; eval mode, no autograd and "
+               f"{hyg.buffers_compared} buffer(s) unchanged on every rank over {hyg.forwards} forwards; a "
+               f"training step after evaluate ran")
     if cov.duplicates:
         repeats = sum(n - 1 for n in cov.duplicates.values())
         # The smallest move a counted repeat makes: 10% of the metric's value, once in n + repeats.
