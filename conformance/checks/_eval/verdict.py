@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from reports.keys import CULPRIT_RANK
+
 from ...harness.outcome import Outcome
 from .judge import REDUCER_ERROR, Cause, Comparison, Coverage, Hygiene, causes, compare, coverage, hygiene, padding_text
 from .records import EvalRank
@@ -180,7 +182,7 @@ def errored(ranks: list[EvalRank]) -> Outcome:
             f"— culprit rank {', '.join(map(str, culprits))} (shape differs from rank 0's); on gloo the rank "
             f"receiving more bytes than it allocated aborts and the others get garbage rows, NCCL hangs or "
             f"returns garbage, so the suite stopped it before it was issued",
-            metrics={"key_figure": f"uneven {uneven.op}: {sizes}", "culprit_rank": culprits[0] if culprits else None},
+            metrics={"key_figure": f"uneven {uneven.op}: {sizes}", CULPRIT_RANK: culprits[0] if culprits else None},
             evidence=evidence, recommendation=REC_GATHER)
     idle = [r for r, n in forwards.items() if n == 0]
     busy = [r for r, n in forwards.items() if n > 0]
@@ -198,16 +200,16 @@ def errored(ranks: list[EvalRank]) -> Outcome:
             f"{', '.join(f'rank {r} {n}' for r, n in forwards.items())}): rank {rank}'s evaluate raised "
             f"{error} while rank(s) {idle} went on — every rank must run the same collectives (DDP's forward "
             f"broadcasts buffers, a metric's all-reduce), or evaluate the bare module on one rank",
-            metrics={"key_figure": f"only rank(s) {busy} evaluated", "culprit_rank": idle[0]},
+            metrics={"key_figure": f"only rank(s) {busy} evaluated", CULPRIT_RANK: idle[0]},
             evidence=evidence,
             recommendation=REC_EVERY_RANK)
     if train:
         return Outcome.failed(f"evaluate raised on rank {rank}: {error}{why}{also}",
                               metrics={"key_figure": f"evaluate raised on rank {rank} (train mode)",
-                                       "culprit_rank": rank}, evidence=evidence, recommendation=REC_TRAIN)
+                                       CULPRIT_RANK: rank}, evidence=evidence, recommendation=REC_TRAIN)
     return Outcome.failed(f"evaluate raised on rank {rank}: {error}{also} — {NO_CAUSE} (forwards per rank: "
                           f"{', '.join(f'rank {r} {n}' for r, n in forwards.items())})",
-                          metrics={"key_figure": f"evaluate raised on rank {rank}", "culprit_rank": rank},
+                          metrics={"key_figure": f"evaluate raised on rank {rank}", CULPRIT_RANK: rank},
                           evidence=evidence)
 
 
@@ -236,7 +238,7 @@ def failed_world(results: list[Any], described: dict[int, str]) -> Outcome | Non
             f"only some ranks evaluated: rank(s) {idle} returned from evaluate after 0 forwards and went on "
             f"into the training step, while {lost} ({said}) — every rank must run the same collectives (DDP's "
             f"forward broadcasts buffers, a metric's all-reduce)",
-            metrics={"key_figure": f"rank(s) {idle} did not evaluate", "culprit_rank": idle[0]},
+            metrics={"key_figure": f"rank(s) {idle} did not evaluate", CULPRIT_RANK: idle[0]},
             evidence=evidence, recommendation=REC_EVERY_RANK)
     return Outcome.failed(f"evaluate failed: {lost} ({said}) — {NO_CAUSE}",
                           metrics={"key_figure": "a rank died in evaluate"}, evidence=evidence)
