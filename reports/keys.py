@@ -91,7 +91,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     SAMPLER_SEEDS: ("conformance.checks.sampler",),
     UNUSED_TABLE: ("faults.checks.unused_parameters",),
     FIND_UNUSED_TAX: ("faults.checks.unused_parameters",),
-    CULPRIT_RANK: ("faults.checks.straggler", "faults.checks.hang_detection"),
+    CULPRIT_RANK: ("faults.checks.straggler", "faults.checks.hang_detection", "conformance.checks._eval.verdict"),
     BEST_BUCKET_CAP_MB: ("faults.checks.bucket_config",),
     CONFIGURED_BUCKET_CAP_MB: ("faults.checks.bucket_config",),
     REMEDIES: ("conformance.harness.remedies", "conformance.checks._checkpointing",

@@ -182,6 +182,11 @@ RULES: dict[str, Rule] = {
         "The shaped-link sweep could not be judged (all-reduce timings too noisy to fit, or no "
         "cliff within the sweep): re-run the check alone on an idle machine (--checks "
         "scaling-cliff, no other jobs on its cores)."),
+    "eval-equivalence": Rule(
+        "Evaluate the whole eval set once on every rank: shard without DistributedSampler's "
+        "padding (or drop the repeats before counting), all-reduce sums and counts and divide "
+        "once, under model.eval() and torch.no_grad(), with no all_gather of tensors whose "
+        "length differs by rank; every rank runs evaluate (and the same collectives)."),
 }
 
 NEXT_STEP = ("The check could not decide: read its evidence, fix the harness error, and re-run it "

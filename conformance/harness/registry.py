@@ -102,6 +102,11 @@ CHECKS: tuple[CheckSpec, ...] = (
         "conformance.perf.scaling_cliff:run",
         suites=frozenset({"full"}), slow=True,
     ),
+    CheckSpec(
+        "eval-equivalence", "Evaluation equivalence", "conformance",
+        "the target's evaluate on N ranks reports the metrics of 1 rank; every eval sample once; eval mode, no gradients, buffers untouched",
+        "conformance.checks.eval_equivalence:run",
+    ),
 )
 
 BY_ID: dict[str, CheckSpec] = {spec.id: spec for spec in CHECKS}

@@ -48,7 +48,7 @@ BUILTINS = ("mlp", "tied-lm", "branchy", "convbn")
 SEE = "see the README section 'Writing a target'"
 REQUIRED = ("build_model", "make_batch")  # and loss_fn, unless forward_loss is defined
 OPTIONAL_CALLABLES = ("loss_fn", "forward_loss", "build_optimizer", "train_step", "epoch_batches",
-                      "run_loop", "configure_ddp")
+                      "run_loop", "configure_ddp", "evaluate")
 #: ``sampling``: how the target draws its training samples. "epochs": a sampler that visits every
 #: sample once per epoch (DistributedSampler), which sampler-coverage verifies through
 #: ``epoch_batches``; "with-replacement": random draws (e.g. random windows of a token stream),
@@ -245,6 +245,8 @@ class Target(TargetCalls):
     run_loop: Callable[[Any], None] | None = None
     # Called on every DDP model right after construction (ddp.configure): comm hooks, DDP state.
     configure_ddp: Callable[[Any], Any] | None = None
+    # The target's own distributed evaluation: evaluate(model, ctx) -> {metric: value} (eval-equivalence).
+    evaluate: Callable[[Any, Any], Any] | None = None
     builtin: bool = False
     global_batch_size: int | None = None  # optional extension: the production global batch
     sampling: str = "epochs"  # one of SAMPLING_MODES
@@ -400,6 +402,7 @@ _SIGNATURES: dict[str, tuple[str, tuple[int, ...]]] = {
     "epoch_batches": ("epoch_batches(rank, world_size, epoch)", (3,)),
     "run_loop": ("run_loop(ctx)", (1,)),
     "configure_ddp": ("configure_ddp(ddp_model)", (1,)),
+    "evaluate": ("evaluate(model, ctx)", (2,)),
 }
 
 

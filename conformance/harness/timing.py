@@ -151,3 +151,10 @@ def sweep_reps(step_s: float, *, points: int, deadline_s: float, budget_s: float
     reps = min(max(int(budget_s / per_rep), min_reps), max_reps)
     fits = int(deadline_s * SWEEP_DEADLINE_SHARE / per_rep)
     return max(1, min(reps, fits))
+
+#: The process-group timeout of the fresh world in which eval-equivalence runs the target's
+#: ``evaluate`` on N ranks (conformance/checks/eval_equivalence.py): an evaluation on only some
+#: ranks leaves the others' next collective waiting, and that collective raises after this long
+#: (naming itself) instead of after a deadline's share. Ten seconds, as for the mid-run look: a
+#: healthy evaluation's collective waits at most for a peer's forward passes.
+EVAL_PG_TIMEOUT_S = 10.0

@@ -22,7 +22,7 @@ from reports.schema import CheckRecord
 
 CHECK_IDS = ("gradient-equivalence", "no-sync-equivalence", "rank-consistency", "sampler-coverage",
              "shared-weights", "unused-parameters", "straggler", "bucket-config", "hang-detection",
-             "allreduce-bandwidth", "scaling-cliff")
+             "allreduce-bandwidth", "scaling-cliff", "eval-equivalence")
 
 
 def _rec(cid: str, status: str = "failed", **kw: Any) -> CheckRecord:

@@ -75,6 +75,10 @@ def test_default_step_uses_forward_loss(tmp_path):
      r"train_step must be callable as train_step\(model, optimizer, microbatches, loss_fn\).*"
      r"its signature is train_step\(model, batch\) \(at .*t\.py:9"),
     ("def forward_loss(model):\n    pass\n", r"forward_loss must be callable as forward_loss\(model, microbatch\)"),
+    ("def loss_fn(o, t):\n    return o.sum()\nevaluate = {'accuracy': 0.5}\n",
+     r"evaluate is a dict, not a function \(see the README section 'Writing a target'\)"),
+    ("def loss_fn(o, t):\n    return o.sum()\ndef evaluate(model):\n    return {}\n",
+     r"evaluate must be callable as evaluate\(model, ctx\), its signature is evaluate\(model\)"),
     ("pass\n", r"does not define loss_fn\(\).*or forward_loss\(model, microbatch\).*"
                r"see the README section 'Writing a target'"),
 ])

@@ -49,8 +49,10 @@ CASES["configure_ddp_attribute_error"] = (MINE / "bad_configure_ddp.py",
                                           "configure_ddp raised AttributeError: module "
                                           "'torch.distributed.algorithms.ddp_comm_hooks.default_hooks' "
                                           "has no attribute 'fp16_compress' at ")
+CASES["evaluate_returns_a_list"] = (MINE / "bad_evaluate.py",
+                                    "evaluate (defined at ")
 CHECKS = {"type_error_in_hang_detection": "hang-detection", "run_loop_attribute_error": "hang-detection",
-          "type_error_in_unused_parameters": "unused-parameters"}
+          "type_error_in_unused_parameters": "unused-parameters", "evaluate_returns_a_list": "eval-equivalence"}
 
 #: Where the one line must point: the user's file and line.
 WHERE = {"type_error_in_step": "bad_train_step_type_error.py:12",
@@ -60,7 +62,8 @@ WHERE = {"type_error_in_step": "bad_train_step_type_error.py:12",
          "type_error_in_hang_detection": "bad_train_step_type_error.py:12",
          "type_error_in_unused_parameters": "bad_train_step_type_error.py:12",
          "run_loop_attribute_error": "bad_run_loop.py:11",
-         "configure_ddp_attribute_error": "bad_configure_ddp.py:12"}
+         "configure_ddp_attribute_error": "bad_configure_ddp.py:12",
+         "evaluate_returns_a_list": "bad_evaluate.py:19) returned a list, not a dict of metric name -> float"}
 
 
 @pytest.fixture(scope="module")

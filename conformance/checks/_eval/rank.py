@@ -1,0 +1,126 @@
+"""The rank side: the target's ``evaluate`` on the DDP model, watched by the observers.
+
+Runs on every rank of the N-rank world and on the 1-rank reference world. The model is built
+from the suite's seed and wrapped in DDP with the target's ``ddp_kwargs`` (what training uses),
+so both worlds evaluate the same weights (``params_digest`` proves it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .observers import Buffers, Collectives, Forward, Instrument, SampleIndices, UnevenGather
+from .records import BufferSlice, CollectiveSlice, EvalRank, ForwardSlice, SamplesSlice, StepSlice
+
+#: The seed of the global batch of the training step run right after evaluate.
+STEP_SEED = 4321
+
+
+@dataclass(frozen=True)
+class EvalContext:
+    """What a target's ``evaluate(model, ctx)`` receives (README, "Writing a target")."""
+
+    rank: int
+    world_size: int
+    device: Any
+
+
+def _params_digest(model: Any) -> str:
+    from ...harness.ddp import tensor_digest, unwrap
+
+    h = hashlib.sha1()
+    for name, p in unwrap(model).named_parameters():
+        h.update(f"{name}:{tensor_digest(p)}".encode())
+    return h.hexdigest()[:16]
+
+
+def _metrics(target: Any, returned: Any) -> dict[str, float]:
+    """``evaluate``'s return value as {name: float}, or a TargetError saying what it was."""
+    from ...harness.target_calls import defined_at
+    from ...harness.targets import SEE, TargetError
+
+    where = f"target {target.name!r}: evaluate (defined at {defined_at(target.evaluate)})"
+    if not isinstance(returned, Mapping):
+        raise TargetError(f"{where} returned a {type(returned).__name__}, not a dict of metric name -> "
+                          f"float; return what training logs, e.g. {{'accuracy': 0.91}} ({SEE})")
+    out: dict[str, float] = {}
+    for key, value in returned.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise TargetError(f"{where} returned {key!r}: {type(value).__name__}, not a number; return "
+                              f"floats (a 1-element tensor: .item()) ({SEE})") from None
+        out[str(key)] = number
+    return out
+
+
+def _train_step(target: Any, model: Any, rank_ctx: Any) -> StepSlice:
+    """One step of the target's ``train_step`` after ``model.train()``, as a loop resumes
+    training after evaluating. An error of DDP (the reducer's "Expected to have finished
+    reduction in the prior iteration" after an eval forward with autograd on) is data."""
+    from ...harness.ddp import global_batch, shard, to_device
+    from ...harness.target_calls import one_line
+    from ...harness.targets import TargetError
+
+    model.train()
+    optimizer = target.make_optimizer(model)
+    batch = global_batch(target, target.batch_size_for(rank_ctx.world_size, 1), seed=STEP_SEED)
+    micro = to_device(shard(batch, rank_ctx.rank, rank_ctx.world_size, 1), rank_ctx.device)
+    try:
+        target.run_step(model, optimizer, micro, step=0)
+    except TargetError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- DDP's error on the user's model is a finding
+        return StepSlice(ran=True, error=one_line(exc)[:400])
+    return StepSlice(ran=True)
+
+
+def evaluate_on_rank(rank_ctx: Any, target_spec: str, *, train_after: bool) -> EvalRank:
+    """Build and wrap the model, run ``evaluate`` with every observer attached, then (with
+    ``train_after``) one training step. The user's own exception is a TargetError (exit 2);
+    any other (a collective's timeout, an uneven gather, DDP's error) comes back as data."""
+    from ...harness.ddp import MODEL_SEED, build_model, disable_tf32, effective_ddp_kwargs, wrap
+    from ...harness.target_calls import one_line
+    from ...harness.targets import TargetError, call_target, load_target
+
+    disable_tf32()
+    target = load_target(target_spec)
+    if target.evaluate is None:
+        raise ValueError(f"target {target.name!r} defines no evaluate")
+    model = build_model(target, rank_ctx.device, seed=MODEL_SEED)
+    # Construction broadcasts rank 0's parameters and buffers: a collective on every rank.
+    ddp = wrap(model, rank_ctx.device, effective_ddp_kwargs(target), target=target)
+    digest = _params_digest(ddp)
+    forward, samples, buffers = Forward(), SampleIndices(), Buffers()
+    collectives = Collectives(side_group=rank_ctx.side_group, world_size=rank_ctx.world_size)
+    # The two that replace torch attributes come first, so they are put back first: in a
+    # persistent world a patch left behind would reach the next check.
+    instruments: list[Instrument] = [samples, collectives, forward, buffers]
+    for instrument in instruments:
+        instrument.attach(ddp)
+    metrics: dict[str, float] | None = None
+    error = None
+    started = time.perf_counter()
+    try:
+        returned = call_target(target, "evaluate", target.evaluate, ddp,
+                               EvalContext(rank_ctx.rank, rank_ctx.world_size, rank_ctx.device))
+    except TargetError:
+        raise
+    except UnevenGather as exc:
+        error = str(exc)
+    except Exception as exc:  # noqa: BLE001 -- a timeout or DDP's error: reported with the slices
+        error = one_line(exc)[:400]
+    else:
+        metrics = _metrics(target, returned)
+    finally:
+        seconds = time.perf_counter() - started
+        # Each observer returns its own typed slice; the record takes them by type.
+        slices = {type(part): part for part in (instrument.detach() for instrument in instruments)}
+    # A rank whose evaluate raised does not train on: its peers' step then waits for it and
+    # is released by the process group's (short) timeout, with its own error as data.
+    step = _train_step(target, ddp, rank_ctx) if train_after and error is None else StepSlice(ran=False)
+    return EvalRank(rank_ctx.rank, rank_ctx.world_size, metrics, error, digest, slices[ForwardSlice],
+                    slices[SamplesSlice], slices[CollectiveSlice], slices[BufferSlice], step, round(seconds, 4))

@@ -1,0 +1,111 @@
+"""What one rank's evaluation left behind: each observer's typed slice, and the rank's record.
+
+Plain data (no torch): a rank returns an :class:`EvalRank` to the supervisor, which judges the
+ranks' records against the 1-rank reference's (``judge``). Every field is something measured on
+the rank; nothing here is a conclusion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ForwardSlice:
+    """The model's forward during ``evaluate``, seen by a pre-hook on the inner module."""
+
+    calls: int
+    rows: int  # dim 0 of the first tensor argument, summed over the calls
+    #: Forwards that ran with autograd on (``torch.is_grad_enabled()``): an eval forward records
+    #: a graph, and through DDP prepares a reduction for a backward that never comes.
+    grad_enabled_calls: int
+    #: Modules whose behaviour depends on the mode (BatchNorm, Dropout, ...) found in train mode
+    #: at some forward, by name.
+    train_mode_modules: tuple[str, ...]
+    #: Parameters that had no gradient before evaluate and have one after it (a backward ran).
+    grads_written: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SamplerSeen:
+    """A ``DistributedSampler`` a DataLoader of ``evaluate`` drew from: its padding arithmetic."""
+
+    dataset_len: int
+    num_replicas: int
+    total_size: int
+    drop_last: bool
+
+
+@dataclass(frozen=True)
+class SamplesSlice:
+    """Sample indices the DataLoaders of ``evaluate`` fetched on this rank (see ``observers``).
+
+    Indices are those of the root dataset: through every ``Subset`` (a ``random_split``) down
+    to the dataset the Subsets are cut from, keyed by that dataset's type and length.
+    """
+
+    #: dataset key ("TypeName[len]") -> the indices fetched, in order (repeats kept)
+    indices: dict[str, tuple[int, ...]]
+    samplers: tuple[SamplerSeen, ...]
+    #: Batches from loaders whose samples carry no index (an IterableDataset): not counted.
+    unindexed_batches: int = 0
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One collective ``evaluate`` called (through ``torch.distributed``), in call order."""
+
+    op: str  # "all_reduce", "all_gather", ...
+    reduce_op: str | None  # "SUM", "MAX"... for reductions
+    shape: tuple[int, ...]
+    #: The input's values before the call (small tensors only: metrics, counts), else None.
+    values_in: tuple[float, ...] | None
+    values_out: tuple[float, ...] | None
+
+
+@dataclass(frozen=True)
+class UnevenCollective:
+    """A gather whose tensors differ in shape across ranks, found before it was issued."""
+
+    op: str
+    call_index: int  # its position among this rank's collectives
+    shapes: dict[int, tuple[int, ...]]  # rank -> the shape it would have sent
+
+
+@dataclass(frozen=True)
+class CollectiveSlice:
+    calls: tuple[CollectiveCall, ...]
+    uneven: UnevenCollective | None = None
+
+
+@dataclass(frozen=True)
+class BufferSlice:
+    """Buffers (BatchNorm running statistics...) before and after ``evaluate``."""
+
+    compared: int
+    changed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StepSlice:
+    """The training step run right after ``evaluate`` (``model.train()``, then ``train_step``)."""
+
+    ran: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EvalRank:
+    """One rank's evaluation: what ``evaluate`` returned or raised, and every observer's slice."""
+
+    rank: int
+    world_size: int
+    metrics: dict[str, float] | None  # None: evaluate raised (``error``)
+    error: str | None
+    params_digest: str  # the weights evaluated (equal in the N-rank and the 1-rank runs)
+    forward: ForwardSlice
+    samples: SamplesSlice
+    collectives: CollectiveSlice
+    buffers: BufferSlice
+    step: StepSlice = field(default_factory=lambda: StepSlice(ran=False))
+    seconds: float = 0.0
