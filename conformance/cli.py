@@ -318,7 +318,10 @@ def _verdict_exit(report_dir: Path, run_id: str, pytest_code: int) -> int:
     if code == EXIT_READY and pytest_code != 0:
         return inconclusive(f"pytest reported failures (exit status {pytest_code}) "
                             f"that no record explains")
-    print(f"ddp-conformance: verdict {verdict} — {report_dir}/report.html, report.md, report.json")
+    # Not ready: the first reason on the same line (a CI log shows why without the report).
+    first = next(iter(report.get("reasons") or []), None) if code != EXIT_READY else None
+    why = f": {' '.join(str(first).split())}" if first else ""
+    print(f"ddp-conformance: verdict {verdict}{why} — {report_dir}/report.html, report.md, report.json")
     return code
 
 

@@ -71,7 +71,10 @@ def _summary_line(report: Mapping[str, Any]) -> str:
 def _header(report: Mapping[str, Any]) -> list[str]:
     verdict = str(report.get("verdict", "inconclusive"))
     title = VERDICT_TITLES.get(verdict, cell(verdict))
-    lines = [f"# {VERDICT_ICONS.get(verdict, '🟠')} DDP conformance: **{title}**", ""]
+    # The first reason in the headline: a verdict that is not ready says why in its first line.
+    first = next(iter(report.get("reasons") or []), None)
+    why = f" — {cell(first, 300)}" if first and verdict != "ready" else ""
+    lines = [f"# {VERDICT_ICONS.get(verdict, '🟠')} DDP conformance: **{title}**{why}", ""]
     missing = _missing(report)
     if not report.get("complete", False):
         not_run = f" Not run: {', '.join(cell(m, 60) for m in missing)}." if missing else ""

@@ -40,6 +40,7 @@ from reports.keys import (
     HYPOTHESES,
     NOISE_FLOOR,
     NONFINITE,
+    VERIFIED,
     WARNINGS,
 )
 
@@ -302,6 +303,7 @@ class Equivalence:
                                      "reference": self.reference.get("batchnorm_sizes_seen")},
             BATCHNORM_PER_RANK: bool(grouped),
             NOISE_FLOOR: self.noise_floor(),
+            VERIFIED: self.verified(),
             # What the target's step used, seen on rank 0 (the report's configuration table).
             FEATURES: head.get("features"),
             WARNINGS: warnings,
@@ -390,8 +392,28 @@ class Equivalence:
                 f"under DDP): {why}; so no noise floor was measured, and the fixed fp32 tolerances "
                 f"alone are narrower than fp16 autocast's rounding")
 
+    @property
+    def nonzero_gradients(self) -> int:
+        """Parameters whose compared gradient is not exactly zero on one side or the other."""
+        return sum(1 for d in self.grad_diffs if d.ref_max > 0 or d.max_abs > 0)
+
+    def verified(self) -> dict[str, int]:
+        """What this comparison verified, counted: the ready rule reads it (reports/verdict.py,
+        ``unverified``: more than one rank, at least one optimizer.step(), a gradient that is
+        not zero, an all-reduce observed — the fewest any side saw)."""
+        steps = [sum(r.get("optimizer_steps") or []) for r in [*self.ranks, self.reference]]
+        rounds = [sum(r.get("allreduce_rounds") or []) for r in self.ranks]
+        return {"ranks": self.world_size, "optimizer_steps": min(steps, default=0),
+                "nonzero_gradients": self.nonzero_gradients, "allreduce_rounds": min(rounds, default=0)}
+
     def empty_reason(self) -> str | None:
         """Why nothing could be compared, or None."""
+        if self.grad_diffs and not self.nonzero_gradients:
+            # 0 == 0 proves nothing: a loss multiplied by 0 matches any reference "exactly".
+            return (f"every gradient optimizer.step() consumed is exactly zero, under DDP and in "
+                    f"the single-process reference ({len(self.grad_diffs)} parameters): the loss "
+                    f"does not reach the parameters (multiplied by 0, or detached), so there is "
+                    f"nothing to compare")
         if self.grad_diffs:
             return None
         steps = [s for r in [*self.ranks, self.reference] for s in (r.get("optimizer_steps") or [])]
@@ -689,7 +711,8 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
                            "record")
     empty = eq.empty_reason()
     if empty is not None:
-        metrics["key_figure"] = "no gradient reached the optimizer"
+        metrics["key_figure"] = ("every gradient is zero" if eq.grad_diffs
+                                 else "no gradient reached the optimizer")
         return Outcome.skipped(empty, metrics=metrics, evidence=evidence)
     if eq.divergence is not None:
         # Before the comparison with the reference: ranks that disagree with each other are

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from reports import CheckRecord, Event, ResultStore, write_reports
+from reports.keys import VERIFIED
 from tests.reports.sample import sample_run
 
 CHECK_IDS = [
@@ -100,7 +101,9 @@ def test_selected_check_without_result_is_a_harness_error(tmp_path: Path) -> Non
 def test_all_passed_finished_run_is_ready(tmp_path: Path) -> None:
     store = ResultStore(tmp_path)
     store.start({"target": "mlp", "checks_selected": ["gradient-equivalence"]})
-    store.append(CheckRecord("gradient-equivalence", "Gradient equivalence", "conformance", "passed", 1.0))
+    store.append(CheckRecord("gradient-equivalence", "Gradient equivalence", "conformance", "passed", 1.0,
+                             evidence={VERIFIED: {"ranks": 2, "optimizer_steps": 3, "nonzero_gradients": 4,
+                                                  "allreduce_rounds": 3}}))
     store.append(Event("slow-rank", 1.0, 2.0, check="gradient-equivalence", rank=1))
     store.finish()
     report = write_reports(tmp_path)

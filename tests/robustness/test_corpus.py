@@ -52,7 +52,8 @@ def _ready_report(directory: Path) -> str:
 
     store = ResultStore(directory)
     store.start({"target": "mlp", "checks_selected": ["rank-consistency"]})
-    store.append(CheckRecord("rank-consistency", "Rank consistency", "conformance", "passed", 1.0))
+    store.append(CheckRecord("rank-consistency", "Rank consistency", "conformance", "passed", 1.0,
+                             evidence={"verified": {"ranks": 2, "tensors_compared": 8}}))
     store.finish()
     assert write_reports(directory)["verdict"] == "ready"
     assert store.run_id is not None
