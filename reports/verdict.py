@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .keys import VERIFIED
+from .keys import EXHAUSTED, VERIFIED
 from .schema import STATUSES, VERDICTS
 
 READY, NOT_READY, INCONCLUSIVE = VERDICTS
@@ -123,7 +123,7 @@ def gaps(records: Iterable[Any]) -> list[str]:
             out.append(f"DDP's gradients were not verified{f' on {target}' if target else ''}: "
                        f"{', '.join(str(_field(r, 'id')) for r in ran)} skipped"
                        + (f" ({said})" if said else ""))
-    if checks and not correct:
+    if not correct and any(status_of(r) == "passed" for r in checks):
         ids = ", ".join(dict.fromkeys(str(_field(r, "id")) for r in checks))
         out.append(f"no correctness check passed: {ids} verify performance or diagnosis, not that "
                    f"DDP trains this model correctly; run the conformance checks too (leave --checks "
@@ -147,12 +147,15 @@ def reasons(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[
     if harness:
         out.append(f"{len(harness)} harness error(s): the suite itself could not run everything")
     if tally["inconclusive"]:
+        # The host ran out of something (disk, /dev/shm, file descriptors): said first, with the fix.
+        out += list(dict.fromkeys(str(e[EXHAUSTED]) for r in checks if status_of(r) == "inconclusive"
+                                  and isinstance(e := _field(r, "evidence"), Mapping) and e.get(EXHAUSTED)))
         ids = [str(_field(r, "id")) for r in checks if status_of(r) == "inconclusive"]
         out.append(f"{tally['inconclusive']} check(s) inconclusive: {', '.join(ids)}")
+    if not tally["failed"]:
+        out += gaps(checks)
     if tally["passed"] + tally["failed"] == 0:
         out.append("no check passed or failed: nothing was actually verified")
-    elif not tally["failed"]:
-        out += gaps(checks)
     if not out:
         out.append(f"all {tally['passed']} executed check(s) passed")
     return out

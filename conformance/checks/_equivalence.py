@@ -25,6 +25,7 @@ match within a bound so wide that the smallest scaling bug would match too is
 
 from __future__ import annotations
 
+import math
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,7 @@ from reports.keys import (
     DATASET_DIFFERS_ON_RANKS,
     DDP_BYPASSED,
     DROPOUT_DISABLED,
+    EXHAUSTED,
     FEATURES,
     GRADIENT_FACTOR,
     HYPOTHESES,
@@ -45,10 +47,11 @@ from reports.keys import (
 )
 
 from ..harness.context import CheckContext
+from ..harness.exhaustion import exhausted
 from ..harness.outcome import Outcome
 from ..harness.targets import TargetError
 from ..harness.world import RankFailure, WorldHang
-from ._compare import Compared, TensorDiff, fmt, worst
+from ._compare import Compared, TensorDiff, at_gradient_scale, fmt, worst
 from ._compiled import compile_evidence, compile_warnings, slow_compile_outcome
 from ._compression import compression_bound
 from ._digests import DIGEST, Divergence, compared_by, first_divergence
@@ -123,7 +126,17 @@ class Equivalence:
     @property
     def ok(self) -> bool:
         return (self.grads_ok and self.pre_clip_ok and self.first_bad_step is None
-                and self.same_first_step and self.divergence is None)
+                and self.same_first_step and self.divergence is None and not self.known_factor)
+
+    @property
+    def known_factor(self) -> list[str]:
+        """The known bugs whose factor (N, 1/N, K, 1/K...) every gradient measurably carries:
+        a failure whatever the gradients' absolute size (``_compare.scaled`` makes the
+        tolerance see it too; this says so even where a tolerance would not)."""
+        factor = self.factor
+        if factor is None or self.bypassed():
+            return []
+        return scale_causes(factor, world_size=self.world_size, microbatches=self.plan.microbatches)
 
     @property
     def judged_scale(self) -> Scale:
@@ -512,6 +525,10 @@ class Equivalence:
             firsts = sorted({r.get("grads0_step") for r in self.ranks}, key=str)
             parts.append(f"the first optimizer.step() ran at step {firsts} under DDP "
                          f"but at step {self.reference.get('grads0_step')} in the reference")
+        if self.known_factor and self.grads_ok and self.pre_clip_ok:
+            parts.append(f"every first-step gradient is the single-process reference's times "
+                         f"{self.factor:.3g} (within the tolerance only because the gradients are "
+                         f"{fmt(wg.ref_max if wg else 0.0)} in size)")
         if wg is not None and not wg.ok:
             parts.append(f"first-step gradient of {wg.name!r} (as optimizer.step() consumed it) "
                          f"differs from the single-process reference by {fmt(wg.max_abs)} (rel {fmt(wg.max_rel)}) on "
@@ -570,6 +587,21 @@ def _reference_and_ranks(ctx: CheckContext, plan: RunPlan, group: int, folder: P
     return ref, values
 
 
+def _at_gradient_scale(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank's gradient comparisons with the atol capped at rtol x the gradients' scale
+    (``_compare.scaled``): the largest max|ref| of the compared tensors at each point (at
+    optimizer.step(), before clipping). Tiny gradients are then judged relatively."""
+    out = [dict(v) for v in values]
+    compared = [v for v in out if v.get("compared_by") != DIGEST]
+    for label in ("grads0", "pre_clip0"):
+        scale = max((c.diff.ref_max for v in compared for c in v.get(label) or []
+                     if c.ref_present and math.isfinite(c.diff.ref_max)), default=0.0)
+        for v in compared:
+            if v.get(label):
+                v[label] = at_gradient_scale(v[label], scale)
+    return out
+
+
 def _within_fixed_tolerances(values: list[dict[str, Any]]) -> bool:
     """Did every tensor every rank compared match the reference within its fixed dtype
     tolerance (``_compare.TOLERANCES``)? Then no noise floor can change the verdict: it only
@@ -624,6 +656,7 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
                     shutil.rmtree(old, ignore_errors=True)
                     old.mkdir()
             ref, values = _reference_and_ranks(ctx, plan, group, folder, memory)
+        values = _at_gradient_scale(values)
         # The noise floor is measured only where it can decide something: a difference beyond
         # the fixed tolerances (the twin costs one more single-process run of the check).
         twin = None if _within_fixed_tolerances(values) else _twin(ctx, plan, group, folder)
@@ -770,6 +803,13 @@ def world_error_outcome(exc: Exception, what: str, *, ctx: CheckContext | None =
                            "part in every step, or see the unused-parameters check")
     assert isinstance(exc, RankFailure)
     errors = {str(r.rank): r.error.describe() for r in exc.results if r.error is not None}
+    short = next(filter(None, (exhausted(e) for e in errors.values())), None)
+    if short is not None:
+        # A full disk or /dev/shm, too few file descriptors: the environment, not the target.
+        return Outcome.inconclusive(
+            f"{what} could not run: {short}",
+            metrics={"key_figure": "the host ran out of a resource", "failed_ranks": exc.failed_ranks},
+            evidence={EXHAUSTED: short, "rank_errors": errors})
     traces = {str(r.rank): r.error.traceback[-3000:] for r in exc.results
               if r.error is not None and r.error.traceback}
     # The culprit is the rank that died or failed first (World orders causes before symptoms):

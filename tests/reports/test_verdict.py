@@ -187,3 +187,20 @@ def test_the_rule_reads_json_records_as_read_back_from_report_json() -> None:
     records = [_check("gradient-equivalence", counted={**COUNTED, "ranks": 1}).to_json()]
     assert decide(records, complete=True) == "inconclusive"
     assert decide([_check("gradient-equivalence").to_json()], complete=True) == "ready"
+
+
+def test_a_lone_skipped_equivalence_check_says_why_first() -> None:
+    records = [_check("gradient-equivalence", "skipped", counted=None,
+                      message="every gradient optimizer.step() consumed is exactly zero")]
+    assert _first(records) == ("inconclusive: DDP's gradients were not verified on mlp: gradient-equivalence "
+                               "skipped (every gradient optimizer.step() consumed is exactly zero)")
+    assert reasons(records, complete=True)[-1] == "no check passed or failed: nothing was actually verified"
+
+
+def test_the_environment_running_out_is_said_first_with_its_fix() -> None:
+    from reports.keys import EXHAUSTED
+
+    line = "the host ran out of disk space (or inodes) writing /tmp/x (No space left on device): ..."
+    records = [CheckRecord("gradient-equivalence", "t", "conformance", "inconclusive", 0.1, "could not run",
+                           target="mlp", evidence={EXHAUSTED: line}), _check("rank-consistency")]
+    assert _first(records) == f"inconclusive: {line}"
