@@ -174,7 +174,9 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
             raise UsageError(str(exc)) from None
     from .harness.exhaustion import open_files
 
-    short = open_files(world_size)  # raised where it can be; `ulimit -n 16` aborted the run
+    # Raised where it can be (`ulimit -n 16` aborted the run); under a launcher this process is
+    # one rank, whatever the world's size.
+    short = open_files(1 if args.attach else world_size)
     if short is not None:
         raise UsageError(short)
     _check_writable(Path(args.report_dir))
