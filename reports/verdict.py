@@ -125,9 +125,9 @@ def gaps(records: Iterable[Any]) -> list[str]:
                        + (f" ({said})" if said else ""))
     if not correct and any(status_of(r) == "passed" for r in checks):
         ids = ", ".join(dict.fromkeys(str(_field(r, "id")) for r in checks))
-        out.append(f"no correctness check passed: {ids} verify performance or diagnosis, not that "
-                   f"DDP trains this model correctly; run the conformance checks too (leave --checks "
-                   f"out, or add gradient-equivalence)")
+        out.append(f"no correctness check passed: the checks that ran ({ids}) measure performance or "
+                   f"diagnosis, not that DDP trains this model correctly; run the conformance checks "
+                   f"too (leave --checks out, or add gradient-equivalence)")
     return out
 
 

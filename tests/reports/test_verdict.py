@@ -172,9 +172,10 @@ def test_one_equivalence_check_passing_per_target_is_enough() -> None:
 @pytest.mark.parametrize("selection", [("allreduce-bandwidth",), ("straggler", "hang-detection")])
 def test_a_perf_or_chaos_only_selection_is_inconclusive(selection: tuple[str, ...]) -> None:
     records = [_check(c, kind="perf" if c == "allreduce-bandwidth" else "chaos", counted=None) for c in selection]
-    assert _first(records) == (f"inconclusive: no correctness check passed: {', '.join(selection)} verify "
-                               f"performance or diagnosis, not that DDP trains this model correctly; run the "
-                               f"conformance checks too (leave --checks out, or add gradient-equivalence)")
+    assert _first(records) == (f"inconclusive: no correctness check passed: the checks that ran "
+                               f"({', '.join(selection)}) measure performance or diagnosis, not that DDP "
+                               f"trains this model correctly; run the conformance checks too (leave --checks "
+                               f"out, or add gradient-equivalence)")
 
 
 def test_a_failure_outranks_every_gap() -> None:

@@ -126,6 +126,8 @@ CASES = [
     Case("surrogate-in-a-parameter-name",
          ["--target", str(TARGETS / "surrogate_names.py"), "--checks", "rank-consistency"], 1,
          r"verdict not-ready", 60),
+    Case("perf-only-selection", ["--checks", "allreduce-bandwidth"], 3,
+         r"verdict inconclusive: no correctness check passed: the checks that ran \(allreduce-bandwidth\)", 60),
     Case("one-rank", ["--target", str(TESTS / "targets" / "loss_times_world.py"), "--world-size", "1",
                       "--checks", "gradient-equivalence"], 3,
          r"verdict inconclusive: gradient-equivalence on .* passed without verifying DDP: 1 rank", 90),
