@@ -46,7 +46,7 @@ class Run:
     """One ``ddp-conformance`` subprocess with its own tag and temp dir."""
 
     def __init__(self, args: list[str], workdir: Path, *, env: dict[str, str] | None = None,
-                 preexec_fn: Callable[[], None] | None = None) -> None:
+                 preexec_fn: Callable[[], None] | None = None, cwd: Path = ROOT) -> None:
         self.tag = uuid.uuid4().hex
         self.tmp = workdir / f"tmp-{self.tag[:8]}"
         self.tmp.mkdir(parents=True)
@@ -58,7 +58,7 @@ class Run:
                     # The session's memory-backed folder too, where leftovers() looks.
                     "DDP_CONFORMANCE_SHM": str(self.tmp), **(env or {})}
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([*CLI, *args], cwd=ROOT, env=full_env, text=True,
+        self.proc = subprocess.Popen([*CLI, *args], cwd=cwd, env=full_env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      preexec_fn=preexec_fn)  # e.g. a lower ulimit -n
 

@@ -292,6 +292,25 @@ def test_a_full_disk_with_an_old_ready_report_never_exits_0(small_tmpfs: Path, t
     _assert_clean(run)
 
 
+def test_stray_pytest_config_in_the_working_directory_does_not_change_the_run(tmp_path: Path) -> None:
+    """Probe 2's cousins: a pytest.ini and a conftest.py in the directory the gate runs from
+    (a user's repository), and PYTEST_PLUGINS naming that conftest, would shrink the selection;
+    the suite's run takes its own ini file and command line only, so both checks run."""
+    work = tmp_path / "repo"
+    work.mkdir()
+    (work / "pytest.ini").write_text("[pytest]\naddopts = --ddp-checks=sampler-coverage\n")
+    (work / "conftest.py").write_text("def pytest_collection_modifyitems(config, items):\n"
+                                      "    items[:] = items[:1]\n")
+    run = Run(["run", "--report-dir", str(tmp_path / "out"), "--backend", "gloo", "--target", "mlp",
+               "--checks", "sampler-coverage,rank-consistency"], tmp_path, cwd=work,
+              env={"PYTEST_PLUGINS": "conftest", "PYTHONPATH": str(work)})
+    done = run.wait()
+    assert done.code == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["checks_run"] == report["checks_requested"] == ["sampler-coverage", "rank-consistency"]
+    _assert_clean(run)
+
+
 def test_a_full_tmpdir_is_inconclusive_naming_the_disk_never_not_ready(small_tmpfs: Path,
                                                                           tmp_path: Path) -> None:
     """Probe 13: TMPDIR with ~200 KB left, a correct 1 MB model. The reference's snapshot hits
