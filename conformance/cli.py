@@ -17,13 +17,14 @@ is never 0. SIGTERM is handled like Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import signal
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from reports.verdict import EXIT_INCONCLUSIVE, EXIT_NOT_READY, EXIT_READY, EXIT_USAGE
 
@@ -179,6 +180,13 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
             check_world(backend, world_size)
         except WorldUnavailable as exc:
             raise UsageError(str(exc)) from None
+    from .harness.exhaustion import open_files
+
+    # Raised where it can be (`ulimit -n 16` aborted the run); under a launcher this process is
+    # one rank, whatever the world's size.
+    short = open_files(1 if args.attach else world_size)
+    if short is not None:
+        raise UsageError(short)
     _check_writable(Path(args.report_dir))
     if not args.attach or _launched_rank() == "0":  # under a launcher only rank 0 writes
         _own(Path(args.report_dir))
@@ -271,14 +279,34 @@ def _run(args: argparse.Namespace) -> int:
         argv += ["--ddp-link-gbps", str(args.link_gbps)]
     argv += args.pytest_args
     stopped = _ExitMessage()
-    code = pytest.main(argv, plugins=[stopped])
+    with _isolated_from_user_pytest_config():
+        code = pytest.main(argv, plugins=[stopped])
     if code == pytest.ExitCode.USAGE_ERROR:
         if stopped.message:  # a target error found while running: its one line, as at the edge
             print(f"ddp-conformance: error: {stopped.message}", file=sys.stderr)
         return EXIT_USAGE
     if args.attach and _launched_rank() != "0":
         return EXIT_READY if code == pytest.ExitCode.OK else EXIT_NOT_READY
-    return _verdict_exit(report_dir, run_id, int(code))
+    requested = [spec.id for spec in select(args.checks, args.suite)]
+    return _verdict_exit(report_dir, run_id, int(code), requested=requested)
+
+
+#: Environment variables through which pytest takes options and plugins from outside its
+#: command line. The gate's own run ignores them: ``PYTEST_ADDOPTS=--ddp-checks=X`` in a CI
+#: job's environment once shrank ``run --suite ci`` to one check and came out ready.
+_USER_PYTEST_ENV = ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")
+
+
+@contextlib.contextmanager
+def _isolated_from_user_pytest_config() -> Iterator[None]:
+    """The suite's pytest run sees only its own command line and ini file (``-c``, with
+    ``--rootdir``: no pytest.ini, tox.ini, setup.cfg or pyproject.toml of the working
+    directory applies); the environment's pytest options are set aside for the run."""
+    saved = {name: os.environ.pop(name) for name in _USER_PYTEST_ENV if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 class _ExitMessage:
@@ -295,7 +323,7 @@ class _ExitMessage:
 _PYTEST_RAN = (0, 1)  # OK, TESTS_FAILED
 
 
-def _verdict_exit(report_dir: Path, run_id: str, pytest_code: int) -> int:
+def _verdict_exit(report_dir: Path, run_id: str, pytest_code: int, *, requested: list[str] | None = None) -> int:
     """The exit code from *this* run's report, cross-checked with pytest's own status."""
     import json
 
@@ -319,6 +347,13 @@ def _verdict_exit(report_dir: Path, run_id: str, pytest_code: int) -> int:
         code = exit_code(verdict)
     except ValueError:
         return inconclusive(f"report.json has no valid verdict ({verdict!r})")
+    selected = report.get("checks_requested")
+    if requested is not None and selected != requested and code != EXIT_NOT_READY:
+        # The plugin ran another selection than the command line asked for (an option that
+        # reached pytest from elsewhere): what was asked for was not all verified.
+        return inconclusive(f"the run checked {', '.join(map(str, selected or [])) or 'nothing'} "
+                            f"but {', '.join(requested)} was requested (a pytest option from "
+                            f"outside the command line?); the report is in {report_dir}")
     if pytest_code not in _PYTEST_RAN and code != EXIT_NOT_READY:
         # A defect that was found stays found (1); anything else after an interrupted or
         # crashed pytest is undecided, whatever the records say.
@@ -328,7 +363,10 @@ def _verdict_exit(report_dir: Path, run_id: str, pytest_code: int) -> int:
     if code == EXIT_READY and pytest_code != 0:
         return inconclusive(f"pytest reported failures (exit status {pytest_code}) "
                             f"that no record explains")
-    print(f"ddp-conformance: verdict {verdict} — {report_dir}/report.html, report.md, report.json")
+    # Not ready: the first reason on the same line (a CI log shows why without the report).
+    first = next(iter(report.get("reasons") or []), None) if code != EXIT_READY else None
+    why = f": {' '.join(str(first).split())}" if first else ""
+    print(f"ddp-conformance: verdict {verdict}{why} — {report_dir}/report.html, report.md, report.json")
     return code
 
 

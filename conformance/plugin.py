@@ -204,12 +204,13 @@ def run_case(request: pytest.FixtureRequest, session: Any, check_id: str, target
     events = [e.to_json() for e in (ctx.events if ctx else [])]
     request.node.user_properties.append((EVENTS_KEY, json.dumps(events)))
     request.node.user_properties.append((RECORD_KEY, json.dumps(record.to_json())))
+    said = _printable(f"{check_id} on {target}: {record.message}")
     if record.status == "failed":
-        pytest.fail(f"{check_id} on {target}: {record.message}", pytrace=False)
+        pytest.fail(said, pytrace=False)
     if record.status == "inconclusive":
-        pytest.fail(f"INCONCLUSIVE {check_id} on {target}: {record.message}", pytrace=False)
+        pytest.fail(f"INCONCLUSIVE {said}", pytrace=False)
     if record.status == "skipped":
-        pytest.skip(f"{check_id} on {target}: {record.message}")
+        pytest.skip(said)
 
 
 class _ReportWriter:
@@ -246,6 +247,9 @@ class _ReportWriter:
             "world_size": config.getoption("--ddp-world-size") or None,
             "suite": config.getoption("--ddp-suite"),
             "checks_selected": [s.id for s in _selected(config)],
+            # Every (check, target) item the run must produce a record for: one that produced
+            # none (deselected, lost) makes the report list it as missing, never ready.
+            "cases_selected": _cases(config),
             "attach": bool(config.getoption("--ddp-attach")),
             "run_id": config.getoption("--ddp-run-id"),
             "pid": os.getpid(),
@@ -332,7 +336,13 @@ def _progress(config: pytest.Config, line: str) -> None:
 def _say(config: pytest.Config, line: str) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(line)
+        reporter.write_line(_printable(line))
+
+
+def _printable(text: str) -> str:
+    """``text`` with lone surrogates escaped (a parameter name from non-UTF-8 bytes): the
+    terminal's encoder would raise on them."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _first_line(text: str) -> str:
@@ -344,6 +354,13 @@ def _builtin_names() -> list[str]:
     from .harness.targets import BUILTINS
 
     return list(BUILTINS)
+
+
+def _cases(config: pytest.Config) -> list[list[str]]:
+    from .harness.session import Settings
+
+    settings = Settings(target=config.getoption("--ddp-target"))
+    return [[spec.id, target] for spec in _selected(config) for target in settings.targets_for(spec)]
 
 
 def _selected(config: pytest.Config) -> list[Any]:

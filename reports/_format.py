@@ -28,6 +28,24 @@ STATUS_ICONS = {"passed": "✅", "failed": "❌", "inconclusive": "⚠️", "ski
 VERDICT_TITLES = {"ready": "READY", "not-ready": "NOT READY", "inconclusive": "INCONCLUSIVE"}
 
 
+def encodable(value: Any) -> Any:
+    """``value`` with every string made encodable as UTF-8: a lone surrogate (a parameter name
+    or message decoded from bytes that are not UTF-8, ``os.fsdecode`` of a path) becomes its
+    escape (``\\udc80``), so no renderer crashes on it. Dicts and lists are walked; the rest
+    is returned as is."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encodable(v) for v in value]
+    return value
+
+
 def truncate(text: Any, limit: int) -> tuple[str, bool]:
     """``text`` cut to ``limit`` characters, and whether it was cut."""
     text = "" if text is None else str(text)

@@ -22,6 +22,7 @@ from ._format import (
     STATUS_ICONS,
     VERDICT_TITLES,
     cost_line,
+    encodable,
     key_figure,
     one_line,
     peak_memory,
@@ -101,6 +102,7 @@ def _environment(env: Any) -> tuple[list[tuple[str, str]], list[Mapping[str, Any
 
 def render(report: Mapping[str, Any]) -> str:
     """The HTML page for a report.json dict."""
+    report = encodable(report)
     checks = [c for c in report.get("checks") or [] if isinstance(c, Mapping)]
     events = [e for e in report.get("events") or [] if isinstance(e, Mapping)]
     views = [_check_view(c, i, events, report.get("target")) for i, c in enumerate(checks)]

@@ -23,6 +23,19 @@ NOISE_FLOOR = "noise_floor"
 # compile, checkpointing, comm hook, static_graph, …), conformance/harness/features.py
 FEATURES = "features"
 
+# What a passed correctness check compared, counted (dict[str, int]), evidence: the ready
+# rule reads it (reports/verdict.py, ``unverified``): ``ranks`` at least 2, every other count at
+# least 1. The equivalence checks count ``ranks``, ``optimizer_steps`` (the fewest any rank or
+# the reference took), ``nonzero_gradients`` and ``allreduce_rounds`` (the fewest any rank saw);
+# rank-consistency, shared-weights and sampler-coverage count their own subject.
+VERIFIED = "verified"
+
+# conformance/checks/_equivalence.py (world_error_outcome) and conformance/harness/session.py,
+# evidence. str: the host ran out of a resource (disk, /dev/shm, file descriptors), one line
+# naming it and the fix (conformance/harness/exhaustion.py). The record is inconclusive and
+# the verdict says the line first (reports/verdict.py).
+EXHAUSTED = "environment_exhausted"
+
 # conformance/checks/_equivalence.py, measured hypotheses behind a gradient mismatch.
 DROPOUT_DISABLED = "dropout_disabled"  # evidence list[str]: dropout switched off in both runs
 GRADIENT_FACTOR = "gradient_factor"  # metric float | None: one N-rank/reference factor on every gradient
@@ -81,6 +94,9 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     NOISE_FLOOR: ("conformance.checks._equivalence",),
     FEATURES: ("conformance.checks._equivalence", "conformance.checks.rank_consistency",
                "faults.checks.hang_detection", "conformance.checks._checkpointing"),
+    VERIFIED: ("conformance.checks._equivalence", "conformance.checks.rank_consistency",
+               "conformance.checks.shared_weights", "conformance.checks.sampler"),
+    EXHAUSTED: ("conformance.checks._equivalence", "conformance.harness.session"),
     DROPOUT_DISABLED: ("conformance.checks._equivalence",),
     GRADIENT_FACTOR: ("conformance.checks._equivalence",),
     HYPOTHESES: ("conformance.checks._equivalence",),

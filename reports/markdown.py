@@ -20,6 +20,7 @@ from ._format import (
     STATUS_ICONS,
     VERDICT_TITLES,
     cost_line,
+    encodable,
     key_figure,
     one_line,
     peak_memory,
@@ -71,7 +72,10 @@ def _summary_line(report: Mapping[str, Any]) -> str:
 def _header(report: Mapping[str, Any]) -> list[str]:
     verdict = str(report.get("verdict", "inconclusive"))
     title = VERDICT_TITLES.get(verdict, cell(verdict))
-    lines = [f"# {VERDICT_ICONS.get(verdict, '🟠')} DDP conformance: **{title}**", ""]
+    # The first reason in the headline: a verdict that is not ready says why in its first line.
+    first = next(iter(report.get("reasons") or []), None)
+    why = f" — {cell(first, 300)}" if first and verdict != "ready" else ""
+    lines = [f"# {VERDICT_ICONS.get(verdict, '🟠')} DDP conformance: **{title}**{why}", ""]
     missing = _missing(report)
     if not report.get("complete", False):
         not_run = f" Not run: {', '.join(cell(m, 60) for m in missing)}." if missing else ""
@@ -87,6 +91,12 @@ def _header(report: Mapping[str, Any]) -> list[str]:
     ]
     lines.append(" · ".join(f"**{k}:** {cell(v if v is not None else DASH, 80)}" for k, v in facts))
     lines += ["", _summary_line(report), ""]
+    requested = report.get("checks_requested")
+    if isinstance(requested, list):
+        ran, missing = report.get("checks_run") or [], _missing(report)
+        lines += [f"**Checks requested:** {cell(', '.join(map(str, requested)) or DASH, 400)} · "
+                  f"**run:** {cell(', '.join(map(str, ran)) or DASH, 400)} · "
+                  f"**missing:** {cell(', '.join(missing) or 'none', 400)}", ""]
     errors = report.get("harness_errors") or []
     if errors:
         lines += ["## Harness errors", ""] + [f"- {cell(e, 500)}" for e in errors[:50]]
@@ -193,6 +203,7 @@ def _environment(report: Mapping[str, Any]) -> list[str]:
 
 def render(report: Mapping[str, Any]) -> str:
     """The markdown document for a report.json dict; always under :data:`MAX_BYTES` bytes."""
+    report = encodable(report)
     checks = [c for c in report.get("checks") or [] if isinstance(c, Mapping)]
     lines = _header(report) + _table(checks, report) + _configuration(report) + _not_run(report)
     failing = [c for c in checks if c.get("status") in ("failed", "inconclusive")]

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import html, markdown
+from ._format import encodable
 from .atomic import atomic_write_text
 from .recommend import recommend, verification
 from .schema import SCHEMA_VERSION, CheckRecord, Event
@@ -46,10 +47,8 @@ def build_report(meta: Mapping[str, Any], records: Iterable[CheckRecord], events
     harness_errors += [f"{r.id}: {r.message}" for r in records if is_harness(r)]
     checks = [r for r in records if not is_harness(r)]
     selected = meta.get("checks_selected")
-    missing: list[str] = []
+    missing = _missing(meta, checks)
     if isinstance(selected, list):
-        seen = {r.id for r in checks}
-        missing = [str(c) for c in selected if c not in seen]
         if missing and complete:
             # A finished run that lost a selected check has a harness bug: it cannot be ready.
             harness_errors.append(f"selected check(s) produced no result: {', '.join(missing)}")
@@ -74,11 +73,34 @@ def build_report(meta: Mapping[str, Any], records: Iterable[CheckRecord], events
         "checks": [_check_dict(r) for r in checks],
         "events": [e.to_json() for e in events],
     }
+    if isinstance(selected, list):  # what was asked for, what ran (the gap: missing_checks)
+        report["checks_requested"] = [str(c) for c in selected]
+        report["checks_run"] = list(dict.fromkeys(r.id for r in checks))
     if harness_errors:
         report["harness_errors"] = harness_errors
     if missing:
         report["missing_checks"] = missing
-    return report
+    # Names and messages are the user's (a parameter named from non-UTF-8 bytes): escaped once
+    # here, so report.json, report.md and report.html all render them.
+    cleaned: dict[str, Any] = encodable(report)
+    return cleaned
+
+
+def _missing(meta: Mapping[str, Any], checks: list[CheckRecord]) -> list[str]:
+    """Selected checks with no record (their id), and selected (check, target) cases with no
+    record where the check ran on other targets (``"id on target"``)."""
+    selected = meta.get("checks_selected")
+    if not isinstance(selected, list):
+        return []
+    seen = {r.id for r in checks}
+    missing = [str(c) for c in selected if c not in seen]
+    cases = meta.get("cases_selected")
+    ran = {(r.id, r.target) for r in checks}
+    if isinstance(cases, list):
+        missing += [f"{case[0]} on {case[1]}" for case in cases
+                    if isinstance(case, list) and len(case) == 2 and case[0] in seen
+                    and (case[0], case[1]) not in ran]
+    return missing
 
 
 def write_reports(directory: str | os.PathLike[str]) -> dict[str, Any]:

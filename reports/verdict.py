@@ -6,6 +6,22 @@ positively showed something and nothing went wrong; a run that checked nothing, 
 halfway or tripped over its own harness cannot vouch for the target, so it is
 *inconclusive* — never *ready* (an empty test run is "unknown", as in sonobuoy).
 
+**Ready means verified** (README, "Command line"; docs/architecture.md, "Results"). A run
+whose checks all passed is ready only when it verified DDP's correctness on something:
+
+1. every passed correctness (``conformance``) record says what it compared
+   (``evidence.verified``, :data:`reports.keys.VERIFIED`) and each count reaches its minimum:
+   more than one rank; for the equivalence checks at least one ``optimizer.step()``, a gradient
+   that is not zero and an all-reduce observed (:func:`unverified`);
+2. on every target the equivalence checks ran on, at least one of them passed (all of them
+   skipped — no gradient reached the optimizer, every gradient zero — verified nothing);
+3. at least one correctness check passed (a perf- or chaos-only selection verifies nothing
+   about correctness).
+
+Otherwise the run is *inconclusive*, with the reason as the report's first line. The rule
+reads records only (their status, kind, target and ``verified`` counts), never a check's
+internals. A user may still select any checks; the verdict just does not over-claim.
+
 Records may be :class:`reports.schema.CheckRecord` objects or their JSON dicts, so the same
 rules apply to a live run and to a ``report.json`` read back from disk.
 """
@@ -15,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .keys import EXHAUSTED, VERIFIED
 from .schema import STATUSES, VERDICTS
 
 READY, NOT_READY, INCONCLUSIVE = VERDICTS
@@ -26,6 +43,21 @@ EXIT_CODES: dict[str, int] = {READY: 0, NOT_READY: 1, USAGE: 2, INCONCLUSIVE: 3}
 EXIT_READY, EXIT_NOT_READY, EXIT_USAGE, EXIT_INCONCLUSIVE = (
     EXIT_CODES[READY], EXIT_CODES[NOT_READY], EXIT_CODES[USAGE], EXIT_CODES[INCONCLUSIVE])
 HARNESS_KIND = "harness"
+#: The correctness checks: their passes are what "ready" rests on.
+CORRECTNESS_KIND = "conformance"
+#: DDP's gradient contract: on a target they ran on, one of them must have passed.
+EQUIVALENCE = ("gradient-equivalence", "no-sync-equivalence")
+#: The least a ``verified`` count must reach for a pass to count (any count not named: 1).
+MINIMUM = {"ranks": 2}
+#: What a count below its minimum means, said in the report's first line.
+_SHORT = {
+    "ranks": "{value} rank: nothing was synchronised (run with --world-size 2 or more, or "
+             "torchrun --nproc-per-node 2 or more)",
+    "optimizer_steps": "{value} optimizer.step() calls: train_step never stepped the optimizer",
+    "nonzero_gradients": "{value} non-zero gradients: every gradient was exactly zero (a loss "
+                         "multiplied by 0, or detached from the parameters)",
+    "allreduce_rounds": "{value} all-reduces observed: DDP never synchronised the gradients",
+}
 
 
 def _field(record: Any, name: str) -> Any:
@@ -53,6 +85,52 @@ def counts(records: Iterable[Any]) -> dict[str, int]:
     return out
 
 
+def _where(record: Any) -> str:
+    target = _field(record, "target")
+    return f"{_field(record, 'id')}" + (f" on {target}" if target else "")
+
+
+def unverified(record: Any) -> str | None:
+    """Why a passed correctness record verified nothing, or None: its ``verified`` counts are
+    missing, or one of them is below its minimum (:data:`MINIMUM`)."""
+    evidence = _field(record, "evidence")
+    counted = evidence.get(VERIFIED) if isinstance(evidence, Mapping) else None
+    if not isinstance(counted, Mapping) or not counted:
+        return "the record does not say what it compared"
+    short = []
+    for name, value in counted.items():
+        least = MINIMUM.get(str(name), 1)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= least:
+            short.append(_SHORT.get(str(name), "{value} " + str(name)).format(value=value))
+    return "; ".join(short) or None
+
+
+def gaps(records: Iterable[Any]) -> list[str]:
+    """Why checks that all passed still verified nothing (the ready rule's 1-3 above), most
+    telling first; empty when the run verified DDP's correctness."""
+    checks = [r for r in records if not is_harness(r)]
+    out = []
+    correct = [r for r in checks if _field(r, "kind") == CORRECTNESS_KIND and status_of(r) == "passed"]
+    for record in correct:
+        why = unverified(record)
+        if why is not None:
+            out.append(f"{_where(record)} passed without verifying DDP: {why}")
+    targets = dict.fromkeys(_field(r, "target") for r in checks if _field(r, "id") in EQUIVALENCE)
+    for target in targets:
+        ran = [r for r in checks if _field(r, "id") in EQUIVALENCE and _field(r, "target") == target]
+        if all(status_of(r) == "skipped" for r in ran):
+            said = str(_field(ran[0], "message") or "").strip()
+            out.append(f"DDP's gradients were not verified{f' on {target}' if target else ''}: "
+                       f"{', '.join(str(_field(r, 'id')) for r in ran)} skipped"
+                       + (f" ({said})" if said else ""))
+    if not correct and any(status_of(r) == "passed" for r in checks):
+        ids = ", ".join(dict.fromkeys(str(_field(r, "id")) for r in checks))
+        out.append(f"no correctness check passed: the checks that ran ({ids}) measure performance or "
+                   f"diagnosis, not that DDP trains this model correctly; run the conformance checks "
+                   f"too (leave --checks out, or add gradient-equivalence)")
+    return out
+
+
 def reasons(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[str] = ()) -> list[str]:
     """Why the verdict is what it is, most severe first: the lines under the verdict badge."""
     records = list(records)
@@ -69,8 +147,13 @@ def reasons(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[
     if harness:
         out.append(f"{len(harness)} harness error(s): the suite itself could not run everything")
     if tally["inconclusive"]:
+        # The host ran out of something (disk, /dev/shm, file descriptors): said first, with the fix.
+        out += list(dict.fromkeys(str(e[EXHAUSTED]) for r in checks if status_of(r) == "inconclusive"
+                                  and isinstance(e := _field(r, "evidence"), Mapping) and e.get(EXHAUSTED)))
         ids = [str(_field(r, "id")) for r in checks if status_of(r) == "inconclusive"]
         out.append(f"{tally['inconclusive']} check(s) inconclusive: {', '.join(ids)}")
+    if not tally["failed"]:
+        out += gaps(checks)
     if tally["passed"] + tally["failed"] == 0:
         out.append("no check passed or failed: nothing was actually verified")
     if not out:
@@ -84,8 +167,8 @@ def decide(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[s
     - any failed check → ``not-ready`` (a definite defect outranks everything else, even a
       crashed run: what was found is real);
     - else a harness error (argument or a ``kind="harness"`` record), an incomplete run, an
-      inconclusive check, or no check that passed or failed (empty or all skipped) →
-      ``inconclusive``;
+      inconclusive check, no check that passed or failed (empty or all skipped), or passes
+      that verified nothing (:func:`gaps`) → ``inconclusive``;
     - else ``ready``.
 
     Harness records never make a run ``not-ready`` whatever their status: they say the suite
@@ -97,7 +180,7 @@ def decide(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[s
     if tally["failed"]:
         return NOT_READY
     harness = any(str(e).strip() for e in harness_errors) or len(checks) != len(records)
-    if harness or not complete or tally["inconclusive"] or tally["passed"] == 0:
+    if harness or not complete or tally["inconclusive"] or tally["passed"] == 0 or gaps(checks):
         return INCONCLUSIVE
     return READY
 

@@ -25,6 +25,7 @@ match within a bound so wide that the smallest scaling bug would match too is
 
 from __future__ import annotations
 
+import math
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,19 +36,22 @@ from reports.keys import (
     DATASET_DIFFERS_ON_RANKS,
     DDP_BYPASSED,
     DROPOUT_DISABLED,
+    EXHAUSTED,
     FEATURES,
     GRADIENT_FACTOR,
     HYPOTHESES,
     NOISE_FLOOR,
     NONFINITE,
+    VERIFIED,
     WARNINGS,
 )
 
 from ..harness.context import CheckContext
+from ..harness.exhaustion import exhausted
 from ..harness.outcome import Outcome
 from ..harness.targets import TargetError
 from ..harness.world import RankFailure, WorldHang
-from ._compare import Compared, TensorDiff, fmt, worst
+from ._compare import Compared, TensorDiff, at_gradient_scale, fmt, worst
 from ._compiled import compile_evidence, compile_warnings, slow_compile_outcome
 from ._compression import compression_bound
 from ._digests import DIGEST, Divergence, compared_by, first_divergence
@@ -122,7 +126,17 @@ class Equivalence:
     @property
     def ok(self) -> bool:
         return (self.grads_ok and self.pre_clip_ok and self.first_bad_step is None
-                and self.same_first_step and self.divergence is None)
+                and self.same_first_step and self.divergence is None and not self.known_factor)
+
+    @property
+    def known_factor(self) -> list[str]:
+        """The known bugs whose factor (N, 1/N, K, 1/K...) every gradient measurably carries:
+        a failure whatever the gradients' absolute size (``_compare.scaled`` makes the
+        tolerance see it too; this says so even where a tolerance would not)."""
+        factor = self.factor
+        if factor is None or self.bypassed():
+            return []
+        return scale_causes(factor, world_size=self.world_size, microbatches=self.plan.microbatches)
 
     @property
     def judged_scale(self) -> Scale:
@@ -302,6 +316,7 @@ class Equivalence:
                                      "reference": self.reference.get("batchnorm_sizes_seen")},
             BATCHNORM_PER_RANK: bool(grouped),
             NOISE_FLOOR: self.noise_floor(),
+            VERIFIED: self.verified(),
             # What the target's step used, seen on rank 0 (the report's configuration table).
             FEATURES: head.get("features"),
             WARNINGS: warnings,
@@ -390,8 +405,28 @@ class Equivalence:
                 f"under DDP): {why}; so no noise floor was measured, and the fixed fp32 tolerances "
                 f"alone are narrower than fp16 autocast's rounding")
 
+    @property
+    def nonzero_gradients(self) -> int:
+        """Parameters whose compared gradient is not exactly zero on one side or the other."""
+        return sum(1 for d in self.grad_diffs if d.ref_max > 0 or d.max_abs > 0)
+
+    def verified(self) -> dict[str, int]:
+        """What this comparison verified, counted: the ready rule reads it (reports/verdict.py,
+        ``unverified``: more than one rank, at least one optimizer.step(), a gradient that is
+        not zero, an all-reduce observed — the fewest any side saw)."""
+        steps = [sum(r.get("optimizer_steps") or []) for r in [*self.ranks, self.reference]]
+        rounds = [sum(r.get("allreduce_rounds") or []) for r in self.ranks]
+        return {"ranks": self.world_size, "optimizer_steps": min(steps, default=0),
+                "nonzero_gradients": self.nonzero_gradients, "allreduce_rounds": min(rounds, default=0)}
+
     def empty_reason(self) -> str | None:
         """Why nothing could be compared, or None."""
+        if self.grad_diffs and not self.nonzero_gradients:
+            # 0 == 0 proves nothing: a loss multiplied by 0 matches any reference "exactly".
+            return (f"every gradient optimizer.step() consumed is exactly zero, under DDP and in "
+                    f"the single-process reference ({len(self.grad_diffs)} parameters): the loss "
+                    f"does not reach the parameters (multiplied by 0, or detached), so there is "
+                    f"nothing to compare")
         if self.grad_diffs:
             return None
         steps = [s for r in [*self.ranks, self.reference] for s in (r.get("optimizer_steps") or [])]
@@ -490,6 +525,10 @@ class Equivalence:
             firsts = sorted({r.get("grads0_step") for r in self.ranks}, key=str)
             parts.append(f"the first optimizer.step() ran at step {firsts} under DDP "
                          f"but at step {self.reference.get('grads0_step')} in the reference")
+        if self.known_factor and self.grads_ok and self.pre_clip_ok:
+            parts.append(f"every first-step gradient is the single-process reference's times "
+                         f"{self.factor:.3g} (within the tolerance only because the gradients are "
+                         f"{fmt(wg.ref_max if wg else 0.0)} in size)")
         if wg is not None and not wg.ok:
             parts.append(f"first-step gradient of {wg.name!r} (as optimizer.step() consumed it) "
                          f"differs from the single-process reference by {fmt(wg.max_abs)} (rel {fmt(wg.max_rel)}) on "
@@ -548,6 +587,21 @@ def _reference_and_ranks(ctx: CheckContext, plan: RunPlan, group: int, folder: P
     return ref, values
 
 
+def _at_gradient_scale(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank's gradient comparisons with the atol capped at rtol x the gradients' scale
+    (``_compare.scaled``): the largest max|ref| of the compared tensors at each point (at
+    optimizer.step(), before clipping). Tiny gradients are then judged relatively."""
+    out = [dict(v) for v in values]
+    compared = [v for v in out if v.get("compared_by") != DIGEST]
+    for label in ("grads0", "pre_clip0"):
+        scale = max((c.diff.ref_max for v in compared for c in v.get(label) or []
+                     if c.ref_present and math.isfinite(c.diff.ref_max)), default=0.0)
+        for v in compared:
+            if v.get(label):
+                v[label] = at_gradient_scale(v[label], scale)
+    return out
+
+
 def _within_fixed_tolerances(values: list[dict[str, Any]]) -> bool:
     """Did every tensor every rank compared match the reference within its fixed dtype
     tolerance (``_compare.TOLERANCES``)? Then no noise floor can change the verdict: it only
@@ -602,6 +656,7 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
                     shutil.rmtree(old, ignore_errors=True)
                     old.mkdir()
             ref, values = _reference_and_ranks(ctx, plan, group, folder, memory)
+        values = _at_gradient_scale(values)
         # The noise floor is measured only where it can decide something: a difference beyond
         # the fixed tolerances (the twin costs one more single-process run of the check).
         twin = None if _within_fixed_tolerances(values) else _twin(ctx, plan, group, folder)
@@ -689,7 +744,8 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
                            "record")
     empty = eq.empty_reason()
     if empty is not None:
-        metrics["key_figure"] = "no gradient reached the optimizer"
+        metrics["key_figure"] = ("every gradient is zero" if eq.grad_diffs
+                                 else "no gradient reached the optimizer")
         return Outcome.skipped(empty, metrics=metrics, evidence=evidence)
     if eq.divergence is not None:
         # Before the comparison with the reference: ranks that disagree with each other are
@@ -747,6 +803,13 @@ def world_error_outcome(exc: Exception, what: str, *, ctx: CheckContext | None =
                            "part in every step, or see the unused-parameters check")
     assert isinstance(exc, RankFailure)
     errors = {str(r.rank): r.error.describe() for r in exc.results if r.error is not None}
+    short = next(filter(None, (exhausted(e) for e in errors.values())), None)
+    if short is not None:
+        # A full disk or /dev/shm, too few file descriptors: the environment, not the target.
+        return Outcome.inconclusive(
+            f"{what} could not run: {short}",
+            metrics={"key_figure": "the host ran out of a resource", "failed_ranks": exc.failed_ranks},
+            evidence={EXHAUSTED: short, "rank_errors": errors})
     traces = {str(r.rank): r.error.traceback[-3000:] for r in exc.results
               if r.error is not None and r.error.traceback}
     # The culprit is the rank that died or failed first (World orders causes before symptoms):

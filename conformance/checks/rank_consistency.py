@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from reports.keys import FEATURES, NONFINITE
+from reports.keys import FEATURES, NONFINITE, VERIFIED
 
 from ..harness.context import CheckContext
 from ..harness.ddp import (
@@ -235,7 +235,9 @@ def run(ctx: CheckContext) -> Outcome:
                     recommendation=rec)
     metrics = {"key_figure": f"{compared} tensor digests equal on {ctx.world_size} ranks",
                "tensors_compared": compared, "checkpoints": len(per_rank[0])}
-    evidence = {"structure": structure, "checkpoints": [p["when"] + f" ({p['kind']}s)" for p in per_rank[0]]}
+    evidence = {"structure": structure, "checkpoints": [p["when"] + f" ({p['kind']}s)" for p in per_rank[0]],
+                # What the pass rests on (the ready rule, reports/verdict.py): 1 rank agrees with itself.
+                VERIFIED: {"ranks": len(per_rank), "tensors_compared": compared}}
     message = (f"identical structure ({len(prints[0])} tensors) and bit-identical parameters and buffers "
                f"on {ctx.world_size} ranks at {len(per_rank[0])} checkpoints over {STEPS} steps")
     if ctx.target.run_loop is not None:

@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS
+from reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS, VERIFIED
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
@@ -302,6 +302,12 @@ def run(ctx: CheckContext) -> Outcome:
                                  f"samples/epoch, batches/rank {e0['batches_per_rank']}")
     else:
         metrics["key_figure"] = f"{sampler_info['configurations_checked']} sampler configurations exact"
+    # What the pass rests on (the ready rule, reports/verdict.py): the target's pipeline on the
+    # run's ranks, else DistributedSampler simulated at every world size checked.
+    evidence[VERIFIED] = ({"ranks": ctx.world_size, "samples_seen": metrics["samples_seen"]}
+                          if target.epoch_batches is not None else
+                          {"ranks": max((*WORLD_SIZES, ctx.world_size)),
+                           "sampler_configurations": sampler_info["configurations_checked"]})
     seen = (f" ({metrics['samples_seen']} samples seen, identified by "
             f"{metrics['sample_identity']})" if "samples_seen" in metrics else "")
     return Outcome.passed(

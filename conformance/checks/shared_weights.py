@@ -44,7 +44,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from reports.keys import NONFINITE
+from reports.keys import NONFINITE, VERIFIED
 
 from ..harness.context import CheckContext
 from ..harness.ddp import (
@@ -381,6 +381,8 @@ def run(ctx: CheckContext) -> Outcome:
             metrics=metrics, evidence=evidence,
             recommendation="avoid combining shared parameters with find_unused_parameters/static_graph "
                            "modes that disagree; every use must be part of the autograd graph")
+    # What the pass rests on (the ready rule, reports/verdict.py).
+    evidence[VERIFIED] = {"ranks": len(values), "shared_parameters": len(head["shared"])}
     metrics["key_figure"] = (f"{len(head['shared'])} shared, {len(rows)} DDP modes, max |Δgrad| "
                              f"{fmt(metrics['max_abs_grad_diff'])}")
     return Outcome.passed(

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reports.keys import EXHAUSTED
 from reports.schema import CheckRecord
 
 from .context import CheckContext
+from .exhaustion import exhausted
 from .outcome import Outcome
 from .registry import CheckSpec
 from .resources import CostMeter, model_size_on_rank, size_metrics
@@ -215,9 +217,12 @@ class Session:
         except WorldUnavailable as exc:
             outcome = Outcome.skipped(str(exc))
         except Exception as exc:
+            short = exhausted(exc)  # a full disk, too few file descriptors: the host's, said so
             outcome = Outcome.inconclusive(
+                f"the check could not run: {short}" if short else
                 f"the check itself failed: {type(exc).__name__}: {exc}",
-                evidence={"harness_error": "".join(traceback.format_exception(exc))[-8000:]})
+                evidence={"harness_error": "".join(traceback.format_exception(exc))[-8000:],
+                          **({EXHAUSTED: short} if short else {})})
         record = CheckRecord(
             id=spec.id, title=spec.title, kind=spec.kind, status=outcome.status,
             duration_s=round(time.perf_counter() - started, 4), message=outcome.message,

@@ -289,7 +289,8 @@ def _import(spec: str) -> tuple[ModuleType, str, bool]:
         if folder not in sys.path:
             sys.path.insert(0, folder)
         # A stable name (not hash(), which is salted per process) so every rank agrees on it.
-        name = "_ddp_target_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+        # fsencode: a path with bytes that are not UTF-8 (decoded to lone surrogates) hashes too.
+        name = "_ddp_target_" + hashlib.sha1(os.fsencode(path.resolve())).hexdigest()[:12]
         module_spec = importlib.util.spec_from_file_location(name, path)
         if module_spec is None or module_spec.loader is None:
             raise TargetError(f"target file {spec!r} cannot be imported as Python")

@@ -7,12 +7,17 @@ any failed → not-ready; else inconclusive/harness error/incomplete/nothing pas
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
 from reports import html
+from reports.keys import VERIFIED
 from reports.schema import STATUSES, VERDICTS, CheckRecord
-from reports.verdict import EXIT_CODES, EXIT_USAGE, counts, decide, exit_code, reasons
+from reports.verdict import EXIT_CODES, EXIT_USAGE, counts, decide, exit_code, gaps, reasons, unverified
+
+#: What a gradient-equivalence pass on 2 ranks compared (conformance/checks/_equivalence.py).
+COUNTED = {"ranks": 2, "optimizer_steps": 3, "nonzero_gradients": 4, "allreduce_rounds": 3}
 
 
 def _oracle(statuses: tuple[str, ...], complete: bool, harness: bool) -> str:
@@ -24,7 +29,8 @@ def _oracle(statuses: tuple[str, ...], complete: bool, harness: bool) -> str:
 
 
 def _records(statuses: tuple[str, ...]) -> list[CheckRecord]:
-    return [CheckRecord(f"check-{i}", "t", "conformance", s, 0.1) for i, s in enumerate(statuses)]
+    return [CheckRecord(f"check-{i}", "t", "conformance", s, 0.1, evidence={VERIFIED: COUNTED})
+            for i, s in enumerate(statuses)]
 
 
 CASES = [combo for n in range(4) for combo in itertools.combinations_with_replacement(STATUSES, n)]
@@ -96,3 +102,106 @@ def test_the_html_report_shows_the_exit_code_of_the_table(monkeypatch: pytest.Mo
 def test_unknown_verdict_is_rejected_with_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"verdict='maybe' is not one of ready, not-ready, inconclusive"):
         exit_code("maybe")
+
+
+# -- ready means verified (reports/verdict.py, the ready rule) --------------------------------
+
+
+def _check(check_id: str, status: str = "passed", *, kind: str = "conformance", target: str = "mlp",
+           counted: dict | None = COUNTED, message: str = "") -> CheckRecord:
+    return CheckRecord(check_id, "t", kind, status, 0.1, message, target=target,
+                       evidence={} if counted is None else {VERIFIED: counted})
+
+
+def _first(records: list[CheckRecord]) -> str:
+    verdict = decide(records, complete=True)
+    first = reasons(records, complete=True)[0]
+    return f"{verdict}: {first}"
+
+
+def test_a_verified_equivalence_pass_is_ready() -> None:
+    records = [_check("gradient-equivalence"), _check("rank-consistency", counted={"ranks": 2, "tensors_compared": 9})]
+    assert decide(records, complete=True) == "ready" and not gaps(records)
+
+
+@pytest.mark.parametrize(("count", "value", "why"), [
+    ("ranks", 1, r"1 rank: nothing was synchronised \(run with --world-size 2"),
+    ("optimizer_steps", 0, r"0 optimizer.step\(\) calls: train_step never stepped the optimizer"),
+    ("nonzero_gradients", 0, r"0 non-zero gradients: every gradient was exactly zero"),
+    ("allreduce_rounds", 0, r"0 all-reduces observed"),
+])
+def test_a_pass_short_of_a_minimum_is_inconclusive_with_the_reason_first(count: str, value: int, why: str) -> None:
+    records = [_check("gradient-equivalence", counted={**COUNTED, count: value}),
+               _check("rank-consistency", counted={"ranks": 2, "tensors_compared": 9})]
+    assert re.match(r"inconclusive: gradient-equivalence on mlp passed without verifying DDP: " + why,
+                    _first(records))
+
+
+def test_one_rank_makes_every_world_check_unverified() -> None:
+    records = [_check("gradient-equivalence", counted={**COUNTED, "ranks": 1}),
+               _check("rank-consistency", counted={"ranks": 1, "tensors_compared": 9})]
+    assert decide(records, complete=True) == "inconclusive"
+    assert len(gaps(records)) == 2
+
+
+def test_a_correctness_pass_that_does_not_say_what_it_compared_does_not_count() -> None:
+    assert unverified(_check("shared-weights", counted=None)) == "the record does not say what it compared"
+    assert unverified({"id": "x", "evidence": {VERIFIED: {"ranks": "2"}}}) is not None  # not a number
+    assert decide([_check("shared-weights", counted=None)], complete=True) == "inconclusive"
+
+
+def test_every_equivalence_check_skipped_is_inconclusive_whatever_else_passed() -> None:
+    records = [_check("gradient-equivalence", "skipped", counted=None,
+                      message="no gradient reached the optimizer: train_step never called optimizer.step()"),
+               _check("no-sync-equivalence", "skipped", counted=None, message="no gradient"),
+               _check("rank-consistency", counted={"ranks": 2, "tensors_compared": 9}),
+               _check("hang-detection", kind="chaos", counted=None)]
+    assert _first(records) == ("inconclusive: DDP's gradients were not verified on mlp: gradient-equivalence, "
+                               "no-sync-equivalence skipped (no gradient reached the optimizer: train_step "
+                               "never called optimizer.step())")
+
+
+def test_one_equivalence_check_passing_per_target_is_enough() -> None:
+    records = [_check("gradient-equivalence"), _check("no-sync-equivalence", "skipped", counted=None,
+                                                      message="train_step does no accumulation")]
+    assert decide(records, complete=True) == "ready"
+    other = [*records, _check("gradient-equivalence", "skipped", target="tied-lm", counted=None)]
+    assert _first(other).startswith("inconclusive: DDP's gradients were not verified on tied-lm")
+
+
+@pytest.mark.parametrize("selection", [("allreduce-bandwidth",), ("straggler", "hang-detection")])
+def test_a_perf_or_chaos_only_selection_is_inconclusive(selection: tuple[str, ...]) -> None:
+    records = [_check(c, kind="perf" if c == "allreduce-bandwidth" else "chaos", counted=None) for c in selection]
+    assert _first(records) == (f"inconclusive: no correctness check passed: the checks that ran "
+                               f"({', '.join(selection)}) measure performance or diagnosis, not that DDP "
+                               f"trains this model correctly; run the conformance checks too (leave --checks "
+                               f"out, or add gradient-equivalence)")
+
+
+def test_a_failure_outranks_every_gap() -> None:
+    records = [_check("gradient-equivalence", "failed"), _check("allreduce-bandwidth", kind="perf", counted=None)]
+    assert decide(records, complete=True) == "not-ready"
+    assert reasons(records, complete=True) == ["1 check(s) failed: gradient-equivalence"]
+
+
+def test_the_rule_reads_json_records_as_read_back_from_report_json() -> None:
+    records = [_check("gradient-equivalence", counted={**COUNTED, "ranks": 1}).to_json()]
+    assert decide(records, complete=True) == "inconclusive"
+    assert decide([_check("gradient-equivalence").to_json()], complete=True) == "ready"
+
+
+def test_a_lone_skipped_equivalence_check_says_why_first() -> None:
+    records = [_check("gradient-equivalence", "skipped", counted=None,
+                      message="every gradient optimizer.step() consumed is exactly zero")]
+    assert _first(records) == ("inconclusive: DDP's gradients were not verified on mlp: gradient-equivalence "
+                               "skipped (every gradient optimizer.step() consumed is exactly zero)")
+    assert reasons(records, complete=True)[-1] == "no check passed or failed: nothing was actually verified"
+
+
+def test_the_environment_running_out_is_said_first_with_its_fix() -> None:
+    from reports.keys import EXHAUSTED
+
+    line = "the host ran out of disk space (or inodes) writing /tmp/x (No space left on device): ..."
+    records = [CheckRecord("gradient-equivalence", "t", "conformance", "inconclusive", 0.1, "could not run",
+                           target="mlp", evidence={EXHAUSTED: line}), _check("rank-consistency")]
+    assert _first(records) == f"inconclusive: {line}"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from reports import CheckRecord, Event, ResultStore, write_reports
+from reports.keys import VERIFIED
 from tests.reports.sample import sample_run
 
 CHECK_IDS = [
@@ -100,7 +101,9 @@ def test_selected_check_without_result_is_a_harness_error(tmp_path: Path) -> Non
 def test_all_passed_finished_run_is_ready(tmp_path: Path) -> None:
     store = ResultStore(tmp_path)
     store.start({"target": "mlp", "checks_selected": ["gradient-equivalence"]})
-    store.append(CheckRecord("gradient-equivalence", "Gradient equivalence", "conformance", "passed", 1.0))
+    store.append(CheckRecord("gradient-equivalence", "Gradient equivalence", "conformance", "passed", 1.0,
+                             evidence={VERIFIED: {"ranks": 2, "optimizer_steps": 3, "nonzero_gradients": 4,
+                                                  "allreduce_rounds": 3}}))
     store.append(Event("slow-rank", 1.0, 2.0, check="gradient-equivalence", rank=1))
     store.finish()
     report = write_reports(tmp_path)
@@ -145,3 +148,39 @@ def test_run_killed_mid_suite_leaves_a_partial_report(tmp_path: Path, second: st
     assert "the run stopped before them" in md
     html = (tmp_path / "report.html").read_text()
     assert 'id="incomplete"' in html and "not run: shared-weights" in html
+
+
+def test_the_report_lists_checks_requested_run_and_missing_per_target(tmp_path: Path) -> None:
+    """A (check, target) case without a record is missing even when the check ran on another
+    target (a `-- -k mlp` deselection): the run cannot be ready."""
+    store = ResultStore(tmp_path)
+    store.start({"target": "built-in", "checks_selected": ["gradient-equivalence", "rank-consistency"],
+                 "cases_selected": [["gradient-equivalence", "mlp"], ["gradient-equivalence", "tied-lm"],
+                                    ["rank-consistency", "mlp"]]})
+    verified = {VERIFIED: {"ranks": 2, "optimizer_steps": 3, "nonzero_gradients": 4, "allreduce_rounds": 3}}
+    store.append(CheckRecord("gradient-equivalence", "Gradient equivalence", "conformance", "passed", 1.0,
+                             target="mlp", evidence=verified))
+    store.finish()
+    report = write_reports(tmp_path)
+    assert report["checks_requested"] == ["gradient-equivalence", "rank-consistency"]
+    assert report["checks_run"] == ["gradient-equivalence"]
+    assert report["missing_checks"] == ["rank-consistency", "gradient-equivalence on tied-lm"]
+    assert report["verdict"] == "inconclusive"
+    md = (tmp_path / "report.md").read_text()
+    assert ("**Checks requested:** gradient-equivalence, rank-consistency · **run:** gradient-equivalence · "
+            "**missing:** rank-consistency, gradient-equivalence on tied-lm") in md
+    assert ("Checks requested: gradient-equivalence, rank-consistency · run: gradient-equivalence · "
+            "missing: rank-consistency, gradient-equivalence on tied-lm") in (tmp_path / "report.html").read_text()
+
+
+def test_a_lone_surrogate_in_a_name_or_message_renders_escaped(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    store.start({"target": "t\udc80", "checks_selected": ["gradient-equivalence"]})
+    store.append(CheckRecord("gradient-equivalence", "G", "conformance", "failed", 1.0,
+                             "gradient of 'w\udc80' differs", metrics={"worst_grad_param": "w\ud800"},
+                             evidence={"first_step_gradients": [{"name": "w\udc80"}]}))
+    store.finish()
+    report = write_reports(tmp_path)
+    assert report["verdict"] == "not-ready"
+    for name in ("report.md", "report.html", "report.json"):
+        assert "udc80" in (tmp_path / name).read_text(encoding="utf-8")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,19 +45,22 @@ class Finished:
 class Run:
     """One ``ddp-conformance`` subprocess with its own tag and temp dir."""
 
-    def __init__(self, args: list[str], workdir: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], workdir: Path, *, env: dict[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None, cwd: Path = ROOT) -> None:
         self.tag = uuid.uuid4().hex
         self.tmp = workdir / f"tmp-{self.tag[:8]}"
         self.tmp.mkdir(parents=True)
-        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+        base = dict(os.environ)
+        base.pop("PYTEST_XDIST_WORKER", None)  # the launched suite is not an xdist worker
+        base.pop("PYTEST_ADDOPTS", None)  # this test run's own (a case may set its own: ``env``)
+        full_env = {**base, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                     TAG: self.tag, "TMPDIR": str(self.tmp),
                     # The session's memory-backed folder too, where leftovers() looks.
                     "DDP_CONFORMANCE_SHM": str(self.tmp), **(env or {})}
-        full_env.pop("PYTEST_XDIST_WORKER", None)  # the launched suite is not an xdist worker
-        full_env.pop("PYTEST_ADDOPTS", None)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([*CLI, *args], cwd=ROOT, env=full_env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen([*CLI, *args], cwd=cwd, env=full_env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     preexec_fn=preexec_fn)  # e.g. a lower ulimit -n
 
     @property
     def pid(self) -> int:

@@ -52,7 +52,8 @@ def _ready_report(directory: Path) -> str:
 
     store = ResultStore(directory)
     store.start({"target": "mlp", "checks_selected": ["rank-consistency"]})
-    store.append(CheckRecord("rank-consistency", "Rank consistency", "conformance", "passed", 1.0))
+    store.append(CheckRecord("rank-consistency", "Rank consistency", "conformance", "passed", 1.0,
+                             evidence={"verified": {"ranks": 2, "tensors_compared": 8}}))
     store.finish()
     assert write_reports(directory)["verdict"] == "ready"
     assert store.run_id is not None
@@ -106,6 +107,30 @@ CASES = [
          env={"PYTHONPATH": str(TARGETS)}),
     Case("pytest-runs-nothing", ["--checks", "rank-consistency", "--", "--collect-only"], 3,
          r"verdict inconclusive", 30),
+    # Ready means verified (issue 18, item 2; reports/verdict.py): each of these came out READY.
+    Case("pytest-addopts-cannot-shrink-the-selection",
+         ["--target", str(TESTS / "targets" / "loss_times_world.py"), "--suite", "ci"], 1,
+         r"verdict not-ready", 120,
+         env={"PYTEST_ADDOPTS": "--ddp-checks=rank-consistency"},
+         stdout=r"\[ddp\] gradient-equivalence on .*: FAILED"),
+    Case("tiny-gradients-times-world-size",
+         ["--target", str(TESTS / "targets" / "tiny_loss_times_world.py"), "--checks", "gradient-equivalence"],
+         1, r"verdict not-ready", 90, stdout=r"the loss is multiplied by the world size"),
+    Case("loss-times-zero", ["--target", str(TESTS / "targets" / "loss_times_zero.py"),
+                             "--checks", "gradient-equivalence"], 3,
+         r"verdict inconclusive: DDP's gradients were not verified on .*every gradient .* is exactly zero", 90),
+    Case("train-step-does-nothing",
+         ["--target", str(TARGETS / "step_does_nothing.py"), "--checks", "gradient-equivalence,rank-consistency"],
+         3, r"verdict inconclusive: DDP's gradients were not verified on .*never called optimizer.step", 90),
+    # Names and bytes (issue 18, item 8): the report renders a lone surrogate (escaped).
+    Case("surrogate-in-a-parameter-name",
+         ["--target", str(TARGETS / "surrogate_names.py"), "--checks", "rank-consistency"], 1,
+         r"verdict not-ready", 60),
+    Case("perf-only-selection", ["--checks", "allreduce-bandwidth"], 3,
+         r"verdict inconclusive: no correctness check passed: the checks that ran \(allreduce-bandwidth\)", 60),
+    Case("one-rank", ["--target", str(TESTS / "targets" / "loss_times_world.py"), "--world-size", "1",
+                      "--checks", "gradient-equivalence"], 3,
+         r"verdict inconclusive: gradient-equivalence on .* passed without verifying DDP: 1 rank", 90),
 ]
 
 
@@ -127,6 +152,25 @@ def test_a_bad_input_or_fault_ends_cleanly(case: Case, tmp_path: Path) -> None:
     if case.name == "stale-ready-report-failing-target":
         report = json.loads((out / "report.json").read_text())
         assert report["verdict"] == "not-ready" and report["run_id"] != old
+    if case.name == "surrogate-in-a-parameter-name":  # escaped: the report rendered
+        assert "rank 0 registers parameter 'w\\udc80eight' (4,)" \
+            in json.loads((out / "report.json").read_text())["checks"][0]["message"]
+        assert "udc80eight" in (out / "report.md").read_text()
+        assert "udc80eight" in (out / "report.html").read_text()
+    _assert_clean(run)
+
+
+def test_a_correct_target_under_a_non_utf8_directory_loads_and_runs(tmp_path: Path) -> None:
+    """Probe 15: a folder whose name is not UTF-8 (bytes 0xff) holds a correct target: it
+    loads (no "target error") and the run is ready."""
+    folder = Path(os.fsdecode(os.fsencode(tmp_path) + b"/dir-\xff"))
+    folder.mkdir()
+    (folder / "target.py").write_text((TESTS / "targets" / "tiny_loss.py").read_text())
+    run = Run(["run", "--report-dir", str(tmp_path / "out"), "--backend", "gloo",
+               "--target", str(folder / "target.py"), "--checks", "rank-consistency"], tmp_path)
+    done = run.wait()
+    assert done.code == 0, done.stderr[-3000:]
+    _one_line(done, r"verdict ready")
     _assert_clean(run)
 
 
@@ -245,6 +289,63 @@ def test_a_full_disk_with_an_old_ready_report_never_exits_0(small_tmpfs: Path, t
     done = run.wait(timeout=60)
     assert done.code == 2, done.stderr[-3000:]
     _one_line(done, r"is not writable \(No space left on device\)")
+    _assert_clean(run)
+
+
+def test_stray_pytest_config_in_the_working_directory_does_not_change_the_run(tmp_path: Path) -> None:
+    """Probe 2's cousins: a pytest.ini and a conftest.py in the directory the gate runs from
+    (a user's repository), and PYTEST_PLUGINS naming that conftest, would shrink the selection;
+    the suite's run takes its own ini file and command line only, so both checks run."""
+    work = tmp_path / "repo"
+    work.mkdir()
+    (work / "pytest.ini").write_text("[pytest]\naddopts = --ddp-checks=sampler-coverage\n")
+    (work / "conftest.py").write_text("def pytest_collection_modifyitems(config, items):\n"
+                                      "    items[:] = items[:1]\n")
+    run = Run(["run", "--report-dir", str(tmp_path / "out"), "--backend", "gloo", "--target", "mlp",
+               "--checks", "sampler-coverage,rank-consistency"], tmp_path, cwd=work,
+              env={"PYTEST_PLUGINS": "conftest", "PYTHONPATH": str(work)})
+    done = run.wait()
+    assert done.code == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["checks_run"] == report["checks_requested"] == ["sampler-coverage", "rank-consistency"]
+    _assert_clean(run)
+
+
+def test_a_full_tmpdir_is_inconclusive_naming_the_disk_never_not_ready(small_tmpfs: Path,
+                                                                          tmp_path: Path) -> None:
+    """Probe 13: TMPDIR with ~200 KB left, a correct 1 MB model. The reference's snapshot hits
+    ENOSPC mid-check: exit 3 with one line naming the disk and the fix (it was NOT READY,
+    "the DDP training step raised … No space left on device")."""
+    (small_tmpfs / "filler").write_bytes(b"\0" * 800_000)
+    run = Run(["run", "--report-dir", str(tmp_path / "out"), "--backend", "gloo",
+               "--target", str(TARGETS / "megabyte_model.py"), "--checks", "gradient-equivalence"],
+              tmp_path, env={"TMPDIR": str(small_tmpfs), "DDP_CONFORMANCE_SHM": str(small_tmpfs)})
+    done = run.wait()
+    assert done.code == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    _one_line(done, r"verdict inconclusive: the host ran out of disk space .*\(No space left on device\): "
+                    r"the environment, not the target; free space there, or point TMPDIR at")
+    _assert_clean(run)
+    assert not [p.name for p in small_tmpfs.iterdir() if p.name.startswith("ddp-")]
+
+
+def _open_files(limit: int) -> Callable[[], None]:
+    def lower() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    return lower
+
+
+def test_too_few_file_descriptors_exit_2_with_one_line(tmp_path: Path) -> None:
+    """Probe 21: ``ulimit -n 16`` aborted the supervisor (SIGABRT, no message) in the
+    rendezvous store; now it is a setting to fix, said before anything starts."""
+    run = Run(["run", "--report-dir", str(tmp_path / "out"), "--backend", "gloo", "--checks",
+               "rank-consistency"], tmp_path, preexec_fn=_open_files(16))
+    done = run.wait(timeout=60)
+    assert done.code == 2, done.stderr[-3000:]
+    _one_line(done, r"the open-file limit is 16 \(ulimit -n\), below the \d+ that 2 rank\(s\) and the "
+                    r"supervisor need; raise it \(ulimit -n 4096\)")
+    assert done.elapsed_s <= 30
     _assert_clean(run)
 
 
