@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.keys import CULPRIT_RANK
+from reports.keys import CULPRIT_RANK, VERIFIED
 
 from ...harness.outcome import Outcome
 from .judge import REDUCER_ERROR, Cause, Comparison, Coverage, Hygiene, causes, compare, coverage, hygiene, padding_text
@@ -123,6 +123,9 @@ def _passed(comps: list[Comparison], cov: Coverage, hyg: Hygiene, world_size: in
                     f"the repeats are not counted")
     metrics = {"key_figure": f"{len(comps)} metric(s) equal on {world_size} ranks and 1 ({cov.expected} samples)",
                "metrics_compared": len(comps), "samples": cov.expected, "max_abs_diff": worst}
+    # What this pass compared, for the verdict's "ready means verified" rule (reports/verdict.py).
+    evidence = {**evidence, VERIFIED: {"ranks": world_size, "metrics_compared": len(comps),
+                                       "samples_seen": cov.seen}}
     return Outcome.passed(message, metrics=metrics, evidence=evidence)
 
 
