@@ -106,7 +106,7 @@ def _terminate_as_interrupt() -> Any:
 def _list() -> int:
     width = max(len(spec.id) for spec in CHECKS)
     for spec in CHECKS:
-        suites = ",".join(s for s in SUITES if s in spec.suites)
+        suites = ",".join(s for s in SUITES if s in spec.suites) or "opt-in"
         print(f"{spec.id:<{width}}  {spec.kind:<11} [{suites}]  {spec.description}")
     print(f"\nbuilt-in targets: {', '.join(BUILTINS)}")
     return EXIT_READY

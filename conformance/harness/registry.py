@@ -100,7 +100,10 @@ CHECKS: tuple[CheckSpec, ...] = (
         "scaling-cliff", "Scaling cliff", "perf",
         "the ranks behind a shaped link (slow-link: a private network namespace, tc tbf): the measured knee vs the simulator's, its error stated",
         "conformance.perf.scaling_cliff:run",
-        suites=frozenset({"full"}), slow=True,
+        # Opt-in (--checks scaling-cliff), in no suite: its sweep is minutes of timing-bound
+        # work whose simulator is not yet validated within its 15% bound on this kind of host
+        # (README, 'Scaling cliffs'); a default run must not turn inconclusive on a busy machine.
+        suites=frozenset(), slow=True,
     ),
     CheckSpec(
         "eval-equivalence", "Evaluation equivalence", "conformance",
