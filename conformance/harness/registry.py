@@ -96,6 +96,12 @@ CHECKS: tuple[CheckSpec, ...] = (
         "conformance.perf.allreduce_bandwidth:run",
         suites=frozenset({"full"}), slow=True,
     ),
+    CheckSpec(
+        "resume-equivalence", "Resume equivalence", "conformance",
+        "the target's run_loop killed (between steps, during a save) and restarted continues exactly as the "
+        "uninterrupted run: parameters, optimizer/scheduler/scaler state, step count, samples trained",
+        "conformance.checks.resume_equivalence:run",
+    ),
 )
 
 BY_ID: dict[str, CheckSpec] = {spec.id: spec for spec in CHECKS}

@@ -1,0 +1,117 @@
+"""The supervisor side of the experiment: the lives run in fresh worlds, the kill points chosen
+from the uninterrupted run, and the journals read back.
+
+Each life runs in a world of its own (``CheckContext.fresh_world``): a restart is a new set of
+processes and a new process group, as after torchrun's agent restarts the workers. A killed
+life ends in ``RankFailure`` (its ranks died by SIGKILL at the planned point); the world's own
+kill path then reaps every process, DataLoader workers included, and removes its temp folder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...harness.world import RankFailure
+from .life import live
+from .records import KILLED_BETWEEN, KILLED_DURING_SAVE, UNINTERRUPTED, KillPlan, Life, journal_path, read_journal
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One scenario: its lives (per life, per rank) and the kill that separated them."""
+
+    scenario: str
+    plan: KillPlan
+    lives: list[list[Life]]  # [life 1, life 2], each in rank order; one life when uninterrupted
+    failure: RankFailure | None = None  # how life 1 ended in the supervisor's eyes (killed: expected)
+    kill_fired: bool = True  # the planned kill was carried out (a journal says "killed")
+
+    @property
+    def first(self) -> list[Life]:
+        return self.lives[0]
+
+    @property
+    def restart(self) -> list[Life]:
+        return self.lives[-1]
+
+
+def files_in(folder: Path) -> list[str]:
+    return sorted(str(Path(root, f).relative_to(folder)) for root, _, names in os.walk(folder) for f in names)
+
+
+class Lives:
+    """Runs lives of the target's loop: ``world()`` gives a fresh world (a context manager)."""
+
+    def __init__(self, world: Callable[[], Any], target_spec: str, folder: Path, steps: int, every: int,
+                 deadline: float) -> None:
+        self.world, self.spec, self.folder = world, target_spec, folder
+        self.steps, self.every, self.deadline = steps, every, deadline
+
+    def checkpoints(self, scenario: str) -> Path:
+        path = self.folder / f"{scenario}-checkpoints"
+        path.mkdir(exist_ok=True)
+        return path
+
+    def one(self, scenario: str, life: int, plan: KillPlan, size: int) -> tuple[list[Life], RankFailure | None]:
+        """Life ``life`` of ``scenario``: the journals, and the RankFailure it ended in (None:
+        every rank returned). A hang or another failure propagates to the caller."""
+        failure = None
+        with self.world() as world:
+            try:
+                world.run(live, self.spec, folder=str(self.folder), checkpoints=str(self.checkpoints(scenario)),
+                          scenario=scenario, life=life, plan=plan, steps=self.steps, every=self.every,
+                          deadline=self.deadline)
+            except RankFailure as exc:
+                failure = exc
+        return [read_journal(journal_path(self.folder, scenario, life, r), r) for r in range(size)], failure
+
+    def killed(self, scenario: str, plan: KillPlan, size: int) -> Run:
+        """Life 1 killed as planned, then life 2 on the same checkpoint folder."""
+        first, failure = self.one(scenario, 1, plan, size)
+        fired = any(life.ended == "killed" for life in first)
+        if not fired:
+            # The kill point was never reached (the loop took another path this time): the
+            # restart would compare nothing that was interrupted.
+            return Run(scenario, plan, [first], failure, kill_fired=False)
+        second, failure2 = self.one(scenario, 2, KillPlan("none"), size)
+        return Run(scenario, plan, [first, second], failure2)
+
+
+def between_steps_plan(uninterrupted: list[Life]) -> KillPlan | str:
+    """Kill after the first step whose listing shows a checkpoint on every rank: the save
+    before it is complete (rename included) and the loop went on for one more step. A reason
+    (str) when there is no such step before the last one."""
+    first = []
+    for life in uninterrupted:
+        seen = next((s.index for s in life.steps if s.files), None)
+        if seen is None:
+            return "no checkpoint appeared in ctx.checkpoint_dir before the loop's last optimizer step"
+        first.append(seen)
+    step = max(first)
+    last = min(len(life.steps) for life in uninterrupted)
+    if step >= last:
+        return (f"the first checkpoint appeared in ctx.checkpoint_dir after step {step - 1}, with no step "
+                f"after it to kill before (the loop ran {last}); lower ctx.checkpoint_every's use or save sooner")
+    return KillPlan("after-step", step=step)
+
+
+def during_save_plan(uninterrupted: list[Life]) -> KillPlan | str:
+    """Kill during the second round of torch.save calls into the checkpoint folder (the first
+    when there is only one), on the highest rank that saves then; the others saving at that
+    point finish first. A reason (str) when the loop wrote no checkpoint with torch.save."""
+    last = min(len(life.steps) for life in uninterrupted)
+    rounds = sorted({s.step for life in uninterrupted for s in life.saves if s.inside and s.ended and s.step < last})
+    if not rounds:
+        return ("no torch.save into ctx.checkpoint_dir before the loop's last step: a kill during the write "
+                "is simulated inside torch.save (other writers are not interrupted)")
+    step = rounds[1] if len(rounds) > 1 else rounds[0]
+    savers = sorted({life.rank for life in uninterrupted for s in life.saves if s.inside and s.step == step})
+    victim = savers[-1]
+    return KillPlan("during-save", step=step, rank=victim, peers=tuple(r for r in savers if r != victim))
+
+
+SCENARIOS = (UNINTERRUPTED, KILLED_BETWEEN, KILLED_DURING_SAVE)
