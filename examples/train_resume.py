@@ -76,7 +76,9 @@ def run_loop(ctx: Any) -> None:
         raw.load_state_dict(state["model"])
     model = ctx.wrap(raw)
     optimizer = build_optimizer(model.parameters())
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.8)
+    # Not chainable (lr = LR x f(step)): a scheduler not restored starts over. (A chainable one,
+    # lr x gamma per step, would continue from the lr the optimizer's state restores.)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
     scaler = torch.amp.GradScaler(ctx.device.type, growth_interval=2)
     step, epoch, position = 0, 0, 0
     if state is not None:

@@ -77,11 +77,16 @@ def run(ctx: CheckContext) -> Outcome:
 
 
 def _experiment(ctx: CheckContext, folder: Path) -> Outcome:
-    lives = Lives(lambda: ctx.fresh_world(pg_timeout=MIDRUN_PG_TIMEOUT_S), ctx.target.spec, folder, STEPS,
-                  EVERY, ctx.deadline)
+    with Lives(lambda: ctx.fresh_world(pg_timeout=MIDRUN_PG_TIMEOUT_S), ctx.target.spec, folder, STEPS,
+               EVERY, ctx.deadline) as lives:
+        return _scenarios(ctx, lives)
+
+
+def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     size = ctx.world_size
     try:
-        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size)
+        # more=True: the next world starts while this loop runs (unused if the check skips).
+        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=True)
     except WorldHang as exc:
         return world_error_outcome(exc, "the target's run_loop (uninterrupted)")
     if failure is not None:
@@ -95,12 +100,14 @@ def _experiment(ctx: CheckContext, folder: Path) -> Outcome:
                                f"and resume from it at start-up (see examples/train_resume.py)")
     verdicts: list[Verdict] = []
     skipped: dict[str, str] = {}
-    for scenario, plan in ((KILLED_BETWEEN, between_steps_plan(a)), (KILLED_DURING_SAVE, during_save_plan(a))):
+    plans = [(KILLED_BETWEEN, between_steps_plan(a)), (KILLED_DURING_SAVE, during_save_plan(a))]
+    for i, (scenario, plan) in enumerate(plans):
         if isinstance(plan, str):
             skipped[scenario] = plan
             continue
+        later = any(not isinstance(p, str) for _, p in plans[i + 1:])  # another life pair follows
         try:
-            killed = lives.killed(scenario, plan, size)
+            killed = lives.killed(scenario, plan, size, more=later)
         except WorldHang as exc:
             return world_error_outcome(exc, f"the target's run_loop ({scenario}, restarted)")
         if (problem := _unplanned(killed)) is not None:
@@ -108,7 +115,7 @@ def _experiment(ctx: CheckContext, folder: Path) -> Outcome:
         if not killed.kill_fired:
             skipped[scenario] = f"the planned kill ({plan.kind} at step {plan.step}) was not reached this time"
             continue
-        verdicts.append(judge_run(a, killed, folder))
+        verdicts.append(judge_run(a, killed, lives.folder))
     return _outcome(verdicts, skipped, written, len(a[0].steps))
 
 

@@ -176,7 +176,7 @@ def _first_finding(rank: int, s: int, a: Life, restart: Life, va: Values, vr: Va
     for j, step in enumerate(resumed):
         ref = steps[s + j]
         if not _close(step.before.lrs, ref.before.lrs):
-            return _lr_finding(rank, s + j + 1, step, ref, steps[0], restart), j
+            return _lr_finding(rank, s + j + 1, step, ref, steps[j], restart), j
         if step.before.scalers != ref.before.scalers:
             return _scaler_finding(rank, s + j + 1, step, ref, steps[0], restart), j
         if step.samples != ref.samples:
@@ -200,15 +200,18 @@ def _first_finding(rank: int, s: int, a: Life, restart: Life, va: Values, vr: Va
     return None, len(resumed)
 
 
-def _lr_finding(rank: int, number: int, step: StepRecord, ref: StepRecord, first: StepRecord,
+def _lr_finding(rank: int, number: int, step: StepRecord, ref: StepRecord, counted: StepRecord,
                 restart: Life) -> Finding:
+    """``counted``: the uninterrupted run's step whose number is this step's within the
+    restart — its learning rate is what a schedule counted from the restart gives."""
     got, want = step.before.lrs, ref.before.lrs
     i = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), 0)
     cause = None
-    if _close(got, first.before.lrs):
+    if _close(got, counted.before.lrs):
         loaded = any(load.what == "scheduler" for load in restart.loads)
-        cause = ("the scheduler's state was not restored: its schedule started over"
-                 + ("" if loaded else " (no LRScheduler.load_state_dict call at the restart)"))
+        cause = (f"the scheduler's state was not restored: its schedule started over (the learning rate at "
+                 f"step {number} is the one of step {counted.index})"
+                 + ("" if loaded else "; no LRScheduler.load_state_dict call at the restart"))
     shown = (f"{got[i]:g} resumed vs {want[i]:g} uninterrupted" if got and want and i < min(len(got), len(want))
              else f"{got} resumed vs {want} uninterrupted")
     return Finding("lr", rank, number, f"learning rate at step {number}: {shown}", cause,

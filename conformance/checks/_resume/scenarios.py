@@ -9,6 +9,7 @@ kill path then reaps every process, DataLoader workers included, and removes its
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,23 +45,51 @@ def files_in(folder: Path) -> list[str]:
 
 
 class Lives:
-    """Runs lives of the target's loop: ``world()`` gives a fresh world (a context manager)."""
+    """Runs lives of the target's loop; ``world()`` gives a fresh world (a context manager).
+
+    A restart's floor is a world's start (fresh interpreters, the torch import, the process
+    group): while one life runs, the world for the next is launched (``World.launch``: spawned,
+    not waited for), so its start overlaps the loop instead of following it.
+    """
 
     def __init__(self, world: Callable[[], Any], target_spec: str, folder: Path, steps: int, every: int,
                  deadline: float) -> None:
         self.world, self.spec, self.folder = world, target_spec, folder
         self.steps, self.every, self.deadline = steps, every, deadline
+        self._stack = contextlib.ExitStack()
+        self._spare: Any = None
+
+    def __enter__(self) -> Lives:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()  # a spare launched for a life that did not come
 
     def checkpoints(self, scenario: str) -> Path:
         path = self.folder / f"{scenario}-checkpoints"
         path.mkdir(exist_ok=True)
         return path
 
-    def one(self, scenario: str, life: int, plan: KillPlan, size: int) -> tuple[list[Life], RankFailure | None]:
+    def _take(self, more: bool) -> contextlib.AbstractContextManager[Any]:
+        """The world for this life (the spare when one was launched), and a spare for the next."""
+        taken = self._spare if self._spare is not None else self.world()
+        self._spare = None
+        if more:
+            spare = self.world()
+            world = self._stack.enter_context(_Deferred(spare))
+            launch = getattr(world, "launch", None)
+            if launch is not None:
+                launch()
+            self._spare = _Entered(world)
+        return taken
+
+    def one(self, scenario: str, life: int, plan: KillPlan, size: int, *,
+            more: bool = False) -> tuple[list[Life], RankFailure | None]:
         """Life ``life`` of ``scenario``: the journals, and the RankFailure it ended in (None:
-        every rank returned). A hang or another failure propagates to the caller."""
+        every rank returned). A hang or another failure propagates to the caller. ``more``:
+        another life follows (its world is launched now)."""
         failure = None
-        with self.world() as world:
+        with self._take(more) as world:
             try:
                 world.run(live, self.spec, folder=str(self.folder), checkpoints=str(self.checkpoints(scenario)),
                           scenario=scenario, life=life, plan=plan, steps=self.steps, every=self.every,
@@ -69,16 +98,43 @@ class Lives:
                 failure = exc
         return [read_journal(journal_path(self.folder, scenario, life, r), r) for r in range(size)], failure
 
-    def killed(self, scenario: str, plan: KillPlan, size: int) -> Run:
+    def killed(self, scenario: str, plan: KillPlan, size: int, *, more: bool = False) -> Run:
         """Life 1 killed as planned, then life 2 on the same checkpoint folder."""
-        first, failure = self.one(scenario, 1, plan, size)
+        first, failure = self.one(scenario, 1, plan, size, more=True)
         fired = any(life.ended == "killed" for life in first)
         if not fired:
             # The kill point was never reached (the loop took another path this time): the
             # restart would compare nothing that was interrupted.
             return Run(scenario, plan, [first], failure, kill_fired=False)
-        second, failure2 = self.one(scenario, 2, KillPlan("none"), size)
+        second, failure2 = self.one(scenario, 2, KillPlan("none"), size, more=more)
         return Run(scenario, plan, [first, second], failure2)
+
+
+class _Deferred:
+    """A world context entered on the lives' stack (closed at the end if never used)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    def __enter__(self) -> Any:
+        return self.manager.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.manager.__exit__(*exc)
+
+
+class _Entered:
+    """An already-entered world handed out as a context manager: closing it closes the world
+    (``close`` is safe twice, so the stack's own exit later is harmless)."""
+
+    def __init__(self, world: Any) -> None:
+        self.world = world
+
+    def __enter__(self) -> Any:
+        return self.world
+
+    def __exit__(self, *exc: Any) -> None:
+        self.world.close()
 
 
 def between_steps_plan(uninterrupted: list[Life]) -> KillPlan | str:
