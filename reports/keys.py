@@ -65,9 +65,14 @@ MODEL_BYTES = "model_bytes"  # int: bytes of those parameters
 SUPERVISOR_PEAK_RSS = "supervisor_peak_rss_bytes"  # int | None: the supervisor's peak RSS during the check
 TREE_PEAK_RSS = "tree_peak_rss_bytes"  # int | None: peak RSS of supervisor + ranks + their children, summed
 
+# conformance/checks/resume_equivalence.py, metrics.
+# {scenario: {"uninterrupted", "before_kill", "resumed" (rank 0's parameter norm per step),
+# "resumed_from", "kill_after", "kill"}}: the report's resume chart
+RESUME_TRAJECTORIES = "resume_trajectories"
+
 # Which module produces which key: what the test of this module holds the producers to.
 PRODUCERS: dict[str, tuple[str, ...]] = {
-    WARNINGS: ("conformance.checks._equivalence",),
+    WARNINGS: ("conformance.checks._equivalence", "conformance.checks.resume_equivalence"),
     BATCHNORM_PER_RANK: ("conformance.checks._equivalence",),
     NOISE_FLOOR: ("conformance.checks._equivalence",),
     FEATURES: ("conformance.checks._equivalence", "conformance.checks.rank_consistency",
@@ -88,6 +93,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     REMEDIES: ("conformance.harness.remedies", "conformance.checks._checkpointing",
                "faults.checks.unused_parameters", "faults.checks.bucket_config"),
     COMPILED: ("conformance.checks._compiled",),
+    RESUME_TRAJECTORIES: ("conformance.checks.resume_equivalence",),
     GRAPH_BREAKS: ("conformance.checks._compiled",),
     DDP_BUCKET_SPLITS: ("conformance.checks._compiled",),
     CLIFF_WORLD_SIZE: ("conformance.perf.allreduce_bandwidth",),

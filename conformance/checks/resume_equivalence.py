@@ -35,6 +35,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from reports.keys import RESUME_TRAJECTORIES, WARNINGS
+
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
@@ -60,7 +62,6 @@ STEPS = 6
 EVERY = 2
 ATTACHED = ("under --attach the launcher (torchrun, srun) owns the restart, and the suite cannot kill and "
             "restart its ranks; run it locally: ddp-conformance run --target {spec} --checks resume-equivalence")
-TRAJECTORIES = "resume_trajectories"
 
 
 def run(ctx: CheckContext) -> Outcome:
@@ -133,11 +134,11 @@ def _unplanned(run: Run) -> Outcome | None:
 def _outcome(verdicts: list[Verdict], skipped: dict[str, str], written: list[str], steps: int) -> Outcome:
     compared = sum(v.steps_compared for v in verdicts)
     metrics: dict[str, Any] = {"steps_compared": compared,
-                               TRAJECTORIES: {v.scenario: v.trajectory for v in verdicts}}
+                               RESUME_TRAJECTORIES: {v.scenario: v.trajectory for v in verdicts}}
     evidence: dict[str, Any] = {"scenarios": {v.scenario: v.as_dict() for v in verdicts},
                                 "scenarios_skipped": skipped, "checkpoint_files": written[:20],
                                 "steps": steps, "checkpoint_every": EVERY,
-                                "warnings": [w for v in verdicts for w in v.warnings]}
+                                WARNINGS: [w for v in verdicts for w in v.warnings]}
     if not verdicts:
         return Outcome.skipped("no kill scenario could run: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()),
                                metrics=metrics, evidence=evidence)
@@ -161,8 +162,10 @@ def _outcome(verdicts: list[Verdict], skipped: dict[str, str], written: list[str
                     f"{len(v.resumed_at)} ranks ({counts.get('trained', 0)} samples per rank, "
                     f"{counts.get('repeated', 0)} repeated, {counts.get('missed', 0)} missed)")
     skipped_text = "".join(f"; {k} not run: {v}" for k, v in skipped.items())
-    warned = " (with warnings)" if evidence["warnings"] else ""
+    warned = " (with warnings)" if evidence[WARNINGS] else ""
     metrics["key_figure"] = f"{compared} resumed steps equal{warned}"
+    warnings = "".join(f"; warning: {w}" for w in evidence[WARNINGS])
     return Outcome.passed("parameters, optimizer state, learning rates, GradScaler state, step count and samples "
-                          "equal to the uninterrupted run at every resumed step: " + "; ".join(said) + skipped_text,
+                          "equal to the uninterrupted run at every resumed step: " + "; ".join(said) + skipped_text
+                          + warnings,
                           metrics=metrics, evidence=evidence)

@@ -132,3 +132,25 @@ def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) 
     procs, dirs = run.leftovers(within_s=5.0)
     assert not procs, f"processes outlived the run: {procs}"
     assert not dirs, f"temp dirs left behind: {dirs}"
+
+
+def test_a_loop_that_writes_no_checkpoint_skips_with_the_reason(suite_session: Any) -> None:
+    from tests.checks._check_helpers import run_check
+
+    record = run_check(suite_session, "resume-equivalence", "loop_with_hook")
+    assert record.status == "skipped", record.message
+    assert record.message.startswith("run_loop wrote nothing in ctx.checkpoint_dir over 6 optimizer steps")
+
+
+def test_no_run_loop_and_attach_mode_skip_without_starting_a_world() -> None:
+    from types import SimpleNamespace
+
+    from conformance.checks.resume_equivalence import run
+
+    no_loop = SimpleNamespace(target=SimpleNamespace(run_loop=None, spec="mlp"), new_world=None)
+    assert run(no_loop).message.startswith("the target defines no run_loop")  # type: ignore[arg-type]
+    attached = SimpleNamespace(target=SimpleNamespace(run_loop=print, spec="train.py"), new_world=None)
+    outcome = run(attached)  # type: ignore[arg-type]
+    assert outcome.status == "skipped"
+    assert outcome.message.startswith("under --attach the launcher (torchrun, srun) owns the restart")
+    assert "ddp-conformance run --target train.py --checks resume-equivalence" in outcome.message

@@ -124,6 +124,9 @@ class Steps:
 
         return step
 
+    def step_slice(self) -> dict[str, Any]:
+        return {}  # the step record's owner: its own fields are written in ``post``
+
     @contextlib.contextmanager
     def attached(self) -> Iterator[None]:
         from torch.amp.grad_scaler import GradScaler
@@ -173,7 +176,7 @@ def live(rank_ctx: Any, target_spec: str, *, folder: str, checkpoints: str, scen
     stepper = Steps(journal, loop.models, [samples, Listing(Path(checkpoints))], plan, rank,
                     rank_ctx.world_size, markers)
     saves = Saves(journal, Path(checkpoints), plan, rank, stepper.count, markers, rank_ctx.world_size)
-    instruments = [stepper, samples, saves, Loads(journal)]
+    instruments: list[Instrument] = [stepper, samples, saves, Loads(journal)]
     try:
         with contextlib.ExitStack() as stack:
             for instrument in instruments:
