@@ -54,6 +54,7 @@ from ._resume import (
     during_save_plan,
     files_in,
     judge_run,
+    worlds_ahead,
 )
 
 #: ``ctx.steps`` of every life: enough for a checkpoint, a step after it, and a second save round.
@@ -79,15 +80,15 @@ def run(ctx: CheckContext) -> Outcome:
 
 def _experiment(ctx: CheckContext, folder: Path) -> Outcome:
     with Lives(lambda: ctx.fresh_world(pg_timeout=MIDRUN_PG_TIMEOUT_S), ctx.target.spec, folder, STEPS,
-               EVERY, ctx.deadline) as lives:
+               EVERY, ctx.deadline, ahead=worlds_ahead(ctx.world_size)) as lives:
         return _scenarios(ctx, lives)
 
 
 def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     size = ctx.world_size
     try:
-        # more=True: the next world starts while this loop runs (unused if the check skips).
-        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=True)
+        # One world starts while this loop runs (closed unused if the check skips here).
+        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=1)
     except WorldHang as exc:
         return world_error_outcome(exc, "the target's run_loop (uninterrupted)")
     if failure is not None:
@@ -106,7 +107,7 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
         if isinstance(plan, str):
             skipped[scenario] = plan
             continue
-        later = any(not isinstance(p, str) for _, p in plans[i + 1:])  # another life pair follows
+        later = 2 * sum(not isinstance(p, str) for _, p in plans[i + 1:])  # lives that follow these two
         try:
             killed = lives.killed(scenario, plan, size, more=later)
         except WorldHang as exc:

@@ -24,7 +24,7 @@ import io
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -93,7 +93,7 @@ def _replaced(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callab
         setattr(owner, name, original)
 
 
-def die(peers: list[int] = ()) -> None:  # type: ignore[assignment]
+def die(peers: Sequence[int] = ()) -> None:
     """SIGKILL the peers' process groups (the ranks lead their own), then this process."""
     for pid in peers:
         with contextlib.suppress(ProcessLookupError, PermissionError):

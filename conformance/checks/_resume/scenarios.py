@@ -44,50 +44,57 @@ def files_in(folder: Path) -> list[str]:
     return sorted(str(Path(root, f).relative_to(folder)) for root, _, names in os.walk(folder) for f in names)
 
 
+def worlds_ahead(world_size: int) -> int:
+    """How many worlds may start while one life runs: a rank's start is about one core busy
+    importing torch, so as many as the cores allow beside the running world (at least one)."""
+    return max(1, (os.cpu_count() or 1) // (2 * world_size) - 1)
+
+
 class Lives:
     """Runs lives of the target's loop; ``world()`` gives a fresh world (a context manager).
 
     A restart's floor is a world's start (fresh interpreters, the torch import, the process
-    group): while one life runs, the world for the next is launched (``World.launch``: spawned,
-    not waited for), so its start overlaps the loop instead of following it.
+    group): while one life runs, the worlds for the next ones are launched (``World.launch``:
+    spawned, not waited for; ``ahead`` at most), so their starts overlap the loop instead of
+    following it.
     """
 
     def __init__(self, world: Callable[[], Any], target_spec: str, folder: Path, steps: int, every: int,
-                 deadline: float) -> None:
+                 deadline: float, *, ahead: int = 1) -> None:
         self.world, self.spec, self.folder = world, target_spec, folder
         self.steps, self.every, self.deadline = steps, every, deadline
+        self.ahead = ahead
         self._stack = contextlib.ExitStack()
-        self._spare: Any = None
+        self._spares: list[Any] = []
 
     def __enter__(self) -> Lives:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()  # a spare launched for a life that did not come
+        self._stack.close()  # spares launched for lives that did not come
 
     def checkpoints(self, scenario: str) -> Path:
         path = self.folder / f"{scenario}-checkpoints"
         path.mkdir(exist_ok=True)
         return path
 
-    def _take(self, more: bool) -> contextlib.AbstractContextManager[Any]:
-        """The world for this life (the spare when one was launched), and a spare for the next."""
-        taken = self._spare if self._spare is not None else self.world()
-        self._spare = None
-        if more:
-            spare = self.world()
-            world = self._stack.enter_context(_Deferred(spare))
+    def _take(self, more: int) -> contextlib.AbstractContextManager[Any]:
+        """The world for this life (a spare when one was launched), and spares launched for up
+        to ``more`` lives that follow."""
+        taken = self._spares.pop(0) if self._spares else self.world()
+        while len(self._spares) < min(more, self.ahead):
+            world = self._stack.enter_context(_Deferred(self.world()))
             launch = getattr(world, "launch", None)
             if launch is not None:
                 launch()
-            self._spare = _Entered(world)
+            self._spares.append(_Entered(world))
         return taken
 
     def one(self, scenario: str, life: int, plan: KillPlan, size: int, *,
-            more: bool = False) -> tuple[list[Life], RankFailure | None]:
+            more: int = 0) -> tuple[list[Life], RankFailure | None]:
         """Life ``life`` of ``scenario``: the journals, and the RankFailure it ended in (None:
         every rank returned). A hang or another failure propagates to the caller. ``more``:
-        another life follows (its world is launched now)."""
+        how many lives follow (their worlds are launched now)."""
         failure = None
         with self._take(more) as world:
             try:
@@ -98,9 +105,10 @@ class Lives:
                 failure = exc
         return [read_journal(journal_path(self.folder, scenario, life, r), r) for r in range(size)], failure
 
-    def killed(self, scenario: str, plan: KillPlan, size: int, *, more: bool = False) -> Run:
-        """Life 1 killed as planned, then life 2 on the same checkpoint folder."""
-        first, failure = self.one(scenario, 1, plan, size, more=True)
+    def killed(self, scenario: str, plan: KillPlan, size: int, *, more: int = 0) -> Run:
+        """Life 1 killed as planned, then life 2 on the same checkpoint folder; ``more``: how
+        many lives follow these two."""
+        first, failure = self.one(scenario, 1, plan, size, more=more + 1)
         fired = any(life.ended == "killed" for life in first)
         if not fired:
             # The kill point was never reached (the loop took another path this time): the
