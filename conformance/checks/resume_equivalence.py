@@ -87,8 +87,9 @@ def _experiment(ctx: CheckContext, folder: Path) -> Outcome:
 def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     size = ctx.world_size
     try:
-        # One world starts while this loop runs (closed unused if the check skips here).
-        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=1)
+        # A world for the next life starts while this loop runs, where spare cores make that
+        # free: it is closed unused when the loop writes no checkpoint (the check then skips).
+        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=int(lives.ahead > 1))
     except WorldHang as exc:
         return world_error_outcome(exc, "the target's run_loop (uninterrupted)")
     if failure is not None:

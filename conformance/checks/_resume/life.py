@@ -72,7 +72,8 @@ class Steps:
         named = self._named()
         size = sum(p.numel() * p.element_size() for _, p in named)
         offset = None
-        if values and size <= VALUES_CAP:
+        # A life that will be killed is compared only by its steps and samples: no values.
+        if values and size <= VALUES_CAP and self.plan.kind == "none":
             if not self.journal.layout_written:
                 self.journal.write("layout", {"params": [(n, str(p.dtype).replace("torch.", ""), list(p.shape))
                                                          for n, p in named]})

@@ -31,8 +31,9 @@ from typing import Any, Protocol
 from .records import KillPlan, LoadRecord, SaveRecord, marker, to_line
 
 #: Parameters larger than this (bytes, per snapshot) are journaled by digest only: a difference
-#: is then judged bit for bit, with no tolerance (docs/numerics.md).
-VALUES_CAP = 64 << 20
+#: is then judged bit for bit, with no tolerance (docs/numerics.md). Only the lives that are
+#: compared keep values (the uninterrupted run and the restarts): at most 7 snapshots each.
+VALUES_CAP = 16 << 20
 #: How long a rank waits at a kill point for its peers (marker files) before going alone.
 KILL_BARRIER_S = 30.0
 
