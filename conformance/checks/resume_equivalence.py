@@ -61,6 +61,10 @@ from ._resume import (
 STEPS = 6
 #: ``ctx.checkpoint_every``: saves after steps 2, 4 and 6.
 EVERY = 2
+#: The key figure of a finding, by what differed.
+HEADLINES = {"parameters": "parameters differ", "optimizer": "optimizer state differs",
+             "lr": "learning rate differs", "scaler": "GradScaler state differs", "samples": "other samples trained",
+             "steps": "steps repeated or lost", "raised": "run_loop raised on restart"}
 ATTACHED = ("under --attach the launcher (torchrun, srun) owns the restart, and the suite cannot kill and "
             "restart its ranks; run it locally: ddp-conformance run --target {spec} --checks resume-equivalence")
 
@@ -151,8 +155,8 @@ def _outcome(verdicts: list[Verdict], skipped: dict[str, str], written: list[str
             cause = finding.cause or f"no known cause matched (evidence: scenarios.{verdict.scenario}.findings)"
             parts.append(f"{verdict.scenario} ({verdict.kill}): {finding.message}; {cause}")
         first = failing[0][1]
-        metrics.update(key_figure=f"{first.what} differ{'s' if first.what != 'samples' else ''} at step "
-                                  f"{first.step} on rank {first.rank}" if first.step else f"{first.what} on restart",
+        where = f" at step {first.step}" if first.step else ""
+        metrics.update(key_figure=f"{HEADLINES[first.what]}{where} on rank {first.rank}",
                        first_divergence=first.as_dict())
         return Outcome.failed("restart not equivalent to the uninterrupted run: " + " | ".join(parts),
                               metrics=metrics, evidence=evidence, recommendation=first.recommendation)

@@ -60,3 +60,29 @@ def test_training_from_step_one_again_after_a_complete_checkpoint_is_found(tmp_p
     assert finding.what == "steps"
     assert "trained from step 1 again on rank 0 although the checkpoint of step 2 was complete" in finding.message
     assert finding.cause == "no checkpoint was loaded at the restart (no torch.load or load_state_dict call)"
+
+
+def test_the_outcome_fails_naming_the_scenario_the_finding_and_its_cause(tmp_path: Path) -> None:
+    from conformance.checks.resume_equivalence import _outcome
+
+    verdict = _judge([_step(i) for i in range(1, N + 1)], tmp_path)
+    outcome = _outcome([verdict], {"killed-during-save": "no torch.save"}, ["checkpoint.pt"], N)  # type: ignore[list-item]
+    assert outcome.status == "failed"
+    assert outcome.message.startswith("restart not equivalent to the uninterrupted run: killed-between-steps (whole "
+                                      "world SIGKILLed after step 3): the restart trained from step 1 again")
+    assert outcome.message.endswith("no checkpoint was loaded at the restart (no torch.load or load_state_dict call)")
+    assert outcome.metrics["key_figure"] == "steps repeated or lost at step 1 on rank 0"
+    assert outcome.recommendation == "load the latest complete checkpoint in ctx.checkpoint_dir at start-up"
+    assert outcome.metrics["resume_trajectories"]["killed-between-steps"]["kill_after"] == 3
+
+
+def test_the_outcome_passes_saying_what_it_compared_and_what_did_not_run(tmp_path: Path) -> None:
+    from conformance.checks.resume_equivalence import _outcome
+
+    verdict = _judge([_step(i) for i in range(3, N + 1)], tmp_path)
+    outcome = _outcome([verdict], {"killed-during-save": "no torch.save into it"}, ["checkpoint.pt"], N)  # type: ignore[list-item]
+    assert outcome.status == "passed"
+    assert ("killed-between-steps (whole world SIGKILLed after step 3): resumed at step 3, equal to step 6 on 2 "
+            "ranks (6 samples per rank, 0 repeated, 0 missed); killed-during-save not run: no torch.save into it"
+            ) in outcome.message
+    assert outcome.metrics["steps_compared"] == 8
