@@ -159,7 +159,7 @@ def between_steps_plan(uninterrupted: list[Life]) -> KillPlan | str:
     last = min(len(life.steps) for life in uninterrupted)
     if step >= last:
         return (f"the first checkpoint appeared in ctx.checkpoint_dir after step {step - 1}, with no step "
-                f"after it to kill before (the loop ran {last}); lower ctx.checkpoint_every's use or save sooner")
+                f"after it to kill before (the loop ran {last}); save every ctx.checkpoint_every steps from the start")
     return KillPlan("after-step", step=step)
 
 
