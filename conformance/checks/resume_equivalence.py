@@ -104,7 +104,8 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     if not written:
         return Outcome.skipped(f"run_loop wrote nothing in ctx.checkpoint_dir over {len(a[0].steps)} optimizer steps "
                                f"(ctx.checkpoint_every={EVERY}): there is no checkpoint to resume from; save there "
-                               f"and resume from it at start-up (see examples/train_resume.py)")
+                               f"and resume from it at start-up (ctx.tmpdir is each rank's own and is not kept "
+                               f"across a restart; see examples/train_resume.py)")
     verdicts: list[Verdict] = []
     skipped: dict[str, str] = {}
     plans = [(KILLED_BETWEEN, between_steps_plan(a)), (KILLED_DURING_SAVE, during_save_plan(a))]
