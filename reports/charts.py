@@ -24,6 +24,7 @@ from .keys import (
     CLIFF_WORLD_SIZE,
     CONFIGURED_BUCKET_CAP_MB,
     CULPRIT_RANK,
+    RESUME_TRAJECTORIES,
 )
 from .units import fmt_bytes
 
@@ -257,8 +258,59 @@ def timeline(metrics: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) ->
     return {"title": "Timeline", "svg": c.render(), "caption": caption}
 
 
+def _norms(values: Any) -> list[float]:
+    if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
+        return []
+    out = [number(v) for v in values]
+    return [v for v in out if v is not None] if all(v is not None for v in out) else []
+
+
+def resume_trajectories(metrics: Mapping[str, Any]) -> Chart | None:
+    """Rank 0's parameter norm per step: the uninterrupted run, and per kill scenario the
+    steps before the kill (dashed) and the restart's (solid, from its first resumed step)."""
+    runs = metrics.get(RESUME_TRAJECTORIES)
+    if not isinstance(runs, Mapping) or not runs:
+        return None
+    ref = _norms(next((t.get("uninterrupted") for t in runs.values() if isinstance(t, Mapping)), None))
+    if len(ref) < 2:
+        return None
+    series: list[tuple[str, list[tuple[float, float]], bool, float | None]] = []
+    for name, t in list(runs.items())[:4]:
+        if not isinstance(t, Mapping):
+            continue
+        start, kill = number(t.get("resumed_from")), number(t.get("kill_after"))
+        before, resumed = _norms(t.get("before_kill")), _norms(t.get("resumed"))
+        series.append((f"{name}: before the kill", [(i + 1.0, v) for i, v in enumerate(before)], True, kill))
+        if start is not None:
+            series.append((f"{name}: restarted", [(start + i, v) for i, v in enumerate(resumed)], False, None))
+    values = ref + [v for _, pts, _, _ in series for _, v in pts]
+    lo, hi = min(values), max(values)
+    pad = (hi - lo) * 0.1 or abs(hi) * 0.01 or 1.0
+    c = Canvas("Resume: parameter norm per optimizer step, uninterrupted vs restarted")
+    last = max([float(len(ref))] + [px for _, pts, _, _ in series for px, _ in pts])
+    x = Scale(1, max(last, 2), c.left + 10, c.right - 10)
+    y = Scale(lo - pad, hi + pad, c.bottom, c.top)
+    c.axes(x, y, x_label="optimizer step", y_label="parameter L2 norm (rank 0)", x_fmt=lambda v: f"{v:g}",
+           x_ticks=[float(k) for k in range(1, int(last) + 1)] if last <= 24 else None, y_fmt=lambda v: f"{v:.4g}")
+    c.polyline([(x(i + 1.0), y(v)) for i, v in enumerate(ref)], color=PALETTE[0], label="uninterrupted")
+    legend = [(PALETTE[0], "uninterrupted")]
+    for k, (label, pts, dashed, kill) in enumerate(series):
+        color = PALETTE[1 + (k // 2) % (len(PALETTE) - 1)]
+        if pts:
+            c.polyline([(x(a), y(b)) for a, b in pts], color=color, label=label, dashed=dashed)
+        if kill is not None:
+            c.vline(x(kill), label=f"kill after step {kill:g}", cls="bad", row=k // 2)
+        if not dashed:
+            legend.append((color, label.split(":")[0]))
+    c.legend(legend)
+    first = metrics.get("first_divergence")
+    caption = (f"first divergence: {first.get('what')} at step {first.get('step')} on rank {first.get('rank')}"
+               if isinstance(first, Mapping) else "no divergence: every resumed step equal")
+    return {"title": "Resume trajectories", "svg": c.render(), "caption": caption}
+
+
 BUILDERS: tuple[Callable[[Mapping[str, Any]], Chart | None], ...] = (bucket_sweep, straggler, bandwidth, scaling,
-                                                                      link_cliff)
+                                                                     link_cliff, resume_trajectories)
 
 
 def charts_for(check: Mapping[str, Any], events: Sequence[Any] = ()) -> list[Chart]:

@@ -86,17 +86,21 @@ CLIFF_MAX_ERROR = "cliff_max_error"  # float: the simulator's largest relative e
 LINK_PROJECTION = "link_projection"  # {"link_gbps", "projection", "validated", "bandwidth_factor", ...}: --link-gbps
 CLIFF_VALIDATED = "cliff_simulator_validated"  # bool: every shaped rate within the bound, knee within a point
 
+# conformance/checks/resume_equivalence.py, metrics.
+# {scenario: {"uninterrupted", "before_kill", "resumed" (rank 0's parameter norm per step),
+# "resumed_from", "kill_after", "kill"}}: the report's resume chart
+RESUME_TRAJECTORIES = "resume_trajectories"
 
 # Which module produces which key: what the test of this module holds the producers to.
 PRODUCERS: dict[str, tuple[str, ...]] = {
-    WARNINGS: ("conformance.checks._equivalence",),
+    WARNINGS: ("conformance.checks._equivalence", "conformance.checks.resume_equivalence"),
     BATCHNORM_PER_RANK: ("conformance.checks._equivalence",),
     NOISE_FLOOR: ("conformance.checks._equivalence",),
     FEATURES: ("conformance.checks._equivalence", "conformance.checks.rank_consistency",
                "faults.checks.hang_detection", "conformance.checks._checkpointing"),
     VERIFIED: ("conformance.checks._equivalence", "conformance.checks.rank_consistency",
                "conformance.checks.shared_weights", "conformance.checks.sampler",
-               "conformance.checks._eval.verdict"),
+               "conformance.checks._eval.verdict", "conformance.checks.resume_equivalence"),
     EXHAUSTED: ("conformance.checks._equivalence", "conformance.harness.session"),
     DROPOUT_DISABLED: ("conformance.checks._equivalence",),
     GRADIENT_FACTOR: ("conformance.checks._equivalence",),
@@ -115,6 +119,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
                "faults.checks.unused_parameters", "faults.checks.bucket_config",
                "conformance.perf.scaling_cliff"),
     COMPILED: ("conformance.checks._compiled",),
+    RESUME_TRAJECTORIES: ("conformance.checks.resume_equivalence",),
     GRAPH_BREAKS: ("conformance.checks._compiled",),
     DDP_BUCKET_SPLITS: ("conformance.checks._compiled",),
     CLIFF_WORLD_SIZE: ("conformance.perf.allreduce_bandwidth",),

@@ -312,6 +312,9 @@ def counting_allreduce(ddp_model: Any) -> Iterator[dict[str, Any]]:
 
 # -- the run_loop context -----------------------------------------------------------------
 
+#: ``ctx.checkpoint_every`` unless a check sets it: a save every 2 optimizer steps.
+CHECKPOINT_EVERY = 2
+
 
 @dataclass
 class LoopContext:
@@ -327,6 +330,19 @@ class LoopContext:
     models: list[Any] = field(default_factory=list)
     #: The target whose ``configure_ddp`` runs on every model wrapped here (None: none runs).
     target: Any = None
+    #: One folder every rank sees, the same across a restart, empty at the first start: where
+    #: the loop saves its checkpoints and resumes from (resume-equivalence kills the world and
+    #: starts a fresh one on it). None: ``tmpdir/checkpoints`` (created).
+    checkpoint_dir: Path | None = None
+    #: How often, in optimizer steps, the loop should save (production's own save interval).
+    checkpoint_every: int = CHECKPOINT_EVERY
+    #: 0 on the first start, 1 after a restart (for the loop's logs: a correct loop does not need it).
+    restarts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_dir is None:
+            self.checkpoint_dir = Path(self.tmpdir) / "checkpoints"
+        Path(self.checkpoint_dir).mkdir(parents=True, exist_ok=True)
 
     def wrap(self, model: Any) -> Any:
         """``model`` wrapped in DDP with the target's ddp_kwargs on this rank's device, then

@@ -102,13 +102,19 @@ CHECKS: tuple[CheckSpec, ...] = (
         "conformance.perf.scaling_cliff:run",
         # Opt-in (--checks scaling-cliff), in no suite: its sweep is minutes of timing-bound
         # work whose simulator is not yet validated within its 15% bound on this kind of host
-        # (README, 'Scaling cliffs'); a default run must not turn inconclusive on a busy machine.
+        # (its measured error is in the README); a default run must not turn inconclusive on a busy machine.
         suites=frozenset(), slow=True,
     ),
     CheckSpec(
         "eval-equivalence", "Evaluation equivalence", "conformance",
         "the target's evaluate on N ranks reports the metrics of 1 rank; every eval sample once; eval mode, no gradients, buffers untouched",
         "conformance.checks.eval_equivalence:run",
+    ),
+    CheckSpec(
+        "resume-equivalence", "Resume equivalence", "conformance",
+        "the target's run_loop killed (between steps, during a save) and restarted continues exactly as the "
+        "uninterrupted run: parameters, optimizer/scheduler/scaler state, step count, samples trained",
+        "conformance.checks.resume_equivalence:run",
     ),
 )
 

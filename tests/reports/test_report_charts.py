@@ -61,7 +61,7 @@ MALFORMED: list[Any] = [
 
 
 @pytest.mark.parametrize("bad", MALFORMED, ids=repr)
-@pytest.mark.parametrize("key", ["sweep", "per_rank", "projection", "timeline"])
+@pytest.mark.parametrize("key", ["sweep", "per_rank", "projection", "timeline", "resume_trajectories"])
 def test_malformed_metrics_cost_the_chart_not_the_report(key: str, bad: Any) -> None:
     check = {"id": "x", "metrics": {key: bad, "configured_bucket_cap_mb": "x", "culprit_rank": [], "cliff_world_size": "?"}}
     for chart in charts.charts_for(check, [{"check": "x", "t_start": "soon"}, None, 3]):
@@ -108,3 +108,15 @@ def test_the_cliff_chart_stacks_compute_and_exposed_comm_and_marks_both_knees() 
 @pytest.mark.parametrize("bad", [None, [], [{"rate_gbps": "x"}], [{"rate_gbps": 1.0, "measured_step_s": 0.01}]])
 def test_a_malformed_cliff_sweep_costs_only_the_chart(bad: Any) -> None:
     assert charts.link_cliff({"cliff_sweep": bad}) is None
+def test_resume_trajectories_mark_the_kill_and_the_first_divergence() -> None:
+    run = {"uninterrupted": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], "before_kill": [1.0, 1.1, 1.2],
+           "resumed_from": 3, "resumed": [1.25, 1.35, 1.45, 1.55], "kill_after": 3, "kill": "after-step"}
+    metrics = {"resume_trajectories": {"killed-between-steps": run},
+               "first_divergence": {"what": "optimizer", "step": 3, "rank": 0}}
+    drawn = charts.charts_for({"id": "resume-equivalence", "metrics": metrics})
+    assert [c["title"] for c in drawn] == ["Resume trajectories"]
+    svg = str(drawn[0]["svg"])
+    assert "kill after step 3" in svg and "killed-between-steps: restarted" in svg and "stroke-dasharray" in svg
+    assert drawn[0]["caption"] == "first divergence: optimizer at step 3 on rank 0"
+    broken = {"resume_trajectories": {"x": {**run, "uninterrupted": [1.0, "nan?"], "resumed": None}}}
+    assert charts.resume_trajectories(broken) is None

@@ -1,0 +1,76 @@
+"""What resume-equivalence costs over the one run it replaces: the check's time / the
+uninterrupted run's time (a fresh world started and the target's run_loop run to ctx.steps).
+
+    python benchmarks/resume_cost.py                                  # examples/train_resume.py, 3 repeats
+    python benchmarks/resume_cost.py --target my_target.py --repeats 1
+
+The check runs five lives (uninterrupted; killed between steps + restart; killed during a
+save + restart), each in a fresh world whose start is the floor of a restart; the world for
+the next life is launched while one runs. Both sides are timed in one session, alternating,
+and the medians compared. The last line is ``ratio: <check / uninterrupted>`` (want <= 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from conformance.checks._resume import UNINTERRUPTED, KillPlan, Lives  # noqa: E402
+from conformance.checks.resume_equivalence import EVERY, STEPS  # noqa: E402
+from conformance.harness.registry import BY_ID  # noqa: E402
+from conformance.harness.session import Session, Settings  # noqa: E402
+from conformance.harness.timing import MIDRUN_PG_TIMEOUT_S  # noqa: E402
+from conformance.harness.world import World  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def uninterrupted(spec: str, world_size: int, deadline: float) -> float:
+    """One fresh world and one uninterrupted life, as the check's first life runs it."""
+    def world() -> World:
+        return World(world_size, "gloo", deadline=deadline, pg_timeout=MIDRUN_PG_TIMEOUT_S)
+
+    with tempfile.TemporaryDirectory() as folder:
+        started = time.perf_counter()
+        with Lives(world, spec, Path(folder), STEPS, EVERY, deadline) as lives:
+            _, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), world_size)
+        elapsed = time.perf_counter() - started
+    if failure is not None:
+        raise SystemExit(f"the uninterrupted run failed: {failure}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=str(ROOT / "examples" / "train_resume.py"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--world-size", type=int, default=2)
+    args = parser.parse_args()
+    deadline = 120.0
+    session = Session(Settings(backend="gloo", world_size=args.world_size, deadline=deadline))
+    checks, plain = [], []
+    try:
+        for i in range(args.repeats):
+            plain.append(uninterrupted(args.target, args.world_size, deadline))
+            started = time.perf_counter()
+            record, _ = session.run_check(BY_ID["resume-equivalence"], args.target)
+            checks.append(time.perf_counter() - started)
+            print(f"repeat {i + 1}: uninterrupted {plain[-1]:.2f} s, check {checks[-1]:.2f} s ({record.status})",
+                  flush=True)
+            if record.status != "passed":
+                print(f"  {record.message[:300]}")
+    finally:
+        session.close()
+    check, base = statistics.median(checks), statistics.median(plain)
+    print(f"median: uninterrupted {base:.2f} s, check {check:.2f} s")
+    print(f"ratio: {check / base:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""One life of the target's run_loop on one rank: the loop run with the observers attached,
+every optimizer step journaled, and the planned kill carried out (``live``, a world's work
+function). The uninterrupted run is a life with no kill; a killed run is two lives on the
+same checkpoint folder, each in a fresh world.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .observers import KILL_BARRIER_S, VALUES_CAP, Instrument, Journal, Listing, Loads, Samples, Saves, _clean, die
+from .records import KillPlan, Snapshot, StepRecord, journal_path, marker, values_path
+
+
+class Steps:
+    """The optimizer steps, seen through torch's global optimizer step pre/post hooks (every
+    optimizer the loop creates, however it creates it) and ``GradScaler.step`` (the scalers
+    the loop uses are found there). At each step's entry the state it starts from is taken, at
+    its return the state it produced; then every other instrument's slice is merged in, the
+    step journaled, and the kill planned after this step (if any) carried out."""
+
+    def __init__(self, journal: Journal, models: list[Any], others: list[Instrument], plan: KillPlan,
+                 rank: int, world_size: int, markers: Callable[[str], Path]) -> None:
+        self.journal, self.models, self.others, self.plan = journal, models, others, plan
+        self.rank, self.world_size, self.markers = rank, world_size, markers
+        self.optimizers: list[Any] = []
+        self.scalers: list[Any] = []
+        self.index = 0
+        self.before: Snapshot | None = None
+
+    def count(self) -> int:
+        return self.index
+
+    def _named(self) -> list[tuple[str, Any]]:
+        if self.models:
+            many = len(self.models) > 1
+            return [((f"model{i}." if many else "") + _clean(n), p)
+                    for i, m in enumerate(self.models) for n, p in m.named_parameters()]
+        return [(f"optimizer{o}.param_groups[{g}][{i}]", p) for o, opt in enumerate(self.optimizers)
+                for g, group in enumerate(opt.param_groups) for i, p in enumerate(group["params"])]
+
+    def _optimizer_state(self) -> dict[str, tuple[int, str, float]]:
+        import hashlib
+
+        import torch
+
+        from ...harness.ddp import tensor_digest
+
+        by_key: dict[str, list[Any]] = {}
+        for o, opt in enumerate(self.optimizers):
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    for key, value in opt.state.get(p, {}).items():
+                        by_key.setdefault(f"optimizer{o}.{key}" if o else key, []).append(value)
+        out = {}
+        for key, values in by_key.items():
+            tensors = [v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
+            digest = hashlib.sha1("".join(tensor_digest(t) for t in tensors).encode()).hexdigest()[:16]
+            out[key] = (len(tensors), digest, float(sum(t.detach().double().abs().sum().item() for t in tensors)))
+        return out
+
+    def snapshot(self, *, values: bool) -> Snapshot:
+        import torch
+
+        from ...harness.ddp import tensor_digest
+
+        named = self._named()
+        size = sum(p.numel() * p.element_size() for _, p in named)
+        offset = None
+        # A life that will be killed is compared only by its steps and samples: no values.
+        if values and size <= VALUES_CAP and self.plan.kind == "none":
+            if not self.journal.layout_written:
+                self.journal.write("layout", {"params": [(n, str(p.dtype).replace("torch.", ""), list(p.shape))
+                                                         for n, p in named]})
+                self.journal.layout_written = True
+            offset = self.journal.values([p for _, p in named])
+        with torch.no_grad():
+            norm = float(sum(p.detach().double().pow(2).sum().item() for _, p in named)) ** 0.5
+        lrs = [float(g["lr"]) for opt in self.optimizers for g in opt.param_groups]
+        scalers = [(float(s.get_scale()), int(s._get_growth_tracker())) for s in self.scalers if s.is_enabled()]
+        return Snapshot({n: tensor_digest(p) for n, p in named}, self._optimizer_state(), lrs, scalers,
+                        norm, offset)
+
+    def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if optimizer not in self.optimizers:
+            self.optimizers.append(optimizer)
+        self.before = self.snapshot(values=self.index == 0)
+
+    def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.index += 1
+        after = self.snapshot(values=True)
+        fields: dict[str, Any] = {}
+        for other in self.others:
+            fields.update(other.step_slice())
+        assert self.before is not None
+        self.journal.write("step", StepRecord(index=self.index, before=self.before, after=after,
+                                              samples=fields.get("samples", []), rng=fields.get("rng"),
+                                              dropout=bool(fields.get("dropout")),
+                                              listing=str(fields.get("listing", "")),
+                                              files=int(fields.get("files", 0))))
+        if self.plan.kind == "after-step" and self.index == self.plan.step:
+            self._kill_here()
+
+    def _kill_here(self) -> None:
+        """Every rank waits here until all have journaled this step (marker files: a collective
+        could hang on a rank already dead), then dies: the whole world, between two steps."""
+        self.markers(f"at-{self.index}-rank{self.rank}").touch()
+        until = time.monotonic() + KILL_BARRIER_S
+        while time.monotonic() < until and not all(
+                self.markers(f"at-{self.index}-rank{r}").exists() for r in range(self.world_size)):
+            time.sleep(0.005)
+        self.journal.write("end", {"how": "killed", "raised": None})
+        die([])
+
+    def scaler_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if scaler not in self.scalers:
+                self.scalers.append(scaler)
+            return original(scaler, optimizer, *args, **kwargs)
+
+        return step
+
+    def step_slice(self) -> dict[str, Any]:
+        return {}  # the step record's owner: its own fields are written in ``post``
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        from torch.amp.grad_scaler import GradScaler
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        from .observers import _replaced
+
+        pre = register_optimizer_step_pre_hook(self.pre)
+        post = register_optimizer_step_post_hook(self.post)
+        try:
+            with _replaced(GradScaler, "step", self.scaler_step):
+                yield
+        finally:
+            pre.remove()
+            post.remove()
+
+
+def live(rank_ctx: Any, target_spec: str, *, folder: str, checkpoints: str, scenario: str, life: int,
+         plan: KillPlan, steps: int, every: int) -> int:
+    """Run the target's ``run_loop`` on this rank as life ``life`` of ``scenario``; returns the
+    optimizer steps taken (everything else is in the journal, which survives a kill).
+
+    The user's exception on the first start is a TargetError (exit 2, as in every check); on a
+    restart it is the check's finding (the first start ran fine), so it is journaled with its
+    ``file:line`` and the rank fails with a plain error, which takes the world down at once.
+    """
+    from ...harness.ddp import LoopContext, disable_tf32, effective_ddp_kwargs
+    from ...harness.target_calls import one_line
+    from ...harness.targets import TargetError, call_target, load_target
+
+    disable_tf32()
+    target = load_target(target_spec)
+    if target.run_loop is None:
+        raise ValueError(f"target {target.name!r} defines no run_loop: there is no loop to restart")
+    record_dir = Path(folder)
+    rank = rank_ctx.rank
+    markers = lambda name: marker(record_dir, scenario, life, name)  # noqa: E731
+    markers(f"pid-rank{rank}").write_text(str(os.getpid()))
+    scratch = Path(rank_ctx.tmpdir) / f"resume-rank{rank}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    journal = Journal(journal_path(record_dir, scenario, life, rank), values_path(record_dir, scenario, life, rank))
+    samples = Samples()
+    loop = LoopContext(rank=rank, world_size=rank_ctx.world_size, device=rank_ctx.device, steps=steps,
+                       tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target), target=target,
+                       on_wrap=samples.watch, checkpoint_dir=Path(checkpoints), checkpoint_every=every,
+                       restarts=life - 1)
+    stepper = Steps(journal, loop.models, [samples, Listing(Path(checkpoints))], plan, rank,
+                    rank_ctx.world_size, markers)
+    saves = Saves(journal, Path(checkpoints), plan, rank, stepper.count, markers, rank_ctx.world_size)
+    instruments: list[Instrument] = [stepper, samples, saves, Loads(journal)]
+    try:
+        with contextlib.ExitStack() as stack:
+            for instrument in instruments:
+                stack.enter_context(instrument.attached())
+            call_target(target, "run_loop", target.run_loop, loop)
+    except Exception as exc:
+        text = str(exc) if isinstance(exc, TargetError) else one_line(exc)[:400] + _user_line(target, exc)
+        journal.write("end", {"how": "raised", "raised": text})
+        if life == 1:
+            raise
+        raise RuntimeError(f"run_loop raised on restart: {text}") from None
+    else:
+        journal.write("end", {"how": "completed", "raised": None})
+    finally:
+        journal.close()
+    return stepper.index
+
+
+def _user_line(target: Any, exc: BaseException) -> str:
+    """`` at file:line`` of the innermost line of the user's in the exception's traceback
+    (the suite's own wrappers, such as the observed ``torch.load``, may sit below it)."""
+    import traceback
+
+    from ...harness.target_calls import is_user_file, shown_path
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if is_user_file(f.filename, target.user_files, target.user_dir)]
+    return f" at {shown_path(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""

@@ -1,0 +1,337 @@
+"""Rank-side observers of a run_loop life: each attaches itself for the loop's duration and
+returns its own slice of the journal; the step observer only iterates over them.
+
+How a checkpoint is seen without touching the user's code — both ways, for different needs:
+
+- *completed* checkpoints, from the filesystem: after every optimizer step the listing of
+  ``ctx.checkpoint_dir`` (names and sizes) is journaled. A save after step s is complete, with
+  whatever rename the loop does, by the time step s + 1 returns; so the first step whose
+  listing is non-empty is a kill point "after a completed checkpoint and one more step",
+  whatever wrote the files (torch.save, safetensors, torch.distributed.checkpoint).
+- a save *in progress*, from ``torch.save`` wrapped on the rank: the start and end of each
+  save and its path are journaled, and the kill during a save happens inside the wrapper, at
+  a point keyed by (steps done, rank) — deterministic, never a timer racing the write. A kill
+  needs the exact instant a write is under way, which a listing cannot give.
+
+The kills use no collective (a dead peer would hang it): ranks meet through marker files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from .records import KillPlan, LoadRecord, SaveRecord, marker, to_line
+
+#: Parameters larger than this (bytes, per snapshot) are journaled by digest only: a difference
+#: is then judged bit for bit, with no tolerance (docs/numerics.md). Only the lives that are
+#: compared keep values (the uninterrupted run and the restarts): at most 7 snapshots each.
+VALUES_CAP = 16 << 20
+#: How long a rank waits at a kill point for its peers (marker files) before going alone.
+KILL_BARRIER_S = 30.0
+
+
+class Instrument(Protocol):
+    """One rank-side observer: attached for the loop's duration, it fills its own fields of
+    each step's record (``step_slice``, reset per step)."""
+
+    def attached(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def step_slice(self) -> dict[str, Any]: ...
+
+
+class Journal:
+    """This rank's append-only journal (JSON lines) and its parameter values file."""
+
+    def __init__(self, path: Path, values: Path) -> None:
+        self._lines = open(path, "a", buffering=1)  # line-buffered: each event reaches the kernel whole
+        self._values = open(values, "ab")
+        self.layout_written = False
+
+    def write(self, kind: str, record: Any) -> None:
+        self._lines.write(to_line(kind, record))
+
+    def values(self, tensors: list[Any]) -> int:
+        offset = self._values.tell()
+        for t in tensors:
+            self._values.write(t.detach().cpu().contiguous().reshape(-1).view(_uint8()).numpy().tobytes())
+        self._values.flush()
+        return offset
+
+    def close(self) -> None:
+        self._lines.close()
+        self._values.close()
+
+
+def _uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def _clean(name: str) -> str:
+    for prefix in ("_orig_mod.", "module."):
+        while name.startswith(prefix):
+            name = name[len(prefix):]
+    return name
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """``owner.name`` replaced by ``make(original)`` for the block, put back whatever happens."""
+    original = getattr(owner, name)
+    setattr(owner, name, make(original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def die(peers: Sequence[int] = ()) -> None:
+    """SIGKILL the peers' process groups (the ranks lead their own), then this process."""
+    for pid in peers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Samples:
+    """The input rows each step trained on (a digest per row of the first tensor a training
+    forward got), torch's RNG state at the step's first training forward, and whether a
+    dropout was active there. Eval forwards (no grad or eval mode) are not counted."""
+
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+        self.rng: str | None = None
+        self.dropout = False
+        self._handles: list[Any] = []
+
+    def watch(self, model: Any) -> None:
+        self._handles.append(model.register_forward_pre_hook(self._forward, with_kwargs=True))
+
+    def _forward(self, module: Any, args: Any, kwargs: Any) -> None:
+        import torch
+
+        if not (torch.is_grad_enabled() and module.training):
+            return
+        if self.rng is None:
+            state = torch.get_rng_state()
+            h = hashlib.sha1(state.numpy().tobytes())
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                h.update(torch.cuda.get_rng_state().numpy().tobytes())
+            self.rng = h.hexdigest()[:16]
+            self.dropout = any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m.training
+                               for m in module.modules())
+        first = _first_tensor((args, kwargs))
+        if first is None or first.dim() == 0:
+            return
+        rows = first.detach().cpu().contiguous().reshape(first.shape[0], -1)
+        as_bytes = rows.view(_uint8()).numpy() if rows.numel() else None
+        for i in range(rows.shape[0]):
+            self.rows.append(hashlib.sha1(b"" if as_bytes is None else as_bytes[i].tobytes()).hexdigest()[:12])
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            for handle in self._handles:
+                handle.remove()
+
+    def step_slice(self) -> dict[str, Any]:
+        out = {"samples": self.rows, "rng": self.rng, "dropout": self.dropout}
+        self.rows, self.rng, self.dropout = [], None, False
+        return out
+
+
+def _first_tensor(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    for item in items:
+        found = _first_tensor(item)
+        if found is not None:
+            return found
+    return None
+
+
+class Listing:
+    """The checkpoint folder's listing (relative names and sizes) after each step."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        yield
+
+    def step_slice(self) -> dict[str, Any]:
+        entries = []
+        for root, _, files in os.walk(self.folder):
+            for name in files:
+                path = Path(root) / name
+                with contextlib.suppress(OSError):
+                    entries.append(f"{path.relative_to(self.folder)}:{path.stat().st_size}")
+        entries.sort()
+        return {"listing": hashlib.sha1("\n".join(entries).encode()).hexdigest()[:16], "files": len(entries)}
+
+
+class Saves:
+    """``torch.save`` wrapped: each save's start and end journaled; the planned kill during a
+    save done here (half the bytes written and synced, then the world torn down)."""
+
+    def __init__(self, journal: Journal, folder: Path, plan: KillPlan, rank: int, steps: Callable[[], int],
+                 markers: Callable[[str], Path], world_size: int) -> None:
+        self.journal, self.folder, self.plan, self.rank = journal, Path(folder), plan, rank
+        self.steps, self.markers, self.world_size = steps, markers, world_size
+        self.fired = False
+
+    def _where(self, f: Any) -> tuple[str, bool, Any]:
+        name = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
+        if not isinstance(name, (str, os.PathLike)):
+            return "<in-memory buffer>", False, None
+        path = Path(name).resolve()
+        try:
+            return str(path.relative_to(self.folder.resolve())), True, path
+        except ValueError:
+            return str(path), False, path
+
+    def _save(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            step = self.steps()
+            where, inside, _ = self._where(f)
+            self.journal.write("save", SaveRecord(step, where, inside, ended=False))
+            plan = self.plan
+            if (plan.kind == "during-save" and inside and not self.fired and plan.rank == self.rank
+                    and plan.step == step):
+                self.fired = True
+                self._torn(original, obj, f, *args, **kwargs)
+            out = original(obj, f, *args, **kwargs)
+            self.journal.write("save", SaveRecord(step, where, inside, ended=True))
+            if inside and plan.kind == "during-save":
+                self.markers(f"saved-{step}-rank{self.rank}").touch()
+            return out
+
+        return save
+
+    def _torn(self, original: Callable[..., Any], obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        """Half of this save's bytes on disk, then every rank of the world killed.
+
+        The peers that write at this point too finish first (their markers): the torn write is
+        the last one, so what is on disk after the kill does not depend on who ran faster.
+        """
+        until = time.monotonic() + KILL_BARRIER_S
+        while (time.monotonic() < until
+               and not all(self.markers(f"saved-{self.plan.step}-rank{p}").exists() for p in self.plan.peers)):
+            time.sleep(0.005)
+        buffer = io.BytesIO()
+        original(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        if isinstance(f, (str, os.PathLike)):
+            with open(f, "wb") as out:
+                out.write(data[: len(data) // 2])
+                out.flush()
+                os.fsync(out.fileno())
+        else:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            with contextlib.suppress(OSError, AttributeError, io.UnsupportedOperation):
+                os.fsync(f.fileno())
+        self.journal.write("end", {"how": "killed", "raised": None})
+        die(self._peer_pids())
+
+    def _peer_pids(self) -> list[int]:
+        pids = []
+        for r in range(self.world_size):
+            path = self.markers(f"pid-rank{r}")
+            if r != self.rank and path.exists():
+                with contextlib.suppress(ValueError, OSError):
+                    pids.append(int(path.read_text()))
+        return pids
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        import torch
+
+        with _replaced(torch, "save", self._save):
+            yield
+
+    def step_slice(self) -> dict[str, Any]:
+        return {}
+
+
+class Loads:
+    """The restore calls of the loop journaled: ``load_state_dict`` on modules, optimizers,
+    schedulers and scalers (strict, missing and unexpected keys), ``torch.load`` and its error."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    def _module(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        journal = self.journal
+
+        def load_state_dict(module: Any, state_dict: Any, strict: bool = True, *args: Any, **kwargs: Any) -> Any:
+            keys = len(module.state_dict())
+            try:
+                out = original(module, state_dict, strict, *args, **kwargs)
+            except Exception as exc:
+                journal.write("load", LoadRecord("module", type(module).__name__, strict, keys,
+                                                 error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+                raise
+            missing, unexpected = list(out.missing_keys), list(out.unexpected_keys)
+            journal.write("load", LoadRecord("module", type(module).__name__, strict, keys, missing[:5],
+                                             len(missing), unexpected[:5], len(unexpected)))
+            return out
+
+        return load_state_dict
+
+    def _other(self, what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        journal = self.journal
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def load_state_dict(owner: Any, *args: Any, **kwargs: Any) -> Any:
+                journal.write("load", LoadRecord(what, type(owner).__name__))
+                return original(owner, *args, **kwargs)
+
+            return load_state_dict
+
+        return make
+
+    def _load(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        journal = self.journal
+
+        def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+            where = str(f) if isinstance(f, (str, os.PathLike)) else str(getattr(f, "name", "<buffer>"))
+            try:
+                return original(f, *args, **kwargs)
+            except Exception as exc:
+                journal.write("load", LoadRecord("torch.load", where,
+                                                 error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+                raise
+
+        return load
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        import torch
+        from torch.amp.grad_scaler import GradScaler
+        from torch.optim.lr_scheduler import LRScheduler
+
+        with _replaced(torch.nn.Module, "load_state_dict", self._module), \
+                _replaced(torch.optim.Optimizer, "load_state_dict", self._other("optimizer")), \
+                _replaced(LRScheduler, "load_state_dict", self._other("scheduler")), \
+                _replaced(GradScaler, "load_state_dict", self._other("scaler")), \
+                _replaced(torch, "load", self._load):
+            yield
+
+    def step_slice(self) -> dict[str, Any]:
+        return {}

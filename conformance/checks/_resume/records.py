@@ -1,0 +1,169 @@
+"""The typed records of resume equivalence: what a rank journals, and the kill plan it obeys.
+
+A rank cannot return anything through the world's pipe once it has been SIGKILLed, so every
+observation is appended to a per-rank journal file (JSON lines, one object per event) as it
+happens; the supervisor reads the journals back after the world is gone. A line cut short by
+a kill is dropped (``read_journal``): only whole events count.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Scenario names (journal file names, evidence keys).
+UNINTERRUPTED, KILLED_BETWEEN, KILLED_DURING_SAVE = "uninterrupted", "killed-between-steps", "killed-during-save"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The training state at one point of a step: per parameter a digest (bit identity), the
+    optimizer state per key, every param group's lr, each GradScaler's (scale, growth tracker)."""
+
+    params: dict[str, str]
+    optimizer: dict[str, tuple[int, str, float]]  # key -> (tensors, digest, sum |x|)
+    lrs: list[float]
+    scalers: list[tuple[float, int]]
+    norm: float = 0.0  # the parameters' L2 norm: the report's trajectory
+    values: int | None = None  # offset of the parameters' bytes in the life's values file; None: not kept
+
+    @staticmethod
+    def of(raw: dict[str, Any]) -> Snapshot:
+        return Snapshot(params=dict(raw["params"]),
+                        optimizer={k: (int(v[0]), str(v[1]), float(v[2])) for k, v in raw["optimizer"].items()},
+                        lrs=[float(x) for x in raw["lrs"]],
+                        scalers=[(float(s), int(t)) for s, t in raw["scalers"]], norm=float(raw.get("norm", 0.0)),
+                        values=raw.get("values"))
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One optimizer step of one life of one rank (index: 1-based within the life)."""
+
+    index: int
+    before: Snapshot  # at optimizer.step()'s entry: what the step starts from (restored state)
+    after: Snapshot  # where optimizer.step() returns
+    samples: list[str]  # digests of the input rows the step's training forwards saw
+    rng: str | None  # torch's RNG state at the step's first training forward
+    dropout: bool  # a dropout module with p > 0 was in training mode at that forward
+    listing: str  # digest of the checkpoint folder's listing (names, sizes) after the step
+    files: int  # files in the checkpoint folder after the step
+
+    @staticmethod
+    def of(raw: dict[str, Any]) -> StepRecord:
+        return StepRecord(index=int(raw["index"]), before=Snapshot.of(raw["before"]),
+                          after=Snapshot.of(raw["after"]), samples=list(raw["samples"]),
+                          rng=raw.get("rng"), dropout=bool(raw.get("dropout")),
+                          listing=str(raw["listing"]), files=int(raw["files"]))
+
+
+@dataclass(frozen=True, slots=True)
+class SaveRecord:
+    """A ``torch.save`` the loop made: after how many optimizer steps of its life, where to."""
+
+    step: int
+    path: str  # relative to the checkpoint folder when inside it, else as given
+    inside: bool  # written inside ctx.checkpoint_dir
+    ended: bool  # False: the start of the save (a save that never ends was killed)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRecord:
+    """A restore call the loop made on restart (``Module/Optimizer/LRScheduler/GradScaler
+    .load_state_dict``, ``torch.load``): what it was called on and what came of it."""
+
+    what: str  # "module" | "optimizer" | "scheduler" | "scaler" | "torch.load"
+    owner: str  # the class name (or the path, for torch.load)
+    strict: bool | None = None
+    keys: int = 0  # keys the module expected
+    missing: list[str] = field(default_factory=list)  # up to 5 names
+    missing_count: int = 0
+    unexpected: list[str] = field(default_factory=list)
+    unexpected_count: int = 0
+    error: str | None = None  # the exception it raised (torch.load of a torn file)
+
+
+@dataclass(frozen=True, slots=True)
+class Life:
+    """One process lifetime of one rank: its steps, saves and loads, and how it ended."""
+
+    rank: int
+    steps: list[StepRecord]
+    saves: list[SaveRecord]
+    loads: list[LoadRecord]
+    ended: str  # "completed" | "killed" | "raised" | "" (no end written: killed by a peer)
+    raised: str | None = None  # the loop's exception (one line, with its file:line when the user's)
+    #: (name, dtype, shape) of each parameter in a values record, in order
+    layout: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
+
+    @property
+    def checkpoint_files(self) -> int:
+        return self.steps[-1].files if self.steps else 0
+
+
+@dataclass(frozen=True, slots=True)
+class KillPlan:
+    """Where the life is to be killed, keyed by steps and saves, never by time.
+
+    ``after-step``: every rank, once its optimizer step ``step`` has returned, meets the others
+    at a file barrier and SIGKILLs itself (the whole world dies between steps). ``during-save``:
+    rank ``rank``, in its first ``torch.save`` after ``step`` optimizer steps, waits until the
+    ``peers`` that save at that point have finished, writes half the bytes, then SIGKILLs the
+    other ranks (torchrun tears the group down on a worker's death) and itself.
+    """
+
+    kind: str  # "none" | "after-step" | "during-save"
+    step: int = 0
+    rank: int = 0
+    peers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "after-step", "during-save"):
+            raise ValueError(f"KillPlan kind={self.kind!r} is not none, after-step or during-save")
+
+
+def journal_path(folder: Path, scenario: str, life: int, rank: int) -> Path:
+    return Path(folder) / f"{scenario}-life{life}-rank{rank}.jsonl"
+
+
+def values_path(folder: Path, scenario: str, life: int, rank: int) -> Path:
+    return Path(folder) / f"{scenario}-life{life}-rank{rank}.values"
+
+
+def marker(folder: Path, scenario: str, life: int, name: str) -> Path:
+    """A file whose existence one rank tells the others something through (the kill's barrier,
+    a peer's save having ended, a rank's pid): no collective may be used at a kill point."""
+    return Path(folder) / f"{scenario}-life{life}.{name}"
+
+
+def to_line(kind: str, record: Any) -> str:
+    return json.dumps({"kind": kind, **(asdict(record) if not isinstance(record, dict) else record)}) + "\n"
+
+
+def read_journal(path: Path, rank: int) -> Life:
+    """A rank's journal as a Life; a last line cut short by a kill is ignored."""
+    steps: list[StepRecord] = []
+    saves: list[SaveRecord] = []
+    loads: list[LoadRecord] = []
+    ended, raised = "", None
+    layout: list[tuple[str, str, tuple[int, ...]]] = []
+    text = path.read_text() if path.exists() else ""
+    for line in text.splitlines():
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the line a kill interrupted
+        kind = raw.pop("kind")
+        if kind == "step":
+            steps.append(StepRecord.of(raw))
+        elif kind == "save":
+            saves.append(SaveRecord(**raw))
+        elif kind == "load":
+            loads.append(LoadRecord(**raw))
+        elif kind == "layout":
+            layout = [(str(n), str(d), tuple(int(x) for x in shape)) for n, d, shape in raw["params"]]
+        elif kind == "end":
+            ended, raised = raw["how"], raw.get("raised")
+    return Life(rank, steps, saves, loads, ended, raised, layout)

@@ -1,0 +1,181 @@
+"""The supervisor side of the experiment: the lives run in fresh worlds, the kill points chosen
+from the uninterrupted run, and the journals read back.
+
+Each life runs in a world of its own (``CheckContext.fresh_world``): a restart is a new set of
+processes and a new process group, as after torchrun's agent restarts the workers. A killed
+life ends in ``RankFailure`` (its ranks died by SIGKILL at the planned point); the world's own
+kill path then reaps every process, DataLoader workers included, and removes its temp folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...harness.world import RankFailure
+from .life import live
+from .records import KILLED_BETWEEN, KILLED_DURING_SAVE, UNINTERRUPTED, KillPlan, Life, journal_path, read_journal
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One scenario: its lives (per life, per rank) and the kill that separated them."""
+
+    scenario: str
+    plan: KillPlan
+    lives: list[list[Life]]  # [life 1, life 2], each in rank order; one life when uninterrupted
+    failure: RankFailure | None = None  # how life 1 ended in the supervisor's eyes (killed: expected)
+    kill_fired: bool = True  # the planned kill was carried out (a journal says "killed")
+
+    @property
+    def first(self) -> list[Life]:
+        return self.lives[0]
+
+    @property
+    def restart(self) -> list[Life]:
+        return self.lives[-1]
+
+
+def files_in(folder: Path) -> list[str]:
+    return sorted(str(Path(root, f).relative_to(folder)) for root, _, names in os.walk(folder) for f in names)
+
+
+def worlds_ahead(world_size: int) -> int:
+    """How many worlds may start while one life runs: a rank's start is about one core busy
+    importing torch, so as many as the cores allow beside the running world (at least one)."""
+    return max(1, (os.cpu_count() or 1) // (2 * world_size) - 1)
+
+
+class Lives:
+    """Runs lives of the target's loop; ``world()`` gives a fresh world (a context manager).
+
+    A restart's floor is a world's start (fresh interpreters, the torch import, the process
+    group): while one life runs, the worlds for the next ones are launched (``World.launch``:
+    spawned, not waited for; ``ahead`` at most), so their starts overlap the loop instead of
+    following it.
+    """
+
+    def __init__(self, world: Callable[[], Any], target_spec: str, folder: Path, steps: int, every: int,
+                 deadline: float, *, ahead: int = 1) -> None:
+        self.world, self.spec, self.folder = world, target_spec, folder
+        self.steps, self.every, self.deadline = steps, every, deadline
+        self.ahead = ahead
+        self._stack = contextlib.ExitStack()
+        self._spares: list[Any] = []
+
+    def __enter__(self) -> Lives:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()  # spares launched for lives that did not come
+
+    def checkpoints(self, scenario: str) -> Path:
+        path = self.folder / f"{scenario}-checkpoints"
+        path.mkdir(exist_ok=True)
+        return path
+
+    def _take(self, more: int) -> contextlib.AbstractContextManager[Any]:
+        """The world for this life (a spare when one was launched), and spares launched for up
+        to ``more`` lives that follow."""
+        taken = self._spares.pop(0) if self._spares else self.world()
+        while len(self._spares) < min(more, self.ahead):
+            world = self._stack.enter_context(_Deferred(self.world()))
+            launch = getattr(world, "launch", None)
+            if launch is not None:
+                launch()
+            self._spares.append(_Entered(world))
+        return taken
+
+    def one(self, scenario: str, life: int, plan: KillPlan, size: int, *,
+            more: int = 0) -> tuple[list[Life], RankFailure | None]:
+        """Life ``life`` of ``scenario``: the journals, and the RankFailure it ended in (None:
+        every rank returned). A hang or another failure propagates to the caller. ``more``:
+        how many lives follow (their worlds are launched now)."""
+        failure = None
+        with self._take(more) as world:
+            try:
+                world.run(live, self.spec, folder=str(self.folder), checkpoints=str(self.checkpoints(scenario)),
+                          scenario=scenario, life=life, plan=plan, steps=self.steps, every=self.every,
+                          deadline=self.deadline)
+            except RankFailure as exc:
+                failure = exc
+        return [read_journal(journal_path(self.folder, scenario, life, r), r) for r in range(size)], failure
+
+    def killed(self, scenario: str, plan: KillPlan, size: int, *, more: int = 0) -> Run:
+        """Life 1 killed as planned, then life 2 on the same checkpoint folder; ``more``: how
+        many lives follow these two."""
+        first, failure = self.one(scenario, 1, plan, size, more=more + 1)
+        fired = any(life.ended == "killed" for life in first)
+        if not fired:
+            # The kill point was never reached (the loop took another path this time): the
+            # restart would compare nothing that was interrupted.
+            return Run(scenario, plan, [first], failure, kill_fired=False)
+        second, failure2 = self.one(scenario, 2, KillPlan("none"), size, more=more)
+        return Run(scenario, plan, [first, second], failure2)
+
+
+class _Deferred:
+    """A world context entered on the lives' stack (closed at the end if never used)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    def __enter__(self) -> Any:
+        return self.manager.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.manager.__exit__(*exc)
+
+
+class _Entered:
+    """An already-entered world handed out as a context manager: closing it closes the world
+    (``close`` is safe twice, so the stack's own exit later is harmless)."""
+
+    def __init__(self, world: Any) -> None:
+        self.world = world
+
+    def __enter__(self) -> Any:
+        return self.world
+
+    def __exit__(self, *exc: Any) -> None:
+        self.world.close()
+
+
+def between_steps_plan(uninterrupted: list[Life]) -> KillPlan | str:
+    """Kill after the first step whose listing shows a checkpoint on every rank: the save
+    before it is complete (rename included) and the loop went on for one more step. A reason
+    (str) when there is no such step before the last one."""
+    first = []
+    for life in uninterrupted:
+        seen = next((s.index for s in life.steps if s.files), None)
+        if seen is None:
+            return "no checkpoint appeared in ctx.checkpoint_dir before the loop's last optimizer step"
+        first.append(seen)
+    step = max(first)
+    last = min(len(life.steps) for life in uninterrupted)
+    if step >= last:
+        return (f"the first checkpoint appeared in ctx.checkpoint_dir after step {step - 1}, with no step "
+                f"after it to kill before (the loop ran {last}); save every ctx.checkpoint_every steps from the start")
+    return KillPlan("after-step", step=step)
+
+
+def during_save_plan(uninterrupted: list[Life]) -> KillPlan | str:
+    """Kill during the second round of torch.save calls into the checkpoint folder (the first
+    when there is only one), on the highest rank that saves then; the others saving at that
+    point finish first. A reason (str) when the loop wrote no checkpoint with torch.save."""
+    last = min(len(life.steps) for life in uninterrupted)
+    rounds = sorted({s.step for life in uninterrupted for s in life.saves if s.inside and s.ended and s.step < last})
+    if not rounds:
+        return ("no torch.save into ctx.checkpoint_dir before the loop's last step: a kill during the write "
+                "is simulated inside torch.save (other writers are not interrupted)")
+    step = rounds[1] if len(rounds) > 1 else rounds[0]
+    savers = sorted({life.rank for life in uninterrupted for s in life.saves if s.inside and s.step == step})
+    victim = savers[-1]
+    return KillPlan("during-save", step=step, rank=victim, peers=tuple(r for r in savers if r != victim))
+
+
+SCENARIOS = (UNINTERRUPTED, KILLED_BETWEEN, KILLED_DURING_SAVE)

@@ -1,0 +1,181 @@
+"""Check ``resume-equivalence``: a job killed and restarted continues exactly where it stopped.
+
+    ddp-conformance run --checks resume-equivalence --target examples/train_resume.py
+
+Contract (the production checklist; torchrun's elastic agent, a Slurm requeue): after a
+failure the workers are restarted and resume from the last checkpoint, and training must go on
+as if nothing happened — same parameters, optimizer state, learning rate, GradScaler state and
+step count, and every sample trained exactly once. What breaks it in real code: optimizer,
+scheduler or scaler state not saved or not loaded; the data order restarting at the epoch's
+beginning; ``load_state_dict(strict=False)`` matching no key because of DDP's ``module.``
+prefix; every rank writing one file in place, torn by a kill during the write.
+
+What runs, each life in a fresh world (``_resume``): the target's own ``run_loop`` with
+``ctx.checkpoint_dir`` (empty at first), ``ctx.checkpoint_every`` and ``ctx.restarts``:
+(a) uninterrupted for ``ctx.steps`` optimizer steps; (b) the whole world SIGKILLed after the
+first step by which a checkpoint was complete, then a fresh world on the same folder resuming
+to ``ctx.steps``; (c) the highest rank that saves SIGKILLed half-way through a ``torch.save``
+into the folder (the second save round; the others torn down), then restarted the same way.
+Kill points are keyed by steps and saves, never by time. On every rank and every resumed step
+the judge compares the restored state at the step's entry, the samples, and the state where
+``optimizer.step()`` returned with the uninterrupted run; the whole run's samples as a multiset.
+
+Skipped: no ``run_loop``; a loop that writes nothing in ``ctx.checkpoint_dir``; under
+``--attach`` (the launcher owns the restart: run the check locally instead).
+
+Evidence: per scenario the kill, where each rank resumed, steps compared, findings (what,
+rank, step, cause), warnings, the samples multiset; metrics: ``resume_trajectories`` (rank 0's
+parameter norm per step: the report's chart), ``steps_compared``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from reports.keys import RESUME_TRAJECTORIES, VERIFIED, WARNINGS
+
+from ..harness.context import CheckContext
+from ..harness.outcome import Outcome
+from ..harness.timing import MIDRUN_PG_TIMEOUT_S
+from ..harness.world import RankFailure, WorldHang
+from ._equivalence import world_error_outcome
+from ._resume import (
+    KILLED_BETWEEN,
+    KILLED_DURING_SAVE,
+    UNINTERRUPTED,
+    KillPlan,
+    Lives,
+    Run,
+    Verdict,
+    between_steps_plan,
+    during_save_plan,
+    files_in,
+    judge_run,
+    worlds_ahead,
+)
+
+#: ``ctx.steps`` of every life: enough for a checkpoint, a step after it, and a second save round.
+STEPS = 6
+#: ``ctx.checkpoint_every``: saves after steps 2, 4 and 6.
+EVERY = 2
+#: The key figure of a finding, by what differed.
+HEADLINES = {"parameters": "parameters differ", "optimizer": "optimizer state differs",
+             "lr": "learning rate differs", "scaler": "GradScaler state differs", "samples": "other samples trained",
+             "steps": "steps repeated or lost", "raised": "run_loop raised on restart"}
+ATTACHED = ("under --attach the launcher (torchrun, srun) owns the restart, and the suite cannot kill and "
+            "restart its ranks; run it locally: ddp-conformance run --target {spec} --checks resume-equivalence")
+
+
+def run(ctx: CheckContext) -> Outcome:
+    if ctx.target.run_loop is None:
+        return Outcome.skipped("the target defines no run_loop: there is no loop to kill and restart (define "
+                               "run_loop(ctx) with checkpoints in ctx.checkpoint_dir, see examples/train_resume.py)")
+    if ctx.new_world is None:
+        return Outcome.skipped(ATTACHED.format(spec=ctx.target.spec))
+    folder = Path(tempfile.mkdtemp(prefix="resume-", dir=ctx.tmpdir))
+    try:
+        return _experiment(ctx, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # the journals and every checkpoint written
+
+
+def _experiment(ctx: CheckContext, folder: Path) -> Outcome:
+    with Lives(lambda: ctx.fresh_world(pg_timeout=MIDRUN_PG_TIMEOUT_S), ctx.target.spec, folder, STEPS,
+               EVERY, ctx.deadline, ahead=worlds_ahead(ctx.world_size)) as lives:
+        return _scenarios(ctx, lives)
+
+
+def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
+    size = ctx.world_size
+    try:
+        # A world for the next life starts while this loop runs, where spare cores make that
+        # free: it is closed unused when the loop writes no checkpoint (the check then skips).
+        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=int(lives.ahead > 1))
+    except WorldHang as exc:
+        return world_error_outcome(exc, "the target's run_loop (uninterrupted)")
+    if failure is not None:
+        return world_error_outcome(failure, "the target's run_loop (uninterrupted)")
+    if not any(life.steps for life in a):
+        return Outcome.skipped("run_loop took no optimizer step: there is nothing to resume")
+    written = files_in(lives.checkpoints(UNINTERRUPTED))
+    if not written:
+        return Outcome.skipped(f"run_loop wrote nothing in ctx.checkpoint_dir over {len(a[0].steps)} optimizer steps "
+                               f"(ctx.checkpoint_every={EVERY}): there is no checkpoint to resume from; save there "
+                               f"and resume from it at start-up (ctx.tmpdir is each rank's own and is not kept "
+                               f"across a restart; see examples/train_resume.py)")
+    verdicts: list[Verdict] = []
+    skipped: dict[str, str] = {}
+    plans = [(KILLED_BETWEEN, between_steps_plan(a)), (KILLED_DURING_SAVE, during_save_plan(a))]
+    for i, (scenario, plan) in enumerate(plans):
+        if isinstance(plan, str):
+            skipped[scenario] = plan
+            continue
+        later = 2 * sum(not isinstance(p, str) for _, p in plans[i + 1:])  # lives that follow these two
+        try:
+            killed = lives.killed(scenario, plan, size, more=later)
+        except WorldHang as exc:
+            return world_error_outcome(exc, f"the target's run_loop ({scenario}, restarted)")
+        if (problem := _unplanned(killed)) is not None:
+            return problem
+        if not killed.kill_fired:
+            skipped[scenario] = f"the planned kill ({plan.kind} at step {plan.step}) was not reached this time"
+            continue
+        verdicts.append(judge_run(a, killed, lives.folder))
+    return _outcome(verdicts, skipped, written, len(a[0].steps))
+
+
+def _unplanned(run: Run) -> Outcome | None:
+    """Life 1 failed otherwise than by the planned kill (its own exception or DDP's): the loop
+    does not run to its kill point, a finding of the first start, not of the restart."""
+    raised = [life for life in run.first if life.ended == "raised"]
+    if not raised:
+        return None
+    life = raised[0]
+    return Outcome.failed(f"run_loop raised on rank {life.rank} before the planned kill ({run.scenario}): "
+                          f"{life.raised}", metrics={"key_figure": "run_loop raised"})
+
+
+def _outcome(verdicts: list[Verdict], skipped: dict[str, str], written: list[str], steps: int) -> Outcome:
+    compared = sum(v.steps_compared for v in verdicts)
+    metrics: dict[str, Any] = {"steps_compared": compared,
+                               RESUME_TRAJECTORIES: {v.scenario: v.trajectory for v in verdicts}}
+    evidence: dict[str, Any] = {"scenarios": {v.scenario: v.as_dict() for v in verdicts},
+                                "scenarios_skipped": skipped, "checkpoint_files": written[:20],
+                                "steps": steps, "checkpoint_every": EVERY,
+                                WARNINGS: [w for v in verdicts for w in v.warnings]}
+    if not verdicts:
+        return Outcome.skipped("no kill scenario could run: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()),
+                               metrics=metrics, evidence=evidence)
+    failing = [(v, v.findings[0]) for v in verdicts if v.findings]
+    if failing:
+        parts = []
+        for verdict, finding in failing:
+            cause = finding.cause or f"no known cause matched (evidence: scenarios.{verdict.scenario}.findings)"
+            parts.append(f"{verdict.scenario} ({verdict.kill}): {finding.message}; {cause}")
+        first = failing[0][1]
+        where = f" at step {first.step}" if first.step else ""
+        metrics.update(key_figure=f"{HEADLINES[first.what]}{where} on rank {first.rank}",
+                       first_divergence=first.as_dict())
+        return Outcome.failed("restart not equivalent to the uninterrupted run: " + " | ".join(parts),
+                              metrics=metrics, evidence=evidence, recommendation=first.recommendation)
+    said = []
+    for v in verdicts:
+        start = min(v.resumed_at.values(), default=steps + 1)
+        counts = next(iter(v.samples.values()), {})
+        said.append(f"{v.scenario} ({v.kill}): resumed at step {start}, equal to step {steps} on "
+                    f"{len(v.resumed_at)} ranks ({counts.get('trained', 0)} samples per rank, "
+                    f"{counts.get('repeated', 0)} repeated, {counts.get('missed', 0)} missed)")
+    skipped_text = "".join(f"; {k} not run: {v}" for k, v in skipped.items())
+    warned = " (with warnings)" if evidence[WARNINGS] else ""
+    metrics["key_figure"] = f"{compared} resumed steps equal{warned}"
+    warnings = "".join(f"; warning: {w}" for w in evidence[WARNINGS])
+    # What this pass compared, for the verdict's "ready means verified" rule (reports/verdict.py).
+    evidence[VERIFIED] = {"ranks": min((len(v.resumed_at) for v in verdicts), default=0),
+                          "resumed_steps_compared": compared, "restarts": len(verdicts)}
+    return Outcome.passed("parameters, optimizer state, learning rates, GradScaler state, step count and samples "
+                          "equal to the uninterrupted run at every resumed step: " + "; ".join(said) + skipped_text
+                          + warnings,
+                          metrics=metrics, evidence=evidence)

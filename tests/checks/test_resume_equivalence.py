@@ -1,0 +1,156 @@
+"""resume-equivalence: the target's run_loop killed and restarted, against the uninterrupted run.
+
+The correct example (examples/train_resume.py) passes through a real ``ddp-conformance``
+subprocess that must leave no process, temp dir or /dev/shm entry behind (both kill paths run
+in it); each bug variant of it — the example's source with one deliberate change — is killed
+and restarted (2 ranks, 6 steps) and judged against the correct loop's uninterrupted run
+(which the bugs do not change: they only show at a restart), the cause asserted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.examples._variants import EXAMPLES, variant
+from tests.robustness._run import Run
+
+EXAMPLE = "train_resume.py"
+DEADLINE_S = 60.0
+
+SAVE_OPT = '"optimizer": optimizer.state_dict(),\n'
+VARIANTS = {
+    "optimizer-not-saved": (
+        [(' "optimizer": optimizer.state_dict(),', ""),
+         ("        optimizer.load_state_dict(state[\"optimizer\"])\n", "")],
+        r"optimizer state \(exp_avg of 4 tensors.*\) was reset at the restart: no Optimizer.load_state_dict"),
+    "scheduler-not-saved": (
+        [('\n                 "scheduler": scheduler.state_dict(),', ""),
+         ("        scheduler.load_state_dict(state[\"scheduler\"])\n", "")],
+        r"the scheduler's state was not restored: its schedule started over \(the learning rate at step 4 is the "
+        r"one of step 2\); no LRScheduler.load_state_dict call"),
+    "scaler-not-saved": (
+        [(' "scaler": scaler.state_dict(),', ""),
+         ("        scaler.load_state_dict(state[\"scaler\"])\n", "")],
+        r"the GradScaler was reset to its initial state \(scale 65536, growth tracker 0\): no GradScaler"),
+    "data-order-restarts": (
+        [("            if i < position:\n                continue  # trained before the checkpoint: the order "
+          "is the epoch's, so skip them\n", "")],
+        r"the data order restarted at the epoch's beginning: resumed step 3 trained the samples of step 1"),
+    "module-prefix-strict-false": (
+        [('"model": model.module.state_dict()', '"model": model.state_dict()'),
+         ('raw.load_state_dict(state["model"])', 'raw.load_state_dict(state["model"], strict=False)')],
+        r"load_state_dict\(strict=False\) on the Sequential matched no key: the checkpoint's 4 keys carry "
+        r"DDP's 'module.' prefix \('module.0.weight'\)"),
+}
+TORN = [("    if ctx.rank == 0:\n        state = {", "    if True:  # bug: every rank writes\n        state = {"),
+        ("        tmp = path.with_suffix(\".tmp\")\n        torch.save(state, tmp)\n        os.replace(tmp, path)\n",
+         "        torch.save(state, path)\n")]
+
+
+@contextlib.contextmanager
+def _worlds() -> Iterator[Any]:
+    from conformance.harness.world import World
+
+    world = World(2, "gloo", deadline=DEADLINE_S, pg_timeout=10.0)
+    try:
+        yield world
+    finally:
+        world.close()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[Any]]]:
+    """The correct loop's uninterrupted lives (journals kept in the folder for the judge)."""
+    from conformance.checks._resume import UNINTERRUPTED, KillPlan, Lives
+
+    folder = tmp_path_factory.mktemp("resume")
+    with Lives(_worlds, str(EXAMPLES / EXAMPLE), folder, 6, 2, DEADLINE_S) as lives:
+        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2)
+    assert failure is None and [len(life.steps) for life in lives_a] == [6, 6]
+    yield folder, lives_a
+
+
+def _killed(folder: Path, spec: str, plan: Any, scenario: str) -> Any:
+    from conformance.checks._resume import Lives, judge_run
+
+    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
+        run = lives.killed(scenario, plan, 2)
+    assert run.kill_fired, run
+    return run
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_bug_variant_fails_naming_its_cause(name: str, tmp_path: Path, uninterrupted: Any) -> None:
+    from conformance.checks._resume import KILLED_BETWEEN, KillPlan, judge_run
+
+    folder, lives_a = uninterrupted
+    edits, cause = VARIANTS[name]
+    spec = variant(tmp_path, EXAMPLE, name, *edits)
+    run = _killed(folder, spec, KillPlan("after-step", step=3), f"{KILLED_BETWEEN}-{name}")
+    verdict = judge_run(lives_a, run, folder)
+    assert verdict.findings, verdict
+    first = verdict.findings[0]
+    assert first.cause is not None and re.search(cause, first.cause), first
+    assert {f.rank for f in verdict.findings} == {0, 1}  # seen on every rank
+
+
+def test_every_rank_writing_in_place_is_torn_by_a_kill_during_the_save(tmp_path: Path, uninterrupted: Any) -> None:
+    from conformance.checks._resume import KILLED_DURING_SAVE, KillPlan, judge_run
+
+    folder, lives_a = uninterrupted
+    spec = variant(tmp_path, EXAMPLE, "torn", *TORN)
+    run = _killed(folder, spec, KillPlan("during-save", step=4, rank=1, peers=(0,)), KILLED_DURING_SAVE)
+    verdict = judge_run(lives_a, run, folder)
+    first = verdict.findings[0]
+    assert first.what == "raised" and "train_resume.py:" in first.message, first
+    assert first.cause and first.cause.startswith(
+        "the restart could not read the checkpoint written when rank 1 was killed during the save"), first
+    assert "checkpoint.pt was written in place" in first.cause
+
+
+def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run = Run(["run", "--target", str(EXAMPLES / EXAMPLE), "--checks", "resume-equivalence",
+               "--report-dir", str(out)], tmp_path)
+    done = run.wait(timeout=240)
+    record = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
+    assert done.code == 0, (record["message"], done.stderr[-3000:])
+    assert record["status"] == "passed"
+    scenarios = record["evidence"]["scenarios"]
+    assert set(scenarios) == {"killed-between-steps", "killed-during-save"}
+    assert scenarios["killed-between-steps"]["kill"] == "whole world SIGKILLed after step 3"
+    assert scenarios["killed-during-save"]["kill"].startswith("rank 0 SIGKILLed while writing")
+    assert all(s["steps_compared"] == 8 for s in scenarios.values())
+    assert "0 repeated, 0 missed" in record["message"]
+    procs, dirs = run.leftovers(within_s=5.0)
+    assert not procs, f"processes outlived the run: {procs}"
+    assert not dirs, f"temp dirs left behind: {dirs}"
+
+
+def test_a_loop_that_writes_no_checkpoint_skips_with_the_reason(suite_session: Any) -> None:
+    from tests.checks._check_helpers import run_check
+
+    record = run_check(suite_session, "resume-equivalence", "loop_with_hook")
+    assert record.status == "skipped", record.message
+    assert record.message.startswith("run_loop wrote nothing in ctx.checkpoint_dir over 6 optimizer steps")
+
+
+def test_no_run_loop_and_attach_mode_skip_without_starting_a_world() -> None:
+    from types import SimpleNamespace
+
+    from conformance.checks.resume_equivalence import run
+
+    no_loop = SimpleNamespace(target=SimpleNamespace(run_loop=None, spec="mlp"), new_world=None)
+    assert run(no_loop).message.startswith("the target defines no run_loop")  # type: ignore[arg-type]
+    attached = SimpleNamespace(target=SimpleNamespace(run_loop=print, spec="train.py"), new_world=None)
+    outcome = run(attached)  # type: ignore[arg-type]
+    assert outcome.status == "skipped"
+    assert outcome.message.startswith("under --attach the launcher (torchrun, srun) owns the restart")
+    assert "ddp-conformance run --target train.py --checks resume-equivalence" in outcome.message
