@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "report_dir", None):
+        # Resolved before anything runs: the report goes where the user named it, from where
+        # the run started, whatever the working directory is later.
+        args.report_dir = os.path.abspath(args.report_dir)
     previous = _terminate_as_interrupt()
     try:
         if args.command == "list":

@@ -251,7 +251,7 @@ def run(ctx: CheckContext) -> Outcome:
             f"sampling = 'with-replacement'; its samples are random draws, not a permutation)",
             metrics={"key_figure": "sampling with replacement"},
             evidence={"sampling": "with-replacement"})
-    if target.epoch_batches is None and not target.builtin:
+    if not target.has("epoch_batches") and not target.builtin:
         return Outcome.skipped(
             f"target {target.name!r} defines no epoch_batches(rank, world_size, epoch): its data "
             f"pipeline cannot be checked (define it to return this rank's DataLoader)",
@@ -262,7 +262,7 @@ def run(ctx: CheckContext) -> Outcome:
                                "sampler_problems": len(sampler_problems)}
     problems = list(sampler_problems)
     source = "DistributedSampler"
-    if target.epoch_batches is not None:
+    if target.has("epoch_batches"):
         source = f"{target.name}.epoch_batches"
         try:
             per_rank = [r.value for r in ctx.world().run(collect_epochs, target.spec,
@@ -296,7 +296,7 @@ def run(ctx: CheckContext) -> Outcome:
                            "DistributedSampler(dataset, num_replicas=world_size, rank=rank, "
                            "seed=<same on every rank>) and call sampler.set_epoch(epoch) every epoch; "
                            "shard IterableDatasets by rank; make every rank yield the same number of batches")
-    if target.epoch_batches is not None:
+    if target.has("epoch_batches"):
         e0 = evidence["epoch_batches"]["epochs"][0]
         metrics["key_figure"] = (f"{e0['distinct']}/{evidence['epoch_batches']['dataset_samples']} "
                                  f"samples/epoch, batches/rank {e0['batches_per_rank']}")

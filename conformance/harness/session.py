@@ -23,7 +23,7 @@ from .context import CheckContext
 from .outcome import Outcome
 from .registry import CheckSpec
 from .resources import CostMeter, model_size_on_rank, size_metrics
-from .targets import BUILTINS, TargetError, load_target
+from .targets import BUILTINS, TargetError, TargetInfo, load_target
 from .timing import DEFAULT_DEADLINE_S
 from .world import World, WorldLike, WorldUnavailable
 from .world._containment import guardian
@@ -90,6 +90,7 @@ class Session:
     settings: Settings
     _worlds: dict[tuple[str, int], WorldLike] = field(default_factory=dict)
     _model_sizes: dict[str, tuple[int, int] | None] = field(default_factory=dict)
+    _infos: dict[str, TargetInfo] = field(default_factory=dict)
     _tmp: Path = field(default_factory=_session_tmp)
     _memory: Path | None = field(default_factory=_session_memory)
     # Where a long check's "still running" line goes (the plugin: the terminal); None: silent.
@@ -184,10 +185,29 @@ class Session:
                 guardian().forget(path=str(self._memory))
                 self._memory = None
 
+    def target_info(self, target_spec: str) -> TargetInfo:
+        """What the checks of this session know of a target (cached), without importing it here.
+
+        A built-in target is the suite's own code, loaded in this process. A user's target is
+        loaded in a child under the run's deadline (``world/validate.py``): its import may exit
+        the process, hang, start threads or processes, trap signals or change directory, and
+        none of that may reach the supervisor. Under --attach this process is a rank, which
+        runs the target anyway. Raises TargetError (a usage error) when it cannot be loaded."""
+        if target_spec not in self._infos:
+            if target_spec in BUILTINS or self.settings.attach:
+                info = load_target(target_spec).info()
+            else:
+                from .world.validate import describe_target
+
+                info = describe_target(target_spec, self.settings.world_size,
+                                       deadline=self.settings.deadline, build=False)
+            self._infos[target_spec] = info
+        return self._infos[target_spec]
+
     def context(self, spec: CheckSpec, target_spec: str) -> CheckContext:
         label = "mlp" if target_spec == "builtin" else target_spec
         return CheckContext(
-            spec=spec, target=load_target(label), backend=self.settings.backend,
+            spec=spec, target=self.target_info(label), backend=self.settings.backend,
             world_size=self.settings.world_size, deadline=self.settings.deadline,
             injected=target_spec == "builtin", tmpdir=Path(tempfile.mkdtemp(dir=self._tmp)),
             memory_dir=self._memory,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import importlib
+import multiprocessing
 import os
 import signal
 import socket
@@ -129,6 +130,10 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
     faulthandler.enable(file=stacks, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     os.environ.update(cfg.env)
+    # The platform's default start method, as in a rank that torchrun exec'd: spawn passes the
+    # supervisor's on, and a DataLoader(num_workers=2) in the user's step would then spawn
+    # workers that import torch afresh (seconds each, on every step's loader).
+    multiprocessing.set_start_method(None, force=True)
     try:
         ctx = _init_process_group(cfg)
     except BaseException as exc:  # report instead of dying silently: the supervisor is waiting
@@ -164,7 +169,14 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
                                                            error=_error(exc), pid=os.getpid()))
         conn.send_bytes(payload)
     _shutdown()
-    sys.stdout.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    # Now, not at interpreter exit: a non-daemon thread the user's code started (an uploader, a
+    # watchdog) would keep the rank alive past its stop, and atexit handlers run user code.
+    os._exit(0)
 
 
 def _shutdown() -> None:
