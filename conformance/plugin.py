@@ -193,11 +193,15 @@ def run_case(request: pytest.FixtureRequest, session: Any, check_id: str, target
     not go green on something it could not decide); the CLI's exit code keeps the nuance (3).
     """
     from .harness.targets import TargetError
+    from .harness.world import LaunchedWorldUnreachable
 
     try:
         record, ctx = session.run_check(BY_ID[check_id], target)
     except TargetError as exc:
         pytest.exit(f"target error: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    except LaunchedWorldUnreachable as exc:  # under --attach: no check can run, stop at once
+        pytest.exit(f"{exc}; nothing was verified, the run is inconclusive",
+                    returncode=pytest.ExitCode.INTERRUPTED)
     events = [e.to_json() for e in (ctx.events if ctx else [])]
     request.node.user_properties.append((EVENTS_KEY, json.dumps(events)))
     request.node.user_properties.append((RECORD_KEY, json.dumps(record.to_json())))

@@ -25,7 +25,7 @@ from .registry import CheckSpec
 from .resources import CostMeter, model_size_on_rank, size_metrics
 from .targets import BUILTINS, TargetError, TargetInfo, load_target
 from .timing import DEFAULT_DEADLINE_S
-from .world import World, WorldLike, WorldUnavailable
+from .world import LaunchedWorldUnreachable, World, WorldLike, WorldUnavailable
 from .world._containment import guardian
 
 
@@ -215,7 +215,8 @@ class Session:
             attached=self.settings.attach)
 
     def run_check(self, spec: CheckSpec, target_spec: str) -> tuple[CheckRecord, CheckContext | None]:
-        """Run one check into its record. Never raises, except TargetError (a usage error).
+        """Run one check into its record. Never raises, except TargetError (a usage error) and
+        LaunchedWorldUnreachable (under --attach: nothing can run).
 
         A check that raises is ``inconclusive`` with the error attached (the harness could not
         decide), never ``passed``; an environment that cannot host it is ``skipped``.
@@ -229,7 +230,7 @@ class Session:
                 outcome = spec.load()(ctx)
             if not isinstance(outcome, Outcome):
                 raise TypeError(f"check {spec.id} returned {type(outcome).__name__}, not an Outcome")
-        except TargetError:
+        except (TargetError, LaunchedWorldUnreachable):
             raise
         except WorldUnavailable as exc:
             outcome = Outcome.skipped(str(exc))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._rank import RankContext
 from ._results import (
+    LaunchedWorldUnreachable,
     RankError,
     RankFailure,
     RankResult,
@@ -15,6 +16,7 @@ from .like import WorldLike
 from .local import World
 
 __all__ = [
+    "LaunchedWorldUnreachable",
     "RankContext",
     "RankError",
     "RankFailure",
