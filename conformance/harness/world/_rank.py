@@ -76,7 +76,7 @@ class RankConfig:
     env: dict[str, str]
     threads: int
     parent_pid: int
-    # Modules imported once the rank reported ready, before its first call is read (see
+    # Modules imported after the process group is up, before the rank reports ready (see
     # ``World``'s ``preload``).
     preload: tuple[str, ...] = ()
 
@@ -139,12 +139,12 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
     except BaseException as exc:  # report instead of dying silently: the supervisor is waiting
         conn.send_bytes(encode("failed", NO_CALL, _error(exc)))
         return
-    conn.send_bytes(encode("ready", NO_CALL, os.getpid()))
-    for module in cfg.preload:
+    for module in cfg.preload:  # before "ready": on the start clock, never in a call's deadline
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - only a head start: the call that needs it raises
             pass
+    conn.send_bytes(encode("ready", NO_CALL, os.getpid()))
     while True:
         try:
             message = decode(conn.recv_bytes())

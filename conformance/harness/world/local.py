@@ -134,8 +134,10 @@ class World:
         self.env = {"TORCH_DISTRIBUTED_DEBUG": "INFO", **(env or {})}
         self.threads = threads
         self.grace = grace
-        # Modules every rank imports right after it is ready, while the supervisor is busy
-        # elsewhere, instead of inside the first call that needs them.
+        # Modules every rank imports before it reports ready: the suite's own warm-up is on the
+        # start clock (start_timeout), never inside a call's deadline, where a slow import on
+        # a loaded host would read as the user's hang. A launched world overlaps it with the
+        # supervisor's other work.
         self.preload = tuple(preload)
         self.generation = 0
         self.restarts: list[str] = []  # why each previous generation was replaced
