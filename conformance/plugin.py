@@ -69,6 +69,9 @@ def pytest_configure(config: pytest.Config) -> None:
         select(checks, config.getoption("--ddp-suite", "full"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if config.getoption("--ddp-report-dir", None):
+        # Resolved now, before anything of the user's runs: the report goes where it was named.
+        config.option.ddp_report_dir = os.path.abspath(config.getoption("--ddp-report-dir"))
     if config.getoption("--ddp-report-dir", None) and _is_writer(config):
         from reports.store import ReportDirBusy
 

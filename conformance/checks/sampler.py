@@ -25,7 +25,10 @@ cause matched".
 
 Skipped with the reason: a target that declares ``sampling = "with-replacement"`` (no epoch to
 cover), a target file without ``epoch_batches`` (its pipeline cannot be checked), a pipeline
-that yields no sample.
+that yields no sample, an epoch that does not end (an endless stream: each epoch is read within
+its share of half the deadline and at most ``_pipeline.MAX_EPOCH_BATCHES`` batches). A batch
+that never comes is inconclusive, naming the data pipeline: no collective runs while epochs are
+read, so neither is a DDP hang.
 
 Evidence: per epoch ``missing`` and ``duplicates`` counts, ``batches_per_rank``,
 ``epochs_with_repeated_order``, ``configurations_checked``, ``sample_identity``,

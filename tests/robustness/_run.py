@@ -42,9 +42,11 @@ class Finished:
 
 
 class Run:
-    """One ``ddp-conformance`` subprocess with its own tag and temp dir."""
+    """One ``ddp-conformance`` subprocess (or another ``command``: pytest with the plugin) with
+    its own tag and temp dir, started in ``cwd``."""
 
-    def __init__(self, args: list[str], workdir: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], workdir: Path, *, env: dict[str, str] | None = None,
+                 cwd: Path = ROOT, command: list[str] = CLI) -> None:
         self.tag = uuid.uuid4().hex
         self.tmp = workdir / f"tmp-{self.tag[:8]}"
         self.tmp.mkdir(parents=True)
@@ -55,7 +57,7 @@ class Run:
         full_env.pop("PYTEST_XDIST_WORKER", None)  # the launched suite is not an xdist worker
         full_env.pop("PYTEST_ADDOPTS", None)
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([*CLI, *args], cwd=ROOT, env=full_env, text=True,
+        self.proc = subprocess.Popen([*command, *args], cwd=cwd, env=full_env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     @property
