@@ -22,6 +22,7 @@ the child only builds on the CPU and never touches CUDA, which is what makes for
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 import os
 import select
@@ -162,6 +163,7 @@ def _child(spec: str, world_size: int, write_end: int, cookie: str, output: int,
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ[COOKIE_VAR] = cookie  # whatever it execs carries the cookie
+        faulthandler.disable()  # the parent's (pytest's) fatal-error dump is not the child's to write
         for fd in (1, 2):  # what the user's code prints, quoted if it ends badly
             os.dup2(output, fd)
         # Line-buffered on those descriptors (not pytest's capture streams, nor the parent's
