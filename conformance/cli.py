@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "report_dir", None):
+        # Resolved before anything runs: the report goes where the user named it, from where
+        # the run started, whatever the working directory is later.
+        args.report_dir = os.path.abspath(args.report_dir)
     previous = _terminate_as_interrupt()
     try:
         if args.command == "list":
@@ -285,8 +289,15 @@ def _run(args: argparse.Namespace) -> int:
         if stopped.message:  # a target error found while running: its one line, as at the edge
             print(f"ddp-conformance: error: {stopped.message}", file=sys.stderr)
         return EXIT_USAGE
+    if code == pytest.ExitCode.INTERRUPTED and stopped.message:
+        # The plugin stopped the run with its reason (under --attach: the launched world could
+        # not be joined): one line, inconclusive.
+        print(f"ddp-conformance: {stopped.message} (exit {EXIT_INCONCLUSIVE})", file=sys.stderr)
+        return EXIT_INCONCLUSIVE
     if args.attach and _launched_rank() != "0":
-        return EXIT_READY if code == pytest.ExitCode.OK else EXIT_NOT_READY
+        if code == pytest.ExitCode.OK:
+            return EXIT_READY
+        return EXIT_NOT_READY if code == pytest.ExitCode.TESTS_FAILED else EXIT_INCONCLUSIVE
     requested = [spec.id for spec in select(args.checks, args.suite)]
     return _verdict_exit(report_dir, run_id, int(code), requested=requested)
 

@@ -71,6 +71,9 @@ def pytest_configure(config: pytest.Config) -> None:
         select(checks, config.getoption("--ddp-suite", "full"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if config.getoption("--ddp-report-dir", None):
+        # Resolved now, before anything of the user's runs: the report goes where it was named.
+        config.option.ddp_report_dir = os.path.abspath(config.getoption("--ddp-report-dir"))
     if config.getoption("--ddp-report-dir", None) and _is_writer(config):
         from reports.store import ReportDirBusy
 
@@ -196,11 +199,15 @@ def run_case(request: pytest.FixtureRequest, session: Any, check_id: str, target
     not go green on something it could not decide); the CLI's exit code keeps the nuance (3).
     """
     from .harness.targets import TargetError
+    from .harness.world import LaunchedWorldUnreachable
 
     try:
         record, ctx = session.run_check(BY_ID[check_id], target)
     except TargetError as exc:
         pytest.exit(f"target error: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    except LaunchedWorldUnreachable as exc:  # under --attach: no check can run, stop at once
+        pytest.exit(f"{exc}; nothing was verified, the run is inconclusive",
+                    returncode=pytest.ExitCode.INTERRUPTED)
     events = [e.to_json() for e in (ctx.events if ctx else [])]
     request.node.user_properties.append((EVENTS_KEY, json.dumps(events)))
     request.node.user_properties.append((RECORD_KEY, json.dumps(record.to_json())))

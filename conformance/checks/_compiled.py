@@ -216,6 +216,17 @@ def run_eagerly(*, eager: bool = True) -> Any:
 COMPILING_FRAMES = ("torch/_dynamo/convert_frame.py", "torch/_inductor/")
 
 
+def _compiling(stack: str) -> bool:
+    """True when a frame of ``stack`` runs a compilation: a COMPILING_FRAMES file in a function,
+    not in ``<module>`` (that frame is only the file being imported: ``import torch._dynamo``,
+    which DDP's constructor does, is not a compile, and a model that never compiles is never
+    "still compiling")."""
+    for line in stack.replace(os.sep, "/").splitlines():
+        if any(marker in line for marker in COMPILING_FRAMES) and not line.rstrip().endswith(" in <module>"):
+            return True
+    return False
+
+
 def slow_compile_outcome(exc: Any, what: str) -> Any:
     """A world call past its deadline while a stuck rank was still compiling: ``inconclusive``
     (a slow compile, not a DDP hang), or None when no stuck rank was compiling.
@@ -226,8 +237,7 @@ def slow_compile_outcome(exc: Any, what: str) -> Any:
     from ..harness.outcome import Outcome
 
     stacks = {int(rank): text for rank, text in (exc.stacks or {}).items()}
-    compiling = [r for r in exc.stuck_ranks
-                 if any(marker in stacks.get(r, "").replace(os.sep, "/") for marker in COMPILING_FRAMES)]
+    compiling = [r for r in exc.stuck_ranks if _compiling(stacks.get(r, ""))]
     if not compiling:
         return None
     return Outcome.inconclusive(

@@ -20,8 +20,32 @@ behind "rank r's dataset differs from rank 0's" versus "the sampler's seed diffe
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+#: The most batches one rank's epoch may yield before it is taken for an endless stream (an
+#: IterableDataset over a live source has no epoch to cover). Far above the check's datasets
+#: and any pipeline the check can read in a deadline; an epoch of a real dataset that is
+#: larger is judged by ``sampling = "with-replacement"`` or a smaller ``epoch_batches``.
+MAX_EPOCH_BATCHES = 100_000
+
+
+class EpochNotEnding(Exception):
+    """An epoch of ``epoch_batches`` yielded MAX_EPOCH_BATCHES batches, or ran past its time,
+    without ending: an endless stream, not a hang of DDP (no collective is involved)."""
+
+
+def _bounded(pipeline: Iterable[Any], epoch: int, budget_s: float | None) -> Iterator[Any]:
+    """``pipeline``'s batches, ending with EpochNotEnding past MAX_EPOCH_BATCHES or ``budget_s``."""
+    until = None if budget_s is None else time.monotonic() + budget_s
+    for count, batch in enumerate(pipeline, start=1):
+        yield batch
+        if count >= MAX_EPOCH_BATCHES or (until is not None and time.monotonic() > until):
+            why = (f"{count} batches" if count >= MAX_EPOCH_BATCHES
+                   else f"{budget_s:g} s ({count} batches read)")
+            raise EpochNotEnding(f"epoch {epoch} did not end within {why}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,21 +141,22 @@ def _content_ids(batch: Any) -> list[Any]:
 
 
 def read_epoch(epoch_batches: Any, rank: int, world_size: int, epoch: int, *,
-               identity: str) -> tuple[RankEpoch, str]:
-    """One rank's epoch: (what it yielded, how samples were identified)."""
+               identity: str, budget_s: float | None = None) -> tuple[RankEpoch, str]:
+    """One rank's epoch: (what it yielded, how samples were identified). Raises EpochNotEnding
+    past MAX_EPOCH_BATCHES batches or ``budget_s`` seconds."""
     pipeline = epoch_batches(rank, world_size, epoch)
     if identity == "index":
-        batches = [_index_ids(b) for b in pipeline]
+        batches = [_index_ids(b) for b in _bounded(pipeline, epoch, budget_s)]
         return RankEpoch([i for b in batches for i in b], len(batches)), "index (declared)"
     if _map_style_loader(pipeline):
         _, mapping = _base_indices(pipeline.dataset)
         ids, count = [], 0
-        for indices in pipeline.batch_sampler:
+        for indices in _bounded(pipeline.batch_sampler, epoch, budget_s):
             ids += [int(i) if mapping is None else mapping[int(i)] for i in indices]
             count += 1
         return RankEpoch(ids, count, describe_loader(pipeline)), "index (from the DataLoader's sampler)"
     ids, count = [], 0
-    for batch in pipeline:
+    for batch in _bounded(pipeline, epoch, budget_s):
         ids += _content_ids(batch)
         count += 1
     return RankEpoch(ids, count), "content (a hash of each input row)"

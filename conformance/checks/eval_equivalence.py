@@ -50,7 +50,7 @@ def _n_ranks(ctx: CheckContext) -> list[EvalRank]:
 
 
 def run(ctx: CheckContext) -> Outcome:
-    if ctx.target.evaluate is None:
+    if not ctx.target.has("evaluate"):
         return Outcome.skipped(f"target {ctx.target.name!r} defines no evaluate(model, ctx): no distributed "
                                f"evaluation to compare (see the README section 'Writing a target')")
     if ctx.world_size < 2:

@@ -240,7 +240,7 @@ def run(ctx: CheckContext) -> Outcome:
                 VERIFIED: {"ranks": len(per_rank), "tensors_compared": compared}}
     message = (f"identical structure ({len(prints[0])} tensors) and bit-identical parameters and buffers "
                f"on {ctx.world_size} ranks at {len(per_rank[0])} checkpoints over {STEPS} steps")
-    if ctx.target.run_loop is not None:
+    if ctx.target.has("run_loop"):
         return _with_midrun(ctx, message, metrics, evidence)
     return Outcome.passed(message, metrics=metrics, evidence=evidence)
 

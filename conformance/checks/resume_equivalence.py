@@ -70,7 +70,7 @@ ATTACHED = ("under --attach the launcher (torchrun, srun) owns the restart, and 
 
 
 def run(ctx: CheckContext) -> Outcome:
-    if ctx.target.run_loop is None:
+    if not ctx.target.has("run_loop"):
         return Outcome.skipped("the target defines no run_loop: there is no loop to kill and restart (define "
                                "run_loop(ctx) with checkpoints in ctx.checkpoint_dir, see examples/train_resume.py)")
     if ctx.new_world is None:

@@ -25,7 +25,10 @@ cause matched".
 
 Skipped with the reason: a target that declares ``sampling = "with-replacement"`` (no epoch to
 cover), a target file without ``epoch_batches`` (its pipeline cannot be checked), a pipeline
-that yields no sample.
+that yields no sample, an epoch that does not end (an endless stream: each epoch is read within
+its share of half the deadline and at most ``_pipeline.MAX_EPOCH_BATCHES`` batches). A batch
+that never comes is inconclusive, naming the data pipeline: no collective runs while epochs are
+read, so neither is a DDP hang.
 
 Evidence: per epoch ``missing`` and ``duplicates`` counts, ``batches_per_rank``,
 ``epochs_with_repeated_order``, ``configurations_checked``, ``sample_identity``,
@@ -145,7 +148,8 @@ def _overlap_cause(differences: dict[str, Any], identity: str) -> str:
             f"{inspected})")
 
 
-def collect_epochs(rank_ctx: Any, target_spec: str, identity: str, epochs: int) -> list[Any]:
+def collect_epochs(rank_ctx: Any, target_spec: str, identity: str, epochs: int,
+                   budget_s: float | None = None) -> list[Any]:
     """Rank side: this rank's pipeline for every epoch, in this rank's own process.
 
     In its own process, because that is where production builds it: module-level state that
@@ -157,7 +161,7 @@ def collect_epochs(rank_ctx: Any, target_spec: str, identity: str, epochs: int) 
 
     target = load_target(target_spec)
     return [call_target(target, "epoch_batches", read_epoch, target.epoch_batches, rank_ctx.rank,
-                        rank_ctx.world_size, epoch, identity=identity)
+                        rank_ctx.world_size, epoch, identity=identity, budget_s=budget_s)
             for epoch in range(epochs)]
 
 
@@ -243,6 +247,15 @@ def judge_epochs(per_rank: list[list[Any]]) -> tuple[list[str], dict[str, Any]]:
                       "allowed_padding_duplicates": pad_allowance, "allowed_dropped": drop_allowance}
 
 
+def _not_ending(exc: RankFailure | WorldHang) -> str | None:
+    """The first rank's "epoch did not end" (``_pipeline.EpochNotEnding``), or None."""
+    for result in exc.results:
+        error = result.error
+        if error is not None and error.exc_type == "EpochNotEnding":
+            return f"rank {result.rank}: {error.message}"
+    return None
+
+
 def run(ctx: CheckContext) -> Outcome:
     target = ctx.target
     if target.sampling == "with-replacement":
@@ -251,7 +264,7 @@ def run(ctx: CheckContext) -> Outcome:
             f"sampling = 'with-replacement'; its samples are random draws, not a permutation)",
             metrics={"key_figure": "sampling with replacement"},
             evidence={"sampling": "with-replacement"})
-    if target.epoch_batches is None and not target.builtin:
+    if not target.has("epoch_batches") and not target.builtin:
         return Outcome.skipped(
             f"target {target.name!r} defines no epoch_batches(rank, world_size, epoch): its data "
             f"pipeline cannot be checked (define it to return this rank's DataLoader)",
@@ -262,13 +275,33 @@ def run(ctx: CheckContext) -> Outcome:
                                "sampler_problems": len(sampler_problems)}
     problems = list(sampler_problems)
     source = "DistributedSampler"
-    if target.epoch_batches is not None:
+    if target.has("epoch_batches"):
         source = f"{target.name}.epoch_batches"
         try:
+            # Each epoch gets its share of half the deadline: an endless stream (or an epoch too
+            # long to read here) ends with its own message, well before the world's deadline.
             per_rank = [r.value for r in ctx.world().run(collect_epochs, target.spec,
                                                          target.sample_identity, EPOCHS,
+                                                         ctx.deadline / (2 * EPOCHS),
                                                          deadline=ctx.deadline)]
         except (RankFailure, WorldHang) as exc:
+            endless = _not_ending(exc)
+            if endless is not None:
+                return Outcome.skipped(
+                    f"{target.name}.epoch_batches: {endless} — an endless stream (or an epoch "
+                    f"too long to read within the deadline) has no epoch to cover, and no "
+                    f"collective runs while it is read (not a DDP hang); make epoch_batches return one finite epoch, declare sampling = "
+                    f"'with-replacement' for random draws, or raise --deadline",
+                    metrics={"key_figure": "epoch never ended"}, evidence={"epoch_batches": endless})
+            if isinstance(exc, WorldHang):  # one batch never came: data loading, no collective
+                return Outcome.inconclusive(
+                    f"{target.name}.epoch_batches: ranks {exc.stuck_ranks} were still waiting for "
+                    f"a batch at the {ctx.deadline:g} s deadline — the data pipeline blocked or is "
+                    f"too slow to read here (no collective runs while it is read, so this is not "
+                    f"a DDP hang); see the stacks, or raise --deadline",
+                    metrics={"key_figure": f"no batch after {exc.elapsed_s:.0f} s",
+                             "stuck_ranks": exc.stuck_ranks},
+                    evidence={"stacks": {str(k): v[-4000:] for k, v in exc.stacks.items()}})
             return world_error_outcome(exc, f"epoch_batches(rank, {ctx.world_size}, epoch)")
         target_problems, info = judge_epochs(per_rank)
         evidence["epoch_batches"] = info
@@ -296,7 +329,7 @@ def run(ctx: CheckContext) -> Outcome:
                            "DistributedSampler(dataset, num_replicas=world_size, rank=rank, "
                            "seed=<same on every rank>) and call sampler.set_epoch(epoch) every epoch; "
                            "shard IterableDatasets by rank; make every rank yield the same number of batches")
-    if target.epoch_batches is not None:
+    if target.has("epoch_batches"):
         e0 = evidence["epoch_batches"]["epochs"][0]
         metrics["key_figure"] = (f"{e0['distinct']}/{evidence['epoch_batches']['dataset_samples']} "
                                  f"samples/epoch, batches/rank {e0['batches_per_rank']}")
@@ -305,7 +338,7 @@ def run(ctx: CheckContext) -> Outcome:
     # What the pass rests on (the ready rule, reports/verdict.py): the target's pipeline on the
     # run's ranks, else DistributedSampler simulated at every world size checked.
     evidence[VERIFIED] = ({"ranks": ctx.world_size, "samples_seen": metrics["samples_seen"]}
-                          if target.epoch_batches is not None else
+                          if target.has("epoch_batches") else
                           {"ranks": max((*WORLD_SIZES, ctx.world_size)),
                            "sampler_configurations": sampler_info["configurations_checked"]})
     seen = (f" ({metrics['samples_seen']} samples seen, identified by "

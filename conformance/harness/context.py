@@ -19,14 +19,14 @@ from typing import Any, Callable, Iterator
 from reports.schema import Event
 
 from .registry import CheckSpec
-from .targets import Target
+from .targets import TargetInfo
 from .world import World, WorldLike
 
 
 @dataclass
 class CheckContext:
     spec: CheckSpec
-    target: Target
+    target: TargetInfo  # names and settings only: the supervisor never imports the user's code
     backend: str
     world_size: int
     deadline: float

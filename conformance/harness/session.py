@@ -25,9 +25,9 @@ from .exhaustion import exhausted
 from .outcome import Outcome
 from .registry import CheckSpec
 from .resources import CostMeter, model_size_on_rank, size_metrics
-from .targets import BUILTINS, TargetError, load_target
+from .targets import BUILTINS, TargetError, TargetInfo, load_target
 from .timing import DEFAULT_DEADLINE_S
-from .world import World, WorldLike, WorldUnavailable
+from .world import LaunchedWorldUnreachable, World, WorldLike, WorldUnavailable
 from .world._containment import guardian
 
 
@@ -38,9 +38,11 @@ def _session_tmp() -> Path:
     return path
 
 
-#: What a persistent world's ranks import as soon as they are up (``World``'s ``preload``):
-#: DDP's constructor imports torch._dynamo, ~1 s of the first check that wraps a model in each
-#: process. Fresh (chaos) worlds skip it: their start-up is on the clock.
+#: What every world's ranks import before they report ready (``World``'s ``preload``): DDP's
+#: constructor imports torch._dynamo, ~1 s (several on a loaded host) of the first check that
+#: wraps a model in each process. That is the suite's warm-up, so it is on the start clock,
+#: outside the user's deadline: inside it, a short --deadline on a loaded host named a rank
+#: still importing it as the culprit of a hang.
 PERSISTENT_PRELOAD = ("torch._dynamo",)
 
 #: Memory-backed file system for scratch that lives seconds (a reference's snapshots);
@@ -93,6 +95,7 @@ class Session:
     settings: Settings
     _worlds: dict[tuple[str, int], WorldLike] = field(default_factory=dict)
     _model_sizes: dict[str, tuple[int, int] | None] = field(default_factory=dict)
+    _infos: dict[str, TargetInfo] = field(default_factory=dict)
     _tmp: Path = field(default_factory=_session_tmp)
     _memory: Path | None = field(default_factory=_session_memory)
     # Where a long check's "still running" line goes (the plugin: the terminal); None: silent.
@@ -160,6 +163,7 @@ class Session:
         world_size = world_size or self.settings.world_size
         devices = check_world(backend, world_size)
         kwargs.setdefault("deadline", self.settings.deadline)
+        kwargs.setdefault("preload", PERSISTENT_PRELOAD)
         return World(world_size, backend, devices=devices, **kwargs)
 
     @property
@@ -187,10 +191,29 @@ class Session:
                 guardian().forget(path=str(self._memory))
                 self._memory = None
 
+    def target_info(self, target_spec: str) -> TargetInfo:
+        """What the checks of this session know of a target (cached), without importing it here.
+
+        A built-in target is the suite's own code, loaded in this process. A user's target is
+        loaded in a child under the run's deadline (``world/validate.py``): its import may exit
+        the process, hang, start threads or processes, trap signals or change directory, and
+        none of that may reach the supervisor. Under --attach this process is a rank, which
+        runs the target anyway. Raises TargetError (a usage error) when it cannot be loaded."""
+        if target_spec not in self._infos:
+            if target_spec in BUILTINS or self.settings.attach:
+                info = load_target(target_spec).info()
+            else:
+                from .world.validate import describe_target
+
+                info = describe_target(target_spec, self.settings.world_size,
+                                       deadline=self.settings.deadline, build=False)
+            self._infos[target_spec] = info
+        return self._infos[target_spec]
+
     def context(self, spec: CheckSpec, target_spec: str) -> CheckContext:
         label = "mlp" if target_spec == "builtin" else target_spec
         return CheckContext(
-            spec=spec, target=load_target(label), backend=self.settings.backend,
+            spec=spec, target=self.target_info(label), backend=self.settings.backend,
             world_size=self.settings.world_size, deadline=self.settings.deadline,
             injected=target_spec == "builtin", tmpdir=Path(tempfile.mkdtemp(dir=self._tmp)),
             memory_dir=self._memory,
@@ -198,7 +221,8 @@ class Session:
             attached=self.settings.attach, link_gbps=self.settings.link_gbps)
 
     def run_check(self, spec: CheckSpec, target_spec: str) -> tuple[CheckRecord, CheckContext | None]:
-        """Run one check into its record. Never raises, except TargetError (a usage error).
+        """Run one check into its record. Never raises, except TargetError (a usage error) and
+        LaunchedWorldUnreachable (under --attach: nothing can run).
 
         A check that raises is ``inconclusive`` with the error attached (the harness could not
         decide), never ``passed``; an environment that cannot host it is ``skipped``.
@@ -212,7 +236,7 @@ class Session:
                 outcome = spec.load()(ctx)
             if not isinstance(outcome, Outcome):
                 raise TypeError(f"check {spec.id} returned {type(outcome).__name__}, not an Outcome")
-        except TargetError:
+        except (TargetError, LaunchedWorldUnreachable):
             raise
         except WorldUnavailable as exc:
             outcome = Outcome.skipped(str(exc))

@@ -197,7 +197,7 @@ UNEVEN_RECOMMENDATION = ("The ranks run different numbers of batches (uneven inp
 
 def _target(ctx: CheckContext) -> Outcome:
     target = ctx.target
-    kind = "run_loop" if target.run_loop is not None else "ddp"
+    kind = "run_loop" if target.has("run_loop") else "ddp"
     # The default loop uses 2 samples per rank: small per-rank batches are where data-dependent
     # branches diverge across ranks (an MBS of 1-2 is common in LLM training), while BatchNorm
     # still accepts them.

@@ -124,6 +124,22 @@ def test_a_rank_still_compiling_at_the_deadline_is_inconclusive_not_a_hang():
     assert world_error_outcome(_hang({0: IN_COLLECTIVE}), "the DDP training step").status == "failed"
 
 
+#: A rank in the suite's warm-up, importing torch._dynamo (DDP's constructor does): the file
+#: is dynamo's, the frame is its import, not a compile (issue 18, probe 14).
+IMPORTING_DYNAMO = ('  File "/venv/torch/_dynamo/convert_frame.py", line 1 in <module>\n'
+                    '  File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed\n'
+                    '  File "/venv/torch/nn/parallel/distributed.py", line 850 in __init__\n')
+
+
+def test_importing_dynamo_is_not_still_compiling():
+    from conformance.checks._compiled import slow_compile_outcome
+    from conformance.checks._equivalence import world_error_outcome
+
+    assert slow_compile_outcome(_hang({0: IMPORTING_DYNAMO}), "x") is None
+    outcome = world_error_outcome(_hang({0: IMPORTING_DYNAMO}), "the DDP training step")
+    assert "compiling" not in outcome.message, outcome.message
+
+
 @pytest.mark.slow
 def test_a_compile_slower_than_the_deadline_is_inconclusive_on_a_real_world():
     """~15 s: a 6 s deadline (a tiny model's eager calls take < 1 s), and the stuck rank's world

@@ -43,10 +43,12 @@ class Finished:
 
 
 class Run:
-    """One ``ddp-conformance`` subprocess with its own tag and temp dir."""
+    """One ``ddp-conformance`` subprocess (or another ``command``: pytest with the plugin) with
+    its own tag and temp dir, started in ``cwd``."""
 
     def __init__(self, args: list[str], workdir: Path, *, env: dict[str, str] | None = None,
-                 preexec_fn: Callable[[], None] | None = None, cwd: Path = ROOT) -> None:
+                 preexec_fn: Callable[[], None] | None = None, cwd: Path = ROOT,
+                 command: list[str] = CLI) -> None:
         self.tag = uuid.uuid4().hex
         self.tmp = workdir / f"tmp-{self.tag[:8]}"
         self.tmp.mkdir(parents=True)
@@ -58,7 +60,7 @@ class Run:
                     # The session's memory-backed folder too, where leftovers() looks.
                     "DDP_CONFORMANCE_SHM": str(self.tmp), **(env or {})}
         self.started = time.monotonic()
-        self.proc = subprocess.Popen([*CLI, *args], cwd=cwd, env=full_env, text=True,
+        self.proc = subprocess.Popen([*command, *args], cwd=cwd, env=full_env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      preexec_fn=preexec_fn)  # e.g. a lower ulimit -n
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._netns import LinkShape, NetworkUnavailable, PrivateNetwork, unavailable_reason
 from ._rank import RankContext
 from ._results import (
+    LaunchedWorldUnreachable,
     RankError,
     RankFailure,
     RankResult,
@@ -16,6 +17,7 @@ from .like import WorldLike
 from .local import World
 
 __all__ = [
+    "LaunchedWorldUnreachable",
     "LinkShape",
     "NetworkUnavailable",
     "PrivateNetwork",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import importlib
+import multiprocessing
 import os
 import signal
 import socket
@@ -76,7 +77,7 @@ class RankConfig:
     env: dict[str, str]
     threads: int
     parent_pid: int
-    # Modules imported once the rank reported ready, before its first call is read (see
+    # Modules imported after the process group is up, before the rank reports ready (see
     # ``World``'s ``preload``).
     preload: tuple[str, ...] = ()
     # The rendezvous through a file instead of the supervisor's TCPStore, and the network
@@ -140,6 +141,10 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
     faulthandler.enable(file=stacks, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     os.environ.update(cfg.env)
+    # The platform's default start method, as in a rank that torchrun exec'd: spawn passes the
+    # supervisor's on, and a DataLoader(num_workers=2) in the user's step would then spawn
+    # workers that import torch afresh (seconds each, on every step's loader).
+    multiprocessing.set_start_method(None, force=True)
     try:
         if cfg.netns is not None:
             # Before any socket exists: every thread gloo starts later inherits the namespace.
@@ -148,12 +153,12 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
     except BaseException as exc:  # report instead of dying silently: the supervisor is waiting
         conn.send_bytes(encode("failed", NO_CALL, _error(exc)))
         return
-    conn.send_bytes(encode("ready", NO_CALL, os.getpid()))
-    for module in cfg.preload:
+    for module in cfg.preload:  # before "ready": on the start clock, never in a call's deadline
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - only a head start: the call that needs it raises
             pass
+    conn.send_bytes(encode("ready", NO_CALL, os.getpid()))
     while True:
         try:
             message = decode(conn.recv_bytes())
@@ -178,7 +183,14 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
                                                            error=_error(exc), pid=os.getpid()))
         conn.send_bytes(payload)
     _shutdown()
-    sys.stdout.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    # Now, not at interpreter exit: a non-daemon thread the user's code started (an uploader, a
+    # watchdog) would keep the rank alive past its stop, and atexit handlers run user code.
+    os._exit(0)
 
 
 def _shutdown() -> None:

@@ -83,3 +83,9 @@ class WorldHang(WorldError):
 
 class WorldUnavailable(RuntimeError):
     """The world cannot be started here (no GPUs for NCCL, world size too large...)."""
+
+
+class LaunchedWorldUnreachable(RuntimeError):
+    """Under --attach, this rank could not join the world the launcher made (rank 0, which
+    hosts the rendezvous, never came; a peer never joined). Nothing can run: the whole run stops
+    with this one line and is inconclusive, instead of every check waiting out the timeout."""

@@ -28,7 +28,7 @@ from ..timing import DEFAULT_DEADLINE_S, pg_timeout_for
 from ..targets import raise_target_error
 from ._loopback import loopback_interface
 from ._rank import RankContext, _error
-from ._results import RankFailure, RankResult, WorldUnavailable
+from ._results import LaunchedWorldUnreachable, RankFailure, RankResult, WorldUnavailable
 from .local import World
 
 
@@ -85,6 +85,7 @@ class AttachedWorld:
         self._hostnames: list[str] = []  # every rank's host, known after the first call
         self.interface = ""  # which network interface gloo uses (pin_loopback_if_local)
         self._ctx: RankContext | None = None
+        self._unreachable: str | None = None  # why joining failed: said again, never retried
 
     @property
     def alive(self) -> bool:
@@ -97,6 +98,8 @@ class AttachedWorld:
     def start(self) -> AttachedWorld:
         if self._ctx is not None:
             return self
+        if self._unreachable is not None:
+            raise LaunchedWorldUnreachable(self._unreachable)
         import torch
         import torch.distributed as dist
 
@@ -111,8 +114,18 @@ class AttachedWorld:
             device = torch.device("cpu")
         self.interface = pin_loopback_if_local()
         if not dist.is_initialized():
-            dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size,
-                                    timeout=timedelta(seconds=self.pg_timeout))
+            try:
+                dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size,
+                                        timeout=timedelta(seconds=self.pg_timeout))
+            except Exception as exc:  # noqa: BLE001 - any failure to join ends the run the same way
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+                self._unreachable = (
+                    f"rank {self.rank} of {self.world_size} could not join the launched world within "
+                    f"{self.pg_timeout:g} s ({first}); every rank must be started, and rank 0 hosts "
+                    f"the rendezvous at {where}: check that the launcher started all "
+                    f"{self.world_size} ranks and that MASTER_ADDR/MASTER_PORT reach rank 0")
+                raise LaunchedWorldUnreachable(self._unreachable) from None
         side = dist.new_group(backend="gloo") if self.backend != "gloo" else dist.group.WORLD
         tmp = Path(tempfile.mkdtemp(prefix=f"ddp-attach-r{self.rank}-"))
         self._ctx = RankContext(rank=self.rank, world_size=self.world_size, backend=self.backend,

@@ -12,8 +12,10 @@ be interrupted from Python, and signal-based timeouts wait for the backend's own
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import multiprocessing as mp
+import multiprocessing.util  # noqa: F401  (its exit handler is registered before ours: ours runs first)
 import os
 import pickle
 import shutil
@@ -21,6 +23,7 @@ import signal
 import socket
 import tempfile
 import time
+import weakref
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
@@ -79,6 +82,23 @@ def _is_timeout(error: RankError) -> bool:
     return error.kind == "exception" and ("timed out" in text or "timeout" in text)
 
 
+#: Every World of this process that may have ranks: killed at interpreter exit (below).
+_LIVE: weakref.WeakSet[World] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_at_exit() -> None:
+    """Ranks are not daemonic (so that they can start children: DataLoader workers, pools), and
+    multiprocessing's own exit handler joins non-daemonic children: a world that was never
+    closed would keep this process from exiting. Kill them first (atexit runs handlers in
+    reverse order of registration, and multiprocessing's was registered on import, above)."""
+    for world in list(_LIVE):
+        try:
+            world._kill()
+        except Exception:  # noqa: BLE001 - exiting anyway; the guardian is the last resort
+            pass
+
+
 class World:
     """A pool of ``world_size`` rank processes with an initialised process group.
 
@@ -115,8 +135,10 @@ class World:
         self.env = {"TORCH_DISTRIBUTED_DEBUG": "INFO", **(env or {})}
         self.threads = threads
         self.grace = grace
-        # Modules every rank imports right after it is ready, while the supervisor is busy
-        # elsewhere, instead of inside the first call that needs them.
+        # Modules every rank imports before it reports ready: the suite's own warm-up is on the
+        # start clock (start_timeout), never inside a call's deadline, where a slow import on
+        # a loaded host would read as the user's hang. A launched world overlaps it with the
+        # supervisor's other work.
         self.preload = tuple(preload)
         # The ranks in a network namespace of their own, whose loopback a check can shape
         # (``link``): _netns.py. Starting it raises NetworkUnavailable where it cannot be made.
@@ -189,6 +211,7 @@ class World:
         self._kill()
         import torch.distributed as dist
 
+        _LIVE.add(self)
         self.generation += 1
         self._cookie = new_cookie()
         self._tmpdir = tempfile.mkdtemp(prefix=f"ddp-world-g{self.generation}-")
@@ -227,8 +250,11 @@ class World:
                     generation=self.generation, pg_timeout_s=self.pg_timeout,
                     device_index=self.devices[rank] if self.devices else None,
                     env=env, threads=self.threads, parent_pid=os.getpid(), preload=self.preload)
+                # Not daemonic: a daemonic process may not start children, and the user's
+                # normal code does (DataLoader(num_workers=2), multiprocessing.Pool). They stay
+                # contained: die-with-parent, the rank's process group, the cookie, _LIVE.
                 proc = ctx.Process(target=rank_main, args=(cfg, child), name=f"ddp-rank{rank}",
-                                   daemon=True)
+                                   daemon=False)
                 proc.start()
                 child.close()
                 self._procs.append(proc)

@@ -1,12 +1,18 @@
-"""Validate a target in a child process under the run's deadline.
+"""Load a target in a child process under the run's deadline; the supervisor gets its description.
 
-    validate_target("my_target.py", world_size=2, deadline=60)   # TargetError if it is broken
+    info = describe_target("my_target.py", world_size=2, deadline=60)   # TargetError if broken
+    info = describe_target("my_target.py", 2, deadline=60, build=False) # import and names only
 
-Validation runs the user's code — importing the file, ``build_model()``, ``make_batch()`` —
-and user code can hang (a ``build_model`` that never returns, an import that sleeps). In the
-supervisor that would hang the CLI forever; here it runs in a forked child, in its own
-session, dying with its parent, and marked with a containment cookie for anything it execs;
-once the deadline passes the child and everything it started are killed.
+The supervisor (the CLI's process, the pytest controller) never imports the user's code. An
+import runs arbitrary code: it may hang, exit the process (``os._exit(0)`` in a script without
+a main guard), start threads or processes, install signal handlers, change the working
+directory. Here it runs in a forked child, in its own session, dying with its parent, marked
+with a containment cookie for anything it execs; once the child answered, or the deadline
+passed, the child and everything it started are killed. The child answers with one framed
+message: the target's :class:`TargetInfo` as JSON (never a pickle: nothing the child sends can
+run code in the supervisor), a TargetError, or a crash. A child that ends without answering —
+whatever its exit status, 0 included, or a signal — is a target error that quotes what the
+child printed (its stdout and stderr go to a file for that).
 
 Why fork (the ranks never fork): torch is imported here *before* the fork, so the child starts
 in milliseconds instead of paying a second torch import (~2-3 s on a loaded CI host, per run);
@@ -16,31 +22,68 @@ the child only builds on the CPU and never touches CUDA, which is what makes for
 from __future__ import annotations
 
 import ctypes
+import faulthandler
+import json
 import os
 import select
 import signal
+import tempfile
+import sys
 import time
+from typing import IO
 
-from ..targets import TargetError
+from ..targets import SEE, TargetError, TargetInfo
 from ._containment import COOKIE_VAR, guardian, new_cookie, reap
 
 _PR_SET_PDEATHSIG = 1
-_TARGET_ERROR, _CRASH = b"E", b"X"
+_INFO, _TARGET_ERROR, _CRASH, _EXIT = b"R", b"E", b"X", b"S"
+#: How much of what the child printed a target error quotes (its last characters).
+PRINTED_TAIL = 300
+
+#: Targets described in this process, by spec: the CLI describes (and builds) the target at
+#: the edge, and the session it then runs in-process reuses the answer instead of loading the
+#: target a second time. Only successes are kept, each with whether it was built.
+_DESCRIBED: dict[str, tuple[TargetInfo, bool]] = {}
 
 
-def validate_target(spec: str, world_size: int, *, deadline: float) -> None:
-    """Raise TargetError (one line, with the fix) if ``spec`` is broken or runs past ``deadline``."""
+def describe_target(spec: str, world_size: int, *, deadline: float, build: bool = True) -> TargetInfo:
+    """The target's description, loaded in a child; with ``build`` also ``build_model()`` and
+    one ``make_batch()``. Raises TargetError (one line, with the fix) if ``spec`` is broken,
+    ends its process or runs past ``deadline``."""
+    known = _DESCRIBED.get(spec)
+    if known is not None and (known[1] or not build):
+        return known[0]
     import torch  # noqa: F401  (before the fork: the child inherits it instead of importing it)
 
     cookie = new_cookie()
     guardian().watch(cookie=cookie)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read_end)
-        _child(spec, world_size, write_end, cookie)
-    os.close(write_end)
-    report = b""
+    with tempfile.TemporaryFile() as printed:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            os.close(read_end)
+            _child(spec, world_size, write_end, cookie, printed.fileno(), build)
+        os.close(write_end)
+        try:
+            answer, status = _await(pid, read_end, cookie, spec, deadline, printed)
+        finally:
+            os.close(read_end)
+            guardian().forget(cookie=cookie)
+        info = _judge(spec, answer, status, _tail(printed))
+    _DESCRIBED[spec] = (info, build)
+    return info
+
+
+def validate_target(spec: str, world_size: int, *, deadline: float) -> TargetInfo:
+    """:func:`describe_target` with the build: what the CLI checks at the edge."""
+    return describe_target(spec, world_size, deadline=deadline, build=True)
+
+
+def _await(pid: int, read_end: int, cookie: str, spec: str, deadline: float,
+           printed: IO[bytes]) -> tuple[bytes, int]:
+    """The child's answer (up to EOF) and its wait status; the child and all it started are
+    dead when this returns, whatever happened (done, a timeout, Ctrl-C)."""
+    answer = b""
     try:
         until = time.monotonic() + deadline
         while True:
@@ -49,35 +92,66 @@ def validate_target(spec: str, world_size: int, *, deadline: float) -> None:
             if not readable:
                 raise TargetError(
                     f"the target {spec!r} did not finish loading within the {deadline:g} s deadline "
-                    f"(its import, build_model() or make_batch() never returned); make them return, "
-                    f"or pass a longer --deadline")
+                    f"(its import, build_model() or make_batch() never returned){_printed(printed)}; "
+                    f"make them return, or pass a longer --deadline")
             chunk = os.read(read_end, 65536)
             if not chunk:  # EOF: the child is done (or dead)
                 break
-            report += chunk
+            answer += chunk
     finally:
-        # Whatever happened (done, a timeout, Ctrl-C): the child and all it started die now.
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         reap(cookie)
         _, status = os.waitpid(pid, 0)
-        os.close(read_end)
-        guardian().forget(cookie=cookie)
-    if report.startswith(_TARGET_ERROR):
-        raise TargetError(report[1:].decode(errors="replace"))
-    if report.startswith(_CRASH):
-        raise TargetError(f"loading the target {spec!r} failed: {report[1:].decode(errors='replace')}; "
-                          f"run its build_model() and make_batch() in plain Python to see why")
-    if os.WIFSIGNALED(status) and not report:
-        raise TargetError(f"loading the target {spec!r} crashed the process (killed by "
-                          f"{signal.Signals(os.WTERMSIG(status)).name}); run its build_model() and "
-                          f"make_batch() in plain Python to see why")
+    return answer, status
 
 
-def _child(spec: str, world_size: int, write_end: int, cookie: str) -> None:
-    """Load, build and make one batch; write what went wrong (nothing if all is well); exit."""
+def _judge(spec: str, answer: bytes, status: int, output: str) -> TargetInfo:
+    """The child's answer as a TargetInfo, or the TargetError that it (or its silence) means."""
+    said = f"; it printed: {output!r}" if output else ""
+    if answer.startswith(_INFO):
+        try:
+            return TargetInfo.from_json(json.loads(answer[1:].decode()))
+        except (ValueError, KeyError, TypeError) as exc:  # written over by the user's code
+            raise TargetError(f"loading the target {spec!r} garbled the suite's answer "
+                              f"({type(exc).__name__}){said}; keep the module's code from writing "
+                              f"to inherited file descriptors ({SEE})") from None
+    if answer.startswith(_TARGET_ERROR):
+        raise TargetError(answer[1:].decode(errors="replace"))
+    if answer.startswith(_CRASH):
+        raise TargetError(f"loading the target {spec!r} failed: {answer[1:].decode(errors='replace')}"
+                          f"{said}; run its build_model() and make_batch() in plain Python to see why")
+    if answer.startswith(_EXIT):
+        ended = answer[1:].decode(errors="replace")
+    elif os.WIFSIGNALED(status):
+        ended = f"the process was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    else:
+        ended = f"the process exited with status {os.WEXITSTATUS(status)}"
+    raise TargetError(f"loading the target {spec!r} ended its process before it could be checked "
+                      f"({ended}; nothing was verified){said}; module-level code must "
+                      f"not exit or kill the process: put script code under "
+                      f"`if __name__ == \"__main__\":` ({SEE})")
+
+
+def _tail(printed: IO[bytes]) -> str:
+    """The last PRINTED_TAIL characters the child wrote, on one line."""
+    try:
+        printed.seek(0)
+        text = printed.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return ""
+    return " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())[-PRINTED_TAIL:]
+
+
+def _printed(printed: IO[bytes]) -> str:
+    output = _tail(printed)
+    return f"; it printed: {output!r}" if output else ""
+
+
+def _child(spec: str, world_size: int, write_end: int, cookie: str, output: int, build: bool) -> None:
+    """Load (and build, and make one batch); write the answer; exit."""
     code = 0
     try:
         os.setsid()  # its own session: one killpg takes whatever it forks
@@ -89,22 +163,38 @@ def _child(spec: str, world_size: int, write_end: int, cookie: str) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ[COOKIE_VAR] = cookie  # whatever it execs carries the cookie
-        import torch
-
-        from ..targets import build_model_checked, load_target, make_batch_checked
-
-        try:
-            target = load_target(spec)
-            torch.manual_seed(0)
-            build_model_checked(target)
-            make_batch_checked(target, torch.Generator().manual_seed(0), target.batch_size_for(world_size))
-        except TargetError as exc:
-            os.write(write_end, _TARGET_ERROR + str(exc).encode(errors="replace"))
-        except BaseException as exc:  # anything else the user's code did: say what, in one line
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            os.write(write_end, _CRASH + f"{type(exc).__name__}: {first}".encode(errors="replace"))
+        faulthandler.disable()  # the parent's (pytest's) fatal-error dump is not the child's to write
+        for fd in (1, 2):  # what the user's code prints, quoted if it ends badly
+            os.dup2(output, fd)
+        # Line-buffered on those descriptors (not pytest's capture streams, nor the parent's
+        # unflushed buffers): a line printed before an os._exit() is in the file.
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        os.write(write_end, _answer(spec, world_size, build))
     except BaseException:
         code = 70
     finally:
-        # os._exit: never run the parent's atexit handlers, pytest state or buffered output twice.
+        # os._exit: never run the parent's atexit handlers, pytest state or buffered output twice;
+        # no thread the user's code started can keep the child alive.
         os._exit(code)
+
+
+def _answer(spec: str, world_size: int, build: bool) -> bytes:
+    import torch
+
+    from ..targets import build_model_checked, load_target, make_batch_checked
+
+    try:
+        target = load_target(spec)
+        if build:
+            torch.manual_seed(0)
+            build_model_checked(target)
+            make_batch_checked(target, torch.Generator().manual_seed(0), target.batch_size_for(world_size))
+        return _INFO + json.dumps(target.info().to_json()).encode()
+    except TargetError as exc:
+        return _TARGET_ERROR + str(exc).encode(errors="replace")
+    except SystemExit as exc:  # sys.exit() / exit() in module-level code or build_model()
+        return _EXIT + f"called sys.exit({exc.code!r})".encode(errors="replace")
+    except BaseException as exc:  # anything else the user's code did: say what, in one line
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        return _CRASH + f"{type(exc).__name__}: {first}".encode(errors="replace")
