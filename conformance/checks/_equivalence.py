@@ -45,7 +45,6 @@ from reports.keys import (
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
-from ..harness.targets import TargetError
 from ..harness.world import RankFailure, WorldHang
 from ._compare import Compared, TensorDiff, fmt, worst
 from ._compiled import compile_evidence, compile_warnings, slow_compile_outcome
@@ -54,6 +53,7 @@ from ._digests import DIGEST, Divergence, compared_by, first_divergence
 from ._floor import Floor, not_measured, smallest_bug, twin_floor
 from ._hypotheses import Scale, scale_causes, scale_from
 from ._recorded import RunPlan, run_recorded
+from ._twin import run_twin
 
 _TENSORS = ("initial", "grads0", "pre_clip0", "params", "digests")
 
@@ -559,27 +559,6 @@ def _within_fixed_tolerances(values: list[dict[str, Any]]) -> bool:
     return bool(compared) and all(d.ratio <= 1.0 for d in diffs)  # NaN: not within
 
 
-def _twin(ctx: CheckContext, plan: RunPlan, group: int, folder: Path) -> dict[str, Any]:
-    """The twin (``_floor``): the N-rank run's N·K microbatches, in rank order, accumulated in
-    one process on the 1-rank world, compared against the reference's snapshots in ``folder``.
-    A call of its own: in the reference's it would double that call's time, and a --deadline
-    fitted to the N-rank step would fire on a correct large model."""
-    twin_plan = replace(plan, microbatches=ctx.world_size * plan.microbatches, count_allreduce=False,
-                        norm_group=group, snapshots=str(folder), uncompressed=True)
-    try:
-        value: dict[str, Any] = ctx.world(world_size=1).run(run_recorded, twin_plan, deadline=ctx.deadline)[0].value
-        return value
-    except (TargetError, RankFailure, WorldHang) as exc:
-        # A step that refuses N·K microbatches (a fixed accumulation count, a memory limit) is
-        # no finding about DDP, and no error in the target (its real split runs): no floor, the
-        # fixed tolerances judge alone, and the record says why. (The failed call replaced the
-        # 1-rank world; the snapshots are still in place.)
-        culprit = (exc.culprit.error.describe() if isinstance(exc, RankFailure | WorldHang)
-                   and exc.culprit and exc.culprit.error else str(exc))
-        return {"failed": culprit.split("; fix it")[0].splitlines()[0][:300] if culprit
-                else type(exc).__name__}
-
-
 def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> Equivalence:
     """Reference on the persistent 1-rank world, N-rank run on the persistent world comparing
     against it on every rank; judged from the ranks' summaries."""
@@ -604,7 +583,7 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
             ref, values = _reference_and_ranks(ctx, plan, group, folder, memory)
         # The noise floor is measured only where it can decide something: a difference beyond
         # the fixed tolerances (the twin costs one more single-process run of the check).
-        twin = None if _within_fixed_tolerances(values) else _twin(ctx, plan, group, folder)
+        twin = None if _within_fixed_tolerances(values) else run_twin(ctx, plan, group, folder)
     ref_norms: dict[str, Any] = ref.get("grads0") or {}
     floor = twin_floor(ref, twin, twin_microbatches=n * microbatches)
     compression = compression_bound((values[0] if values else {}).get("comm_hook"),

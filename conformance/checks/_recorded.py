@@ -106,6 +106,9 @@ class RunPlan:
     # Every torch.compile'd region run eagerly (``_compiled``): the eager reference of a
     # compiled target, so the N-rank difference is compiled vs eager DDP.
     eager: bool = False
+    # The microbatches handed to train_step in reverse order: the same sum in another order
+    # (the reordered twin of ``_twin``, for a step that joins its microbatches again).
+    reverse_microbatches: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -301,6 +304,8 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
             # draws from was built differently in this process (a per-rank dataset).
             per_step["batch_digests"].append(tensor_digest(batch[0]) + tensor_digest(batch[1]))
             micro = to_device(shard(batch, rank, n, plan.microbatches), rank_ctx.device)
+            if plan.reverse_microbatches:
+                micro = micro[::-1]
             before = (counts["calls"], counts["rounds"]) if counts is not None else (0, 0)
             if counts is not None:
                 counts["indices"] = set()
