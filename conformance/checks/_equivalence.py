@@ -50,12 +50,13 @@ from ._compare import Compared, TensorDiff, fmt, worst
 from ._compiled import compile_evidence, compile_warnings, slow_compile_outcome
 from ._compression import compression_bound
 from ._digests import DIGEST, Divergence, compared_by, first_divergence
-from ._floor import Floor, not_measured, smallest_bug, twin_floor
+from ._floor import REORDERED, Floor, not_measured, smallest_bug, twin_floor
 from ._hypotheses import Scale, scale_causes, scale_from
 from ._recorded import RunPlan, run_recorded
+from ._routing import Flip, explains, first_flip, flip_message, trim_twin
 from ._twin import run_twin
 
-_TENSORS = ("initial", "grads0", "pre_clip0", "params", "digests")
+_TENSORS = ("initial", "grads0", "pre_clip0", "params", "digests", "routing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,10 @@ class Equivalence:
     low_rank_params: list[dict[str, Any]] = field(default_factory=list)
     # The twin's optimizer steps per step (None: no twin ran): a GradScaler may skip there too.
     twin_steps: list[int] | None = None
+    # The first step whose top-k routing differs from the reference's (``_routing``), and the
+    # record of what was compared (the twin's flip too).
+    flip: Flip | None = None
+    routing: dict[str, Any] = field(default_factory=dict)
 
     # -- what was compared ---------------------------------------------------------------
 
@@ -302,6 +307,7 @@ class Equivalence:
                                      "reference": self.reference.get("batchnorm_sizes_seen")},
             BATCHNORM_PER_RANK: bool(grouped),
             NOISE_FLOOR: self.noise_floor(),
+            "routing": self.routing or None,
             # What the target's step used, seen on rank 0 (the report's configuration table).
             FEATURES: head.get("features"),
             WARNINGS: warnings,
@@ -585,6 +591,10 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
         # the fixed tolerances (the twin costs one more single-process run of the check).
         twin = None if _within_fixed_tolerances(values) else run_twin(ctx, plan, group, folder)
     ref_norms: dict[str, Any] = ref.get("grads0") or {}
+    flip, routed = first_flip(ref, values)
+    twin, twin_flip = trim_twin(ref, twin, blocks_reversed=n * microbatches if (twin or {}).get(REORDERED) else 0)
+    routing = {"compared": routed, "ddp_flip": flip and flip.to_json(),
+               "twin_flip": twin_flip and twin_flip.to_json()} if ref.get("routing") and any(ref["routing"]) else {}
     floor = twin_floor(ref, twin, twin_microbatches=n * microbatches)
     compression = compression_bound((values[0] if values else {}).get("comm_hook"),
                                     world_size=n, steps=steps)
@@ -625,7 +635,7 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
                        scale_from(rank_grads, _norms(ref_norms)), pre_scale,
                        divergence=first_divergence(values), compared_by=compared_by(values),
                        floor=floor, compression=compression, low_rank_params=low_rank,
-                       twin_steps=(twin or {}).get("optimizer_steps"))
+                       twin_steps=(twin or {}).get("optimizer_steps"), flip=flip, routing=routing)
 
 
 def _norms(norms: dict[str, Any]) -> list[float]:
@@ -701,6 +711,19 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
                            "no compression) or with a larger batch per microbatch; the floor and "
                            "its bound are in the record")
     causes, decidable = eq.hints()
+    before_ok = eq.grads_ok and eq.pre_clip_ok and eq.same_first_step and (
+        eq.flip is not None and (eq.first_bad_step is None or eq.first_bad_step >= eq.flip.step))
+    if not causes and eq.flip is not None and explains(eq.flip, grads0_step=int(
+            eq.reference.get("grads0_step") or 0), before_ok=before_ok):
+        # A discontinuity, not a bug: from the flip on the runs legitimately part (``_routing``).
+        metrics["key_figure"] = f"top-k routing flipped at step {eq.flip.step}"
+        return Outcome.inconclusive(
+            f"{what} cannot be judged past a routing flip: "
+            f"{flip_message(eq.flip, grads0_step=int(eq.reference.get('grads0_step') or 0))}; "
+            f"measured: {eq.mismatch_message()}", metrics=metrics, evidence=evidence,
+            recommendation="compare a model with top-k routing over steps where its routing agrees: "
+                           "the record says where it parted; a router with a margin (no near-ties), "
+                           "or fewer steps, compares exactly")
     cause = ("; ".join(causes) if causes else eq.no_known_cause())
     message = f"{what} differs from the single-process step: {eq.mismatch_message()} — {cause}"
     evidence[HYPOTHESES] = causes

@@ -58,6 +58,7 @@ from typing import Any
 
 from ._compare import Compared, TensorDiff, fmt
 from ._hypotheses import NEGLIGIBLE, scale_from
+from ._routing import NOT_NOISE
 
 #: DDP difference allowed per unit of measured floor. The twin and the N-rank run round the
 #: same per-microbatch gradients and differ only in how they sum them, so their differences
@@ -187,6 +188,8 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
     if twin.get("failed"):
         return no(f"the same train_step on {twin_microbatches} microbatches in one process raised "
                   f"({twin['failed']}): the step does not take that split")
+    if twin.get(NOT_NOISE):  # ``_routing.trim_twin``: its top-k routing flipped
+        return no(str(twin[NOT_NOISE]))
     if twin.get("nonfinite") or reference.get("nonfinite"):
         return no("a run produced NaN/Inf: no noise to measure")
     if twin.get("optimizer_steps") != reference.get("optimizer_steps"):

@@ -66,6 +66,7 @@ from ._digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
 from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
 from ._normalisation import group_batchnorm, sizes_seen
 from ._randomness import disable_dropout, forward_is_random
+from ._routing import RoutingProbe
 from ._snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 
 # Snapshot labels of the reference (``_snapshots``): the initial weights, the first step's
@@ -237,7 +238,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     digests: list[tuple[str, list[tuple[str, str | None]]]] = []
     per_step: dict[str, list[Any]] = {k: [] for k in (
         "optimizer_steps", "ddp_forwards", "inner_forwards", "allreduce_calls", "allreduce_rounds",
-        "buckets_per_step", "clip_calls", "batch_digests")}
+        "buckets_per_step", "clip_calls", "batch_digests", "routing")}
     params: list[list[Compared]] = []
     nonfinite: dict[str, Any] | None = None
     current = {"step": 0}
@@ -297,6 +298,8 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         # Which production features the step uses (autocast, GradScaler, checkpointing…),
         # seen while it runs: the report's configuration table (harness.features).
         features = stack.enter_context(FeatureProbe.watching(ddp))
+        # Top-k decisions (a mixture of experts' routing), compared across sides (``_routing``).
+        routing = stack.enter_context(RoutingProbe.watching())
         for step in range(plan.steps):
             current["step"] = step
             batch = global_batch(target, plan.global_batch, seed=plan.seed + step)
@@ -319,6 +322,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
             # no_sync is a collective, so all ranks execute the same number of steps.
             target.run_step(ddp, optimizer, micro, step=step)
             per_step["optimizer_steps"].append(recorder.steps)
+            per_step["routing"].append(routing.take())
             ddp_fw, inner_fw = forwards.take()
             per_step["ddp_forwards"].append(ddp_fw)
             per_step["inner_forwards"].append(inner_fw)
