@@ -51,7 +51,7 @@ from ._compiled import compile_evidence, compile_warnings, slow_compile_outcome
 from ._compression import compression_bound
 from ._digests import DIGEST, Divergence, compared_by, first_divergence
 from ._floor import REORDERED, Floor, not_measured, smallest_bug, twin_floor
-from ._hypotheses import Scale, scale_causes, scale_from
+from ._hypotheses import Scale, scale_causes, scale_from, unsynchronised_cause
 from ._recorded import RunPlan, run_recorded
 from ._routing import Flip, explains, first_flip, flip_message, trim_twin
 from ._twin import run_twin
@@ -457,6 +457,9 @@ class Equivalence:
         bypass = self.bypassed()
         if bypass:
             causes.append(bypass)
+        late = None if bypass else unsynchronised_cause(self.ranks, step=int(self.ranks[0].get("grads0_step") or 0))
+        if late:
+            causes.append(late)
         rng = any(self._all("rng_in_forward")) or bool(self.reference.get("rng_in_forward"))
         if rng:
             causes.append("forward still draws random numbers after every dropout was switched off "

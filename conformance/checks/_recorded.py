@@ -238,7 +238,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     digests: list[tuple[str, list[tuple[str, str | None]]]] = []
     per_step: dict[str, list[Any]] = {k: [] for k in (
         "optimizer_steps", "ddp_forwards", "inner_forwards", "allreduce_calls", "allreduce_rounds",
-        "buckets_per_step", "clip_calls", "batch_digests", "routing")}
+        "buckets_per_step", "clip_calls", "batch_digests", "routing", "unsynchronised_forwards")}
     params: list[list[Compared]] = []
     nonfinite: dict[str, Any] | None = None
     current = {"step": 0}
@@ -289,7 +289,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         counts = stack.enter_context(counting_allreduce(ddp)) if plan.count_allreduce else None
         recorder = StepRecorder.attach(inner, optimizer, observe=at_step)
         stack.callback(recorder.close)
-        forwards = ForwardCounter.attach(ddp, inner)
+        forwards = ForwardCounter.attach(ddp, inner, rounds=(lambda: counts["rounds"]) if counts is not None else None)
         stack.callback(forwards.close)
         clip = ClipProbe.attach(inner, namespaces, observe=at_clip)
         stack.callback(clip.close)
@@ -323,6 +323,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
             target.run_step(ddp, optimizer, micro, step=step)
             per_step["optimizer_steps"].append(recorder.steps)
             per_step["routing"].append(routing.take())
+            per_step["unsynchronised_forwards"].append(forwards.unsynchronised())
             ddp_fw, inner_fw = forwards.take()
             per_step["ddp_forwards"].append(ddp_fw)
             per_step["inner_forwards"].append(inner_fw)
