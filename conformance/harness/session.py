@@ -23,6 +23,7 @@ from .context import CheckContext
 from .outcome import Outcome
 from .registry import CheckSpec
 from .resources import CostMeter, model_size_on_rank, size_metrics
+from .root_cause import RootCauses
 from .targets import BUILTINS, TargetError, load_target
 from .timing import DEFAULT_DEADLINE_S
 from .world import World, WorldLike, WorldUnavailable
@@ -94,6 +95,9 @@ class Session:
     _memory: Path | None = field(default_factory=_session_memory)
     # Where a long check's "still running" line goes (the plugin: the terminal); None: silent.
     progress: Callable[[str], None] | None = None
+    # The run's memory of the first DDP error per target (``root_cause``): later checks that
+    # hit it say so instead of failing again (the plugin's run; None: every record as it is).
+    root_causes: RootCauses | None = None
 
     @property
     def tmpdir(self) -> Path:
@@ -217,6 +221,8 @@ class Session:
             outcome = Outcome.inconclusive(
                 f"the check itself failed: {type(exc).__name__}: {exc}",
                 evidence={"harness_error": "".join(traceback.format_exception(exc))[-8000:]})
+        if self.root_causes is not None:
+            outcome = self.root_causes.relate(spec.id, target_spec, outcome)
         record = CheckRecord(
             id=spec.id, title=spec.title, kind=spec.kind, status=outcome.status,
             duration_s=round(time.perf_counter() - started, 4), message=outcome.message,
