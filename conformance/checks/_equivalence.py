@@ -766,6 +766,7 @@ def world_error_outcome(exc: Exception, what: str, *, ctx: CheckContext | None =
         evidence={"rank_errors": errors, "tracebacks": traces})
     if ctx is None:
         return outcome
+    from ._buffers import name_buffer_overlap
     from ._checkpointing import name_checkpointing  # imports _recorded: only when a run raised
 
-    return name_checkpointing(ctx, exc, outcome)
+    return name_checkpointing(ctx, exc, name_buffer_overlap(ctx, exc, outcome))

@@ -10,8 +10,8 @@ and hang-detection failed, straggler and bucket-config inconclusive, all on the 
 ``RuntimeError``). Now the run's session remembers, per target, the first failed record that
 carries a DDP error raised on the ranks (``rank_errors``, written by the equivalence family's
 ``world_error_outcome``, which names known causes and re-runs their remedies); a later record on
-the same target whose message carries the same error becomes **inconclusive**: "could not run:
-blocked by <check> …", pointing at it, without advice of its own. The verdict is unchanged (the
+the same target whose message (or own rank errors) carries the same error becomes
+**inconclusive**: "could not run: blocked by <check> …", pointing at it, without advice of its own. The verdict is unchanged (the
 root stays failed: not ready); a record that carries its own re-run remedies (unused-parameters'
 diagnosis of the same error) keeps its status: it measured something of its own.
 
@@ -71,9 +71,13 @@ class RootCauses:
 
     @staticmethod
     def _blocked(root: Root, outcome: Outcome) -> Outcome:
-        if outcome.status not in ("failed", "inconclusive") or REMEDIES in outcome.evidence:
+        if outcome.status not in ("failed", "inconclusive"):
             return outcome
-        if root.error not in outcome.message and root.error.split(": ", 1)[1] not in outcome.message:
+        text = root.error.split(": ", 1)[1]
+        # The same error raised on the ranks of this check's own run (an equivalence check names
+        # the cause as the root did: once is enough), or quoted in its message.
+        raised = any(text in str(e) for e in (outcome.evidence.get("rank_errors") or {}).values())
+        if not raised and (REMEDIES in outcome.evidence or text not in outcome.message):
             return outcome
         return replace(
             outcome, status="inconclusive",

@@ -53,3 +53,12 @@ def test_only_a_ddp_error_raised_on_the_ranks_becomes_a_root():
     assert roots.roots == {}
     assert signature("raised RuntimeError: short") is None  # too short to identify anything
     assert signature(ERROR) == "RuntimeError: " + ERROR[len("raised RuntimeError: "):][:60]
+
+
+def test_a_second_equivalence_check_naming_the_same_error_is_blocked_too():
+    roots = RootCauses()
+    named = Outcome.failed("DDP cannot broadcast into buffer pe ...", evidence={"rank_errors": {"0": ERROR},
+                                                                              REMEDIES: []})
+    assert roots.relate("gradient-equivalence", "t.py", named).status == "failed"
+    again = roots.relate("no-sync-equivalence", "t.py", named)
+    assert again.status == "inconclusive" and again.evidence[BLOCKED_BY]["check"] == "gradient-equivalence"
