@@ -49,13 +49,15 @@ def probe_buffers(rank_ctx: Any, spec: str) -> list[dict[str, Any]]:
     from ..harness.targets import load_target
 
     model = build_model(load_target(spec), rank_ctx.device, seed=MODEL_SEED)
+    group = dist.group.WORLD
+    assert group is not None, "the 1-rank world initialises its process group"
     refused = []
     for name, buf in model.named_buffers():
         if buf is None or buf.numel() == 0:
             continue
         twin = torch.empty_strided(buf.size(), buf.stride(), dtype=buf.dtype, device=buf.device)
         try:
-            dist._broadcast_coalesced(dist.group.WORLD, [twin], 1 << 20, 0)
+            dist._broadcast_coalesced(group, [twin], 1 << 20, 0)
         except RuntimeError as exc:
             refused.append({"name": name, "shape": list(buf.shape), "strides": list(buf.stride()),
                             "plain_strides": list(torch.empty(buf.shape).stride()),
