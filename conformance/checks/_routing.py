@@ -62,6 +62,10 @@ class RoutingProbe:
         function, method = torch.topk, torch.Tensor.topk
 
         def record(out: Any) -> Any:
+            # Inside a graph dynamo traces, record nothing: a host copy there would break the
+            # user's graph (a compiled side's calls then do not map: "not compared").
+            if torch.compiler.is_compiling():
+                return out
             indices = out[1].detach()
             if indices.dim() == 0 or probe.overflow:
                 return out
