@@ -137,10 +137,12 @@ def _terminate_as_interrupt(config: pytest.Config) -> Any:
 @pytest.fixture(scope="session")
 def ddp_session(pytestconfig: pytest.Config) -> Iterator[Any]:
     """The process's suite session: settings plus persistent worlds, closed at the end."""
+    from .harness.root_cause import RootCauses
     from .harness.session import Session
 
     previous = _terminate_as_interrupt(pytestconfig)
-    session = Session(settings_from(pytestconfig), progress=lambda line: _progress(pytestconfig, line))
+    session = Session(settings_from(pytestconfig), progress=lambda line: _progress(pytestconfig, line),
+                      root_causes=RootCauses())
     try:
         session.prewarm(reference=any(spec.reference for spec in _selected(pytestconfig)))
         yield session

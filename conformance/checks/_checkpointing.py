@@ -60,6 +60,10 @@ from .no_sync import microbatches_for
 
 #: DDP's error text for a parameter reported ready twice in one backward (torch 2.13).
 MARKED_TWICE = "Expected to mark a variable ready only once"
+#: DDP's error text for buckets a backward never completed (a parameter without a gradient).
+UNFINISHED = "Expected to have finished reduction"
+#: The probe's parameters without a gradient after one backward without DDP.
+WITHOUT_GRADIENT = "without_gradient"
 #: Steps of a remedy's re-run: the first builds DDP's buckets, the second runs the rebuilt ones
 #: (static_graph's own graph bookkeeping happens in the first; the error, if any, in either).
 REMEDY_STEPS = 2
@@ -149,9 +153,10 @@ def forced_nonreentrant() -> Iterator[None]:
         _restore_apply(function_cls, own_apply)
 
 
-def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, dict[str, int]]:
+def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, Any]:
     """One forward and backward of the target's model, without DDP (nothing can raise DDP's
-    error here), on ``rows`` rows of its first global batch; the checkpoint calls it made."""
+    error here), on ``rows`` rows of its first global batch; the checkpoint calls it made, and
+    the parameters left without a gradient (``WITHOUT_GRADIENT``)."""
     from ..harness.ddp import MODEL_SEED, build_model, global_batch
     from ..harness.targets import load_target
 
@@ -161,7 +166,8 @@ def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, dict[str, int]]
     inputs, targets = global_batch(target, rows, seed=MODEL_SEED)
     with recorded_checkpoints(model) as seen:
         target.compute_loss(model, inputs.to(rank_ctx.device), targets.to(rank_ctx.device)).backward()
-    return seen
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    return {**seen, WITHOUT_GRADIENT: missing}
 
 
 def run_remedied(rank_ctx: Any, plan: RunPlan, nonreentrant: bool) -> dict[str, Any]:
@@ -186,10 +192,12 @@ def _accumulation(ctx: CheckContext) -> int:
     return microbatches_for(ctx) or 1
 
 
-def rerun(ctx: CheckContext, *, overrides: dict[str, object], nonreentrant: bool) -> Rerun:
+def rerun(ctx: CheckContext, *, overrides: dict[str, object], nonreentrant: bool,
+          need_gradient: tuple[str, ...] = ()) -> Rerun:
     """The failing DDP step again, with the remedy: reference on the 1-rank world, the ranks
     comparing against it, ``REMEDY_STEPS`` steps of K microbatches (``_accumulation``).
-    Fixed: every rank completed and matched."""
+    Fixed: every rank completed and matched, and each of ``need_gradient`` (parameters the
+    failure left without one) got a gradient — both sides without one "match" and train nothing."""
     n, k = ctx.world_size, _accumulation(ctx)
     batch = ctx.target.batch_size_for(n, k)
     plan = RunPlan(target_spec=ctx.target.spec, global_batch=batch, microbatches=k, steps=REMEDY_STEPS,
@@ -209,11 +217,13 @@ def rerun(ctx: CheckContext, *, overrides: dict[str, object], nonreentrant: bool
     diffs += [c.diff for v in values for step in (v.get("params") or []) for c in step]
     bad = sorted({d.name for d in diffs if not d.ok})
     nonfinite = [v["nonfinite"] for v in values if v.get("nonfinite")]
+    never = sorted({c.name for v in values for c in (v.get("grads0") or [])
+                    if c.name in need_gradient and not c.got_present})
     evidence = {"completed": True, "ranks": n, "steps": REMEDY_STEPS, "microbatches_per_rank": k,
                 "tensors_compared": len(diffs),
                 "worst_ratio_to_tolerance": round(max((d.ratio for d in diffs), default=0.0), 4),
-                "differ_from_reference": bad[:20], "nonfinite": nonfinite[:1]}
-    return Rerun(bool(diffs) and not bad and not nonfinite, evidence)
+                "differ_from_reference": bad[:20], "nonfinite": nonfinite[:1], "never_got_gradient": never}
+    return Rerun(bool(diffs) and not bad and not nonfinite and not never, evidence)
 
 
 def _remedy_text(remedy: Remedy) -> str:
@@ -228,6 +238,9 @@ def _remedy_text(remedy: Remedy) -> str:
                 f"'{STATIC_GRAPH_NO_SYNC} INTERNAL ASSERT FAILED': {STATIC_GRAPH_NO_SYNC_CAUSE})")
     if ev.get("error"):
         return f"{remedy.change}: {remedy.status} (the re-run raised again: {ev['error']})"
+    if ev.get("never_got_gradient"):
+        return (f"{remedy.change}: {remedy.status} (it completed, but {', '.join(ev['never_got_gradient'][:3])} "
+                f"still got no gradient: the block never trains)")
     if ev.get("differ_from_reference"):
         return (f"{remedy.change}: {remedy.status} (it completed, but {', '.join(ev['differ_from_reference'][:3])} "
                 f"differ from the single-process reference)")
@@ -254,8 +267,9 @@ def name_checkpointing(ctx: CheckContext, exc: Exception, outcome: Outcome) -> O
     """``outcome`` (the check's record of a DDP run that raised) with the cause named and the
     remedies re-run, when the error is DDP's "marked ready twice" and the probe saw reentrant
     checkpointing; otherwise ``outcome`` unchanged (no cause without a measurement)."""
-    if not isinstance(exc, RankFailure) or not any(
-            r.error is not None and MARKED_TWICE in r.error.describe() for r in exc.results):
+    errors = [r.error.describe() for r in exc.results if r.error is not None] if isinstance(exc, RankFailure) else []
+    twice = any(MARKED_TWICE in e for e in errors)
+    if not twice and not any(UNFINISHED in e for e in errors):
         return outcome
     from ..harness.ddp import effective_ddp_kwargs
 
@@ -266,17 +280,28 @@ def name_checkpointing(ctx: CheckContext, exc: Exception, outcome: Outcome) -> O
         return replace(outcome, evidence={**outcome.evidence, CHECKPOINTING: {
             "probe_error": _first_line(probe_error)}})
     reentrant: dict[str, int] = calls["reentrant"]
-    if not reentrant:
+    # Unfinished reduction: named only where the probe measured checkpointed parameters left
+    # without a gradient (a reentrant checkpoint of inputs that need none returns an output that
+    # needs none: its block never trains, and its buckets never complete).
+    starved = [n for n in calls.get(WITHOUT_GRADIENT) or []
+               if any(n == m or n.startswith(f"{m}.") or m == "<the model>" for m in reentrant)]
+    if not reentrant or (not twice and not starved):
         return replace(outcome, evidence={**outcome.evidence, CHECKPOINTING: {"calls": calls}})
     kwargs = effective_ddp_kwargs(ctx.target)
-    remedies = [verify(c.change, partial(rerun, ctx, overrides=c.overrides, nonreentrant=c.nonreentrant))
+    remedies = [verify(c.change, partial(rerun, ctx, overrides=c.overrides, nonreentrant=c.nonreentrant,
+                                         need_gradient=tuple(starved)))
                 for c in CANDIDATES]
     names = list(reentrant)
     modules = ", ".join(names[:NAMED_MODULES]) + (f" (+{len(names) - NAMED_MODULES} more)"
                                                    if len(names) > NAMED_MODULES else "")
-    message = (f"reentrant activation checkpointing in {modules} with ddp_kwargs {kwargs}: DDP marks a "
-               f"parameter ready twice (\"{MARKED_TWICE}\") — {_why(reentrant, kwargs)}. Re-run with "
-               + "; ".join(_remedy_text(r) for r in remedies))
+    what = (f"DDP marks a parameter ready twice (\"{MARKED_TWICE}\") — {_why(reentrant, kwargs)}" if twice else
+            f"its inputs need no gradient, so the reentrant checkpoint's output needs none either and "
+            f"the block never receives one — measured without DDP: {len(starved)} parameter(s) "
+            f"({', '.join(starved[:4])}{', …' if len(starved) > 4 else ''}) have no gradient after "
+            f"backward — so DDP's buckets never complete (\"{UNFINISHED}…\"); "
+            f"find_unused_parameters=True would hide the error, not train the block")
+    message = (f"reentrant activation checkpointing in {modules} with ddp_kwargs {kwargs}: {what}. "
+               f"Re-run with " + "; ".join(_remedy_text(r) for r in remedies))
     fixes = [r.change for r in remedies if r.verified]
     failed = [r.change for r in remedies if r.status == DID_NOT_FIX]
     advice = ("call torch.utils.checkpoint.checkpoint(..., use_reentrant=False) (the non-reentrant "

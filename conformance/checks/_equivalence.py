@@ -49,17 +49,18 @@ from reports.keys import (
 from ..harness.context import CheckContext
 from ..harness.exhaustion import exhausted
 from ..harness.outcome import Outcome
-from ..harness.targets import TargetError
 from ..harness.world import RankFailure, WorldHang
 from ._compare import Compared, TensorDiff, at_gradient_scale, fmt, worst
 from ._compiled import compile_evidence, compile_warnings, slow_compile_outcome
 from ._compression import compression_bound
 from ._digests import DIGEST, Divergence, compared_by, first_divergence
-from ._floor import Floor, not_measured, smallest_bug, twin_floor
-from ._hypotheses import Scale, scale_causes, scale_from
+from ._floor import REORDERED, Floor, not_measured, smallest_bug, twin_floor
+from ._hypotheses import Scale, scale_causes, scale_from, unsynchronised_cause
 from ._recorded import RunPlan, run_recorded
+from ._routing import Flip, explains, first_flip, flip_message, trim_twin
+from ._twin import run_twin
 
-_TENSORS = ("initial", "grads0", "pre_clip0", "params", "digests")
+_TENSORS = ("initial", "grads0", "pre_clip0", "params", "digests", "routing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,10 @@ class Equivalence:
     low_rank_params: list[dict[str, Any]] = field(default_factory=list)
     # The twin's optimizer steps per step (None: no twin ran): a GradScaler may skip there too.
     twin_steps: list[int] | None = None
+    # The first step whose top-k routing differs from the reference's (``_routing``), and the
+    # record of what was compared (the twin's flip too).
+    flip: Flip | None = None
+    routing: dict[str, Any] = field(default_factory=dict)
 
     # -- what was compared ---------------------------------------------------------------
 
@@ -317,6 +322,7 @@ class Equivalence:
             BATCHNORM_PER_RANK: bool(grouped),
             NOISE_FLOOR: self.noise_floor(),
             VERIFIED: self.verified(),
+            "routing": self.routing or None,
             # What the target's step used, seen on rank 0 (the report's configuration table).
             FEATURES: head.get("features"),
             WARNINGS: warnings,
@@ -486,6 +492,9 @@ class Equivalence:
         bypass = self.bypassed()
         if bypass:
             causes.append(bypass)
+        late = None if bypass else unsynchronised_cause(self.ranks, step=int(self.ranks[0].get("grads0_step") or 0))
+        if late:
+            causes.append(late)
         rng = any(self._all("rng_in_forward")) or bool(self.reference.get("rng_in_forward"))
         if rng:
             causes.append("forward still draws random numbers after every dropout was switched off "
@@ -613,27 +622,6 @@ def _within_fixed_tolerances(values: list[dict[str, Any]]) -> bool:
     return bool(compared) and all(d.ratio <= 1.0 for d in diffs)  # NaN: not within
 
 
-def _twin(ctx: CheckContext, plan: RunPlan, group: int, folder: Path) -> dict[str, Any]:
-    """The twin (``_floor``): the N-rank run's N·K microbatches, in rank order, accumulated in
-    one process on the 1-rank world, compared against the reference's snapshots in ``folder``.
-    A call of its own: in the reference's it would double that call's time, and a --deadline
-    fitted to the N-rank step would fire on a correct large model."""
-    twin_plan = replace(plan, microbatches=ctx.world_size * plan.microbatches, count_allreduce=False,
-                        norm_group=group, snapshots=str(folder), uncompressed=True)
-    try:
-        value: dict[str, Any] = ctx.world(world_size=1).run(run_recorded, twin_plan, deadline=ctx.deadline)[0].value
-        return value
-    except (TargetError, RankFailure, WorldHang) as exc:
-        # A step that refuses N·K microbatches (a fixed accumulation count, a memory limit) is
-        # no finding about DDP, and no error in the target (its real split runs): no floor, the
-        # fixed tolerances judge alone, and the record says why. (The failed call replaced the
-        # 1-rank world; the snapshots are still in place.)
-        culprit = (exc.culprit.error.describe() if isinstance(exc, RankFailure | WorldHang)
-                   and exc.culprit and exc.culprit.error else str(exc))
-        return {"failed": culprit.split("; fix it")[0].splitlines()[0][:300] if culprit
-                else type(exc).__name__}
-
-
 def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> Equivalence:
     """Reference on the persistent 1-rank world, N-rank run on the persistent world comparing
     against it on every rank; judged from the ranks' summaries."""
@@ -659,8 +647,12 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
         values = _at_gradient_scale(values)
         # The noise floor is measured only where it can decide something: a difference beyond
         # the fixed tolerances (the twin costs one more single-process run of the check).
-        twin = None if _within_fixed_tolerances(values) else _twin(ctx, plan, group, folder)
+        twin = None if _within_fixed_tolerances(values) else run_twin(ctx, plan, group, folder)
     ref_norms: dict[str, Any] = ref.get("grads0") or {}
+    flip, routed = first_flip(ref, values)
+    twin, twin_flip = trim_twin(ref, twin, blocks_reversed=n * microbatches if (twin or {}).get(REORDERED) else 0)
+    routing = {"compared": routed, "ddp_flip": flip and flip.to_json(),
+               "twin_flip": twin_flip and twin_flip.to_json()} if ref.get("routing") and any(ref["routing"]) else {}
     floor = twin_floor(ref, twin, twin_microbatches=n * microbatches)
     compression = compression_bound((values[0] if values else {}).get("comm_hook"),
                                     world_size=n, steps=steps)
@@ -701,7 +693,7 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
                        scale_from(rank_grads, _norms(ref_norms)), pre_scale,
                        divergence=first_divergence(values), compared_by=compared_by(values),
                        floor=floor, compression=compression, low_rank_params=low_rank,
-                       twin_steps=(twin or {}).get("optimizer_steps"))
+                       twin_steps=(twin or {}).get("optimizer_steps"), flip=flip, routing=routing)
 
 
 def _norms(norms: dict[str, Any]) -> list[float]:
@@ -778,6 +770,19 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
                            "no compression) or with a larger batch per microbatch; the floor and "
                            "its bound are in the record")
     causes, decidable = eq.hints()
+    before_ok = eq.grads_ok and eq.pre_clip_ok and eq.same_first_step and (
+        eq.flip is not None and (eq.first_bad_step is None or eq.first_bad_step >= eq.flip.step))
+    if not causes and eq.flip is not None and explains(eq.flip, grads0_step=int(
+            eq.reference.get("grads0_step") or 0), before_ok=before_ok):
+        # A discontinuity, not a bug: from the flip on the runs legitimately part (``_routing``).
+        metrics["key_figure"] = f"top-k routing flipped at step {eq.flip.step}"
+        return Outcome.inconclusive(
+            f"{what} cannot be judged past a routing flip: "
+            f"{flip_message(eq.flip, grads0_step=int(eq.reference.get('grads0_step') or 0))}; "
+            f"measured: {eq.mismatch_message()}", metrics=metrics, evidence=evidence,
+            recommendation="compare a model with top-k routing over steps where its routing agrees: "
+                           "the record says where it parted; a router with a margin (no near-ties), "
+                           "or fewer steps, compares exactly")
     cause = ("; ".join(causes) if causes else eq.no_known_cause())
     message = f"{what} differs from the single-process step: {eq.mismatch_message()} — {cause}"
     evidence[HYPOTHESES] = causes
@@ -824,6 +829,7 @@ def world_error_outcome(exc: Exception, what: str, *, ctx: CheckContext | None =
         evidence={"rank_errors": errors, "tracebacks": traces})
     if ctx is None:
         return outcome
+    from ._buffers import name_buffer_overlap
     from ._checkpointing import name_checkpointing  # imports _recorded: only when a run raised
 
-    return name_checkpointing(ctx, exc, outcome)
+    return name_checkpointing(ctx, exc, name_buffer_overlap(ctx, exc, outcome))

@@ -58,6 +58,7 @@ from typing import Any
 
 from ._compare import Compared, TensorDiff, fmt
 from ._hypotheses import NEGLIGIBLE, scale_from
+from ._routing import NOT_NOISE
 
 #: DDP difference allowed per unit of measured floor. The twin and the N-rank run round the
 #: same per-microbatch gradients and differ only in how they sum them, so their differences
@@ -68,6 +69,8 @@ MARGIN = 4.0
 #: How far from 1 a parameter's projected twin/reference factor may be while the twin still
 #: counts as the same computation: rounding moves a projection by < 1e-2 even in bf16.
 FACTOR_SLACK = 0.05
+#: The record key of a twin that ran with its microbatches reversed (``_twin``).
+REORDERED = "reordered"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,9 @@ class Floor:
     param_tensor: str | None = None
     twin_factors: tuple[float, float] | None = None  # per-parameter twin/reference factors
     reason: str = ""  # why the floor was not measured
+    # The twin in rank order was bit-identical to the reference (the step joins its
+    # microbatches), so the floor comes from the twin with its microbatches reversed (``_twin``).
+    reordered: bool = False
 
     @property
     def measured(self) -> bool:
@@ -124,8 +130,12 @@ class Floor:
     def to_json(self) -> dict[str, Any]:
         return {"measured": self.measured, "reason": self.reason or None,
                 "method": (f"the same train_step in one process on the global batch split into "
-                           f"the N-rank run's {self.twin_microbatches} microbatches, against the "
-                           f"whole-batch reference"),
+                           f"the N-rank run's {self.twin_microbatches} microbatches"
+                           + (" in reverse order (in rank order it was bit-identical to the "
+                              "reference: the step joins its microbatches, so only another "
+                              "summation order shows the rounding)" if self.reordered else "")
+                           + ", against the whole-batch reference"),
+                "reordered": self.reordered,
                 "twin_microbatches": self.twin_microbatches, "margin": self.margin,
                 "twin_factor_range": list(self.twin_factors) if self.twin_factors else None,
                 "gradients": {"floor_rel": self.grad_rel, "tensor": self.grad_tensor,
@@ -178,6 +188,8 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
     if twin.get("failed"):
         return no(f"the same train_step on {twin_microbatches} microbatches in one process raised "
                   f"({twin['failed']}): the step does not take that split")
+    if twin.get(NOT_NOISE):  # ``_routing.trim_twin``: its top-k routing flipped
+        return no(str(twin[NOT_NOISE]))
     if twin.get("nonfinite") or reference.get("nonfinite"):
         return no("a run produced NaN/Inf: no noise to measure")
     if twin.get("optimizer_steps") != reference.get("optimizer_steps"):
@@ -217,4 +229,5 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
     params = [c for step in twin.get("params") or [] for c in step if c.got_present and c.ref_present]
     top = max(params, key=lambda c: c.diff.max_abs, default=None)
     return Floor(grad_rel, top.diff.max_abs if top else 0.0, twin_microbatches, grad_tensor=grad_name,
-                 param_tensor=top.name if top else None, twin_factors=factors)
+                 param_tensor=top.name if top else None, twin_factors=factors,
+                 reordered=bool(twin.get(REORDERED)))

@@ -114,3 +114,28 @@ def scale_causes(factor: float, *, world_size: int, microbatches: int,
         ]
     return [text for value, text in table
             if value != 1 and abs(factor / value - 1) < SPREAD]
+
+
+def unsynchronised_cause(ranks: list[dict[str, Any]], *, step: int) -> str | None:
+    """Measured: at the compared ``step``, DDP forwards whose backward no all-reduce round
+    followed before ``optimizer.step()`` (``_instruments.ForwardCounter.unsynchronised``).
+
+    DDP reads ``require_backward_grad_sync`` (which ``no_sync()`` clears) in ``forward``: a
+    backward synchronises when its forward saw the flag set. Set after the last micro-step's
+    forward, or ``no_sync`` around the wrong micro-steps, and the step's last backwards add
+    rank-local gradients after its last all-reduce (or the step runs none at all)."""
+    for value in ranks:
+        late = (value.get("unsynchronised_forwards") or [None] * (step + 1))[step:step + 1]
+        if not late or not late[0]:
+            continue
+        rounds = (value.get("allreduce_rounds") or [None] * (step + 1))[step]
+        calls = (value.get("allreduce_calls") or [None] * (step + 1))[step]
+        forwards = (value.get("ddp_forwards") or [None] * (step + 1))[step]
+        when = ("with no all-reduce in the step at all" if rounds == 0 else
+                f"after the step's last all-reduce round ({rounds} round(s))")
+        return (f"the backward of {late[0]} of the {forwards} DDP forwards of step {step} ran {when} "
+                f"({calls} bucket all-reduces in the step on rank {value.get('rank')}), so their "
+                f"gradients reached optimizer.step() rank-local — DDP decides in forward whether a backward "
+                f"synchronises: set require_backward_grad_sync before the last micro-step's forward "
+                f"(not after it), and use no_sync() on the first K-1 micro-steps only")
+    return None

@@ -107,18 +107,29 @@ class StepRecorder:
 
 @dataclass
 class ForwardCounter:
-    """Forward calls through the DDP wrapper and through the module it wraps."""
+    """Forward calls through the DDP wrapper and through the module it wraps.
+
+    With ``rounds`` (the all-reduce rounds completed so far, from the counting comm hook), each
+    DDP forward with autograd on also notes how many rounds had completed when it started:
+    ``unsynchronised`` then counts the forwards whose backward no round followed before the
+    optimizer step — DDP decides at *forward* time whether that backward synchronises."""
 
     ddp: int = 0
     inner: int = 0
     handles: list[Any] = field(default_factory=list)
+    rounds: Callable[[], int] | None = None
+    starts: list[int] = field(default_factory=list)  # rounds completed at each grad forward
 
     @classmethod
-    def attach(cls, ddp_model: Any, inner: Any) -> ForwardCounter:
-        counter = cls()
+    def attach(cls, ddp_model: Any, inner: Any, *, rounds: Callable[[], int] | None = None) -> ForwardCounter:
+        import torch
+
+        counter = cls(rounds=rounds)
 
         def on_ddp(module: Any, args: Any) -> None:
             counter.ddp += 1
+            if counter.rounds is not None and torch.is_grad_enabled():
+                counter.starts.append(counter.rounds())
 
         def on_inner(module: Any, args: Any) -> None:
             counter.inner += 1
@@ -131,6 +142,16 @@ class ForwardCounter:
         counts = (self.ddp, self.inner)
         self.ddp = self.inner = 0
         return counts
+
+    def unsynchronised(self) -> int | None:
+        """This step's DDP forwards (with autograd) after whose start no all-reduce round
+        completed: their backward's gradients stayed rank-local (None: rounds not counted)."""
+        if self.rounds is None:
+            return None
+        now = self.rounds()
+        late = sum(1 for start in self.starts if start == now)
+        self.starts = []
+        return late
 
     def close(self) -> None:
         for handle in self.handles:

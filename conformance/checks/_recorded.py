@@ -66,6 +66,7 @@ from ._digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
 from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
 from ._normalisation import group_batchnorm, sizes_seen
 from ._randomness import disable_dropout, forward_is_random
+from ._routing import RoutingProbe
 from ._snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 
 # Snapshot labels of the reference (``_snapshots``): the initial weights, the first step's
@@ -106,6 +107,9 @@ class RunPlan:
     # Every torch.compile'd region run eagerly (``_compiled``): the eager reference of a
     # compiled target, so the N-rank difference is compiled vs eager DDP.
     eager: bool = False
+    # The microbatches handed to train_step in reverse order: the same sum in another order
+    # (the reordered twin of ``_twin``, for a step that joins its microbatches again).
+    reverse_microbatches: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -234,7 +238,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     digests: list[tuple[str, list[tuple[str, str | None]]]] = []
     per_step: dict[str, list[Any]] = {k: [] for k in (
         "optimizer_steps", "ddp_forwards", "inner_forwards", "allreduce_calls", "allreduce_rounds",
-        "buckets_per_step", "clip_calls", "batch_digests")}
+        "buckets_per_step", "clip_calls", "batch_digests", "routing", "unsynchronised_forwards")}
     params: list[list[Compared]] = []
     nonfinite: dict[str, Any] | None = None
     current = {"step": 0}
@@ -285,7 +289,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         counts = stack.enter_context(counting_allreduce(ddp)) if plan.count_allreduce else None
         recorder = StepRecorder.attach(inner, optimizer, observe=at_step)
         stack.callback(recorder.close)
-        forwards = ForwardCounter.attach(ddp, inner)
+        forwards = ForwardCounter.attach(ddp, inner, rounds=(lambda: counts["rounds"]) if counts is not None else None)
         stack.callback(forwards.close)
         clip = ClipProbe.attach(inner, namespaces, observe=at_clip)
         stack.callback(clip.close)
@@ -294,6 +298,8 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         # Which production features the step uses (autocast, GradScaler, checkpointing…),
         # seen while it runs: the report's configuration table (harness.features).
         features = stack.enter_context(FeatureProbe.watching(ddp))
+        # Top-k decisions (a mixture of experts' routing), compared across sides (``_routing``).
+        routing = stack.enter_context(RoutingProbe.watching())
         for step in range(plan.steps):
             current["step"] = step
             batch = global_batch(target, plan.global_batch, seed=plan.seed + step)
@@ -301,6 +307,8 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
             # draws from was built differently in this process (a per-rank dataset).
             per_step["batch_digests"].append(tensor_digest(batch[0]) + tensor_digest(batch[1]))
             micro = to_device(shard(batch, rank, n, plan.microbatches), rank_ctx.device)
+            if plan.reverse_microbatches:
+                micro = micro[::-1]
             before = (counts["calls"], counts["rounds"]) if counts is not None else (0, 0)
             if counts is not None:
                 counts["indices"] = set()
@@ -314,6 +322,8 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
             # no_sync is a collective, so all ranks execute the same number of steps.
             target.run_step(ddp, optimizer, micro, step=step)
             per_step["optimizer_steps"].append(recorder.steps)
+            per_step["routing"].append(routing.take())
+            per_step["unsynchronised_forwards"].append(forwards.unsynchronised())
             ddp_fw, inner_fw = forwards.take()
             per_step["ddp_forwards"].append(ddp_fw)
             per_step["inner_forwards"].append(inner_fw)

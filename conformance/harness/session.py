@@ -25,6 +25,7 @@ from .exhaustion import exhausted
 from .outcome import Outcome
 from .registry import CheckSpec
 from .resources import CostMeter, model_size_on_rank, size_metrics
+from .root_cause import RootCauses
 from .targets import BUILTINS, TargetError, TargetInfo, load_target
 from .timing import DEFAULT_DEADLINE_S
 from .world import LaunchedWorldUnreachable, World, WorldLike, WorldUnavailable
@@ -100,6 +101,9 @@ class Session:
     _memory: Path | None = field(default_factory=_session_memory)
     # Where a long check's "still running" line goes (the plugin: the terminal); None: silent.
     progress: Callable[[str], None] | None = None
+    # The run's memory of the first DDP error per target (``root_cause``): later checks that
+    # hit it say so instead of failing again (the plugin's run; None: every record as it is).
+    root_causes: RootCauses | None = None
 
     @property
     def tmpdir(self) -> Path:
@@ -247,13 +251,14 @@ class Session:
                 f"the check itself failed: {type(exc).__name__}: {exc}",
                 evidence={"harness_error": "".join(traceback.format_exception(exc))[-8000:],
                           **({EXHAUSTED: short} if short else {})})
+        if self.root_causes is not None:
+            outcome = self.root_causes.relate(spec.id, target_spec, outcome)
         record = CheckRecord(
             id=spec.id, title=spec.title, kind=spec.kind, status=outcome.status,
             duration_s=round(time.perf_counter() - started, 4), message=outcome.message,
             metrics={**outcome.metrics, **self._cost_metrics(meter, ctx)}, evidence=outcome.evidence,
             recommendation=outcome.recommendation, target=target_spec)
         return record, ctx
-
 
     def _cost_metrics(self, meter: CostMeter, ctx: CheckContext | None) -> dict[str, Any]:
         """The check's peak memory, and its model's size when it ran on a target (vehicles vary)."""

@@ -16,7 +16,9 @@ graph in every iteration.
    side by side in alternating steps; ratio of medians.
 4. Remedy verified (``conformance.harness.remedies``): when the reproduction failed, the very
    same steps and data again with ``find_unused_parameters=True``; "verified fix" when every
-   rank completes them (the record's :data:`reports.keys.REMEDIES`). The static_graph=True
+   rank completes them *and* every parameter gets a gradient at some step (a change that only
+   silences DDP's error while a block still never trains fixes nothing: "did not fix", naming
+   the parameters) (the record's :data:`reports.keys.REMEDIES`). The static_graph=True
    suggestion for a graph that never changes is tried too, on the target's step with two
    microbatches (its no_sync accumulation): advice that would crash the step is withdrawn.
 
@@ -68,6 +70,8 @@ STEPS = 8  # seeded global batches per rank in discovery
 TAX_WARMUP = 2
 # Steps of the static_graph=True re-run: the first records the graph, the later ones run on it.
 STATIC_STEPS = 3
+#: Evidence key of a re-run: parameters that got no gradient at any step on any rank.
+NEVER_TRAINED = "never_got_gradient"
 # Seed 1207: both ranks take the aux head at step 0 (DDP sees it used), then at step 1 rank 0
 # takes it and rank 1 does not -- the incident's "ranks 0-1 took the branch, 2-7 did not".
 INCIDENT = VehicleSpec(kind="branchy", branch=ConditionalBranch(seed=1207))
@@ -152,17 +156,30 @@ def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str
     target's accumulation path: no_sync, where its train_step uses it)."""
     import torch
 
-    from conformance.harness.ddp import PROBE_SEED, rank_batch, shard, wrap
+    from conformance.harness.ddp import PROBE_SEED, rank_batch, shard, unwrap, wrap
 
     target = resolve(source, ctx.rank, InjectionLog())
     torch.manual_seed(PROBE_SEED)
     model = wrap(target.build_model(), ctx.device, {**target.ddp_kwargs, **overrides}, target=target)
     optimizer = target.make_optimizer(model)
+    names = {id(p): n for n, p in unwrap(model).named_parameters() if p.requires_grad}
+    trained: set[str] = set()
+
+    def at_step(opt: Any, args: Any, kwargs: Any) -> None:
+        # What optimizer.step() gets: a change that only silences DDP's error leaves a
+        # parameter without a gradient (or with an all-zero one) at every step.
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if id(p) in names and p.grad is not None and bool(p.grad.detach().abs().sum() > 0):
+                    trained.add(names[id(p)])
+
+    handle = optimizer.register_step_pre_hook(at_step)
     for step in range(steps):
         batch = rank_batch(target, ctx.rank, ctx.world_size, seed=DATA_SEED + step, per_rank=per_rank,
                            device=ctx.device)
         target.run_step(model, optimizer, shard(batch, 0, 1, microbatches), step=step)
-    return {"steps": steps}
+    handle.remove()
+    return {"steps": steps, "without_gradient": sorted(set(names.values()) - trained)}
 
 
 def verify_change(world: WorldLike, source: VehicleSpec | str, *, steps: int, per_rank: int,
@@ -182,9 +199,13 @@ def verify_change(world: WorldLike, source: VehicleSpec | str, *, steps: int, pe
             errors = {str(r.rank): r.error.describe().splitlines()[0][:300] for r in exc.results if r.error}
             return Rerun(False, {"completed": False, "errors": errors, "steps": steps,
                                  "microbatches_per_rank": microbatches})
-        return Rerun(all(r.value["steps"] == steps for r in done),
+        # A fix is verified when the steps complete *and* every parameter trains: a parameter
+        # without a gradient at every step on every rank still never trains (the error is gone,
+        # the bug is not: a siamese tower under reentrant checkpointing).
+        never = sorted(set.intersection(*(set(r.value.get("without_gradient") or []) for r in done))) if done else []
+        return Rerun(all(r.value["steps"] == steps for r in done) and not never,
                      {"completed": True, "steps": steps, "ranks": len(done), "samples_per_rank": per_rank,
-                      "microbatches_per_rank": microbatches})
+                      "microbatches_per_rank": microbatches, NEVER_TRAINED: never})
 
     return verify(", ".join(f"{k}={v}" for k, v in change.items()), rerun)
 
@@ -306,6 +327,11 @@ def _remedy_text(remedy: Remedy | None) -> str:
     if remedy.verified:
         return (f"; re-run with {remedy.change}: verified fix ({ev['steps']} steps completed on every rank, "
                 f"the same data)")
+    if ev.get(NEVER_TRAINED):
+        never = ev[NEVER_TRAINED]
+        return (f"; re-run with {remedy.change}: {remedy.status} (the error is gone, but {', '.join(never[:4])}"
+                f"{' and more' if len(never) > 4 else ''} got no gradient at any of its {ev['steps']} steps on "
+                f"any rank: they still never train — find why they get no gradient)")
     why = "; ".join(f"rank {r}: {e}" for r, e in (ev.get("errors") or {}).items()) or ev.get("reason", "")
     return f"; re-run with {remedy.change}: {remedy.status} ({why})"
 
@@ -335,16 +361,22 @@ def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, An
         seen = "not reproduced within the steps run"
         if repro is not None and repro.diagnosis.classification != "none":
             seen = repro.diagnosis.describe()
+        never = (remedy.evidence.get(NEVER_TRAINED) if remedy is not None else None) or []
         return Outcome.failed(
             f"{name}: parameters {params} receive no gradient {_where(table)}, and ddp_kwargs has "
             f"find_unused_parameters=False: DDP fails -- {seen}{_remedy_text(remedy)}", metrics=metrics,
             evidence=evidence,
-            recommendation=f"Make every parameter participate every step (remove the data-dependent "
+            recommendation=(f"Make {', '.join(never[:4])}{' and the rest' if len(never) > 4 else ''} receive a "
+                            f"gradient: find_unused_parameters=True only silences DDP's error, they still never "
+                            f"train (re-run with it). Look for what cuts them off the loss: a reentrant "
+                            f"checkpoint of inputs that need no gradient (use_reentrant=False), a detach(), "
+                            f"a branch no rank takes" if never else
+                            f"Make every parameter participate every step (remove the data-dependent "
                            f"branch, e.g. multiply the aux output by 0 instead of skipping it) and keep "
                            f"find_unused_parameters=False; or set find_unused_parameters=True at a "
                            f"measured cost of {tax_text}"
                            + (" (verified fix: the failing steps re-ran to completion with it)."
-                              if remedy is not None and remedy.verified else "."))
+                              if remedy is not None and remedy.verified else ".")))
     if kwargs.get("static_graph") and not static_ok:
         return Outcome.failed(f"{name}: static_graph=True but the set of used parameters changes "
                               f"between iterations ({params} {_where(table)})", metrics=metrics,

@@ -5,6 +5,8 @@ train_step does no accumulation."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ._check_helpers import run_check
@@ -41,6 +43,20 @@ def test_wrong_accumulation_is_numerically_caught(suite_session, target):
     assert record.metrics["max_abs_grad_diff"] > 1e-4
     assert record.metrics["first_diverging_step"] == 0
     assert "differs from the single-process step" in record.message
+
+
+@pytest.mark.parametrize("target", ["sync_flag_after_forward", "sync_first_microbatch"])
+def test_backwards_after_the_last_all_reduce_are_named(suite_session, target):
+    # require_backward_grad_sync set after the last micro-step's forward (or no_sync around the
+    # wrong micro-steps): one round per step, but in the first backward. Before this hint the
+    # message said only that the first-step gradient differs, "no known cause matched".
+    record = run_check(suite_session, "no-sync-equivalence", target)
+    assert record.status == "failed"
+    assert re.search(r"the backward of 3 of the 4 DDP forwards of step 0 ran after the step's last "
+                     r"all-reduce round \(1 round\(s\)\) \(1 bucket all-reduces in the step on rank 0\)",
+                     record.message), record.message
+    assert "set require_backward_grad_sync before the last micro-step's forward" in record.message
+    assert "no known cause" not in record.message
 
 
 def test_clip_per_microbatch_is_harmless_without_accumulation(suite_session):

@@ -25,7 +25,7 @@ from conformance.checks._checkpointing import (
     rerun,
 )
 from conformance.harness.registry import BY_ID
-from conformance.harness.remedies import verify
+from conformance.harness.remedies import DID_NOT_FIX, VERIFIED, verify
 from reports.keys import REMEDIES
 
 from ..examples._variants import variant
@@ -141,7 +141,27 @@ def test_the_error_without_reentrant_checkpointing_is_not_named(suite_session) -
     outcome = name_checkpointing(ctx, exc, generic)
     assert outcome.message == generic.message and REMEDIES not in outcome.evidence
     assert outcome.evidence[CHECKPOINTING]["calls"] == {"reentrant": {}, "non_reentrant": {f"blocks.{i}": 1
-                                                                                          for i in range(4)}}
+                                                                                          for i in range(4)},
+                                                        "without_gradient": []}
     # Another DDP error is left alone without even probing.
     other = RankFailure("rank 0 raised", results=[RankResult(0, error=RankError("exception", "RuntimeError: boom"))])
     assert name_checkpointing(ctx, other, generic) is generic
+
+
+def test_a_tower_that_never_gets_a_gradient_under_reentrant_checkpointing_is_named(suite_session) -> None:
+    # A siamese tower checkpointed reentrantly on inputs that need no gradient: DDP raised
+    # "Expected to have finished reduction ..." and the record said only that, raw. The probe
+    # (no DDP) measures the tower's parameters without gradient; use_reentrant=False is verified
+    # by a re-run in which they get one and match the reference.
+    from ._check_helpers import run_check
+
+    record = run_check(suite_session, "gradient-equivalence", "siamese_reentrant")
+    assert record.status == "failed"
+    assert record.message.startswith("reentrant activation checkpointing in tower with ddp_kwargs")
+    assert ("measured without DDP: 4 parameter(s) (tower.0.weight, tower.0.bias, tower.2.weight, "
+            "tower.2.bias) have no gradient after backward") in record.message
+    assert "find_unused_parameters=True would hide the error, not train the block" in record.message
+    remedies = {r["change"]: r for r in record.evidence[REMEDIES]}
+    assert remedies["use_reentrant=False"]["status"] == VERIFIED
+    assert remedies["use_reentrant=False"]["evidence"]["never_got_gradient"] == []
+    assert remedies["static_graph=True"]["status"] == DID_NOT_FIX

@@ -188,3 +188,38 @@ def test_the_twin_is_needed_exactly_when_a_difference_exceeds_a_fixed_tolerance(
     # No twin ran: the floor says why, and widens nothing.
     floor = twin_floor(_runs([ok])[0], None, twin_microbatches=2)
     assert not floor.measured and floor.reason.startswith("not needed") and floor.grad_bound == 0
+
+
+def test_a_twin_bit_identical_to_the_reference_is_run_again_in_reverse_order():
+    from conformance.checks._twin import bit_identical
+
+    exact, off = _c("w", 0.0, 1.0), _c("w", 1e-7, 1.0)
+    assert bit_identical({"grads0": [exact], "params": [[exact], [exact]]})
+    assert not bit_identical({"grads0": [exact], "params": [[exact], [off]]})  # any step
+    assert not bit_identical({"grads0": [exact], "pre_clip0": [off], "params": [[exact]]})
+    assert not bit_identical({"grads0": [], "params": []})  # nothing compared: nothing known
+    # The floor of the reordered twin says where it came from.
+    ref, twin = _runs([_c("w", 3e-7, 1.0)], reordered=True)
+    floor = twin_floor(ref, twin, twin_microbatches=2)
+    assert floor.measured and floor.reordered and floor.to_json()["reordered"]
+    assert "in reverse order (in rank order it was bit-identical" in floor.to_json()["method"]
+
+
+def test_a_step_that_joins_its_microbatches_is_judged_against_a_reordered_twin(suite_session):
+    from ._check_helpers import run_check
+
+    # Transformer LM + AdamW, microbatches joined with torch.cat: AdamW turns last-bit gradient
+    # differences into parameter differences of ~3.5e-5 after one step (over the fixed 1e-5),
+    # and the twin in rank order is bit-identical to the reference (floor 0). Before the
+    # reordered twin: failed, "parameters diverge from step 0 ... no known cause matched".
+    record = run_check(suite_session, "gradient-equivalence", "joined_adamw_lm")
+    assert record.status == "passed", record.message
+    floor = record.evidence["noise_floor"]
+    assert floor["measured"] and floor["reordered"], floor
+    assert 0 < floor["parameters"]["floor_abs"] < 1e-3  # rounding amplified, far below lr = 6e-4·N
+    assert record.metrics["max_abs_param_diff"] > 1e-5  # beyond the fixed tolerance: the floor decided
+    # A loss multiplied by the world size still fails, named: the floor does not hide it.
+    broken = run_check(suite_session, "gradient-equivalence", "joined_adamw_lm_times_world")
+    assert broken.status == "failed"
+    assert broken.metrics["gradient_factor"] == pytest.approx(2.0, rel=1e-3)
+    assert "the loss is multiplied by the world size" in broken.message

@@ -68,3 +68,21 @@ def test_bucket_cap_side_by_side(configured_s: list[float], recommended_s: list[
     assert remedy.evidence["step_s_configured"] > 0 and remedy.evidence["step_s_recommended"] > 0
     if status == NOT_VERIFIED:
         assert "quartiles overlap" in remedy.evidence["reason"]
+
+
+@pytest.mark.chaos
+def test_a_remedy_that_only_hides_the_error_is_not_a_verified_fix(suite_session) -> None:
+    # A siamese tower under reentrant checkpointing never gets a gradient: with
+    # find_unused_parameters=True the error is gone and the tower still never trains. Before:
+    # "re-run with find_unused_parameters=True: verified fix".
+    from tests.checks._check_helpers import target_spec
+
+    record, _ = suite_session.run_check(BY_ID["unused-parameters"], target_spec("siamese_reentrant"))
+    assert record.status == "failed", record.message
+    remedy, = record.evidence[REMEDIES]
+    assert (remedy["change"], remedy["status"]) == ("find_unused_parameters=True", DID_NOT_FIX)
+    assert remedy["evidence"]["never_got_gradient"] == ["tower.0.bias", "tower.0.weight", "tower.2.bias",
+                                                        "tower.2.weight"]
+    assert "the error is gone, but tower.0.bias" in record.message and "still never train" in record.message
+    assert record.recommendation is not None and "verified fix" not in record.recommendation
+    assert "only silences DDP's error" in record.recommendation

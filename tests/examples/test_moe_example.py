@@ -1,0 +1,46 @@
+"""examples/train_moe.py (top-k mixture of experts) and a knife-edge router: a correct MoE is never
+failed, a routing flip is said as such (inconclusive, with where it parted), a loss x N still
+fails naming the factor. Run on the shared gloo 2-rank session."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.harness.registry import BY_ID
+
+from ._variants import EXAMPLES, variant
+
+
+def _record(session, check, target):  # type: ignore[no-untyped-def]
+    record, _ = session.run_check(BY_ID[check], target)
+    return record
+
+
+def test_the_moe_example_is_not_failed_and_its_loss_times_world_is(suite_session, tmp_path):
+    record = _record(suite_session, "gradient-equivalence", str(EXAMPLES / "train_moe.py"))
+    assert record.status in ("passed", "inconclusive"), record.message
+    assert record.evidence["routing"]["compared"], record.evidence["routing"]  # its top-k was seen
+    broken = variant(tmp_path, "train_moe.py", "moe_loss_times_world",
+                     ("        (loss_fn(model(x), y) / len(microbatches)).backward()",
+                      "        import torch.distributed as dist\n"
+                      "        (loss_fn(model(x), y) / len(microbatches) * dist.get_world_size()).backward()"))
+    bug = _record(suite_session, "gradient-equivalence", broken)
+    assert bug.status == "failed", bug.message
+    assert bug.metrics["gradient_factor"] == pytest.approx(2.0, rel=1e-3)
+    assert "the loss is multiplied by the world size" in bug.message
+
+
+def test_a_routing_flip_is_inconclusive_with_where_the_routing_parted(suite_session):
+    from tests.checks._check_helpers import target_spec
+
+    # Before the routing was recorded: passed, on a floor measured by a twin whose own routing
+    # had flipped (0.03 of parameter difference allowed as "noise").
+    record = _record(suite_session, "gradient-equivalence", target_spec("moe_knife_edge"))
+    assert record.status == "inconclusive", record.message
+    assert "cannot be judged past a routing flip" in record.message
+    assert "tokens chose other experts under DDP" in record.message
+    flip = record.evidence["routing"]["ddp_flip"]
+    assert flip["step"] >= 1 and flip["tokens_routed_elsewhere"] > 0
+    # The floor is not taken from the twin's flipped steps.
+    floor = record.evidence["noise_floor"]
+    assert floor["parameters"]["bound_abs"] < 1e-2, floor
