@@ -87,3 +87,61 @@ def test_nothing_to_cover_is_skipped(suite_session, target, reason):
     record = run_check(suite_session, "sampler-coverage", target)
     assert record.status == "skipped"
     assert record.message.startswith(reason)
+
+
+# -- sampling recognised from what was measured ------------------------------------------------
+
+
+def test_sequential_order_by_design_passes_saying_so(suite_session):
+    # Unshuffled by design (DistributedSampler(shuffle=False)): every epoch repeats the order.
+    record = run_check(suite_session, "sampler-coverage", "sampler_sequential")
+    assert record.status == "passed", record.message
+    assert "sequential order, no shuffling" in record.message
+    assert record.metrics["epochs_with_repeated_order"] == [1, 2]
+    assert record.metrics["order"] == "sequential"
+
+
+def test_shuffled_order_that_repeats_fails_without_a_distributed_sampler(suite_session):
+    # No DistributedSampler to read: the indices themselves show a shuffled order.
+    record = run_check(suite_session, "sampler-coverage", "sampler_shuffled_repeats")
+    assert record.status == "failed"
+    assert "repeat the previous epoch's shuffled order" in record.message
+    assert "set_epoch(epoch)" in record.message
+    assert record.metrics["order"] == "shuffled"
+
+
+def test_undeclared_sampling_with_replacement_is_inconclusive_saying_how_to_declare(suite_session):
+    from conformance.harness.registry import BY_ID
+
+    from ._check_helpers import target_spec
+
+    record, _ = suite_session.run_check(BY_ID["sampler-coverage"], target_spec("sampler_undeclared_replacement"))
+    assert record.status == "inconclusive", record.message
+    assert "looks like sampling with replacement" in record.message
+    assert 'sampling = "with-replacement"' in record.message
+    assert "no known cause" not in record.message
+    assert max(record.evidence["epoch_batches"]["epochs"][0]["repeats_within_rank"]) > 1
+
+
+def test_ranks_building_the_same_samples_from_different_indices_fail(suite_session):
+    record = run_check(suite_session, "sampler-coverage", "sampler_same_seed_pairs")
+    assert record.status == "failed"
+    assert "build the same samples from different indices" in record.message
+    found = record.evidence["epoch_batches"]["same_built"]
+    assert found["rank"] == 1 and found["matches"] >= 2 and found["redraw_differs"] is True
+    # The indices alone are a perfect DistributedSampler: no duplicate, nothing missing.
+    assert record.metrics["duplicates_per_epoch"] == [0, 0, 0]
+
+
+def test_content_alike_at_other_positions_is_not_ranks_building_alike():
+    from conformance.checks._order import same_built
+    from conformance.checks._pipeline import RankEpoch
+
+    # A dataset of one constant sample: equal everywhere, positions or not — chance, not a bug.
+    constant = [RankEpoch(list(range(r, 16, 2)), 2, contents=[("c", f"y{r}{i}") for i in range(8)])
+                for r in range(2)]
+    assert same_built(constant) is None
+    alike = [RankEpoch(list(range(r, 16, 2)), 2, contents=[(f"x{i}", "y") for i in range(8)])
+             for r in range(2)]
+    found = same_built(alike)
+    assert found is not None and (found.field, found.matches, found.compared) == (0, 8, 8)
