@@ -152,6 +152,7 @@ def forced_nonreentrant() -> Iterator[None]:
 def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, dict[str, int]]:
     """One forward and backward of the target's model, without DDP (nothing can raise DDP's
     error here), on ``rows`` rows of its first global batch; the checkpoint calls it made."""
+    from ..harness.batches import move
     from ..harness.ddp import MODEL_SEED, build_model, global_batch
     from ..harness.targets import load_target
 
@@ -160,7 +161,7 @@ def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, dict[str, int]]
     model.train()
     inputs, targets = global_batch(target, rows, seed=MODEL_SEED)
     with recorded_checkpoints(model) as seen:
-        target.compute_loss(model, inputs.to(rank_ctx.device), targets.to(rank_ctx.device)).backward()
+        target.compute_loss(model, move(inputs, rank_ctx.device), move(targets, rank_ctx.device)).backward()
     return seen
 
 

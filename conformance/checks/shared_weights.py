@@ -90,9 +90,12 @@ def _alias_groups(model: Any) -> list[list[str]]:
     return [names for names in by_id.values() if len(names) > 1]
 
 
-def _count_calls(model: Any, inputs: Any) -> dict[str, int]:
-    """Forward calls per module with parameters of its own, in one forward (on a copy: no
-    BatchNorm statistics or other side effect leaks into the real model)."""
+def _count_calls(model: Any, batch: tuple[Any, Any], compute_loss: Any) -> dict[str, int]:
+    """Forward calls per module with parameters of its own, in one forward driven the target's
+    way (``compute_loss``: its ``forward_loss``, or ``loss_fn(model(inputs), targets)``), so a
+    model whose forward takes two inputs, a hidden state or its targets is called as training
+    calls it. On the discovery model, dropped right after: no BatchNorm statistic or other side
+    effect reaches a model that is compared."""
     import torch
 
     calls: dict[str, int] = {}
@@ -104,7 +107,7 @@ def _count_calls(model: Any, inputs: Any) -> dict[str, int]:
             handles.append(module.register_forward_hook(hook))
     try:
         with torch.no_grad():
-            model(inputs)
+            compute_loss(model, batch[0], batch[1])
     finally:
         for h in handles:
             h.remove()
@@ -177,7 +180,7 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict
     groups = _alias_groups(model)
     # Counted on the discovery model itself: it is dropped right after (never trained), so a
     # BatchNorm statistic its no_grad forward moves reaches nothing.
-    calls = _count_calls(model, to_device(shard(batches[0], rank, n, 1), device)[0][0])
+    calls = _count_calls(model, to_device(shard(batches[0], rank, n, 1), device)[0], target.compute_loss)
     shared = sorted({name for g in groups for name in g[:1]}
                     | {f"{m}.{p}" if m else p for m, c in calls.items() if c > 1
                        for p, _ in model.get_submodule(m).named_parameters(recurse=False)})
@@ -237,7 +240,14 @@ def _reference(model: Any, groups: list[list[str]], shared: list[str], batches: 
     batch (plain autograd on a copy of the broadcast weights), written to ``snapshots``."""
     from ._instruments import first_nonfinite
 
-    per_use = _per_use(model, groups, to_device([batches[0]], device)[0], target.compute_loss)
+    try:
+        per_use = _per_use(model, groups, to_device([batches[0]], device)[0], target.compute_loss)
+    except Exception as exc:  # noqa: BLE001 - the probe's own surgery, never the user's verdict
+        # Untying an alias is the suite's surgery on a copy, not how the target trains: a model
+        # that cannot be driven untied (its forward_loss reads the tie itself, a module that
+        # cannot be deep-copied) skips this part with the reason; the DDP comparison still runs.
+        per_use = [{"names": g, "per_use_skipped": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                   for g in groups]
     ref_model = copy.deepcopy(model)
     nonfinite = []
     for step, batch in enumerate(batches):
