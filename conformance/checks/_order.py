@@ -109,6 +109,20 @@ def repeats_within_rank(ids: list[Any], multiplicity: Counter[Any]) -> int:
     return sum(max(0, c - multiplicity.get(i, 1)) for i, c in Counter(ids).items())
 
 
+def wraps(ids: list[Any], identity: str) -> int:
+    """How many samples a rank re-reads after its in-order read wrapped to the start within one
+    epoch (ascending indices, one descent, every repeat after it); 0 when that is not the shape."""
+    if not identity.startswith("index"):
+        return 0
+    values = [int(i) for i in ids]
+    cuts = [k + 1 for k, (a, b) in enumerate(zip(values, values[1:])) if b < a]
+    if len(cuts) != 1:
+        return 0
+    head, tail = values[:cuts[0]], values[cuts[0]:]
+    repeated = [i for i in tail if i in set(head)]
+    return len(repeated) if repeated and len(set(tail)) == len(tail) and len(set(head)) == len(head) else 0
+
+
 def same_built(epoch0: list[Any]) -> SameBuilt | None:
     """The first rank and sample field that rank 0 built alike from different indices, or None."""
     head = epoch0[0]

@@ -55,7 +55,7 @@ from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._equivalence import world_error_outcome
-from ._order import Order, order_of, repeats_within_rank, same_built, same_built_problem
+from ._order import Order, order_of, repeats_within_rank, same_built, same_built_problem, wraps
 
 EPOCHS = 3
 WORLD_SIZES = (2, 3, 4)
@@ -214,7 +214,15 @@ def judge_epochs(per_rank: list[list[Any]]) -> tuple[list[str], dict[str, Any]]:
             problems.append(f"epoch {epoch}: unequal batch counts per rank {batch_counts[epoch]} — "
                             f"the rank with fewer batches leaves the others waiting in an all-reduce "
                             f"(end-of-epoch hang)")
-        if duplicates > pad_allowance and max(within) > pad_allowance and not differences:
+        wrapped = [wraps(ids, how) for ids in ranks]
+        if duplicates > pad_allowance and max(within) > pad_allowance and any(wrapped):
+            rank = max(range(n), key=lambda r: wrapped[r])
+            problems.append(f"epoch {epoch}: rank {rank} reads its samples in order and wraps to the "
+                            f"start before the epoch ends: {wrapped[rank]} sample(s) read twice in one "
+                            f"epoch — its read position is reset while a batch of its own still fits "
+                            f"(e.g. an end-of-data test on the whole step's stride, B·T·N, instead of "
+                            f"its own next batch), so the data before the reset point is skipped")
+        elif duplicates > pad_allowance and max(within) > pad_allowance and not differences:
             # One rank drawing a sample twice in one epoch is no epoch sampler: a measurement
             # of random draws, not of a sharding bug (a declared mode, see the README).
             undecided.append(_with_replacement(epoch, within, duplicates, missing, got[epoch]))
