@@ -199,7 +199,7 @@ def judge_epochs(per_rank: list[list[Any]]) -> tuple[list[str], dict[str, Any]]:
     differences = _per_rank_differences([e.built for e in got[0]]) if got else {}
     problems: list[str] = []
     undecided: list[str] = []
-    epochs = []
+    epochs: list[dict[str, Any]] = []
     for epoch, ranks in enumerate(per_epoch):
         seen = Counter(i for ids in ranks for i in ids)
         duplicates = sum(max(0, c - multiplicity.get(i, 1)) for i, c in seen.items())
