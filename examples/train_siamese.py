@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-IMAGE, CLASSES, DATASET_SIZE = 16, 4, 64
+IMAGE, CLASSES, DATASET_SIZE = 16, 4, 1024
 PAIR_SEED = 1234
 LOADER_BATCH = 8
 

@@ -13,11 +13,11 @@ Three questions the coverage counts alone cannot answer, each from what the pipe
 - **Does one rank see a sample twice in one epoch?** No epoch sampler does (its padding puts
   the repeated head on another rank); random draws with replacement do.
 - **Do the ranks build the same samples from different indices?** Epoch 0's first samples,
-  built by the dataset on each rank (``_pipeline.built_contents``), compared position by
-  position with rank 0's: a dataset that draws its samples from a random generator seeded
-  alike on every rank builds the same sequence everywhere, whatever the sampler hands it.
-  Judged against chance: the same content at *other* positions (a dataset that repeats its
-  content, or builds one constant sample) is the baseline the positional matches must exceed.
+  built by the dataset on each rank (``_pipeline.built_contents``), field by field, against
+  rank 0's: a dataset that draws its samples from a random generator seeded alike on every
+  rank builds the same values everywhere, whatever the sampler hands it. Judged against
+  chance: how often a field's values collide *within* a rank (a dataset that repeats its
+  content, or builds one constant sample) predicts how often they would across ranks.
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ from typing import Any
 
 #: A shuffled order must look ascending by chance less often than this to be called sequential.
 CHANCE = 1e-3
-#: Ranks build the same samples when at least this share of positions match (and 2 or more) …
-SAME_BUILT_SHARE = 0.25
-#: … and the positional share exceeds this many times the share of matches at other positions.
-SAME_BUILT_OVER_BASELINE = 4.0
+#: Ranks build the same samples when this many times more of their values recur on rank 0 than
+#: the values' own collision rate predicts (and at least 3, and a tenth of those compared).
+SAME_BUILT_OVER_CHANCE = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,19 +47,19 @@ class Order:
 
 @dataclass(frozen=True, slots=True)
 class SameBuilt:
-    """Rank ``rank`` built the same field ``field`` as rank 0 at ``matches`` of ``compared``
-    positions whose indices differ; ``baseline``: the share of matches at other positions."""
+    """``matches`` of the ``compared`` first samples rank ``rank`` built (from other indices)
+    hold a value of field ``field`` that rank 0 built too; ``expected``: by chance."""
 
     rank: int
     field: int
     matches: int
     compared: int
-    baseline: float
+    expected: float
     redraw_differs: bool | None
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "field": self.field, "matches": self.matches,
-                "compared": self.compared, "baseline": self.baseline,
+                "compared": self.compared, "expected_by_chance": self.expected,
                 "redraw_differs": self.redraw_differs}
 
 
@@ -127,38 +126,51 @@ def same_built(epoch0: list[Any]) -> SameBuilt | None:
     """The first rank and sample field that rank 0 built alike from different indices, or None."""
     head = epoch0[0]
     for rank, other in enumerate(epoch0[1:], start=1):
-        rows = [(a, b) for a, b, i, j in zip(head.contents, other.contents, head.ids, other.ids)
-                if i != j and len(a) == len(b)]
-        for position in range(min((len(a) for a, _ in rows), default=0)):
-            found = _field_alike([(a[position], b[position]) for a, b in rows
-                                  if a[position] is not None and b[position] is not None])
+        width = min((len(c) for c in (*head.contents, *other.contents)), default=0)
+        for position in range(width):
+            found = _field_alike([(c[position], i) for c, i in zip(head.contents, head.ids)],
+                                 [(c[position], i) for c, i in zip(other.contents, other.ids)])
             if found is not None:
                 return SameBuilt(rank, position, *found, other.redraw_differs)
     return None
 
 
-def _field_alike(pairs: list[tuple[str, str]]) -> tuple[int, int, float] | None:
-    """(matches, compared, baseline) when the same values sit at the same positions far more
-    often than at other positions, else None."""
-    if len(pairs) < 2:
+def _field_alike(left: list[tuple[Any, Any]], right: list[tuple[Any, Any]]) -> tuple[int, int, float] | None:
+    """(matches, compared, expected by chance) when far more of ``right``'s values (built from
+    other indices) occur among ``left``'s than chance allows, else None.
+
+    Not position by position: a dataset drawing from one random stream consumes a different
+    number of draws per sample (a rejection loop, a branch on the index's parity), so two
+    ranks seeded alike fall out of step and back in; the same values still recur. Chance is
+    the collision rate of the values *within* each rank (a constant sample collides always, a
+    dataset that repeats its content sometimes), smoothed so a few samples never make it 0.
+    """
+    left = [(v, i) for v, i in left if v is not None]
+    right = [(v, i) for v, i in right if v is not None]
+    if len(left) < 2 or len(right) < 2:
         return None
-    matches = sum(1 for a, b in pairs if a == b)
-    others = [(a, q) for k, (a, _) in enumerate(pairs) for m, (_, q) in enumerate(pairs) if k != m]
-    baseline = sum(1 for a, b in others if a == b) / len(others)
-    share = matches / len(pairs)
-    if matches >= 2 and share >= SAME_BUILT_SHARE and share > SAME_BUILT_OVER_BASELINE * baseline:
-        return matches, len(pairs), round(baseline, 4)
+    seen: dict[Any, set[Any]] = {}
+    for value, index in left:
+        seen.setdefault(value, set()).add(index)
+    matches = sum(1 for value, index in right if seen.get(value, set()) - {index})
+    within = sum(1 for side in (left, right) for k, (a, _) in enumerate(side) for b, _ in side[k + 1:] if a == b)
+    pairs = sum(len(side) * (len(side) - 1) // 2 for side in (left, right))
+    chance = (within + 1) / (pairs + 1)
+    expected = min(len(right), len(left) * len(right) * chance)
+    if matches >= max(3, len(right) // 10) and matches > SAME_BUILT_OVER_CHANCE * expected + 2:
+        return matches, len(right), round(expected, 2)
     return None
 
 
 def same_built_problem(found: SameBuilt) -> str:
     drawn = (" (it draws at random: fetching the same index twice built different samples)"
              if found.redraw_differs else "")
-    what = "the samples' first field" if found.field == 0 else f"the samples' field {found.field}"
+    what = "first field" if found.field == 0 else f"field {found.field}"
     return (f"ranks 0 and {found.rank} build the same samples from different indices: "
-            f"{what} at {found.matches} of the first {found.compared} positions of epoch 0 are "
-            f"identical in content while the sampler gave the ranks different indices (same "
-            f"content at other positions: {found.baseline:.0%}) — the dataset builds its samples from something "
-            f"that is the same on every rank rather than from the index{drawn}, e.g. a random "
-            f"generator seeded alike on every rank (random.seed(s) at import); seed it with the "
-            f"rank (s + rank) or derive each sample from its index")
+            f"{found.matches} of the first {found.compared} samples rank {found.rank} built hold a "
+            f"{what} that rank 0 also built among its first samples (by chance: "
+            f"{found.expected:.1f}), while the sampler gave the ranks different indices — the "
+            f"dataset builds its samples from something that is the same on every rank rather "
+            f"than from the index{drawn}, e.g. a random generator seeded alike on every rank "
+            f"(random.seed(s) at import); seed it with the rank (s + rank) or derive each sample "
+            f"from its index")

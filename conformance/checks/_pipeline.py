@@ -46,7 +46,7 @@ class RankEpoch:
 
 
 #: How many samples of epoch 0 are fetched per rank to compare what the ranks build.
-BUILT_SAMPLES = 16
+BUILT_SAMPLES = 32
 
 
 def _base_indices(dataset: Any) -> tuple[Any, list[int] | None]:

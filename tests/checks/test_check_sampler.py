@@ -133,15 +133,20 @@ def test_ranks_building_the_same_samples_from_different_indices_fail(suite_sessi
     assert record.metrics["duplicates_per_epoch"] == [0, 0, 0]
 
 
-def test_content_alike_at_other_positions_is_not_ranks_building_alike():
+def test_values_alike_by_chance_are_not_ranks_building_alike():
     from conformance.checks._order import same_built
     from conformance.checks._pipeline import RankEpoch
 
-    # A dataset of one constant sample: equal everywhere, positions or not — chance, not a bug.
-    constant = [RankEpoch(list(range(r, 16, 2)), 2, contents=[("c", f"y{r}{i}") for i in range(8)])
-                for r in range(2)]
+    def epoch(rank, contents):
+        return RankEpoch(list(range(rank, 2 * len(contents), 2)), 2, contents=contents)
+
+    # A dataset of one constant sample: equal everywhere, within a rank too — chance, not a bug.
+    constant = [epoch(r, [("c", f"y{r}{i}") for i in range(8)]) for r in range(2)]
     assert same_built(constant) is None
-    alike = [RankEpoch(list(range(r, 16, 2)), 2, contents=[(f"x{i}", "y") for i in range(8)])
-             for r in range(2)]
-    found = same_built(alike)
-    assert found is not None and (found.field, found.matches, found.compared) == (0, 8, 8)
+    # A field drawn from a pool of 4 values: collisions within each rank predict those across.
+    small_pool = [epoch(r, [(f"v{(i * (r + 1)) % 4}",) for i in range(8)]) for r in range(2)]
+    assert same_built(small_pool) is None
+    # The same distinct values on both ranks, out of step (a stream consumed unevenly): caught.
+    shifted = [epoch(0, [(f"x{i}",) for i in range(16)]), epoch(1, [(f"x{i + 2}",) for i in range(16)])]
+    found = same_built(shifted)
+    assert found is not None and (found.field, found.matches, found.compared) == (0, 14, 16)

@@ -17,19 +17,22 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from conformance.targets.mlp import build_model, loss_fn, make_batch  # noqa: F401
 
 random.seed(0)  # the bug: the same seed on every rank (production: random.seed(args.seed))
-IMAGES = torch.randn(40, 4, generator=torch.Generator().manual_seed(0))
-LABELS = torch.arange(40) % 4
+IMAGES = torch.randn(4000, 4, generator=torch.Generator().manual_seed(0))
+LABELS = torch.arange(4000) % 4
 
 
 class Pairs(Dataset[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
     def __len__(self) -> int:
-        return len(IMAGES)
+        return 64
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         first = random.randrange(len(IMAGES))
         same = index % 2 == 0
-        pool = [i for i in range(len(IMAGES)) if (LABELS[i] == LABELS[first]) == same]
-        second = random.choice(pool)
+        if same:
+            second = random.randrange(len(IMAGES) // 4) * 4 + int(LABELS[first])
+        else:  # another class: a draw more, so ranks with other indices fall out of step
+            other = (int(LABELS[first]) + 1 + random.randrange(3)) % 4
+            second = random.randrange(len(IMAGES) // 4) * 4 + other
         return IMAGES[first], IMAGES[second], torch.tensor(float(same))
 
 
