@@ -89,17 +89,20 @@ def order_of(epoch0: list[Any], identity: str) -> Order:
     if not identity.startswith("index"):
         return Order("unknown", "samples are identified by content, which has no order to read "
                                 "(return the DataLoader, or yield sample indices)")
-    chance = 1.0
-    for e in epoch0:
-        ids = [int(i) for i in e.ids]
-        if _descents(ids) > 1:
-            return Order("shuffled", f"epoch 0's indices are not in ascending order "
-                                     f"({_descents(ids)} descents on one rank)")
-        chance *= _chance_ascending(len(set(ids)))
-    if chance < CHANCE:
-        return Order("sequential", "every rank reads its samples in ascending index order")
-    return Order("unknown", f"too few samples per rank to tell an ascending order from a "
-                            f"shuffled one (chance {chance:.2g})")
+    # Per sample, then per batch (each batch's smallest index: a stream cut into columns reads
+    # window w of every column in one batch, numbered column by column).
+    for what, seqs in (("samples", [e.ids for e in epoch0]), ("batches", [e.firsts for e in epoch0])):
+        values = [[int(i) for i in ids] for ids in seqs]
+        if any(_descents(v) > 1 for v in values):
+            continue
+        chance = math.prod(_chance_ascending(len(set(v))) for v in values)
+        if chance < CHANCE:
+            return Order("sequential", f"every rank reads its {what} in ascending index order")
+        return Order("unknown", f"too few {what} per rank to tell an ascending order from a "
+                                f"shuffled one (chance {chance:.2g})")
+    worst = max(_descents([int(i) for i in e.ids]) for e in epoch0)
+    return Order("shuffled", f"epoch 0's indices are not in ascending order, by sample or by batch "
+                             f"({worst} descents on one rank)")
 
 
 def repeats_within_rank(ids: list[Any], multiplicity: Counter[Any]) -> int:

@@ -43,6 +43,7 @@ class RankEpoch:
     # order, and whether fetching the first index again built a different sample.
     contents: list[tuple[str | None, ...]] = field(default_factory=list)
     redraw_differs: bool | None = None
+    firsts: list[Any] = field(default_factory=list)  # each batch's smallest index (index identity)
 
 
 #: How many samples of epoch 0 are fetched per rank to compare what the ranks build.
@@ -202,18 +203,25 @@ def read_epoch(epoch_batches: Any, rank: int, world_size: int, epoch: int, *,
     pipeline = epoch_batches(rank, world_size, epoch)
     if identity == "index":
         batches = [_index_ids(b) for b in pipeline]
-        return RankEpoch([i for b in batches for i in b], len(batches)), "index (declared)"
+        return (RankEpoch([i for b in batches for i in b], len(batches), firsts=[min(b) for b in batches if b]),
+                "index (declared)")
     if _map_style_loader(pipeline):
         _, mapping = _base_indices(pipeline.dataset)
-        ids, local, count = [], [], 0
+        local, sizes = [], []
         for indices in pipeline.batch_sampler:
             local += [int(i) for i in indices]
-            count += 1
+            sizes.append(len(indices))
         ids = local if mapping is None else [mapping[i] for i in local]
+        count = len(sizes)
+        firsts, at = [], 0
+        for size in sizes:
+            if size:
+                firsts.append(min(ids[at:at + size]))
+            at += size
         # Read what the dataset builds in epoch 0 only: one look per rank suffices, and a
         # dataset drawing from a random state moves that state as it builds.
         contents, redraw = built_contents(pipeline.dataset, local) if epoch == 0 else ([], None)
-        return (RankEpoch(ids, count, describe_loader(pipeline), contents, redraw),
+        return (RankEpoch(ids, count, describe_loader(pipeline), contents, redraw, firsts),
                 "index (from the DataLoader's sampler)")
     ids, count = [], 0
     for batch in pipeline:

@@ -204,7 +204,8 @@ def judge_epochs(per_rank: list[list[Any]]) -> tuple[list[str], dict[str, Any]]:
         seen = Counter(i for ids in ranks for i in ids)
         duplicates = sum(max(0, c - multiplicity.get(i, 1)) for i, c in seen.items())
         missing = len(universe - set(seen))
-        shared = sum(1 for i in seen if sum(i in set(ids) for ids in ranks) > 1)
+        per_rank_sets = [set(ids) for ids in ranks]  # once per rank: not once per sample
+        shared = sum(1 for i in seen if sum(i in ids for ids in per_rank_sets) > 1)
         within = [repeats_within_rank(ids, multiplicity) for ids in ranks]
         epochs.append({"epoch": epoch, "samples": sum(seen.values()), "distinct": len(seen),
                        "missing": missing, "duplicates": duplicates, "on_several_ranks": shared,

@@ -92,9 +92,11 @@ def test_nothing_to_cover_is_skipped(suite_session, target, reason):
 # -- sampling recognised from what was measured ------------------------------------------------
 
 
-def test_sequential_order_by_design_passes_saying_so(suite_session):
-    # Unshuffled by design (DistributedSampler(shuffle=False)): every epoch repeats the order.
-    record = run_check(suite_session, "sampler-coverage", "sampler_sequential")
+@pytest.mark.parametrize("target", ["sampler_sequential", "sampler_stream_columns"])
+def test_sequential_order_by_design_passes_saying_so(suite_session, target):
+    # Unshuffled by design (DistributedSampler(shuffle=False); a stream read column by column,
+    # ascending batch by batch): every epoch repeats the order.
+    record = run_check(suite_session, "sampler-coverage", target)
     assert record.status == "passed", record.message
     assert "sequential order, no shuffling" in record.message
     assert record.metrics["epochs_with_repeated_order"] == [1, 2]
