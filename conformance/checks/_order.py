@@ -88,7 +88,7 @@ def order_of(epoch0: list[Any], identity: str) -> Order:
         return Order("sequential", f"the DataLoader's {what} does not shuffle")
     if not identity.startswith("index"):
         return Order("unknown", "samples are identified by content, which has no order to read "
-                                "(return the DataLoader, or yield sample indices)")
+                                "(return the DataLoader, yield from it, or yield sample indices)")
     # Per sample, then per batch (each batch's smallest index: a stream cut into columns reads
     # window w of every column in one batch, numbered column by column).
     for what, seqs in (("samples", [e.ids for e in epoch0]), ("batches", [e.firsts for e in epoch0])):

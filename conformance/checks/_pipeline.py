@@ -223,8 +223,25 @@ def read_epoch(epoch_batches: Any, rank: int, world_size: int, epoch: int, *,
         contents, redraw = built_contents(pipeline.dataset, local) if epoch == 0 else ([], None)
         return (RankEpoch(ids, count, describe_loader(pipeline), contents, redraw, firsts),
                 "index (from the DataLoader's sampler)")
-    ids, count = [], 0
+    ids, count, loader = [], 0, None
     for batch in pipeline:
         ids += _content_ids(batch)
         count += 1
-    return RankEpoch(ids, count), "content (a hash of each input row)"
+        if count == 1:
+            loader = _loader_inside(pipeline)
+    # The sampler of a DataLoader the generator iterates tells whether the order is shuffled.
+    built = {"sampler": describe_loader(loader)["sampler"], "read_through": "a DataLoader inside "
+             "epoch_batches", **({} if (f := _shuffles(loader.sampler)) is None else {"shuffles": f})} \
+        if loader is not None else {}
+    return RankEpoch(ids, count, built), "content (a hash of each input row)"
+
+
+def _loader_inside(pipeline: Any) -> Any:
+    """The map-style DataLoader a generator is iterating (``yield from loader``, or a loader in
+    one of its local variables), or None: read from the paused generator's frame."""
+    import inspect
+
+    if not inspect.isgenerator(pipeline) or pipeline.gi_frame is None:
+        return None
+    found = [v for v in pipeline.gi_frame.f_locals.values() if _map_style_loader(v)]
+    return found[0] if len(found) == 1 else None

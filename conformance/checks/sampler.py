@@ -292,9 +292,9 @@ def _judge_repeats(repeated: list[int], order: Order, problems: list[str],
     if order.kind == "sequential":
         return  # reading in order by design: the same order every epoch is the design
     if order.kind == "shuffled":
-        problems.append(f"epochs {repeated} repeat the previous epoch's shuffled order ({order.reason}) "
-                        f"— set_epoch(epoch) is not called (or the shuffle is seeded without the "
-                        f"epoch), so every epoch trains in the same order")
+        problems.append(f"epochs {repeated} repeat the previous epoch's order — set_epoch(epoch) is "
+                        f"not called, or the shuffle is seeded without the epoch: the order is "
+                        f"shuffled ({order.reason}), yet every epoch trains in the same one")
         return
     undecided.append(f"epochs {repeated} repeat the previous epoch's order, and whether that order "
                      f"is shuffled cannot be read: {order.reason} — a shuffled order that repeats "

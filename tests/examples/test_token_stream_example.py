@@ -36,7 +36,7 @@ def test_zero_redundancy_optimizer_is_not_mid_run_drift(suite_session):
        "    mine = order[rank::world_size].tolist()  # BUG: the shuffle is seeded without the epoch\n"
        "    for b in range(0, len(mine) - ARGS.batch_size + 1, ARGS.batch_size):\n"
        "        yield mine[b:b + ARGS.batch_size]\n")],
-     "repeat the previous epoch's shuffled order"),
+     "the order is shuffled ("),
     ("reset_on_the_whole_stride",
      [("        if self.current_position + B * T + 1 > len(self.tokens):\n",
        "        if self.current_position + B * T * self.num_processes + 1 > len(self.tokens):  # BUG\n")],
