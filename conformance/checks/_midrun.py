@@ -80,7 +80,7 @@ class _Recorder:
             return out
         # A loop that wrapped outside ctx.wrap: the optimizers' parameters, by position.
         for o, opt in enumerate(self.optimizers):
-            for g, group in enumerate(opt.param_groups):
+            for g, group in enumerate(getattr(opt, "param_groups", None) or []):
                 for i, p in enumerate(group["params"]):
                     out[f"optimizer{o}.param_groups[{g}][{i}]"] = tensor_digest(p)
         return out
@@ -199,6 +199,39 @@ def watching(recorder: _Recorder) -> Iterator[None]:
         pre.remove()
 
 
+@contextlib.contextmanager
+def _hookless_optimizers(module: Any, recorder: _Recorder) -> Iterator[None]:
+    """The target module's ``build_optimizer`` wrapped for the loop: an optimizer it returns
+    without step hooks (a hand-written object with ``step()``) gets its ``step`` wrapped on
+    the instance, so the global hooks' checkpoints reach it too. A loop that builds such an
+    object some other way is not seen (its record says no optimizer step was observed)."""
+    build = getattr(module, "build_optimizer", None)
+    if not callable(build):
+        yield
+        return
+
+    def build_optimizer(*args: Any, **kwargs: Any) -> Any:
+        optimizer = build(*args, **kwargs)
+        if not callable(getattr(optimizer, "register_step_pre_hook", None)) and callable(
+                getattr(optimizer, "step", None)):
+            original = optimizer.step
+
+            def step(*a: Any, **kw: Any) -> Any:
+                recorder.optimizer_stepping(optimizer, a, kw)
+                out = original(*a, **kw)
+                recorder.optimizer_stepped(optimizer, a, kw)
+                return out
+
+            optimizer.step = step
+        return optimizer
+
+    module.build_optimizer = build_optimizer
+    try:
+        yield
+    finally:
+        module.build_optimizer = build
+
+
 def watch_loop(rank_ctx: Any, target_spec: str, steps: int) -> dict[str, Any]:
     """Run the target's ``run_loop`` on this rank with the recorder's hooks; return the digests.
 
@@ -224,7 +257,7 @@ def watch_loop(rank_ctx: Any, target_spec: str, steps: int) -> dict[str, Any]:
     recorder = _Recorder(loop.models)
     error = None
     try:
-        with watching(recorder):
+        with watching(recorder), _hookless_optimizers(target.module, recorder):
             call_target(target, "run_loop", target.run_loop, loop)
     except TargetError:
         raise

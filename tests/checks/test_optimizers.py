@@ -18,6 +18,14 @@ def test_handwritten_optimizer_is_observed_not_an_error(suite_session):
     assert "6 gradients as optimizer.step() consumed them" in record.message
 
 
+def test_handwritten_optimizer_is_seen_in_run_loop(suite_session):
+    # Built through the target's build_optimizer inside run_loop: its step is wrapped there too,
+    # so the mid-run look compares every step instead of reporting none.
+    record = run_check(suite_session, "rank-consistency", "handwritten_optimizer")
+    assert record.status == "passed", record.message
+    assert "run_loop: parameters bit-identical across ranks at 5 checkpoints" in record.message
+
+
 def test_handwritten_optimizer_still_catches_a_loss_scaled_by_n(suite_session, tmp_path):
     broken = tmp_path / "handwritten_loss_times_world.py"
     broken.write_text(f"import sys\nsys.path.insert(0, {str(TARGETS)!r})\n"

@@ -37,3 +37,14 @@ class MomentumByHand:
 
 def build_optimizer(params: Any) -> MomentumByHand:
     return MomentumByHand(params)
+
+
+def run_loop(ctx: Any) -> None:
+    model = ctx.wrap(build_model())
+    optimizer = build_optimizer(model.parameters())
+    generator = torch.Generator().manual_seed(ctx.rank)
+    for _ in range(ctx.steps):
+        x, y = make_batch(generator, 4)
+        optimizer.zero_grad()
+        loss_fn(model(x.to(ctx.device)), y.to(ctx.device)).backward()
+        optimizer.step()
