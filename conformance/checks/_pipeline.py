@@ -147,11 +147,18 @@ def _fields(sample: Any) -> list[Any]:
 def built_contents(dataset: Any, indices: list[int]) -> tuple[list[tuple[str | None, ...]], bool | None]:
     """Digests of ``dataset[i]``'s fields for the first indices (per field: a siamese pair's
     first image may be the same on two ranks while its label differs), and whether the first
-    one built a second time differs (None: nothing comparable)."""
-    contents = [tuple(_sample_digest(f) for f in _fields(dataset[i])) for i in indices[:BUILT_SAMPLES]]
-    if not contents or None in contents[0]:
-        return contents, None
-    again = tuple(_sample_digest(f) for f in _fields(dataset[indices[0]]))
+    one built a second time differs (None: nothing comparable).
+
+    Fetching outside the loader is the suite's own look, not how training loads: a dataset
+    that only works inside a loader's workers (files opened by ``worker_init_fn``) raises
+    here; then nothing is compared (empty), never a target error."""
+    try:
+        contents = [tuple(_sample_digest(f) for f in _fields(dataset[i])) for i in indices[:BUILT_SAMPLES]]
+        if not contents or None in contents[0]:
+            return contents, None
+        again = tuple(_sample_digest(f) for f in _fields(dataset[indices[0]]))
+    except Exception:  # noqa: BLE001 - the probe cannot build samples this way: skip the look
+        return [], None
     return contents, again != contents[0]
 
 

@@ -254,6 +254,7 @@ def judge_epochs(per_rank: list[list[Any]]) -> tuple[list[str], dict[str, Any]]:
                       "sample_identity": how, "built_per_rank": [e.built for e in got[0]] if got else [],
                       **differences, "order": order.to_json(),
                       "same_built": None if built_alike is None else built_alike.to_json(),
+                      "built_samples_compared": [len(e.contents) for e in got[0]] if got else [],
                       "content_repeated_in_dataset": sum(1 for c in multiplicity.values() if c > 1),
                       "epochs_with_repeated_order": repeated, "undecided": undecided,
                       "allowed_padding_duplicates": pad_allowance, "allowed_dropped": drop_allowance}

@@ -152,3 +152,14 @@ def test_values_alike_by_chance_are_not_ranks_building_alike():
     shifted = [epoch(0, [(f"x{i}",) for i in range(16)]), epoch(1, [(f"x{i + 2}",) for i in range(16)])]
     found = same_built(shifted)
     assert found is not None and (found.field, found.matches, found.compared) == (0, 14, 16)
+
+
+def test_a_dataset_that_cannot_build_outside_its_loader_is_not_compared():
+    from conformance.checks._pipeline import built_contents
+
+    class OpensInWorkers:
+        def __getitem__(self, index):
+            raise RuntimeError("file handle not opened: worker_init_fn did not run")
+
+    # The suite's own look, not the user's training: skipped (nothing compared), never raised.
+    assert built_contents(OpensInWorkers(), [0, 1, 2]) == ([], None)
