@@ -46,6 +46,7 @@ from typing import Any
 
 from reports.keys import NONFINITE
 
+from ..harness.batches import digest as batch_digest
 from ..harness.context import CheckContext
 from ..harness.ddp import (
     MODEL_SEED,
@@ -175,7 +176,9 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict
     device, rank, n = rank_ctx.device, rank_ctx.rank, rank_ctx.world_size
     snapshots = Path(folder) if rank == 0 else rank_view(Path(folder), rank)
     batches = [global_batch(target, batch_size, seed=MODEL_SEED + step) for step in range(ITERATIONS)]
-    out: dict[str, Any] = {"rank": rank}
+    # Every rank draws the same global batch from the same seed, unless make_batch reads state
+    # built differently in this process: then rank 0's reference is not this rank's batch.
+    out: dict[str, Any] = {"rank": rank, "batch_digests": [batch_digest(x) + batch_digest(y) for x, y in batches]}
     model = build_model(target, device, seed=MODEL_SEED)
     groups = _alias_groups(model)
     # Counted on the discovery model itself: it is dropped right after (never trained), so a
@@ -319,6 +322,21 @@ def run(ctx: CheckContext) -> Outcome:
             "no shared parameters: no tied aliases and no module called twice per forward, so "
             "there is no shared gradient to check",
             metrics={"key_figure": "no shared parameters", "shared_parameters": 0}, evidence=evidence)
+    other_data = next((v["rank"] for v in values if v.get("batch_digests") != head.get("batch_digests")), None)
+    if other_data is not None:
+        # Before comparing: rank 0's reference is of another batch than this rank's, so every
+        # difference below would be the data's, not the sharing's.
+        evidence["ranks_with_other_data"] = [v["rank"] for v in values
+                                             if v.get("batch_digests") != head.get("batch_digests")]
+        return Outcome.failed(
+            f"rank {other_data}'s data differs from rank 0's: make_batch drew a different global batch "
+            f"on rank {other_data} from the same seed, so no shared gradient can be compared with the "
+            f"reference — make_batch must draw only from its generator (state built differently per "
+            f"process, e.g. Python's random or a dataset split without a seeded generator, differs)",
+            metrics={"key_figure": f"rank {other_data}'s data differs", "shared": head["shared"],
+                     "shared_parameters": len(head["shared"])}, evidence=evidence,
+            recommendation="draw the batch in make_batch only from the generator it is given, and build "
+                           "any dataset it reads identically on every rank")
     bad = _first_nonfinite(head, values)
     if bad is not None:
         # Before anything else: a NaN gradient makes every later comparison (and the per-use

@@ -46,3 +46,10 @@ def test_a_probe_that_cannot_drive_the_model_is_skipped_with_its_reason(suite_se
     assert record.status == "passed", record.message
     (group,) = record.evidence["tied"]
     assert "must share one weight" in group["per_use_skipped"]
+
+
+def test_a_batch_that_differs_per_rank_is_named_not_blamed_on_the_tie(suite_session):
+    record = run_check(suite_session, "shared-weights", "tied_batch_per_rank")
+    assert record.status == "failed"
+    assert record.message.startswith("rank 1's data differs from rank 0's: make_batch drew a different global batch")
+    assert record.evidence["ranks_with_other_data"] == [1]
