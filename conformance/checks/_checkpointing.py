@@ -157,6 +157,7 @@ def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, Any]:
     """One forward and backward of the target's model, without DDP (nothing can raise DDP's
     error here), on ``rows`` rows of its first global batch; the checkpoint calls it made, and
     the parameters left without a gradient (``WITHOUT_GRADIENT``)."""
+    from ..harness.batches import move
     from ..harness.ddp import MODEL_SEED, build_model, global_batch
     from ..harness.targets import load_target
 
@@ -165,7 +166,7 @@ def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, Any]:
     model.train()
     inputs, targets = global_batch(target, rows, seed=MODEL_SEED)
     with recorded_checkpoints(model) as seen:
-        target.compute_loss(model, inputs.to(rank_ctx.device), targets.to(rank_ctx.device)).backward()
+        target.compute_loss(model, move(inputs, rank_ctx.device), move(targets, rank_ctx.device)).backward()
     missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
     return {**seen, WITHOUT_GRADIENT: missing}
 

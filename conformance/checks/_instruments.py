@@ -21,6 +21,7 @@ Functions here run inside rank processes; torch is imported lazily.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ class StepRecorder:
     """
 
     names: dict[int, str]
+    params: list[tuple[str, Any]] = field(default_factory=list)  # the model's, by name
     steps: int = 0  # optimizer.step() calls during the current train_step
     grads: dict[str, Any] | None = None  # the first optimizer.step() of the current train_step
     handle: Any = None
@@ -67,8 +69,8 @@ class StepRecorder:
     @classmethod
     def attach(cls, model: Any, optimizer: Any, *,
                observe: Callable[[list[tuple[str, Any]]], None] | None = None) -> StepRecorder:
-        names = {id(p): n for n, p in model.named_parameters()}
-        recorder = cls(names=names, observe=observe)
+        params = list(model.named_parameters())
+        recorder = cls(names={id(p): n for n, p in params}, params=params, observe=observe)
 
         def pre_step(opt: Any, args: Any, kwargs: Any) -> None:
             recorder.steps += 1
@@ -78,7 +80,10 @@ class StepRecorder:
                 else:
                     recorder.grads = recorder._snapshot(opt)
 
-        recorder.handle = optimizer.register_step_pre_hook(pre_step)
+        register = getattr(optimizer, "register_step_pre_hook", None)
+        # A hand-written optimizer object (a class with step() and zero_grad(), no
+        # torch.optim.Optimizer base) has no hooks: its step is wrapped on the instance instead.
+        recorder.handle = register(pre_step) if callable(register) else _StepWrapper.around(optimizer, pre_step)
         return recorder
 
     def live(self, optimizer: Any) -> dict[str, Any]:
@@ -86,7 +91,9 @@ class StepRecorder:
         the model gets an entry: None is "no gradient reached the optimizer for it" (frozen,
         unused, or zeroed with set_to_none before the step)."""
         out: dict[str, Any] = dict.fromkeys(self.names.values())
-        for group in optimizer.param_groups:
+        # An optimizer without param_groups (hand-written) is taken to update the whole model.
+        groups = getattr(optimizer, "param_groups", None) or [{"params": [p for _, p in self.params]}]
+        for group in groups:
             for p in group["params"]:
                 name = self.names.get(id(p))
                 if name is not None:
@@ -103,6 +110,36 @@ class StepRecorder:
     def close(self) -> None:
         if self.handle is not None:
             self.handle.remove()
+
+
+@dataclass
+class _StepWrapper:
+    """``optimizer.step`` wrapped on the instance to call ``before(optimizer, args, kwargs)``
+    first, as a step pre-hook would; ``remove()`` puts the class's step back in view."""
+
+    optimizer: Any
+    had_own: bool
+    own: Any
+
+    @classmethod
+    def around(cls, optimizer: Any, before: Callable[[Any, Any, Any], None]) -> _StepWrapper:
+        had_own = "step" in getattr(optimizer, "__dict__", {})
+        wrapper = cls(optimizer, had_own, optimizer.__dict__.get("step") if had_own else None)
+        original = optimizer.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            before(optimizer, args, kwargs)
+            return original(*args, **kwargs)
+
+        optimizer.step = step
+        return wrapper
+
+    def remove(self) -> None:
+        if self.had_own:
+            self.optimizer.step = self.own
+        else:
+            with contextlib.suppress(AttributeError):
+                del self.optimizer.step
 
 
 @dataclass

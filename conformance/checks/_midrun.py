@@ -11,7 +11,10 @@ Rank side (:func:`watch_loop`, in a fresh world): the target's ``run_loop(ctx)``
 the loop's duration only,
 
 - a global optimizer step post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``:
-  every optimizer the loop creates, however it creates it);
+  every optimizer the loop creates, however it creates it), taken where the *outermost* step
+  returns (a pre-hook counts the steps in progress): ``ZeroRedundancyOptimizer.step`` runs its
+  local optimizer's step on this rank's shard and broadcasts the shards after it, so a look at
+  the inner step's end would see ranks that differ by design;
 - ``GradScaler.step`` wrapped: a scaler's step is one checkpoint whether or not it ran the
   optimizer (a step skipped on inf/NaN is a checkpoint too, marked skipped), and the scalers
   the loop uses are found there;
@@ -63,6 +66,7 @@ class _Recorder:
         self.rank_step = 0
         self.scaler_depth = 0
         self.scaler_stepped = False
+        self.step_depth = 0  # optimizer steps in progress: >1 inside a wrapping optimizer's step
 
     def _params(self) -> dict[str, str]:
         from ..harness.ddp import tensor_digest
@@ -76,7 +80,7 @@ class _Recorder:
             return out
         # A loop that wrapped outside ctx.wrap: the optimizers' parameters, by position.
         for o, opt in enumerate(self.optimizers):
-            for g, group in enumerate(opt.param_groups):
+            for g, group in enumerate(getattr(opt, "param_groups", None) or []):
                 for i, p in enumerate(group["params"]):
                     out[f"optimizer{o}.param_groups[{g}][{i}]"] = tensor_digest(p)
         return out
@@ -99,7 +103,16 @@ class _Recorder:
         self.in_block = 0
 
     # -- the hooks --
+    def optimizer_stepping(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.step_depth += 1
+
     def optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.step_depth = max(0, self.step_depth - 1)
+        if self.step_depth:
+            # An optimizer stepped inside another's step: ZeroRedundancyOptimizer's local
+            # optimizer updates this rank's shard, and only then does ZeRO's step broadcast
+            # every shard. The checkpoint is where the user's optimizer.step() returns.
+            return
         if optimizer not in self.optimizers:
             self.optimizers.append(optimizer)
         if self.scaler_depth:
@@ -172,8 +185,9 @@ def watching(recorder: _Recorder) -> Iterator[None]:
     GradScaler.step and Join's enter/exit wrapped (at class level: the loop creates its own)."""
     from torch.amp.grad_scaler import GradScaler
     from torch.distributed.algorithms.join import Join
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+    pre = register_optimizer_step_pre_hook(recorder.optimizer_stepping)
     handle = register_optimizer_step_post_hook(recorder.optimizer_stepped)
     try:
         with _replaced(GradScaler, "step", recorder.scaler_step), \
@@ -182,6 +196,40 @@ def watching(recorder: _Recorder) -> Iterator[None]:
             yield
     finally:
         handle.remove()
+        pre.remove()
+
+
+@contextlib.contextmanager
+def _hookless_optimizers(module: Any, recorder: _Recorder) -> Iterator[None]:
+    """The target module's ``build_optimizer`` wrapped for the loop: an optimizer it returns
+    without step hooks (a hand-written object with ``step()``) gets its ``step`` wrapped on
+    the instance, so the global hooks' checkpoints reach it too. A loop that builds such an
+    object some other way is not seen (its record says no optimizer step was observed)."""
+    build = getattr(module, "build_optimizer", None)
+    if not callable(build):
+        yield
+        return
+
+    def build_optimizer(*args: Any, **kwargs: Any) -> Any:
+        optimizer = build(*args, **kwargs)
+        if not callable(getattr(optimizer, "register_step_pre_hook", None)) and callable(
+                getattr(optimizer, "step", None)):
+            original = optimizer.step
+
+            def step(*a: Any, **kw: Any) -> Any:
+                recorder.optimizer_stepping(optimizer, a, kw)
+                out = original(*a, **kw)
+                recorder.optimizer_stepped(optimizer, a, kw)
+                return out
+
+            optimizer.step = step
+        return optimizer
+
+    module.build_optimizer = build_optimizer
+    try:
+        yield
+    finally:
+        module.build_optimizer = build
 
 
 def watch_loop(rank_ctx: Any, target_spec: str, steps: int) -> dict[str, Any]:
@@ -209,7 +257,7 @@ def watch_loop(rank_ctx: Any, target_spec: str, steps: int) -> dict[str, Any]:
     recorder = _Recorder(loop.models)
     error = None
     try:
-        with watching(recorder):
+        with watching(recorder), _hookless_optimizers(target.module, recorder):
             call_target(target, "run_loop", target.run_loop, loop)
     except TargetError:
         raise

@@ -13,8 +13,16 @@ windows repeats windows), and content identity would call that a duplicate. In o
    occurs c times in *every* epoch is counted as c samples, not c-1 duplicates.
 
 For a ``DataLoader``, what each rank built is recorded too (dataset length and Subset indices
-digest, the ``DistributedSampler``'s seed, epoch, shuffle and drop_last): the measurements
-behind "rank r's dataset differs from rank 0's" versus "the sampler's seed differs per rank".
+digest, the sampler's kind, the ``DistributedSampler``'s seed, epoch, shuffle and drop_last):
+the measurements behind "rank r's dataset differs from rank 0's" versus "the sampler's seed
+differs per rank", and behind "this loader shuffles" versus "it reads in order by design".
+
+What the dataset *builds* from those indices is read too, in epoch 0 only: the first
+``BUILT_SAMPLES`` samples the sampler picks are fetched (``dataset[i]``, as a loader with
+``num_workers=0`` fetches them) and digested, and the first one fetched a second time. Two
+ranks that build the same samples from different indices (a dataset that draws its pairs
+from a random generator seeded alike on every rank) are caught only this way: their indices
+are disjoint, their samples are not.
 """
 
 from __future__ import annotations
@@ -55,6 +63,15 @@ class RankEpoch:
     ids: list[Any]  # sample identities in order
     batches: int
     built: dict[str, Any] = field(default_factory=dict)  # the DataLoader's dataset and sampler
+    # Epoch 0 of a DataLoader: digests of the first samples the dataset built, in the sampler's
+    # order, and whether fetching the first index again built a different sample.
+    contents: list[tuple[str | None, ...]] = field(default_factory=list)
+    redraw_differs: bool | None = None
+    firsts: list[Any] = field(default_factory=list)  # each batch's smallest index (index identity)
+
+
+#: How many samples of epoch 0 are fetched per rank to compare what the ranks build.
+BUILT_SAMPLES = 32
 
 
 def _base_indices(dataset: Any) -> tuple[Any, list[int] | None]:
@@ -91,11 +108,82 @@ def describe_loader(loader: Any) -> dict[str, Any]:
         built["subset_digest"] = hashlib.sha1(repr(mapping).encode()).hexdigest()[:12]
     sampler = loader.sampler
     built["sampler"] = type(sampler).__name__
+    shuffles = _shuffles(sampler)
+    if shuffles is not None:
+        built["shuffles"] = shuffles
+    if getattr(sampler, "replacement", False):
+        built["replacement"] = True
     if isinstance(sampler, DistributedSampler):
         built.update(seed=sampler.seed, epoch=sampler.epoch, shuffle=sampler.shuffle,
                      drop_last=sampler.drop_last, num_replicas=sampler.num_replicas,
                      sampler_rank=sampler.rank)
     return built
+
+
+def _shuffles(sampler: Any) -> bool | None:
+    """Whether a stock sampler shuffles (None: a sampler of the user's, unknown)."""
+    from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+
+    if isinstance(sampler, DistributedSampler):
+        return bool(sampler.shuffle)
+    if isinstance(sampler, RandomSampler):
+        return True
+    if isinstance(sampler, SequentialSampler):
+        return False
+    return None
+
+
+def _sample_digest(sample: Any) -> str | None:
+    """A digest of one sample (a tensor, a number, or a tuple/list/dict of them); None when it
+    holds something else (a PIL image, an object whose repr shows its address)."""
+    import numpy as np
+    import torch
+
+    h = hashlib.sha1()
+
+    def feed(value: Any) -> bool:
+        if isinstance(value, torch.Tensor):
+            h.update(value.detach().cpu().contiguous().numpy().tobytes())
+        elif isinstance(value, np.ndarray):
+            h.update(np.ascontiguousarray(value).tobytes())
+        elif isinstance(value, dict):
+            return all(feed(value[key]) for key in sorted(value, key=str))
+        elif isinstance(value, (tuple, list)):
+            return all(feed(item) for item in value)
+        elif value is None or isinstance(value, (int, float, str, bytes, np.generic)):
+            h.update(repr(value).encode())
+        else:
+            return False
+        return True
+
+    return h.hexdigest()[:16] if feed(sample) else None
+
+
+def _fields(sample: Any) -> list[Any]:
+    """A sample's top-level fields: the items of a tuple/list, the values of a dict by key."""
+    if isinstance(sample, dict):
+        return [sample[key] for key in sorted(sample, key=str)]
+    if isinstance(sample, (tuple, list)):
+        return list(sample)
+    return [sample]
+
+
+def built_contents(dataset: Any, indices: list[int]) -> tuple[list[tuple[str | None, ...]], bool | None]:
+    """Digests of ``dataset[i]``'s fields for the first indices (per field: a siamese pair's
+    first image may be the same on two ranks while its label differs), and whether the first
+    one built a second time differs (None: nothing comparable).
+
+    Fetching outside the loader is the suite's own look, not how training loads: a dataset
+    that only works inside a loader's workers (files opened by ``worker_init_fn``) raises
+    here; then nothing is compared (empty), never a target error."""
+    try:
+        contents = [tuple(_sample_digest(f) for f in _fields(dataset[i])) for i in indices[:BUILT_SAMPLES]]
+        if not contents or None in contents[0]:
+            return contents, None
+        again = tuple(_sample_digest(f) for f in _fields(dataset[indices[0]]))
+    except Exception:  # noqa: BLE001 - the probe cannot build samples this way: skip the look
+        return [], None
+    return contents, again != contents[0]
 
 
 def _index_ids(batch: Any) -> list[Any]:
@@ -147,16 +235,45 @@ def read_epoch(epoch_batches: Any, rank: int, world_size: int, epoch: int, *,
     pipeline = epoch_batches(rank, world_size, epoch)
     if identity == "index":
         batches = [_index_ids(b) for b in _bounded(pipeline, epoch, budget_s)]
-        return RankEpoch([i for b in batches for i in b], len(batches)), "index (declared)"
+        return (RankEpoch([i for b in batches for i in b], len(batches), firsts=[min(b) for b in batches if b]),
+                "index (declared)")
     if _map_style_loader(pipeline):
         _, mapping = _base_indices(pipeline.dataset)
-        ids, count = [], 0
+        local, sizes = [], []
         for indices in _bounded(pipeline.batch_sampler, epoch, budget_s):
-            ids += [int(i) if mapping is None else mapping[int(i)] for i in indices]
-            count += 1
-        return RankEpoch(ids, count, describe_loader(pipeline)), "index (from the DataLoader's sampler)"
-    ids, count = [], 0
+            local += [int(i) for i in indices]
+            sizes.append(len(indices))
+        ids = local if mapping is None else [mapping[i] for i in local]
+        count = len(sizes)
+        firsts, at = [], 0
+        for size in sizes:
+            if size:
+                firsts.append(min(ids[at:at + size]))
+            at += size
+        # Read what the dataset builds in epoch 0 only: one look per rank suffices, and a
+        # dataset drawing from a random state moves that state as it builds.
+        contents, redraw = built_contents(pipeline.dataset, local) if epoch == 0 else ([], None)
+        return (RankEpoch(ids, count, describe_loader(pipeline), contents, redraw, firsts),
+                "index (from the DataLoader's sampler)")
+    ids, count, loader = [], 0, None
     for batch in _bounded(pipeline, epoch, budget_s):
         ids += _content_ids(batch)
         count += 1
-    return RankEpoch(ids, count), "content (a hash of each input row)"
+        if count == 1:
+            loader = _loader_inside(pipeline)
+    # The sampler of a DataLoader the generator iterates tells whether the order is shuffled.
+    built = {"sampler": describe_loader(loader)["sampler"], "read_through": "a DataLoader inside "
+             "epoch_batches", **({} if (f := _shuffles(loader.sampler)) is None else {"shuffles": f})} \
+        if loader is not None else {}
+    return RankEpoch(ids, count, built), "content (a hash of each input row)"
+
+
+def _loader_inside(pipeline: Any) -> Any:
+    """The map-style DataLoader a generator is iterating (``yield from loader``, or a loader in
+    one of its local variables), or None: read from the paused generator's frame."""
+    import inspect
+
+    if not inspect.isgenerator(pipeline) or pipeline.gi_frame is None:
+        return None
+    found = [v for v in pipeline.gi_frame.f_locals.values() if _map_style_loader(v)]
+    return found[0] if len(found) == 1 else None

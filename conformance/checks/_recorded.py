@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..harness.batches import digest as batch_digest
+from ..harness.batches import take_rows
 from ..harness.ddp import (
     MODEL_SEED,
     build_model,
@@ -53,7 +55,6 @@ from ..harness.ddp import (
     effective_ddp_kwargs,
     global_batch,
     shard,
-    tensor_digest,
     to_device,
     unwrap,
     wrap,
@@ -205,7 +206,8 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     # The reference probes a slice of its one microbatch of the N-rank run's microbatch size
     # (norm_group): a size the target's forward runs at on the ranks, at 1/N of the whole
     # batch's cost; the ranks probe their first microbatch.
-    probe = (first[0][:plan.norm_group], first[1][:plan.norm_group]) if writes and plan.norm_group else first
+    probe = ((take_rows(first[0], 0, plan.norm_group), take_rows(first[1], 0, plan.norm_group))
+             if writes and plan.norm_group else first)
     with run_eagerly():  # a compile here would be thrown away (``watch_compile`` starts cold)
         rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device)
     group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
@@ -305,7 +307,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
             batch = global_batch(target, plan.global_batch, seed=plan.seed + step)
             # Every rank draws the *same* global batch from the same seed, unless the data it
             # draws from was built differently in this process (a per-rank dataset).
-            per_step["batch_digests"].append(tensor_digest(batch[0]) + tensor_digest(batch[1]))
+            per_step["batch_digests"].append(batch_digest(batch[0]) + batch_digest(batch[1]))
             micro = to_device(shard(batch, rank, n, plan.microbatches), rank_ctx.device)
             if plan.reverse_microbatches:
                 micro = micro[::-1]

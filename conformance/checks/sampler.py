@@ -23,6 +23,14 @@ blamed on a cause only when measured: rank r's dataset differs from rank 0's (le
 indices), the sampler seeds differ, the epochs passed to set_epoch differ; otherwise "no known
 cause matched".
 
+An epoch that repeats the previous epoch's order fails only when the order is shuffled (the
+loader's sampler shuffles, or the indices are not ascending): a pipeline that reads in order by
+design (a token stream, ``shuffle=False``) passes with "sequential order, no shuffling"; one
+whose order cannot be read (content identity) is inconclusive. One rank seeing a sample twice
+within an epoch looks like sampling with replacement: inconclusive, saying how to declare it.
+Ranks whose datasets build the same samples from different indices (epoch 0's first samples
+compared by content, ``_order.same_built``) fail with that cause. See ``_order``.
+
 Skipped with the reason: a target that declares ``sampling = "with-replacement"`` (no epoch to
 cover), a target file without ``epoch_batches`` (its pipeline cannot be checked), a pipeline
 that yields no sample, an epoch that does not end (an endless stream: each epoch is read within
@@ -33,7 +41,8 @@ read, so neither is a DDP hang.
 Evidence: per epoch ``missing`` and ``duplicates`` counts, ``batches_per_rank``,
 ``epochs_with_repeated_order``, ``configurations_checked``, ``sample_identity``,
 ``built_per_rank`` (each rank's dataset and sampler), ``dataset_differs_on_ranks``,
-``sampler_seeds``.
+``sampler_seeds``, ``order`` (kind and reason), ``repeats_within_rank``, ``same_built``,
+``undecided``.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
 from ._equivalence import world_error_outcome
+from ._order import Order, order_of, repeats_within_rank, same_built, same_built_problem, wraps
 
 EPOCHS = 3
 WORLD_SIZES = (2, 3, 4)
@@ -176,55 +186,52 @@ def check_epoch_batches(epoch_batches: Any, world_size: int, *,
 
 
 def judge_epochs(per_rank: list[list[Any]]) -> tuple[list[str], dict[str, Any]]:
-    """Judge what every rank's pipeline yielded: ``per_rank[rank][epoch] = (RankEpoch, how)``."""
+    """Judge what every rank's pipeline yielded: ``per_rank[rank][epoch] = (RankEpoch, how)``.
+
+    Returns the problems (the check fails) and the evidence; ``info["undecided"]`` lists what
+    the measurements cannot decide (the check is inconclusive when nothing failed)."""
     n = len(per_rank)
-    per_epoch: list[list[list[Any]]] = []  # [epoch][rank] -> sample ids in order
-    batch_counts: list[list[int]] = []
-    built: list[list[dict[str, Any]]] = []
-    how = ""
-    biggest = 1
-    for epoch in range(len(per_rank[0]) if per_rank else 0):
-        ranks, counts, builds = [], [], []
-        for rank in range(n):
-            got, how = per_rank[rank][epoch]
-            if got.batches:
-                biggest = max(biggest, -(-len(got.ids) // got.batches))
-            ranks.append(got.ids)
-            counts.append(got.batches)
-            builds.append(got.built)
-        per_epoch.append(ranks)
-        batch_counts.append(counts)
-        built.append(builds)
-    # Content identity only: a value the dataset itself holds c times appears c times in every
-    # epoch of a correct pipeline; count it as c samples (identity by index needs no such rule).
-    multiplicity: Counter[Any] = Counter()
+    how = per_rank[0][-1][1] if per_rank and per_rank[0] else ""
+    got = [[per_rank[rank][epoch][0] for rank in range(n)] for epoch in range(len(per_rank[0]) if per_rank else 0)]
+    per_epoch = [[e.ids for e in ranks] for ranks in got]  # [epoch][rank] -> sample ids in order
+    batch_counts = [[e.batches for e in ranks] for ranks in got]
+    biggest = max([-(-len(e.ids) // e.batches) for ranks in got for e in ranks if e.batches] + [1])
+    multiplicity = _multiplicity(per_epoch, n, how)
     universe = {i for ranks in per_epoch for ids in ranks for i in ids}
-    # Every rank yielding every sample is "not sharded", whatever the multiplicities: then each
-    # value's count per epoch is N times its count in the dataset, not a repetition within it.
-    unsharded = n > 1 and all(set(ids) == universe for ranks in per_epoch for ids in ranks)
-    if how.startswith("content") and not unsharded:
-        counts_per_epoch = [Counter(i for ids in ranks for i in ids) for ranks in per_epoch]
-        keys = set().union(*counts_per_epoch)
-        multiplicity = Counter({k: max(1, min(c[k] for c in counts_per_epoch)) for k in keys})
     pad_allowance = n - 1
     drop_allowance = n - 1 + n * (biggest - 1)
-    differences = _per_rank_differences(built[0])
+    differences = _per_rank_differences([e.built for e in got[0]]) if got else {}
     problems: list[str] = []
-    epochs = []
+    undecided: list[str] = []
+    epochs: list[dict[str, Any]] = []
     for epoch, ranks in enumerate(per_epoch):
         seen = Counter(i for ids in ranks for i in ids)
         duplicates = sum(max(0, c - multiplicity.get(i, 1)) for i, c in seen.items())
         missing = len(universe - set(seen))
-        shared = sum(1 for i in seen if sum(i in set(ids) for ids in ranks) > 1)
+        per_rank_sets = [set(ids) for ids in ranks]  # once per rank: not once per sample
+        shared = sum(1 for i in seen if sum(i in ids for ids in per_rank_sets) > 1)
+        within = [repeats_within_rank(ids, multiplicity) for ids in ranks]
         epochs.append({"epoch": epoch, "samples": sum(seen.values()), "distinct": len(seen),
                        "missing": missing, "duplicates": duplicates, "on_several_ranks": shared,
-                       "batches_per_rank": batch_counts[epoch],
+                       "repeats_within_rank": within, "batches_per_rank": batch_counts[epoch],
                        "samples_per_rank": [len(ids) for ids in ranks]})
         if len(set(batch_counts[epoch])) > 1:
             problems.append(f"epoch {epoch}: unequal batch counts per rank {batch_counts[epoch]} — "
                             f"the rank with fewer batches leaves the others waiting in an all-reduce "
                             f"(end-of-epoch hang)")
-        if duplicates > pad_allowance:
+        wrapped = [wraps(ids, how) for ids in ranks]
+        if duplicates > pad_allowance and max(within) > pad_allowance and any(wrapped):
+            rank = max(range(n), key=lambda r: wrapped[r])
+            problems.append(f"epoch {epoch}: rank {rank} reads its samples in order and wraps to the "
+                            f"start before the epoch ends: {wrapped[rank]} sample(s) read twice in one "
+                            f"epoch — its read position is reset while a batch of its own still fits "
+                            f"(e.g. an end-of-data test on the whole step's stride, B·T·N, instead of "
+                            f"its own next batch), so the data before the reset point is skipped")
+        elif duplicates > pad_allowance and max(within) > pad_allowance and not differences:
+            # One rank drawing a sample twice in one epoch is no epoch sampler: a measurement
+            # of random draws, not of a sharding bug (a declared mode, see the README).
+            undecided.append(_with_replacement(epoch, within, duplicates, missing, got[epoch]))
+        elif duplicates > pad_allowance:
             if missing > drop_allowance:
                 problems.append(f"epoch {epoch}: {duplicates} duplicate and {missing} missing samples "
                                 f"with equal counts — {_overlap_cause(differences, how)}")
@@ -233,17 +240,27 @@ def judge_epochs(per_rank: list[list[Any]]) -> tuple[list[str], dict[str, Any]]:
                                 f"ranks ({shared} on several ranks) — the data is not sharded by rank")
         elif missing > drop_allowance:
             problems.append(f"epoch {epoch}: {missing} of {len(universe)} samples never seen")
-    if DATASET_DIFFERS_ON_RANKS in differences and not any("dataset differs" in p for p in problems):
+    # Ranks holding different datasets is the design of hand sharding (a Subset or a file shard
+    # per rank): it is blamed only where the coverage shows what it did.
+    uncovered = any(e["duplicates"] > pad_allowance or e["missing"] > drop_allowance for e in epochs)
+    if (DATASET_DIFFERS_ON_RANKS in differences and uncovered
+            and not any("dataset differs" in p for p in problems)):
         problems.append(_overlap_cause(differences, how))
+    built_alike = same_built(got[0]) if got else None
+    if built_alike is not None:
+        problems.insert(0, same_built_problem(built_alike))
+    order = order_of(got[0], how) if got else Order("unknown", "no epoch")
     orders = [[i for ids in ranks for i in ids] for ranks in per_epoch]
     repeated = [e for e in range(1, len(orders)) if orders[e] == orders[e - 1]]
-    if repeated:
-        problems.append(f"epochs {repeated} repeat the previous epoch's order — set_epoch(epoch) is "
-                        f"not called (or shuffling is off)")
+    if repeated and not undecided:
+        _judge_repeats(repeated, order, problems, undecided)
     return problems, {"world_size": n, "dataset_samples": len(universe), "epochs": epochs,
-                      "sample_identity": how, "built_per_rank": built[0], **differences,
+                      "sample_identity": how, "built_per_rank": [e.built for e in got[0]] if got else [],
+                      **differences, "order": order.to_json(),
+                      "same_built": None if built_alike is None else built_alike.to_json(),
+                      "built_samples_compared": [len(e.contents) for e in got[0]] if got else [],
                       "content_repeated_in_dataset": sum(1 for c in multiplicity.values() if c > 1),
-                      "epochs_with_repeated_order": repeated,
+                      "epochs_with_repeated_order": repeated, "undecided": undecided,
                       "allowed_padding_duplicates": pad_allowance, "allowed_dropped": drop_allowance}
 
 
@@ -254,6 +271,48 @@ def _not_ending(exc: RankFailure | WorldHang) -> str | None:
         if error is not None and error.exc_type == "EpochNotEnding":
             return f"rank {result.rank}: {error.message}"
     return None
+
+
+def _multiplicity(per_epoch: list[list[list[Any]]], n: int, how: str) -> Counter[Any]:
+    """Content identity only: a value the dataset itself holds c times appears c times in every
+    epoch of a correct pipeline; count it as c samples (identity by index needs no such rule)."""
+    universe = {i for ranks in per_epoch for ids in ranks for i in ids}
+    # Every rank yielding every sample is "not sharded", whatever the multiplicities: then each
+    # value's count per epoch is N times its count in the dataset, not a repetition within it.
+    unsharded = n > 1 and all(set(ids) == universe for ranks in per_epoch for ids in ranks)
+    if not how.startswith("content") or unsharded:
+        return Counter()
+    counts_per_epoch = [Counter(i for ids in ranks for i in ids) for ranks in per_epoch]
+    keys = set().union(*counts_per_epoch)
+    return Counter({k: max(1, min(c[k] for c in counts_per_epoch)) for k in keys})
+
+
+def _with_replacement(epoch: int, within: list[int], duplicates: int, missing: int,
+                      ranks: list[Any]) -> str:
+    rank = max(range(len(within)), key=lambda r: within[r])
+    declared = (" (its sampler draws with replacement: replacement=True)"
+                if any(e.built.get("replacement") for e in ranks) else "")
+    return (f"epoch {epoch}: rank {rank} sees {within[rank]} sample(s) more than once within its "
+            f"own epoch ({duplicates} duplicate and {missing} missing samples over all ranks){declared} "
+            f"— this looks like sampling with replacement (random draws or random windows), not an "
+            f"epoch sampler; if it draws with replacement by design, declare sampling = "
+            f"\"with-replacement\" in the target (there is then no epoch to cover); if it should "
+            f"visit every sample once per epoch, use DistributedSampler")
+
+
+def _judge_repeats(repeated: list[int], order: Order, problems: list[str],
+                   undecided: list[str]) -> None:
+    """An epoch that repeats the previous one: the bug only when the order was shuffled."""
+    if order.kind == "sequential":
+        return  # reading in order by design: the same order every epoch is the design
+    if order.kind == "shuffled":
+        problems.append(f"epochs {repeated} repeat the previous epoch's order — set_epoch(epoch) is "
+                        f"not called, or the shuffle is seeded without the epoch: the order is "
+                        f"shuffled ({order.reason}), yet every epoch trains in the same one")
+        return
+    undecided.append(f"epochs {repeated} repeat the previous epoch's order, and whether that order "
+                     f"is shuffled cannot be read: {order.reason} — a shuffled order that repeats "
+                     f"is a forgotten set_epoch(epoch), an unshuffled one is a choice")
 
 
 def run(ctx: CheckContext) -> Outcome:
@@ -316,6 +375,7 @@ def run(ctx: CheckContext) -> Outcome:
             "dataset_samples": info["dataset_samples"],
             "samples_seen": sum(e["samples"] for e in info["epochs"]),
             "sample_identity": info["sample_identity"],
+            "order": info["order"]["kind"],
         })
         if info["dataset_samples"] == 0:
             return Outcome.skipped(f"{source} yielded no samples in {EPOCHS} epochs: nothing to cover",
@@ -328,7 +388,16 @@ def run(ctx: CheckContext) -> Outcome:
             recommendation="build the dataset identically on every rank (seed random_split), use "
                            "DistributedSampler(dataset, num_replicas=world_size, rank=rank, "
                            "seed=<same on every rank>) and call sampler.set_epoch(epoch) every epoch; "
-                           "shard IterableDatasets by rank; make every rank yield the same number of batches")
+                           "shard IterableDatasets by rank; make every rank yield the same number of batches; "
+                           "a dataset that draws its samples at random must not draw the same on every "
+                           "rank (seed its generator with the rank, or derive each sample from its index)")
+    undecided = evidence.get("epoch_batches", {}).get("undecided", [])
+    if undecided:
+        metrics["key_figure"] = ("looks like sampling with replacement" if "with replacement" in undecided[0]
+                                 else "order repeats, shuffling unknown")
+        return Outcome.inconclusive(
+            f"{source}: {undecided[0]}" + (f" (+{len(undecided) - 1} more)" if len(undecided) > 1 else ""),
+            metrics=metrics, evidence={**evidence, "undecided": undecided})
     if target.has("epoch_batches"):
         e0 = evidence["epoch_batches"]["epochs"][0]
         metrics["key_figure"] = (f"{e0['distinct']}/{evidence['epoch_batches']['dataset_samples']} "
@@ -343,7 +412,11 @@ def run(ctx: CheckContext) -> Outcome:
                            "sampler_configurations": sampler_info["configurations_checked"]})
     seen = (f" ({metrics['samples_seen']} samples seen, identified by "
             f"{metrics['sample_identity']})" if "samples_seen" in metrics else "")
+    info = evidence.get("epoch_batches", {})
+    order = (f"sequential order, no shuffling ({info['order']['reason']}): the same order every epoch "
+             f"by design" if info.get("order", {}).get("kind") == "sequential" and info["epochs_with_repeated_order"]
+             else "a new order each epoch")
     return Outcome.passed(
         f"{source}: every sample once per epoch (padding/drop_last as documented), disjoint "
-        f"shards, equal batch counts, a new order each epoch over {EPOCHS} epochs{seen}",
+        f"shards, equal batch counts, {order} over {EPOCHS} epochs{seen}",
         metrics=metrics, evidence=evidence)

@@ -46,6 +46,7 @@ from typing import Any
 
 from reports.keys import NONFINITE, VERIFIED
 
+from ..harness.batches import digest as batch_digest
 from ..harness.context import CheckContext
 from ..harness.ddp import (
     MODEL_SEED,
@@ -90,9 +91,12 @@ def _alias_groups(model: Any) -> list[list[str]]:
     return [names for names in by_id.values() if len(names) > 1]
 
 
-def _count_calls(model: Any, inputs: Any) -> dict[str, int]:
-    """Forward calls per module with parameters of its own, in one forward (on a copy: no
-    BatchNorm statistics or other side effect leaks into the real model)."""
+def _count_calls(model: Any, batch: tuple[Any, Any], compute_loss: Any) -> dict[str, int]:
+    """Forward calls per module with parameters of its own, in one forward driven the target's
+    way (``compute_loss``: its ``forward_loss``, or ``loss_fn(model(inputs), targets)``), so a
+    model whose forward takes two inputs, a hidden state or its targets is called as training
+    calls it. On the discovery model, dropped right after: no BatchNorm statistic or other side
+    effect reaches a model that is compared."""
     import torch
 
     calls: dict[str, int] = {}
@@ -104,7 +108,7 @@ def _count_calls(model: Any, inputs: Any) -> dict[str, int]:
             handles.append(module.register_forward_hook(hook))
     try:
         with torch.no_grad():
-            model(inputs)
+            compute_loss(model, batch[0], batch[1])
     finally:
         for h in handles:
             h.remove()
@@ -172,12 +176,14 @@ def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict
     device, rank, n = rank_ctx.device, rank_ctx.rank, rank_ctx.world_size
     snapshots = Path(folder) if rank == 0 else rank_view(Path(folder), rank)
     batches = [global_batch(target, batch_size, seed=MODEL_SEED + step) for step in range(ITERATIONS)]
-    out: dict[str, Any] = {"rank": rank}
+    # Every rank draws the same global batch from the same seed, unless make_batch reads state
+    # built differently in this process: then rank 0's reference is not this rank's batch.
+    out: dict[str, Any] = {"rank": rank, "batch_digests": [batch_digest(x) + batch_digest(y) for x, y in batches]}
     model = build_model(target, device, seed=MODEL_SEED)
     groups = _alias_groups(model)
     # Counted on the discovery model itself: it is dropped right after (never trained), so a
     # BatchNorm statistic its no_grad forward moves reaches nothing.
-    calls = _count_calls(model, to_device(shard(batches[0], rank, n, 1), device)[0][0])
+    calls = _count_calls(model, to_device(shard(batches[0], rank, n, 1), device)[0], target.compute_loss)
     shared = sorted({name for g in groups for name in g[:1]}
                     | {f"{m}.{p}" if m else p for m, c in calls.items() if c > 1
                        for p, _ in model.get_submodule(m).named_parameters(recurse=False)})
@@ -237,7 +243,14 @@ def _reference(model: Any, groups: list[list[str]], shared: list[str], batches: 
     batch (plain autograd on a copy of the broadcast weights), written to ``snapshots``."""
     from ._instruments import first_nonfinite
 
-    per_use = _per_use(model, groups, to_device([batches[0]], device)[0], target.compute_loss)
+    try:
+        per_use = _per_use(model, groups, to_device([batches[0]], device)[0], target.compute_loss)
+    except Exception as exc:  # noqa: BLE001 - the probe's own surgery, never the user's verdict
+        # Untying an alias is the suite's surgery on a copy, not how the target trains: a model
+        # that cannot be driven untied (its forward_loss reads the tie itself, a module that
+        # cannot be deep-copied) skips this part with the reason; the DDP comparison still runs.
+        per_use = [{"names": g, "per_use_skipped": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                   for g in groups]
     ref_model = copy.deepcopy(model)
     nonfinite = []
     for step, batch in enumerate(batches):
@@ -309,6 +322,21 @@ def run(ctx: CheckContext) -> Outcome:
             "no shared parameters: no tied aliases and no module called twice per forward, so "
             "there is no shared gradient to check",
             metrics={"key_figure": "no shared parameters", "shared_parameters": 0}, evidence=evidence)
+    other_data = next((v["rank"] for v in values if v.get("batch_digests") != head.get("batch_digests")), None)
+    if other_data is not None:
+        # Before comparing: rank 0's reference is of another batch than this rank's, so every
+        # difference below would be the data's, not the sharing's.
+        evidence["ranks_with_other_data"] = [v["rank"] for v in values
+                                             if v.get("batch_digests") != head.get("batch_digests")]
+        return Outcome.failed(
+            f"rank {other_data}'s data differs from rank 0's: make_batch drew a different global batch "
+            f"on rank {other_data} from the same seed, so no shared gradient can be compared with the "
+            f"reference — make_batch must draw only from its generator (state built differently per "
+            f"process, e.g. Python's random or a dataset split without a seeded generator, differs)",
+            metrics={"key_figure": f"rank {other_data}'s data differs", "shared": head["shared"],
+                     "shared_parameters": len(head["shared"])}, evidence=evidence,
+            recommendation="draw the batch in make_batch only from the generator it is given, and build "
+                           "any dataset it reads identically on every rank")
     bad = _first_nonfinite(head, values)
     if bad is not None:
         # Before anything else: a NaN gradient makes every later comparison (and the per-use

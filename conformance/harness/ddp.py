@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .batches import move, rows, take_rows
+
 # -- seeds --------------------------------------------------------------------------------
 # Named, because two sides of one experiment must agree on them by value: an N-rank run and
 # its single-process reference, or a scenario and the check that re-creates its data.
@@ -206,22 +208,23 @@ def global_batch(target: Any, batch_size: int, *, seed: int) -> tuple[Any, Any]:
 
 def shard(batch: tuple[Any, Any], rank: int, world_size: int,
           microbatches: int = 1) -> list[tuple[Any, Any]]:
-    """Rank r's contiguous rows [r·B/N, (r+1)·B/N), split into K contiguous microbatches."""
+    """Rank r's contiguous rows [r·B/N, (r+1)·B/N), split into K contiguous microbatches
+    (every tensor of inputs and targets sliced alike along dim 0: ``harness.batches``)."""
     inputs, targets = batch
-    size = inputs.shape[0]
+    size = rows(inputs)
     if size % (world_size * microbatches):
         raise ValueError(f"global batch {size} is not divisible by world_size={world_size} x "
                          f"microbatches={microbatches}")
     per_rank = size // world_size
     per_micro = per_rank // microbatches
     start = rank * per_rank
-    return [(inputs[start + i * per_micro:start + (i + 1) * per_micro],
-             targets[start + i * per_micro:start + (i + 1) * per_micro])
+    return [(take_rows(inputs, start + i * per_micro, start + (i + 1) * per_micro),
+             take_rows(targets, start + i * per_micro, start + (i + 1) * per_micro))
             for i in range(microbatches)]
 
 
 def to_device(batches: list[tuple[Any, Any]], device: Any) -> list[tuple[Any, Any]]:
-    return [(x.to(device), y.to(device)) for x, y in batches]
+    return [(move(x, device), move(y, device)) for x, y in batches]
 
 
 def rank_batch(target: Any, rank: int, world_size: int, *, seed: int, per_rank: int = 4,
@@ -231,7 +234,7 @@ def rank_batch(target: Any, rank: int, world_size: int, *, seed: int, per_rank: 
     batch = global_batch(target, batch_size or per_rank * world_size, seed=seed)
     (inputs, targets), = shard(batch, rank, world_size)
     if device is not None:
-        inputs, targets = inputs.to(device), targets.to(device)
+        inputs, targets = move(inputs, device), move(targets, device)
     return inputs, targets
 
 

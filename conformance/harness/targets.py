@@ -28,6 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
+from .batches import call_model, is_batch_part, tensors
 from .target_calls import (
     binds,
     blame,
@@ -98,7 +99,7 @@ def default_train_step(model: Any, optimizer: Any, microbatches: list[tuple[Any,
                        loss_fn: Callable[[Any, Any], Any]) -> None:
     """The textbook DDP step with ``loss_fn(model(inputs), targets)`` (what a target gets
     without a train_step; importable by targets that wrap it)."""
-    accumulate_step(model, optimizer, microbatches, lambda m, x, y: loss_fn(m(x), y))
+    accumulate_step(model, optimizer, microbatches, lambda m, x, y: loss_fn(call_model(m, x), y))
 
 
 def call_target(target: Any, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -160,12 +161,13 @@ class TargetCalls:
 
     def compute_loss(self, model: Any, inputs: Any, targets: Any) -> Any:
         """One microbatch's loss: ``forward_loss(model, (inputs, targets))`` when the target
-        defines it, else ``loss_fn(model(inputs), targets)``; a scalar tensor, or a TargetError."""
+        defines it, else ``loss_fn(model(inputs), targets)`` (``model(*inputs)`` for a tuple,
+        ``model(**inputs)`` for a dict: ``batches.call_model``); a scalar tensor, or a TargetError."""
         forward_loss = getattr(self, "forward_loss", None)
         if forward_loss is not None:
             loss = call_target(self, "forward_loss", forward_loss, model, (inputs, targets))
             return _scalar_loss(self, "forward_loss", forward_loss, loss)
-        outputs = call_target(self, "the model's forward", model, inputs)
+        outputs = call_target(self, "the model's forward", call_model, model, inputs)
         return self.checked_loss_fn(outputs, targets)
 
     def checked_loss_fn(self, outputs: Any, targets: Any) -> Any:
@@ -512,9 +514,8 @@ def build_model_checked(target: Target) -> Any:
 
 
 def make_batch_checked(target: Target, generator: Any, batch_size: int) -> tuple[Any, Any]:
-    """``target.make_batch(generator, batch_size)``, checked: two tensors of batch_size rows."""
-    import torch
-
+    """``target.make_batch(generator, batch_size)``, checked: (inputs, targets), each a tensor
+    or a tuple/list/dict of tensors (``harness.batches``), every tensor of batch_size rows."""
     try:
         batch = target.make_batch(generator, batch_size)
     except Exception as exc:
@@ -524,11 +525,13 @@ def make_batch_checked(target: Target, generator: Any, batch_size: int) -> tuple
         raise TargetError(f"target {target.name!r}: make_batch must return (inputs, targets), "
                           f"got {type(batch).__name__} ({SEE})")
     for part, value in zip(("inputs", "targets"), batch):
-        if not isinstance(value, torch.Tensor):
+        if not is_batch_part(value):
             raise TargetError(f"target {target.name!r}: make_batch returned {part} of type "
-                              f"{type(value).__name__}; both inputs and targets must be tensors ({SEE})")
-        if value.dim() == 0 or value.shape[0] != batch_size:
-            raise TargetError(f"target {target.name!r}: make_batch(generator, {batch_size}) returned "
-                              f"{part} with shape {tuple(value.shape)}; dim 0 must be the batch size "
-                              f"{batch_size} ({SEE})")
+                              f"{type(value).__name__}; inputs and targets must each be a tensor, or "
+                              f"a tuple/list/dict of tensors ({SEE})")
+        for tensor in tensors(value):
+            if tensor.dim() == 0 or tensor.shape[0] != batch_size:
+                raise TargetError(f"target {target.name!r}: make_batch(generator, {batch_size}) "
+                                  f"returned {part} with a tensor of shape {tuple(tensor.shape)}; "
+                                  f"dim 0 of every tensor must be the batch size {batch_size} ({SEE})")
     return batch[0], batch[1]

@@ -87,3 +87,79 @@ def test_nothing_to_cover_is_skipped(suite_session, target, reason):
     record = run_check(suite_session, "sampler-coverage", target)
     assert record.status == "skipped"
     assert record.message.startswith(reason)
+
+
+# -- sampling recognised from what was measured ------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["sampler_sequential", "sampler_stream_columns"])
+def test_sequential_order_by_design_passes_saying_so(suite_session, target):
+    # Unshuffled by design (DistributedSampler(shuffle=False); a stream read column by column,
+    # ascending batch by batch): every epoch repeats the order.
+    record = run_check(suite_session, "sampler-coverage", target)
+    assert record.status == "passed", record.message
+    assert "sequential order, no shuffling" in record.message
+    assert record.metrics["epochs_with_repeated_order"] == [1, 2]
+    assert record.metrics["order"] == "sequential"
+
+
+def test_shuffled_order_that_repeats_fails_without_a_distributed_sampler(suite_session):
+    # No DistributedSampler to read: the indices themselves show a shuffled order.
+    record = run_check(suite_session, "sampler-coverage", "sampler_shuffled_repeats")
+    assert record.status == "failed"
+    assert "the order is shuffled (" in record.message
+    assert "set_epoch(epoch)" in record.message
+    assert record.metrics["order"] == "shuffled"
+
+
+def test_undeclared_sampling_with_replacement_is_inconclusive_saying_how_to_declare(suite_session):
+    from conformance.harness.registry import BY_ID
+
+    from ._check_helpers import target_spec
+
+    record, _ = suite_session.run_check(BY_ID["sampler-coverage"], target_spec("sampler_undeclared_replacement"))
+    assert record.status == "inconclusive", record.message
+    assert "looks like sampling with replacement" in record.message
+    assert 'sampling = "with-replacement"' in record.message
+    assert "no known cause" not in record.message
+    assert max(record.evidence["epoch_batches"]["epochs"][0]["repeats_within_rank"]) > 1
+
+
+def test_ranks_building_the_same_samples_from_different_indices_fail(suite_session):
+    record = run_check(suite_session, "sampler-coverage", "sampler_same_seed_pairs")
+    assert record.status == "failed"
+    assert "build the same samples from different indices" in record.message
+    found = record.evidence["epoch_batches"]["same_built"]
+    assert found["rank"] == 1 and found["matches"] >= 2 and found["redraw_differs"] is True
+    # The indices alone are a perfect DistributedSampler: no duplicate, nothing missing.
+    assert record.metrics["duplicates_per_epoch"] == [0, 0, 0]
+
+
+def test_values_alike_by_chance_are_not_ranks_building_alike():
+    from conformance.checks._order import same_built
+    from conformance.checks._pipeline import RankEpoch
+
+    def epoch(rank, contents):
+        return RankEpoch(list(range(rank, 2 * len(contents), 2)), 2, contents=contents)
+
+    # A dataset of one constant sample: equal everywhere, within a rank too — chance, not a bug.
+    constant = [epoch(r, [("c", f"y{r}{i}") for i in range(8)]) for r in range(2)]
+    assert same_built(constant) is None
+    # A field drawn from a pool of 4 values: collisions within each rank predict those across.
+    small_pool = [epoch(r, [(f"v{(i * (r + 1)) % 4}",) for i in range(8)]) for r in range(2)]
+    assert same_built(small_pool) is None
+    # The same distinct values on both ranks, out of step (a stream consumed unevenly): caught.
+    shifted = [epoch(0, [(f"x{i}",) for i in range(16)]), epoch(1, [(f"x{i + 2}",) for i in range(16)])]
+    found = same_built(shifted)
+    assert found is not None and (found.field, found.matches, found.compared) == (0, 14, 16)
+
+
+def test_a_dataset_that_cannot_build_outside_its_loader_is_not_compared():
+    from conformance.checks._pipeline import built_contents
+
+    class OpensInWorkers:
+        def __getitem__(self, index):
+            raise RuntimeError("file handle not opened: worker_init_fn did not run")
+
+    # The suite's own look, not the user's training: skipped (nothing compared), never raised.
+    assert built_contents(OpensInWorkers(), [0, 1, 2]) == ([], None)

@@ -37,3 +37,19 @@ def test_nan_gradient_of_a_tied_weight_fails_on_its_own(suite_session):
     assert record.status == "failed"
     assert record.message.startswith("non-finite gradient (NaN/Inf) of shared parameter 'embed.weight'")
     assert "single-process reference" in record.message and "lost" not in record.message
+
+
+def test_a_probe_that_cannot_drive_the_model_is_skipped_with_its_reason(suite_session):
+    # forward_loss refuses the untied copy the per-use probe builds: that part is skipped with
+    # the reason, the DDP comparison still runs and passes.
+    record = run_check(suite_session, "shared-weights", "tied_reads_its_tie")
+    assert record.status == "passed", record.message
+    (group,) = record.evidence["tied"]
+    assert "must share one weight" in group["per_use_skipped"]
+
+
+def test_a_batch_that_differs_per_rank_is_named_not_blamed_on_the_tie(suite_session):
+    record = run_check(suite_session, "shared-weights", "tied_batch_per_rank")
+    assert record.status == "failed"
+    assert record.message.startswith("rank 1's data differs from rank 0's: make_batch drew a different global batch")
+    assert record.evidence["ranks_with_other_data"] == [1]

@@ -22,7 +22,7 @@ CASES = {
     "missing_function": ("bad_missing_loss", "does not define loss_fn()"),
     "syntax_error": (None, "has a syntax error at line 3"),
     "build_raises": ("bad_build_raises", "build_model() raised RuntimeError: checkpoint weights.pt not found"),
-    "batch_not_tensors": ("bad_batch_not_tensor", "inputs of type list; both inputs and targets must be tensors"),
+    "batch_not_tensors": ("bad_batch_not_tensor", "inputs of type list; inputs and targets must each be a tensor, or a tuple/list/dict of tensors"),
     "batch_not_divisible": ("bad_batch_size", "global_batch_size=7 is not divisible by world_size=2"),
     "step_signature": (MINE / "bad_step_signature.py",
                        "train_step must be callable as train_step(model, optimizer, microbatches, "
