@@ -147,9 +147,9 @@ def test_no_run_loop_and_attach_mode_skip_without_starting_a_world() -> None:
 
     from conformance.checks.resume_equivalence import run
 
-    no_loop = SimpleNamespace(target=SimpleNamespace(run_loop=None, spec="mlp"), new_world=None)
+    no_loop = SimpleNamespace(target=SimpleNamespace(has=lambda name: False, spec="mlp"), new_world=None)
     assert run(no_loop).message.startswith("the target defines no run_loop")  # type: ignore[arg-type]
-    attached = SimpleNamespace(target=SimpleNamespace(run_loop=print, spec="train.py"), new_world=None)
+    attached = SimpleNamespace(target=SimpleNamespace(has=lambda name: name == "run_loop", spec="train.py"), new_world=None)
     outcome = run(attached)  # type: ignore[arg-type]
     assert outcome.status == "skipped"
     assert outcome.message.startswith("under --attach the launcher (torchrun, srun) owns the restart")
