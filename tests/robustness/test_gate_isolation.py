@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,15 +55,21 @@ def test_a_hostile_import_and_a_dataloader_step_cannot_reach_the_gate(tmp_path: 
     outlived the run), os.chdir with a relative --report-dir (the report went elsewhere,
     exit 3) at import, and DataLoader(num_workers=2) + Pool in train_step (exit 2, "daemonic
     processes are not allowed to have children"). Correct code: READY, report where named."""
-    project = tmp_path / "project"
-    project.mkdir()
-    run = Run(["run", "--report-dir", "out", "--backend", "gloo", "--target", HOSTILE,
-               "--checks", "rank-consistency"], tmp_path, cwd=project)
-    done = run.wait(timeout=90)
-    assert done.code == 0, f"exit {done.code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    _one_line(done, r"verdict ready")
-    assert json.loads((project / "out" / "report.json").read_text())["verdict"] == "ready"
-    _assert_clean(run)
+    # A short work dir: the DataLoader workers' fd-passing socket lives under TMPDIR, and an
+    # AF_UNIX path is at most 108 bytes (pytest-xdist's tmp_path is long enough to pass it).
+    short = Path(tempfile.mkdtemp(prefix="gi-", dir="/tmp"))
+    try:
+        project = short / "project"
+        project.mkdir()
+        run = Run(["run", "--report-dir", "out", "--backend", "gloo", "--target", HOSTILE,
+                   "--checks", "rank-consistency"], short, cwd=project)
+        done = run.wait(timeout=90)
+        assert done.code == 0, f"exit {done.code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        _one_line(done, r"verdict ready")
+        assert json.loads((project / "out" / "report.json").read_text())["verdict"] == "ready"
+        _assert_clean(run)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_sigterm_to_the_gate_ends_the_run_whatever_the_target_traps(tmp_path: Path) -> None:
