@@ -150,7 +150,7 @@ def run_size(label: str, path: str, checks: list[str], deadline: float) -> list[
     from conformance.harness.resources import model_size
     from conformance.harness.session import Session, Settings
     from conformance.harness.targets import load_target
-    from reports.keys import SUPERVISOR_PEAK_RSS, TREE_PEAK_RSS
+    from ddp_conformance.reports.keys import SUPERVISOR_PEAK_RSS, TREE_PEAK_RSS
 
     size = model_size(load_target(path))
     if size is None:

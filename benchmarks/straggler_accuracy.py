@@ -26,8 +26,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from conformance.harness.session import Session, Settings
-    from faults.checks.straggler import VEHICLE, measure
-    from faults.injectors import SlowRank
+    from ddp_conformance.faults.checks.straggler import VEHICLE, measure
+    from ddp_conformance.faults.injectors import SlowRank
 
     session = Session(Settings(backend=args.backend, world_size=args.world_size))
     try:

@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
-from reports.verdict import EXIT_INCONCLUSIVE, EXIT_NOT_READY, EXIT_READY, EXIT_USAGE
+from ddp_conformance.reports.verdict import EXIT_INCONCLUSIVE, EXIT_NOT_READY, EXIT_READY, EXIT_USAGE
 
 from .harness.registry import CHECKS, SUITES, select
 from .harness.timing import DEFAULT_DEADLINE_S, MAX_DEADLINE_S
@@ -117,8 +117,8 @@ def _list() -> int:
 
 
 def _report(directory: Path) -> int:
-    from reports.render import write_reports
-    from reports.verdict import exit_code
+    from ddp_conformance.reports.render import write_reports
+    from ddp_conformance.reports.verdict import exit_code
 
     if not str(directory):
         raise UsageError("report needs the --report-dir of a run, not an empty path")
@@ -236,7 +236,7 @@ def _check_writable(directory: Path) -> None:
 
 def _own(directory: Path) -> None:
     """Lock the report dir for this run (held until the process exits)."""
-    from reports.store import ReportDirBusy, ResultStore
+    from ddp_conformance.reports.store import ReportDirBusy, ResultStore
 
     try:
         ResultStore(directory).lock()
@@ -259,7 +259,7 @@ def _plugin_args() -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     import pytest
 
-    from reports.store import new_run_id
+    from ddp_conformance.reports.store import new_run_id
 
     backend, world_size = _validate(args)
     report_dir = Path(args.report_dir)
@@ -338,7 +338,7 @@ def _verdict_exit(report_dir: Path, run_id: str, pytest_code: int, *, requested:
     """The exit code from *this* run's report, cross-checked with pytest's own status."""
     import json
 
-    from reports.verdict import exit_code
+    from ddp_conformance.reports.verdict import exit_code
 
     def inconclusive(why: str) -> int:
         print(f"ddp-conformance: {why}; the run is inconclusive (exit {EXIT_INCONCLUSIVE})",

@@ -75,7 +75,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # Resolved now, before anything of the user's runs: the report goes where it was named.
         config.option.ddp_report_dir = os.path.abspath(config.getoption("--ddp-report-dir"))
     if config.getoption("--ddp-report-dir", None) and _is_writer(config):
-        from reports.store import ReportDirBusy
+        from ddp_conformance.reports.store import ReportDirBusy
 
         try:
             writer = _ReportWriter(config)
@@ -226,7 +226,7 @@ class _ReportWriter:
     """Streams records to DIR/results.jsonl as they arrive and renders the report at the end."""
 
     def __init__(self, config: pytest.Config) -> None:
-        from reports.store import ResultStore
+        from ddp_conformance.reports.store import ResultStore
 
         self.config = config
         self.store = ResultStore(config.getoption("--ddp-report-dir"))
@@ -266,7 +266,7 @@ class _ReportWriter:
         try:
             settings = settings_from(config)
             meta.update(backend=settings.backend, world_size=settings.world_size)
-            from reports.environment import collect
+            from ddp_conformance.reports.environment import collect
 
             meta["environment"] = collect(backend=settings.backend, world_size=settings.world_size)
         except Exception as exc:  # the run goes on; the report says what could not be read
@@ -275,7 +275,7 @@ class _ReportWriter:
         self._write(session, self.store.start, meta)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from reports.schema import CheckRecord, Event
+        from ddp_conformance.reports.schema import CheckRecord, Event
 
         props = {str(k): str(v) for k, v in report.user_properties}
         if RECORD_KEY in props and report.when == "call":
@@ -318,7 +318,7 @@ class _ReportWriter:
             self._write(None, self.store.update_meta, **extra)  # not finished: incomplete
         else:
             self._write(None, self.store.finish, **extra)
-        from reports.render import write_reports
+        from ddp_conformance.reports.render import write_reports
 
         try:
             report = write_reports(self.store.dir)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from reports.schema import Event
+from ddp_conformance.reports.schema import Event
 
 if TYPE_CHECKING:
     from conformance.harness.context import CheckContext

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("conformance", "faults", "reports")
+PACKAGES = ("conformance", "faults", "reports", "ddp_conformance")
 BIN = Path(sys.executable).parent
 
 
@@ -44,14 +44,15 @@ def test_the_layer_contracts_are_kept() -> None:
 
 
 @pytest.mark.parametrize(("module", "back_import"), [
-    ("conformance/harness/outcome.py", "import faults.checks.straggler"),      # harness -> a family
+    ("conformance/harness/outcome.py", "import ddp_conformance.faults.checks.straggler"),  # harness -> a family
     ("reports/verdict.py", "import conformance.harness.registry"),             # reports -> harness
     ("faults/diagnosis.py", "import conformance.checks._compare"),             # family -> sibling family
     ("conformance/targets/mlp.py", "import conformance.harness.ddp"),          # a built-in -> the suite
 ])
 def test_a_back_import_breaks_the_contract(tmp_path: Path, module: str, back_import: str) -> None:
     for package in PACKAGES:
-        shutil.copytree(ROOT / package, tmp_path / package,
+        # symlinks=True: ddp_conformance/ links to faults/ and reports/, and must in the copy too.
+        shutil.copytree(ROOT / package, tmp_path / package, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     target = tmp_path / module
@@ -60,6 +61,8 @@ def test_a_back_import_breaks_the_contract(tmp_path: Path, module: str, back_imp
     assert result.returncode == 1, result.stdout + result.stderr
     assert "BROKEN" in result.stdout
     importer = module.removesuffix(".py").replace("/", ".")
+    if not importer.startswith("conformance."):  # faults/ and reports/ import as ddp_conformance.*
+        importer = f"ddp_conformance.{importer}"
     assert importer in result.stdout, result.stdout
 
 
@@ -125,3 +128,16 @@ def test_every_cited_readme_section_exists() -> None:
     missing = [f"{source.relative_to(ROOT)} cites README section {m.group(1)!r}"
                for source, m in cites if m.group(1).strip() not in headings]
     assert not missing, "\n".join(missing) + f"\nREADME headings: {sorted(headings)}"
+
+
+_BARE = re.compile(r"^\s*(?:from|import)\s+(?:faults|reports)(?:[.\s]|$)", re.M)
+
+
+def test_nothing_imports_the_bare_faults_or_reports_names() -> None:
+    """faults/ and reports/ import as ``ddp_conformance.faults``/``ddp_conformance.reports``
+    (ddp_conformance/__init__.py): a bare ``import reports`` would load a second copy of the
+    module beside the namespaced one in a source checkout, and a user's own ``reports``
+    package in an installed one."""
+    offenders = [str(path.relative_to(ROOT)) for path in _tracked_text_files()
+                 if path.suffix == ".py" and not path.is_symlink() and _BARE.search(path.read_text())]
+    assert not offenders, f"import ddp_conformance.faults / ddp_conformance.reports instead in: {offenders}"

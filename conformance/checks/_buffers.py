@@ -26,7 +26,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from reports.keys import REMEDIES
+from ddp_conformance.reports.keys import REMEDIES
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from reports.keys import FEATURES, REMEDIES
+from ddp_conformance.reports.keys import FEATURES, REMEDIES
 
 from ..harness.context import CheckContext
 from ..harness.features import checkpointed_module_name

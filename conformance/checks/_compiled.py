@@ -43,7 +43,7 @@ import sysconfig
 from collections.abc import Iterator
 from typing import Any
 
-from reports.keys import COMPILED, DDP_BUCKET_SPLITS, GRAPH_BREAKS
+from ddp_conformance.reports.keys import COMPILED, DDP_BUCKET_SPLITS, GRAPH_BREAKS
 
 #: The forms, as the record names them.
 WRAPPER = "torch.compile(ddp_model)"
@@ -109,7 +109,8 @@ def _framework_dirs() -> tuple[str, ...]:
     suite = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
             os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
-            os.path.join(suite, "conformance") + os.sep, os.path.join(suite, "faults") + os.sep)
+            os.path.join(suite, "conformance") + os.sep, os.path.join(suite, "faults") + os.sep,
+            os.path.join(suite, "ddp_conformance") + os.sep)
 
 
 def _user_site(frames: list[Any], framework: tuple[str, ...]) -> str | None:

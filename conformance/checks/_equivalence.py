@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from reports.keys import (
+from ddp_conformance.reports.keys import (
     BATCHNORM_PER_RANK,
     DATASET_DIFFERS_ON_RANKS,
     DDP_BYPASSED,

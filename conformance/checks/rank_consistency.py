@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from reports.keys import FEATURES, NONFINITE, VERIFIED
+from ddp_conformance.reports.keys import FEATURES, NONFINITE, VERIFIED
 
 from ..harness.context import CheckContext
 from ..harness.ddp import (

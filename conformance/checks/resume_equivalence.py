@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from reports.keys import RESUME_TRAJECTORIES, VERIFIED, WARNINGS
+from ddp_conformance.reports.keys import RESUME_TRAJECTORIES, VERIFIED, WARNINGS
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome

@@ -52,7 +52,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS, VERIFIED
+from ddp_conformance.reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS, VERIFIED
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome

@@ -44,7 +44,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from reports.keys import NONFINITE, VERIFIED
+from ddp_conformance.reports.keys import NONFINITE, VERIFIED
 
 from ..harness.batches import digest as batch_digest
 from ..harness.context import CheckContext

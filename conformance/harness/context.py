@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from reports.schema import Event
+from ddp_conformance.reports.schema import Event
 
 from .registry import CheckSpec
 from .targets import TargetInfo

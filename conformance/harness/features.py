@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from reports.configuration import FEATURE_LABELS
+from ddp_conformance.reports.configuration import FEATURE_LABELS
 
 #: The features, in the order the report's configuration table lists them.
 FEATURES = tuple(FEATURE_LABELS)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from reports.schema import STATUSES
+from ddp_conformance.reports.schema import STATUSES
 
 
 @dataclass(frozen=True, slots=True)

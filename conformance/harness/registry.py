@@ -70,25 +70,25 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec(
         "unused-parameters", "Unused parameters", "chaos",
         "conditional branches found; configured ddp_kwargs reproduce the hang/error; find_unused_parameters cost measured",
-        "faults.checks.unused_parameters:run",
+        "ddp_conformance.faults.checks.unused_parameters:run",
         suites=frozenset({"full"}),
     ),
     CheckSpec(
         "straggler", "Straggler", "chaos",
         "an injected slow rank is named and its cost measured; natural per-rank imbalance reported",
-        "faults.checks.straggler:run",
+        "ddp_conformance.faults.checks.straggler:run",
         suites=frozenset({"full"}),
     ),
     CheckSpec(
         "bucket-config", "Bucket configuration", "chaos/perf",
         "bucket-size sweep curve, best size, the configured size's penalty, bad configs reproduced",
-        "faults.checks.bucket_config:run",
+        "ddp_conformance.faults.checks.bucket_config:run",
         suites=frozenset({"full"}), slow=True,
     ),
     CheckSpec(
         "hang-detection", "Hang detection", "chaos",
         "hangs (injected, and in the target's run_loop) detected within the deadline with culprit rank and collective",
-        "faults.checks.hang_detection:run",
+        "ddp_conformance.faults.checks.hang_detection:run",
     ),
     CheckSpec(
         "allreduce-bandwidth", "All-reduce bandwidth", "perf",

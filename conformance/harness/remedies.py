@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from reports.keys import REMEDIES
-from reports.recommend import DID_NOT_FIX, NOT_VERIFIED, VERIFIED
+from ddp_conformance.reports.keys import REMEDIES
+from ddp_conformance.reports.recommend import DID_NOT_FIX, NOT_VERIFIED, VERIFIED
 
 from .targets import TargetError
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from reports.keys import (
+from ddp_conformance.reports.keys import (
     MODEL_BYTES,
     MODEL_PARAMETERS,
     SUPERVISOR_PEAK_RSS,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from reports.keys import REMEDIES
+from ddp_conformance.reports.keys import REMEDIES
 
 from .outcome import Outcome
 

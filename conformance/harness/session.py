@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reports.keys import EXHAUSTED
-from reports.schema import CheckRecord
+from ddp_conformance.reports.keys import EXHAUSTED
+from ddp_conformance.reports.schema import CheckRecord
 
 from .context import CheckContext
 from .exhaustion import exhausted

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from reports.keys import CLIFF_WORLD_SIZE, SIMULATOR_ERROR, WARNINGS
-from reports.units import fmt_bytes
+from ddp_conformance.reports.keys import CLIFF_WORLD_SIZE, SIMULATOR_ERROR, WARNINGS
+from ddp_conformance.reports.units import fmt_bytes
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reports.units import fmt_bytes
+from ddp_conformance.reports.units import fmt_bytes
 
 GB = 1e9
 

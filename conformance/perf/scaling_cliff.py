@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reports.keys import (
+from ddp_conformance.reports.keys import (
     CLIFF_KNEE,
     CLIFF_MAX_ERROR,
     CLIFF_RATIO,
@@ -55,7 +55,7 @@ from reports.keys import (
     CLIFF_VALIDATED,
     LINK_PROJECTION,
 )
-from reports.units import fmt_bytes
+from ddp_conformance.reports.units import fmt_bytes
 
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome

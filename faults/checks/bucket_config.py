@@ -40,7 +40,7 @@ from conformance.harness.ddp import BUCKET_MISMATCH_DATA_SEED, BUCKET_SWEEP_DATA
 from conformance.harness.outcome import Outcome
 from conformance.harness.remedies import Remedy, Rerun, verify
 from conformance.harness.timing import MISMATCH_DEADLINE_CAP_S, MISMATCH_PG_TIMEOUT_S
-from reports.keys import BEST_BUCKET_CAP_MB, CONFIGURED_BUCKET_CAP_MB, REMEDIES
+from ddp_conformance.reports.keys import BEST_BUCKET_CAP_MB, CONFIGURED_BUCKET_CAP_MB, REMEDIES
 
 from .._log import Injection, InjectionLog, read_injections, record_injections
 from ..injectors import BucketConfig

@@ -35,7 +35,7 @@ from typing import Any
 from conformance.harness.context import CheckContext
 from conformance.harness.outcome import Outcome
 from conformance.harness.timing import DETECTION_SLACK_S, STALL_DEADLINE_S
-from reports.keys import CULPRIT_RANK, FEATURES
+from ddp_conformance.reports.keys import CULPRIT_RANK, FEATURES
 
 from .._log import record_injections
 from ..injectors import (

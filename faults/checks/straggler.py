@@ -27,7 +27,7 @@ from conformance.harness.context import CheckContext
 from conformance.harness.ddp import STRAGGLER_DATA_SEED
 from conformance.harness.outcome import Outcome
 from conformance.harness.timing import DEFAULT_DEADLINE_S
-from reports.keys import CULPRIT_RANK
+from ddp_conformance.reports.keys import CULPRIT_RANK
 
 from .._log import InjectionLog, record_injections
 from ..diagnosis import STRAGGLER_THRESHOLD, StragglerVerdict, score_stragglers

@@ -52,7 +52,7 @@ from conformance.harness.remedies import (
     verify,
 )
 from conformance.harness.targets import TargetError
-from reports.keys import FIND_UNUSED_TAX, REMEDIES, UNUSED_TABLE
+from ddp_conformance.reports.keys import FIND_UNUSED_TAX, REMEDIES, UNUSED_TABLE
 
 from .._log import InjectionLog, record_injections
 from ..injectors import ConditionalBranch

@@ -5,7 +5,7 @@ strides, and forward_sync_buffers=False re-run against the reference."""
 from __future__ import annotations
 
 from conformance.harness.remedies import NOT_VERIFIED, VERIFIED
-from reports.keys import REMEDIES
+from ddp_conformance.reports.keys import REMEDIES
 
 from ._check_helpers import run_check
 

@@ -26,7 +26,7 @@ from conformance.checks._checkpointing import (
 )
 from conformance.harness.registry import BY_ID
 from conformance.harness.remedies import DID_NOT_FIX, VERIFIED, verify
-from reports.keys import REMEDIES
+from ddp_conformance.reports.keys import REMEDIES
 
 from ..examples._variants import variant
 

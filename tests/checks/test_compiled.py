@@ -20,7 +20,7 @@ from conformance.checks._compiled import (
     compiled_form,
     watch_compile,
 )
-from reports.keys import COMPILED, DDP_BUCKET_SPLITS, GRAPH_BREAKS
+from ddp_conformance.reports.keys import COMPILED, DDP_BUCKET_SPLITS, GRAPH_BREAKS
 
 
 class Logs(nn.Module):

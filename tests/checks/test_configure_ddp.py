@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from reports.keys import FEATURES
+from ddp_conformance.reports.keys import FEATURES
 from tests.checks._check_helpers import run_check, target_spec
 
 ONCE = "can only be called once"
@@ -75,7 +75,7 @@ def _rank_side(rank_ctx: Any, loop_spec: str) -> dict[str, Any]:
     from conformance.harness.comm_hooks import ddp_of, user_hook
     from conformance.harness.ddp import LoopContext, configure, counting_allreduce
     from conformance.harness.targets import TargetError, load_target
-    from faults.tracker import CollectiveTracker
+    from ddp_conformance.faults.tracker import CollectiveTracker
 
     out: dict[str, Any] = {}
     # A built-in (C++) hook: its Python twin sits inside the chain, rounds still counted.

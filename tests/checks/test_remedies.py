@@ -17,9 +17,9 @@ from conformance.harness.remedies import (
     verify,
 )
 from conformance.harness.targets import TargetError
-from reports.keys import REMEDIES
-from reports.recommend import recommend, verification
-from reports.schema import CheckRecord
+from ddp_conformance.reports.keys import REMEDIES
+from ddp_conformance.reports.recommend import recommend, verification
+from ddp_conformance.reports.schema import CheckRecord
 
 
 def test_a_rerun_that_passes_is_a_verified_fix() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from conformance.harness.outcome import Outcome
 from conformance.harness.root_cause import BLOCKED_BY, RootCauses, signature
-from reports.keys import REMEDIES
+from ddp_conformance.reports.keys import REMEDIES
 
 ERROR = ("raised RuntimeError: Expected to have finished reduction in the prior iteration before "
          "starting a new one. This error indicates that your module has parameters that were not used")

@@ -74,7 +74,7 @@ def test_a_report_dir_with_a_directory_for_results_exits_2(tmp_path, capsys) -> 
 
 
 def test_report_of_a_nan_line_is_inconclusive_with_one_line(tmp_path, capsys) -> None:
-    from reports import CheckRecord, ResultStore
+    from ddp_conformance.reports import CheckRecord, ResultStore
 
     store = ResultStore(tmp_path)
     store.start({"target": "mlp", "checks_selected": ["gradient-equivalence"]})
@@ -90,7 +90,7 @@ def test_report_of_a_nan_line_is_inconclusive_with_one_line(tmp_path, capsys) ->
 def test_report_into_a_read_only_dir_exits_2_with_one_line(tmp_path, capsys) -> None:
     import os
 
-    from reports import CheckRecord, ResultStore
+    from ddp_conformance.reports import CheckRecord, ResultStore
 
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only directories; run as a normal user to see this")

@@ -16,7 +16,7 @@ import re
 import pytest
 
 from conformance.harness.registry import BY_ID
-from faults.scenarios import Scenario
+from ddp_conformance.faults.scenarios import Scenario
 
 from ._variants import EXAMPLES, variant
 
@@ -70,7 +70,7 @@ def test_join_completes_and_the_hang_without_it_is_shown(suite_session):
     assert [e["scenario"] for e in record.evidence["scenarios"]] == ["target-run_loop", "target-run_loop-without-join"]
     assert record.metrics["key_figure"] == "no hang; Join prevents one"
     # In the report's configuration table, the Join row names the checks that verified it.
-    from reports.configuration import tables
+    from ddp_conformance.reports.configuration import tables
 
     table, = tables({"checks": [record.to_json()]})
     join_row = next(row for row in table.rows if row.feature == "Join")

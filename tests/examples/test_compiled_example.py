@@ -19,7 +19,7 @@ import pytest
 
 from conformance.checks._compiled import MODULE, WRAPPER
 from conformance.harness.registry import BY_ID
-from reports.keys import COMPILED, DDP_BUCKET_SPLITS, GRAPH_BREAKS, WARNINGS
+from ddp_conformance.reports.keys import COMPILED, DDP_BUCKET_SPLITS, GRAPH_BREAKS, WARNINGS
 
 from ._variants import variant
 

@@ -14,7 +14,7 @@ def nccl_flight_summary(ctx: RankContext) -> dict[str, Any] | None:
     import torch
     import torch.distributed as dist
 
-    from faults import _flight
+    from ddp_conformance.faults import _flight
 
     since = time.time_ns()
     t = torch.ones(8, device=ctx.device)
@@ -36,7 +36,7 @@ def spin_delay_cost(ctx: RankContext, slow_rank: int, seconds: float) -> dict[st
     import torch
     import torch.distributed as dist
 
-    from faults.injectors import delay
+    from ddp_conformance.faults.injectors import delay
 
     t = torch.ones(1024, device=ctx.device)
     dist.all_reduce(t)  # warm-up: NCCL's communicator is created lazily on the first call

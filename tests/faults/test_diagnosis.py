@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from faults.diagnosis import (
+from ddp_conformance.faults.diagnosis import (
     RankState,
     barrier_culprits,
     diagnose_hang,

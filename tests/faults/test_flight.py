@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from faults import _flight
+from ddp_conformance.faults import _flight
 
 
 def _entry(pg: str, seq: int, created: int, op: str = "gloo:all_reduce", retired: bool = True) -> dict[str, Any]:

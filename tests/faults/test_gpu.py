@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from faults import _flight
+from ddp_conformance.faults import _flight
 
 from . import _work
 
@@ -38,7 +38,7 @@ def test_nccl_flight_recorder_records_the_all_reduce(nccl_world: Any) -> None:
 
 
 def test_slow_rank_delay_is_device_time_the_all_reduce_waits_for(nccl_world: Any) -> None:
-    """faults.injectors.delay on CUDA is a device spin (torch.cuda._sleep): the slow rank's
+    """ddp_conformance.faults.injectors.delay on CUDA is a device spin (torch.cuda._sleep): the slow rank's
     host returns at once, and its peer's all-reduce completes only after the spin."""
     seconds = 0.5
     peer, slow = (r.value for r in nccl_world.run(_work.spin_delay_cost, 1, seconds))

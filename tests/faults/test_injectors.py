@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from faults._log import InjectionLog, read_injections
-from faults.injectors import (
+from ddp_conformance.faults._log import InjectionLog, read_injections
+from ddp_conformance.faults.injectors import (
     BucketConfig,
     ConditionalBranch,
     DeadRank,

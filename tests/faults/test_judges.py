@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from conformance.harness.world import RankResult
-from faults import HangDiagnosis, Injection, RankState, score_stragglers
-from faults.checks import bucket_config, hang_detection, straggler, unused_parameters
-from faults.scenarios import Scenario, ScenarioResult
+from ddp_conformance.faults import HangDiagnosis, Injection, RankState, score_stragglers
+from ddp_conformance.faults.checks import bucket_config, hang_detection, straggler, unused_parameters
+from ddp_conformance.faults.scenarios import Scenario, ScenarioResult
 
 T0 = 1_700_000_000.0  # a wall-clock second, as time.time() gives it
 

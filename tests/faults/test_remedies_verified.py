@@ -12,9 +12,9 @@ import pytest
 from conformance.harness.registry import BY_ID
 from conformance.harness.remedies import DID_NOT_FIX, NOT_VERIFIED, VERIFIED, verify
 from conformance.harness.world import World
-from faults.checks.bucket_config import judge_side_by_side
-from faults.checks.unused_parameters import verify_change
-from reports.keys import REMEDIES
+from ddp_conformance.faults.checks.bucket_config import judge_side_by_side
+from ddp_conformance.faults.checks.unused_parameters import verify_change
+from ddp_conformance.reports.keys import REMEDIES
 from tests.examples._variants import EXAMPLES, variant
 
 from .conftest import fault_target

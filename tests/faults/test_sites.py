@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from faults import (
+from ddp_conformance.faults import (
     PHASES,
     SITE_KINDS,
     BucketConfig,
@@ -28,11 +28,11 @@ from faults import (
     StalledRank,
     UnevenBatches,
 )
-from faults import injectors as injectors_module
-from faults._log import read_injections, record_injections
-from faults.scenarios import Scenario
-from faults.sites import NO_FAULT, faulted_step
-from reports.schema import Event
+from ddp_conformance.faults import injectors as injectors_module
+from ddp_conformance.faults._log import read_injections, record_injections
+from ddp_conformance.faults.scenarios import Scenario
+from ddp_conformance.faults.sites import NO_FAULT, faulted_step
+from ddp_conformance.reports.schema import Event
 
 ROOT = Path(__file__).resolve().parents[2]
 

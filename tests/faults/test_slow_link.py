@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from conformance.harness.world import LinkShape, PrivateNetwork, unavailable_reason
-from faults import PHASES, SITE_KINDS, InjectionLog, Site, SlowLink
+from ddp_conformance.faults import PHASES, SITE_KINDS, InjectionLog, Site, SlowLink
 
 
 class _FakeLink:

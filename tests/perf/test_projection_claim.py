@@ -18,8 +18,8 @@ import pytest
 
 from conformance.perf.allreduce_bandwidth import SIMULATOR_ERROR_BOUND, judge, measure
 from conformance.perf.alphabeta import ring_allreduce_time
-from reports import keys
-from reports.recommend import recommend
+from ddp_conformance.reports import keys
+from ddp_conformance.reports.recommend import recommend
 
 WIDE = str(Path(__file__).with_name("wide_target.py"))
 SIZES = [4096 << k for k in range(0, 9, 2)]

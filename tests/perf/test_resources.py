@@ -17,7 +17,7 @@ from conformance.harness.resources import (
     size_metrics,
     tree_rss_bytes,
 )
-from reports.keys import MODEL_BYTES, MODEL_PARAMETERS
+from ddp_conformance.reports.keys import MODEL_BYTES, MODEL_PARAMETERS
 
 MIB = 1 << 20
 
@@ -133,7 +133,7 @@ def test_run_check_records_cost_and_model_size_with_progress() -> None:
     from conformance.harness import resources
     from conformance.harness.registry import CheckSpec
     from conformance.harness.session import Session, Settings
-    from reports.keys import SUPERVISOR_PEAK_RSS, TREE_PEAK_RSS
+    from ddp_conformance.reports.keys import SUPERVISOR_PEAK_RSS, TREE_PEAK_RSS
 
     spec = CheckSpec("cost-probe", "Cost probe", "conformance", "allocates",
                      entry=f"{__name__}:_allocating_check")
@@ -161,7 +161,7 @@ def test_the_model_is_counted_on_a_rank_never_in_the_supervisor(tmp_path: Path) 
 
     from conformance.harness.registry import CheckSpec
     from conformance.harness.session import Session, Settings
-    from reports.keys import MODEL_PARAMETERS
+    from ddp_conformance.reports.keys import MODEL_PARAMETERS
 
     pids = tmp_path / "build_pids.txt"
     target = tmp_path / "pid_target.py"

@@ -17,7 +17,7 @@ from conformance.harness.world import NetworkUnavailable, unavailable_reason
 from conformance.perf import cliff_model as cm
 from conformance.perf import scaling_cliff
 from conformance.perf.scaling_cliff import SweepData, judge
-from reports import keys
+from ddp_conformance.reports import keys
 
 NBYTES = [4096, 8192, 16384]  # three gradients, one bucket
 FORWARD, BACKWARD, ALPHA, DDP_COST = 0.002, 0.004, 100e-6, 0.0005

@@ -85,7 +85,7 @@ def test_unknown_check_id_is_a_usage_error(pytester: pytest.Pytester) -> None:
 def test_a_report_dir_owned_by_a_live_run_is_a_usage_error(pytester: pytest.Pytester, tmp_path) -> None:
     import os
 
-    from reports.store import ResultStore
+    from ddp_conformance.reports.store import ResultStore
 
     owned = tmp_path / "owned"
     ResultStore(owned).lock()  # this process is the live owner

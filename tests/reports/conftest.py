@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from reports.render import write_reports
+from ddp_conformance.reports.render import write_reports
 from tests.reports.sample import write_sample_run
 
 

@@ -20,10 +20,10 @@ import random
 import sys
 from typing import Any
 
-from reports import keys
-from reports.environment import settings
-from reports.schema import CheckRecord, Event
-from reports.store import ResultStore
+from ddp_conformance.reports import keys
+from ddp_conformance.reports.environment import settings
+from ddp_conformance.reports.schema import CheckRecord, Event
+from ddp_conformance.reports.store import ResultStore
 
 T0 = 1_750_000_000.0
 WORLD = 8

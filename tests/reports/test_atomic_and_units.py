@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from reports import atomic
-from reports.atomic import atomic_write_text
-from reports.units import fmt_bytes
+from ddp_conformance.reports import atomic
+from ddp_conformance.reports.atomic import atomic_write_text
+from ddp_conformance.reports.units import fmt_bytes
 
 
 def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -46,7 +46,7 @@ def test_fmt_bytes_uses_binary_units_with_their_iec_names(n: int, text: str) -> 
 
 def test_the_perf_check_and_the_charts_write_sizes_with_the_same_function() -> None:
     from conformance.perf import allreduce_bandwidth, bandwidth_math
-    from reports import charts
+    from ddp_conformance.reports import charts
 
     assert allreduce_bandwidth.fmt_bytes is fmt_bytes
     assert bandwidth_math.fmt_bytes is fmt_bytes

@@ -6,15 +6,15 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from reports.keys import (
+from ddp_conformance.reports.keys import (
     MODEL_BYTES,
     MODEL_PARAMETERS,
     SUPERVISOR_PEAK_RSS,
     TREE_PEAK_RSS,
 )
-from reports.render import write_reports
-from reports.schema import CheckRecord
-from reports.store import ResultStore
+from ddp_conformance.reports.render import write_reports
+from ddp_conformance.reports.schema import CheckRecord
+from ddp_conformance.reports.store import ResultStore
 
 MIB, GIB = 1 << 20, 1 << 30
 

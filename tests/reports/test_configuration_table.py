@@ -9,10 +9,10 @@ from __future__ import annotations
 import html as stdlib_html
 from typing import Any
 
-from reports import CheckRecord, html, markdown
-from reports.configuration import FEATURE_LABELS, NOT_VERIFIED, tables
-from reports.keys import COMPILED, DDP_BUCKET_SPLITS, FEATURES, GRAPH_BREAKS, NOISE_FLOOR, REMEDIES
-from reports.render import build_report
+from ddp_conformance.reports import CheckRecord, html, markdown
+from ddp_conformance.reports.configuration import FEATURE_LABELS, NOT_VERIFIED, tables
+from ddp_conformance.reports.keys import COMPILED, DDP_BUCKET_SPLITS, FEATURES, GRAPH_BREAKS, NOISE_FLOOR, REMEDIES
+from ddp_conformance.reports.render import build_report
 
 
 def _features(**used: tuple[str, str]) -> dict[str, Any]:

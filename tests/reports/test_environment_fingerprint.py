@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reports import environment
+from ddp_conformance.reports import environment
 
 
 def test_collect_reads_the_running_versions() -> None:
@@ -63,7 +63,7 @@ def test_a_hanging_nvidia_smi_is_an_error_not_a_hang(monkeypatch: pytest.MonkeyP
 
 
 def test_reports_package_never_imports_torch() -> None:
-    code = ("import sys, tempfile; import reports; from tests.reports.sample import write_sample_run; "
+    code = ("import sys, tempfile; from ddp_conformance import reports; from tests.reports.sample import write_sample_run; "
             "d = tempfile.mkdtemp(); write_sample_run(d); reports.write_reports(d); "
             "assert 'torch' not in sys.modules, 'reports imported torch'")
     # From the repository root: the sample run is a test fixture (tests/reports/sample.py).

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from reports import keys
-from reports import recommend as recommend_module
-from reports.recommend import RULES, recommend, warnings_of
-from reports.schema import CheckRecord
+from ddp_conformance.reports import keys
+from ddp_conformance.reports import recommend as recommend_module
+from ddp_conformance.reports.recommend import RULES, recommend, warnings_of
+from ddp_conformance.reports.schema import CheckRecord
 
 CHECK_IDS = ("gradient-equivalence", "no-sync-equivalence", "rank-consistency", "sampler-coverage",
              "shared-weights", "unused-parameters", "straggler", "bucket-config", "hang-detection",

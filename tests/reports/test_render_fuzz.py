@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from faker import Faker
 
-from reports import html, markdown
-from reports.render import build_report
-from reports.schema import STATUSES, CheckRecord, Event
+from ddp_conformance.reports import html, markdown
+from ddp_conformance.reports.render import build_report
+from ddp_conformance.reports.schema import STATUSES, CheckRecord, Event
 
 ADVERSARIAL = [
     "<script>alert(1)</script>",

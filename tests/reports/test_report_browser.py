@@ -75,7 +75,7 @@ def test_report_html_in_headless_chromium(sample_dir: Path, sample_report: dict,
 
 
 def test_incomplete_banner_in_browser(tmp_path: Path) -> None:
-    from reports.render import write_reports
+    from ddp_conformance.reports.render import write_reports
     from tests.reports.sample import write_sample_run
 
     write_sample_run(tmp_path / "run", complete=False)

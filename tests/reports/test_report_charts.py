@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from reports import charts
+from ddp_conformance.reports import charts
 from tests.reports.sample import sample_run
 
 

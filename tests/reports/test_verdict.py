@@ -11,10 +11,10 @@ import re
 
 import pytest
 
-from reports import html
-from reports.keys import VERIFIED
-from reports.schema import STATUSES, VERDICTS, CheckRecord
-from reports.verdict import EXIT_CODES, EXIT_USAGE, counts, decide, exit_code, gaps, reasons, unverified
+from ddp_conformance.reports import html
+from ddp_conformance.reports.keys import VERIFIED
+from ddp_conformance.reports.schema import STATUSES, VERDICTS, CheckRecord
+from ddp_conformance.reports.verdict import EXIT_CODES, EXIT_USAGE, counts, decide, exit_code, gaps, reasons, unverified
 
 #: What a gradient-equivalence pass on 2 ranks compared (conformance/checks/_equivalence.py).
 COUNTED = {"ranks": 2, "optimizer_steps": 3, "nonzero_gradients": 4, "allreduce_rounds": 3}
@@ -199,7 +199,7 @@ def test_a_lone_skipped_equivalence_check_says_why_first() -> None:
 
 
 def test_the_environment_running_out_is_said_first_with_its_fix() -> None:
-    from reports.keys import EXHAUSTED
+    from ddp_conformance.reports.keys import EXHAUSTED
 
     line = "the host ran out of disk space (or inodes) writing /tmp/x (No space left on device): ..."
     records = [CheckRecord("gradient-equivalence", "t", "conformance", "inconclusive", 0.1, "could not run",

@@ -4,9 +4,9 @@ a check re-ran (reports.keys.REMEDIES) as "verified fix" / "did not fix", any ot
 
 from __future__ import annotations
 
-from reports import CheckRecord, html, markdown
-from reports.keys import REMEDIES
-from reports.render import build_report
+from ddp_conformance.reports import CheckRecord, html, markdown
+from ddp_conformance.reports.keys import REMEDIES
+from ddp_conformance.reports.render import build_report
 
 TRIED = [{"change": "find_unused_parameters=True", "status": "verified fix", "evidence": {"completed": True}},
          {"change": "static_graph=True", "status": "did not fix", "evidence": {"error": "raised again"}}]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from reports import CheckRecord, Event, ResultStore, write_reports
-from reports.keys import VERIFIED
+from ddp_conformance.reports import CheckRecord, Event, ResultStore, write_reports
+from ddp_conformance.reports.keys import VERIFIED
 from tests.reports.sample import sample_run
 
 CHECK_IDS = [
@@ -114,7 +114,7 @@ def test_all_passed_finished_run_is_ready(tmp_path: Path) -> None:
 
 KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
-    from reports import CheckRecord, Event, ResultStore
+    from ddp_conformance.reports import CheckRecord, Event, ResultStore
     store = ResultStore(sys.argv[1])
     store.start({"target": "mlp", "backend": "gloo", "world_size": 2, "suite": "ci",
                  "checks_selected": ["gradient-equivalence", "rank-consistency", "shared-weights"]})

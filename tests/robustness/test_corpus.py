@@ -48,7 +48,7 @@ def _one_line(done: Finished, pattern: str) -> None:
 
 def _ready_report(directory: Path) -> str:
     """An earlier run's *ready* report in ``directory``; returns its run id."""
-    from reports import CheckRecord, ResultStore, write_reports
+    from ddp_conformance.reports import CheckRecord, ResultStore, write_reports
 
     store = ResultStore(directory)
     store.start({"target": "mlp", "checks_selected": ["rank-consistency"]})

@@ -24,6 +24,8 @@ import pytest
 from ._run import ROOT, TARGETS, Run, wait_for_files
 from .test_corpus import EXIT_AFTER_SIGNAL_S, INTERRUPT_BUDGET_S, _assert_clean, _gone_within, _one_line, _ready_report
 
+TESTS = ROOT / "tests"
+
 HOSTILE = str(TARGETS / "hostile_import.py")
 
 
@@ -157,3 +159,25 @@ def test_the_suite_warm_up_is_outside_a_call_deadline() -> None:
     finally:
         world.close()
     assert [r.value[0] for r in results] == [0]
+
+
+def test_a_user_repository_with_its_own_reports_and_faults_packages(tmp_path: Path) -> None:
+    """Probe 18: a user's repository with top-level ``reports`` and ``faults`` packages of its
+    own (generic names) next to its target. The suite's packages install as
+    ``ddp_conformance.reports``/``ddp_conformance.faults``, so neither side shadows the other:
+    the target imports its own packages and the run is ready (it used to crash with "No module
+    named 'reports.schema'")."""
+    repo = tmp_path / "user-repo"
+    for name in ("reports", "faults"):
+        (repo / name).mkdir(parents=True)
+        (repo / name / "__init__.py").write_text(f"OWNER = 'user-{name}'\n")
+    (repo / "target.py").write_text(
+        (TESTS / "targets" / "tiny_loss.py").read_text()
+        + "\n\nimport faults  # noqa: E402  (the user's own packages)\nimport reports  # noqa: E402\n\n"
+        "assert reports.OWNER == 'user-reports' and faults.OWNER == 'user-faults', 'shadowed'\n")
+    run = Run(["run", "--report-dir", str(tmp_path / "out"), "--backend", "gloo",
+               "--target", str(repo / "target.py"), "--checks", "rank-consistency"], tmp_path)
+    done = run.wait()
+    assert done.code == 0, done.stderr[-3000:]
+    _one_line(done, r"verdict ready")
+    _assert_clean(run)

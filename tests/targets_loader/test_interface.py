@@ -175,7 +175,7 @@ def test_every_target_error_in_the_loader_cites_the_readme_section():
 
 def test_user_code_is_the_targets_folder_never_the_suite_nor_installed_packages():
     # A target at the repository root: its folder then holds the suite and the virtualenv too.
-    import faults
+    from ddp_conformance import faults
     from conformance.harness import target_calls
 
     root = str(Path(target_calls.__file__).resolve().parents[2])

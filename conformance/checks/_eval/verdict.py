@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reports.keys import CULPRIT_RANK, VERIFIED
+from ddp_conformance.reports.keys import CULPRIT_RANK, VERIFIED
 
 from ...harness.outcome import Outcome
 from .judge import REDUCER_ERROR, Cause, Comparison, Coverage, Hygiene, causes, compare, coverage, hygiene, padding_text

@@ -10,7 +10,7 @@ import errno
 import os
 from typing import Any
 
-from reports.store import ResultStore
+from ddp_conformance.reports.store import ResultStore
 
 
 def _full(self: ResultStore, item: Any) -> None:
