@@ -41,3 +41,17 @@ def test_a_child_that_ends_without_answering_is_a_target_error(tmp_path: Path, b
     spec = _target(tmp_path, "ends", body)
     with pytest.raises(TargetError, match=rf"ended its process before it could be checked \({said}"):
         describe_target(spec, 2, deadline=60)
+
+
+def test_a_parent_that_ran_torch_ops_still_loads_a_target_in_its_forked_child(tmp_path: Path) -> None:
+    """The loader child is forked. A parent whose intra-op (OpenMP) pool was running — a pytest
+    process that ran torch ops, the user's own tests — left the child's first parallel op
+    waiting forever on threads that were not forked: a correct target "did not finish loading
+    within the deadline". The child now runs one intra-op thread before any user code."""
+    import torch
+
+    torch.ones(256, 256) @ torch.ones(256, 256)  # the parent's pool is up
+    torch.nn.functional.conv2d(torch.ones(8, 3, 32, 32), torch.ones(8, 3, 3, 3))
+    spec = _target(tmp_path, "builds_a_conv", "import torch\n"
+                   "_ = torch.nn.functional.conv2d(torch.ones(8, 3, 32, 32), torch.ones(8, 3, 3, 3))\n")
+    assert describe_target(spec, 2, deadline=20).name

@@ -163,6 +163,13 @@ def _child(spec: str, world_size: int, write_end: int, cookie: str, output: int,
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ[COOKIE_VAR] = cookie  # whatever it execs carries the cookie
+        # One intra-op thread, before any of the user's code: a parent that already ran torch
+        # ops (a pytest process, the user's own tests) forked with OpenMP's pool active, and the
+        # child's first parallel op would wait forever on threads that were not forked (the
+        # reason DataLoader's forked workers do the same). The child only builds on the CPU.
+        import torch
+
+        torch.set_num_threads(1)
         faulthandler.disable()  # the parent's (pytest's) fatal-error dump is not the child's to write
         for fd in (1, 2):  # what the user's code prints, quoted if it ends badly
             os.dup2(output, fd)
