@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..harness.patching import replaced as _replaced
+
 #: What a loop that never creates a checkpoint is told (nothing mid-run was compared).
 NO_STEPS = "run_loop took no optimizer step"
 
@@ -166,17 +168,6 @@ class _Recorder:
             return out
 
         return exit_
-
-
-@contextlib.contextmanager
-def _replaced(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
-    """``owner.name`` replaced by ``make(original)`` for the block, put back whatever happens."""
-    original = owner.__dict__[name]
-    setattr(owner, name, make(original))
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ from ddp_conformance.reports.keys import RESUME_TRAJECTORIES, VERIFIED, WARNINGS
 from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
-from ..harness.world import RankFailure, WorldHang
+from ..harness.world import WorldHang
 from ._equivalence import world_error_outcome
 from ._resume import (
     KILLED_BETWEEN,

@@ -35,9 +35,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from ddp_conformance.reports.configuration import FEATURE_LABELS
+from .patching import replaced as _replaced
 
 #: The features, in the order the report's configuration table lists them.
 FEATURES = tuple(FEATURE_LABELS)
@@ -58,22 +59,6 @@ def _caller() -> str:
             return f"{shown_path(name)}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return "?"
-
-
-@contextlib.contextmanager
-def _replaced(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
-    """``owner.name`` replaced by ``make(original)`` for the block, then put back exactly
-    (an inherited attribute is deleted again rather than copied down)."""
-    own = owner.__dict__.get(name)
-    original = getattr(owner, name)
-    setattr(owner, name, make(original))
-    try:
-        yield
-    finally:
-        if own is None:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, own)
 
 
 def checkpointed_module_name(fn: Any, names: dict[int, str]) -> str:

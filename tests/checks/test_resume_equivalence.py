@@ -78,7 +78,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pa
 
 
 def _killed(folder: Path, spec: str, plan: Any, scenario: str) -> Any:
-    from conformance.checks._resume import Lives, judge_run
+    from conformance.checks._resume import Lives
 
     with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
         run = lives.killed(scenario, plan, 2)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections import Counter
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
 from ...harness.ddp import tensor_digest, unwrap
+from ...harness.patching import replaced as _replaced
 from .records import (
     BufferSlice,
     CollectiveCall,
@@ -122,16 +123,6 @@ def _key(dataset: Any) -> str:
     except TypeError:
         size = "?"
     return f"{type(dataset).__name__}[{size}]"
-
-
-@contextlib.contextmanager
-def _replaced(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
-    original = owner.__dict__[name]
-    setattr(owner, name, make(original))
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 class SampleIndices:

@@ -28,7 +28,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .records import KillPlan, LoadRecord, SaveRecord, marker, to_line
+from ...harness.patching import replaced as _replaced
+
+from .records import KillPlan, LoadRecord, SaveRecord, to_line
 
 #: Parameters larger than this (bytes, per snapshot) are journaled by digest only: a difference
 #: is then judged bit for bit, with no tolerance (docs/numerics.md). Only the lives that are
@@ -81,17 +83,6 @@ def _clean(name: str) -> str:
         while name.startswith(prefix):
             name = name[len(prefix):]
     return name
-
-
-@contextlib.contextmanager
-def _replaced(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
-    """``owner.name`` replaced by ``make(original)`` for the block, put back whatever happens."""
-    original = getattr(owner, name)
-    setattr(owner, name, make(original))
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 def die(peers: Sequence[int] = ()) -> None:
