@@ -90,6 +90,22 @@ def stack_file(tmpdir: str | Path, rank: int) -> Path:
     return Path(tmpdir) / f"rank{rank}.stacks"
 
 
+def arrive(store: Any, rank: int, world_size: int, poll_s: float = 0.02) -> None:
+    """Wait on the store until every rank of the world has reached its rendezvous.
+
+    Why before ``init_process_group``: gloo's connect waits for a peer's address only as long
+    as the process-group timeout, and a chaos world's is seconds (short on purpose: it bounds
+    collectives). A peer still importing torch on a loaded machine is not a hang, yet it failed
+    the world's start ("wait timeout after 3200ms", seen under load). This wait has no timeout
+    of its own: the supervisor's start clock (``World.start_timeout``) bounds it and kills a
+    world whose ranks never all arrive. ``check`` never blocks, so a short poll is all it costs.
+    """
+    store.set(f"arrived/{rank}", b"1")
+    keys = [f"arrived/{r}" for r in range(world_size)]
+    while not store.check(keys):
+        time.sleep(poll_s)
+
+
 def _init_process_group(cfg: RankConfig) -> RankContext:
     import torch
     import torch.distributed as dist
@@ -114,6 +130,7 @@ def _init_process_group(cfg: RankConfig) -> RankContext:
         store = dist.TCPStore(cfg.store_host, cfg.store_port, is_master=False,
                               timeout=timedelta(seconds=max(cfg.pg_timeout_s, 30)))
     prefixed = dist.PrefixStore(cfg.store_prefix, store)
+    arrive(prefixed, cfg.rank, cfg.world_size)
     # The timeout bounds how long a collective may wait for a peer. The supervisor's deadline
     # is what protects the run; this only stops a stuck rank from waiting gloo's default 30 min.
     dist.init_process_group(cfg.backend, store=prefixed, rank=cfg.rank, world_size=cfg.world_size,
