@@ -46,6 +46,7 @@ from typing import Any
 from ddp_conformance.reports.keys import FEATURES, NONFINITE, VERIFIED
 
 from ..harness.context import CheckContext
+from ..harness.failures import world_error_outcome
 from ..harness.ddp import (
     MODEL_SEED,
     build_model,
@@ -61,7 +62,6 @@ from ..harness.ddp import (
 from ..harness.outcome import Outcome
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
 from ..harness.world import RankFailure, WorldHang
-from ._equivalence import world_error_outcome
 from ._midrun import NO_STEPS, watch_loop
 from ._midrun import describe as describe_midrun
 from ._midrun import features as midrun_features

@@ -48,6 +48,7 @@ from ddp_conformance.reports.keys import NONFINITE, VERIFIED
 
 from ..harness.batches import digest as batch_digest
 from ..harness.context import CheckContext
+from ..harness.failures import world_error_outcome
 from ..harness.ddp import (
     MODEL_SEED,
     build_model,
@@ -61,20 +62,22 @@ from ..harness.ddp import (
 )
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
-from ._compare import Compared, fmt
-from ._digests import (
+from .equivalence import (
     DIGEST,
     REFERENCE,
+    Compared,
+    compare_snapshot,
     compared_by,
+    disable_dropout,
     first_divergence,
+    fmt,
+    group_batchnorm,
+    has_snapshot,
     named_digests,
     rank_view,
     who_sees,
+    write_snapshot,
 )
-from ._equivalence import world_error_outcome
-from ._normalisation import group_batchnorm
-from ._randomness import disable_dropout
-from ._snapshots import compare_snapshot, has_snapshot, write_snapshot
 
 ITERATIONS = 2
 VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -160,10 +163,10 @@ def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
 def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict[str, Any]:
     """Discovery, per-use gradients and the reference (rank 0), then every DDP variant.
 
-    The reference's gradients reach the other ranks as files in ``folder`` (``_snapshots``);
+    The reference's gradients reach the other ranks as files in ``folder`` (``equivalence.snapshots``);
     every rank compares its own gradients with them where they are and returns summaries
-    (``_compare.Compared``), never a tensor; a rank that cannot read them (another host under
-    ``--attach``) returns digests of its gradients instead, held to rank 0's (``_digests``).
+    (``equivalence.tensors.Compared``), never a tensor; a rank that cannot read them (another host under
+    ``--attach``) returns digests of its gradients instead, held to rank 0's (``equivalence.digests``).
     Memory on a rank: the DDP model plus at most one
     copy of it (rank 0's untied copy, then its reference copy, one after the other).
     """
@@ -241,7 +244,7 @@ def _reference(model: Any, groups: list[list[str]], shared: list[str], batches: 
                target: Any, device: Any, snapshots: Path) -> dict[str, Any]:
     """Rank 0: which uses contribute, and the single-process reference gradient of every global
     batch (plain autograd on a copy of the broadcast weights), written to ``snapshots``."""
-    from ._instruments import first_nonfinite
+    from .equivalence import first_nonfinite
 
     try:
         per_use = _per_use(model, groups, to_device([batches[0]], device)[0], target.compute_loss)

@@ -58,7 +58,7 @@ class CheckContext:
         """(folder, memory): where one experiment's reference writes its snapshots, in this
         check's temp dir, and its private folder in the session's memory-backed one (None:
         none here) that the writer fills while the host has room
-        (``conformance/checks/_snapshots.py``). Both are removed when the block ends: the
+        (``conformance/checks/equivalence/snapshots.py``). Both are removed when the block ends: the
         snapshots are the model's size several times over."""
         folder = Path(tempfile.mkdtemp(prefix=prefix, dir=self.tmpdir))
         memory = Path(tempfile.mkdtemp(prefix=prefix, dir=self.memory_dir)) if self.memory_dir else None

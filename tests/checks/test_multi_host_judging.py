@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import torch
 
-from conformance.checks import _recorded
-from conformance.checks._digests import UNSEEN_BY_ENV, first_divergence
+from conformance.checks.equivalence import recording as _recorded
+from conformance.checks.equivalence.digests import UNSEEN_BY_ENV, first_divergence
 from conformance.harness.session import Session, Settings
 from conformance.harness.world import World
 

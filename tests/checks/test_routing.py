@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conformance.checks._floor import twin_floor
-from conformance.checks._routing import RoutingProbe, explains, first_flip, trim_twin
+from conformance.checks.equivalence.floor import twin_floor
+from conformance.checks.equivalence.routing import RoutingProbe, explains, first_flip, trim_twin
 
 
 def _call(rows: np.ndarray) -> tuple[int, int, bytes]:

@@ -2,7 +2,7 @@
 
 Where the comparison happens: the single-process reference runs *first* and writes its
 snapshots (initial weights, first-step gradients, parameters after every step) to files in
-the check's private temp dir, one tensor at a time (``_snapshots``); the N-rank ranks then
+the check's private temp dir, one tensor at a time (``snapshots``); the N-rank ranks then
 compare their own live tensors against those files, tensor by tensor, on their device, at the
 very moment the optimizer consumes them, and return summaries only. This way round (rather
 than ranks writing and the reference comparing) the disk holds one copy of the model per
@@ -18,7 +18,7 @@ the same weights either way.
 A rank that cannot see the files (``--attach`` across hosts: the reference ran on rank 0's
 host) digests the same tensors at the same points instead, and so does every rank that
 compares (only in such a run), for the judge to carry the comparison over by bit identity
-(``_digests``).
+(``digests``).
 
 Build the target's model from the suite's seed, wrap it in DDP with the target's
 ``ddp_kwargs``, feed each rank its contiguous shard of the global batch as K microbatches, run
@@ -26,13 +26,13 @@ the target's own ``train_step`` and record what the optimizer consumed. The sing
 reference is the *same function* run in a 1-rank world with the whole global batch, so nothing
 about "what a step should do" is re-implemented here.
 
-Recorded per step (see ``_instruments``): the gradients at the first ``optimizer.step()``
+Recorded per step (see ``instruments``): the gradients at the first ``optimizer.step()``
 (a step pre-hook: ``zero_grad`` before or after the step, ``set_to_none`` or not, all read
 the same), how many optimizer steps, forwards through DDP and through the inner module,
 all-reduce calls and rounds (a counting comm hook), what ``clip_grad_norm_`` measured and the
 gradients before it clipped them, and the first NaN/Inf (forward output, gradient, parameter).
 Before the run, dropout is switched off and BatchNorm normalises in fixed groups on both sides
-(``_randomness``, ``_normalisation``): the record says so.
+(``randomness``, ``normalisation``): the record says so.
 
 ``run_recorded`` is module-level so that it pickles by reference into the spawned rank
 processes; it returns plain Python and per-tensor summaries only, never a tensor.
@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..harness.batches import digest as batch_digest
-from ..harness.batches import take_rows
-from ..harness.ddp import (
+from ...harness.batches import digest as batch_digest
+from ...harness.batches import take_rows
+from ...harness.ddp import (
     MODEL_SEED,
     build_model,
     counting_allreduce,
@@ -59,18 +59,18 @@ from ..harness.ddp import (
     unwrap,
     wrap,
 )
-from ..harness.features import FeatureProbe
-from ._compare import Compared
-from ._compiled import output_site, run_eagerly, watch_compile
-from ._compression import comm_hook_of
-from ._digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
-from ._instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
-from ._normalisation import group_batchnorm, sizes_seen
-from ._randomness import disable_dropout, forward_is_random
-from ._routing import RoutingProbe
-from ._snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
+from ...harness.features import FeatureProbe
+from .tensors import Compared
+from .compiled import output_site, run_eagerly, watch_compile
+from .compression import comm_hook_of
+from .digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
+from .instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
+from .normalisation import group_batchnorm, sizes_seen
+from .randomness import disable_dropout, forward_is_random
+from .routing import RoutingProbe
+from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 
-# Snapshot labels of the reference (``_snapshots``): the initial weights, the first step's
+# Snapshot labels of the reference (``snapshots``): the initial weights, the first step's
 # gradients, the gradients before that step's clipping, the parameters after step s.
 INITIAL, GRADS0, PRE_CLIP0, PARAMS = "initial", "grads0", "pre_clip0", "params"
 ROLES = ("reference", "compare")
@@ -100,16 +100,16 @@ class RunPlan:
     role: str = "compare"
     snapshots: str = ""
     # The reference's memory-backed folder for its snapshots while they fit ("": none; see
-    # ``_snapshots``); readers find them through ``snapshots`` either way.
+    # ``snapshots``); readers find them through ``snapshots`` either way.
     memory: str = ""
     # The target's comm hook (configure_ddp) replaced by the stock all-reduce: the
-    # *uncompressed* run a compressing hook's error is measured against (``_floor``).
+    # *uncompressed* run a compressing hook's error is measured against (``floor``).
     uncompressed: bool = False
-    # Every torch.compile'd region run eagerly (``_compiled``): the eager reference of a
+    # Every torch.compile'd region run eagerly (``compiled``): the eager reference of a
     # compiled target, so the N-rank difference is compiled vs eager DDP.
     eager: bool = False
     # The microbatches handed to train_step in reverse order: the same sum in another order
-    # (the reordered twin of ``_twin``, for a step that joins its microbatches again).
+    # (the reordered twin of ``twin``, for a step that joins its microbatches again).
     reverse_microbatches: bool = False
 
     def __post_init__(self) -> None:
@@ -170,7 +170,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     step) into ``plan.snapshots``; return the norms of the written gradients.
     ``plan.role == "compare"`` (the N-rank world): start from the reference's initial weights
     (``_verify_initial``) and compare the same points against the reference's snapshots *here*,
-    returning per-tensor summaries (``_compare.Compared``): ``grads0``, ``pre_clip0``,
+    returning per-tensor summaries (``tensors.Compared``): ``grads0``, ``pre_clip0``,
     ``params`` (per step). Both roles return per step: ``optimizer_steps``, ``ddp_forwards``,
     ``inner_forwards``, ``allreduce_calls``, ``allreduce_rounds``, ``buckets_per_step``,
     ``clip_calls``, ``batch_digests``; once: ``nonfinite`` (the first NaN/Inf),
@@ -178,7 +178,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     No tensor is returned, and no snapshot of the model is held: gradients and parameters are
     written or compared where they live, at the moment they are what the optimizer consumed.
     """
-    from ..harness.targets import load_target
+    from ...harness.targets import load_target
 
     writes = plan.role == "reference"
     n, rank = rank_ctx.world_size, rank_ctx.rank
@@ -300,7 +300,7 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
         # Which production features the step uses (autocast, GradScaler, checkpointing…),
         # seen while it runs: the report's configuration table (harness.features).
         features = stack.enter_context(FeatureProbe.watching(ddp))
-        # Top-k decisions (a mixture of experts' routing), compared across sides (``_routing``).
+        # Top-k decisions (a mixture of experts' routing), compared across sides (``routing``).
         routing = stack.enter_context(RoutingProbe.watching())
         for step in range(plan.steps):
             current["step"] = step

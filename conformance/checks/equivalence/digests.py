@@ -1,7 +1,7 @@
 """Judging a rank that cannot see the reference's files: by digest, against a rank that could.
 
 Under ``--attach`` across several hosts the single-process reference runs on rank 0's host
-and writes its snapshots there (``_snapshots``); a rank on another host cannot read them.
+and writes its snapshots there (``snapshots``); a rank on another host cannot read them.
 Such a rank digests (``harness.ddp.tensor_digest``: bit identity, dtype and shape included)
 the same tensors at the same points — the gradients ``optimizer.step()`` consumed, the
 parameters after every step — and the judge holds its digests against those of a rank that
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..harness.ddp import tensor_digest
+from ...harness.ddp import tensor_digest
 
 #: Test hook: comma-separated ranks whose view of the snapshot folder is redirected to a folder
 #: that does not exist, as if they ran on a host other than rank 0's (tests/checks/

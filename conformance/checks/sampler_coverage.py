@@ -55,9 +55,9 @@ from typing import Any
 from ddp_conformance.reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS, VERIFIED
 
 from ..harness.context import CheckContext
+from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.world import RankFailure, WorldHang
-from ._equivalence import world_error_outcome
 from ._order import Order, order_of, repeats_within_rank, same_built, same_built_problem, wraps
 
 EPOCHS = 3
