@@ -61,7 +61,7 @@ from ..harness.ddp import (
     wrap,
 )
 from ..harness.outcome import Outcome
-from ..harness.world import RankFailure, WorldHang
+from ..harness.world import RankContext, RankFailure, WorldHang
 from .equivalence import (
     DIGEST,
     REFERENCE,
@@ -160,7 +160,7 @@ def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
     return report
 
 
-def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict[str, Any]:
+def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str) -> dict[str, Any]:
     """Discovery, per-use gradients and the reference (rank 0), then every DDP variant.
 
     The reference's gradients reach the other ranks as files in ``folder`` (``equivalence.snapshots``);
@@ -304,6 +304,32 @@ def _classify(c: Compared) -> str:
     return f"wrong (norm ratio {ratio:.2f})"
 
 
+def _worst_rows(head: dict[str, Any], values: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """Per DDP variant, the worst compared gradient over steps, shared parameters and ranks
+    (ranks judged by digest are held to rank 0 separately)."""
+    rows = []
+    for index, variant in enumerate(head["variants"]):
+        worst_ratio, worst_row = -1.0, None
+        for step in range(len(variant["grads"])):
+            for position in range(len(variant["grads"][step])):
+                for value in values:
+                    if value.get("compared_by") == DIGEST:
+                        continue  # held to rank 0 by digest above
+                    c = value["variants"][index]["grads"][step][position]
+                    d, name = c.diff, c.name
+                    # `not <=` also takes a NaN ratio: a non-finite gradient is never the best row.
+                    if not math.isnan(worst_ratio) and not d.ratio <= worst_ratio:
+                        worst_ratio = d.ratio
+                        worst_row = {"variant": variant["label"], "ddp_kwargs": variant["kwargs"],
+                                     "param": name, "rank": value["rank"], "iteration": step,
+                                     "max_abs_grad_diff": d.max_abs, "ratio_to_tolerance": d.ratio,
+                                     "ok": d.ok, "diagnosis": "" if d.ok else _classify(c),
+                                     **({"worst_element": d.to_json()["worst_element"]}
+                                        if d.worst_element else {})}
+        rows.append(worst_row)
+    return rows
+
+
 def run(ctx: CheckContext) -> Outcome:
     batch_size = ctx.target.batch_size_for(ctx.world_size, 1)
     folder = Path(tempfile.mkdtemp(prefix="shared-reference-", dir=ctx.tmpdir))
@@ -365,28 +391,8 @@ def run(ctx: CheckContext) -> Outcome:
             recommendation="every use of a shared parameter must be in the autograd graph on every "
                            "rank, so that DDP all-reduces the same buckets everywhere")
     lost = [name for group in tied for name in group.get("lost_uses", [])]
-    rows, failures = [], []
-    for index, variant in enumerate(head["variants"]):
-        worst_ratio, worst_row = -1.0, None
-        for step in range(len(variant["grads"])):
-            for position in range(len(variant["grads"][step])):
-                for value in values:
-                    if value.get("compared_by") == DIGEST:
-                        continue  # held to rank 0 by digest above
-                    c = value["variants"][index]["grads"][step][position]
-                    d, name = c.diff, c.name
-                    # `not <=` also takes a NaN ratio: a non-finite gradient is never the best row.
-                    if not math.isnan(worst_ratio) and not d.ratio <= worst_ratio:
-                        worst_ratio = d.ratio
-                        worst_row = {"variant": variant["label"], "ddp_kwargs": variant["kwargs"],
-                                     "param": name, "rank": value["rank"], "iteration": step,
-                                     "max_abs_grad_diff": d.max_abs, "ratio_to_tolerance": d.ratio,
-                                     "ok": d.ok, "diagnosis": "" if d.ok else _classify(c),
-                                     **({"worst_element": d.to_json()["worst_element"]}
-                                        if d.worst_element else {})}
-        rows.append(worst_row)
-        if worst_row is not None and not worst_row["ok"]:
-            failures.append(worst_row)
+    rows = _worst_rows(head, values)
+    failures = [row for row in rows if row is not None and not row["ok"]]
     evidence["variants"] = rows
     metrics: dict[str, Any] = {
         "shared_parameters": len(head["shared"]), "shared": head["shared"],

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 from ddp_conformance.reports.schema import Event
 
+from .outcome import Outcome
 from .registry import CheckSpec
 from .targets import TargetInfo
 from .world import World, WorldLike
@@ -93,3 +94,13 @@ class CheckContext:
                       check=self.spec.id, rank=rank, step=step, phase=phase, data=data)
         self.events.append(event)
         return event
+
+
+#: What a check is: ``run(ctx) -> Outcome``, named in the registry by ``"module:function"``.
+CheckEntry = Callable[[CheckContext], Outcome]
+
+
+def entry_of(spec: CheckSpec) -> CheckEntry:
+    """The check's entry, imported now (``CheckSpec.load``): the registry stays import-light."""
+    entry: CheckEntry = spec.load()
+    return entry

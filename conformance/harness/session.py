@@ -20,7 +20,7 @@ from typing import Any
 from ddp_conformance.reports.keys import EXHAUSTED
 from ddp_conformance.reports.schema import CheckRecord
 
-from .context import CheckContext
+from .context import CheckContext, entry_of
 from .exhaustion import exhausted
 from .outcome import Outcome
 from .registry import CheckSpec
@@ -245,7 +245,7 @@ class Session:
         try:
             ctx = self.context(spec, target_spec)
             with meter:
-                outcome = spec.load()(ctx)
+                outcome = entry_of(spec)(ctx)
             if not isinstance(outcome, Outcome):
                 raise TypeError(f"check {spec.id} returned {type(outcome).__name__}, not an Outcome")
         except (TargetError, LaunchedWorldUnreachable):

@@ -1,4 +1,4 @@
-"""``_compiled``: graph breaks told apart by whose code broke, the eager reference, and the
+"""``equivalence.compiled``: graph breaks told apart by whose code broke, the eager reference, and the
 evidence the judge builds from the ranks' summaries. One process, no world: dynamo's own records
 on tiny modules (the ``eager`` backend, well under a second each); one slow test on a real world."""
 

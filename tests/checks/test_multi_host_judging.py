@@ -1,7 +1,7 @@
 """A rank on another host than the reference's is judged by digest, against a rank that compared.
 
 Simulated: a 2-rank gloo world whose rank 1 sees the snapshot folder redirected to an absent
-one (the ``_digests.UNSEEN_BY_ENV`` test hook, set in the rank processes' environment), as
+one (the ``equivalence.digests.UNSEEN_BY_ENV`` test hook, set in the rank processes' environment), as
 rank 1 would under ``--attach`` on a second node. Shown:
 
 - a correct target passes, and the record says rank 0 compared against the reference and

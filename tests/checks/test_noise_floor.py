@@ -1,5 +1,5 @@
-"""The measured noise floor (``_floor``) and the comm hook's compression bound
-(``_compression``), judged without a world: when the twin run is a measurement of noise and when
+"""The measured noise floor (``equivalence.floor``) and the comm hook's compression bound
+(``equivalence.compression``), judged without a world: when the twin run is a measurement of noise and when
 it is not (with the reason), the floor robust to a tensor that happened to agree exactly, the
 bound a difference is judged against, and the "cannot distinguish" verdict with its numbers.
 The end-to-end runs (bf16 autocast, fp16/bf16/PowerSGD hooks; correct passes, scaled loss

@@ -32,7 +32,7 @@ from ddp_conformance.reports.keys import REMEDIES
 from ...harness.context import CheckContext
 from ...harness.outcome import Outcome
 from ...harness.remedies import Rerun, suggested, to_json, verify
-from ...harness.world import RankFailure, WorldHang
+from ...harness.world import RankContext, RankFailure, WorldHang
 
 #: DDP's (the coalesced broadcast's) error text for a destination it refuses (torch 2.13).
 OVERLAP = "refer to a single memory location"
@@ -40,7 +40,7 @@ OVERLAP = "refer to a single memory location"
 BUFFERS = "unbroadcastable_buffers"
 
 
-def probe_buffers(rank_ctx: Any, spec: str) -> list[dict[str, Any]]:
+def probe_buffers(rank_ctx: RankContext, spec: str) -> list[dict[str, Any]]:
     """Each buffer of a freshly built model through DDP's coalesced broadcast, alone, into a
     tensor with its strides (the model is not touched): the buffers that raise."""
     import torch

@@ -54,9 +54,10 @@ from ...harness.remedies import (
     to_json,
     verify,
 )
-from ...harness.world import RankFailure, WorldError, WorldHang
+from ...harness.world import RankContext, RankFailure, WorldError, WorldHang
 from .buffers import name_buffer_overlap
 from .experiment import microbatches_for
+from .records import RankRecord
 from .recording import RunPlan, run_recorded
 
 #: DDP's error text for a parameter reported ready twice in one backward (torch 2.13).
@@ -154,7 +155,7 @@ def forced_nonreentrant() -> Iterator[None]:
         _restore_apply(function_cls, own_apply)
 
 
-def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, Any]:
+def probe_rank(rank_ctx: RankContext, spec: str, rows: int) -> dict[str, Any]:
     """One forward and backward of the target's model, without DDP (nothing can raise DDP's
     error here), on ``rows`` rows of its first global batch; the checkpoint calls it made, and
     the parameters left without a gradient (``WITHOUT_GRADIENT``)."""
@@ -172,7 +173,7 @@ def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, Any]:
     return {**seen, WITHOUT_GRADIENT: missing}
 
 
-def run_remedied(rank_ctx: Any, plan: RunPlan, nonreentrant: bool) -> dict[str, Any]:
+def run_remedied(rank_ctx: RankContext, plan: RunPlan, nonreentrant: bool) -> RankRecord:
     """``run_recorded`` with every reentrant checkpoint forced non-reentrant when asked."""
     with forced_nonreentrant() if nonreentrant else contextlib.nullcontext():
         return run_recorded(rank_ctx, plan)

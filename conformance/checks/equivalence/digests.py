@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...harness.ddp import tensor_digest
+from ...harness.world import RankContext
 
 #: Test hook: comma-separated ranks whose view of the snapshot folder is redirected to a folder
 #: that does not exist, as if they ran on a host other than rank 0's (tests/checks/
@@ -40,7 +41,7 @@ def rank_view(folder: Path, rank: int) -> Path:
     return folder.with_name(f"{folder.name}-unseen-by-rank{rank}") if str(rank) in unseen else folder
 
 
-def who_sees(rank_ctx: Any, sees: bool) -> list[bool]:
+def who_sees(rank_ctx: RankContext, sees: bool) -> list[bool]:
     """Every rank's answer to "can I read the reference's files?", known to every rank.
 
     A collective on the gloo side group (under NCCL too), reached by every rank before any

@@ -43,14 +43,12 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from ...harness.batches import digest as batch_digest
 from ...harness.batches import take_rows
 from ...harness.ddp import (
     MODEL_SEED,
     build_model,
-    counting_allreduce,
     disable_tf32,
     effective_ddp_kwargs,
     global_batch,
@@ -59,16 +57,26 @@ from ...harness.ddp import (
     unwrap,
     wrap,
 )
-from ...harness.features import FeatureProbe
-from .tensors import Compared
-from .compiled import output_site, run_eagerly, watch_compile
+from ...harness.world import RankContext
+from .compiled import output_site, run_eagerly
 from .compression import comm_hook_of
 from .digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
-from .instruments import ClipProbe, ForwardCounter, StepRecorder, first_nonfinite
+from .instruments import (
+    AllReduceCount,
+    BatchDigests,
+    ClipProbe,
+    CompileWatch,
+    Features,
+    Forwards,
+    Routing,
+    StepRecorder,
+    first_nonfinite,
+)
 from .normalisation import group_batchnorm, sizes_seen
 from .randomness import disable_dropout, forward_is_random
-from .routing import RoutingProbe
+from .records import Batch, ClipSlice, GradientSlice, Instrument, RankRecord, SetupSlice
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
+from .tensors import Compared
 
 # Snapshot labels of the reference (``snapshots``): the initial weights, the first step's
 # gradients, the gradients before that step's clipping, the parameters after step s.
@@ -160,28 +168,213 @@ def _verify_initial(inner: Any, snapshots: Path, device: Any, *, buffers_only: b
     return first
 
 
-def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
-    """Run ``plan.steps`` steps of the target's ``train_step`` under DDP on this rank.
+# -- where the recorded tensors go ----------------------------------------------------------
 
-    ``plan.role == "reference"`` (the 1-rank world): write ``initial`` (parameters and buffers
-    after wrapping), ``grads0`` (the gradients consumed by the first ``optimizer.step()`` that
-    ran, at step ``grads0_step``: 0 unless a GradScaler skipped steps), ``pre_clip0`` (the
-    gradients before that step's last clip, when the step clips) and ``params<s>`` (after every
-    step) into ``plan.snapshots``; return the norms of the written gradients.
-    ``plan.role == "compare"`` (the N-rank world): start from the reference's initial weights
-    (``_verify_initial``) and compare the same points against the reference's snapshots *here*,
-    returning per-tensor summaries (``tensors.Compared``): ``grads0``, ``pre_clip0``,
-    ``params`` (per step). Both roles return per step: ``optimizer_steps``, ``ddp_forwards``,
-    ``inner_forwards``, ``allreduce_calls``, ``allreduce_rounds``, ``buckets_per_step``,
-    ``clip_calls``, ``batch_digests``; once: ``nonfinite`` (the first NaN/Inf),
-    ``dropout_disabled``, ``rng_in_forward``, ``batchnorm_grouped``, ``batchnorm_sizes_seen``.
-    No tensor is returned, and no snapshot of the model is held: gradients and parameters are
-    written or compared where they live, at the moment they are what the optimizer consumed.
-    """
-    from ...harness.targets import load_target
 
+@dataclass
+class Destination:
+    """Where this rank's recorded gradients and parameters go: written (the reference, with
+    ``writer``), compared against the reference's snapshots in ``folder`` (a rank that
+    ``sees`` them), and digested too when some rank cannot (``digest``: every rank then
+    digests the same points for the judge to carry the comparison over, ``digests``)."""
+
+    folder: Path
+    device: Any
+    writer: SnapshotWriter | None
+    sees: bool
+    digest: bool
+    record: bool  # this rank records at all (rank 0, or every rank with record_all_ranks)
+
+    def gradients(self, label: str, named: list[tuple[str, Any]]) -> list[Compared] | str | None:
+        """``named`` at ``label``: written (its label: its norms once written, ``writer.norms``),
+        compared (per-tensor summaries), or None (not recorded here)."""
+        if not self.record or not self.sees:
+            return None
+        if self.writer is not None:
+            self.writer.write(label, named)
+            return label
+        return compare_snapshot(named, self.folder, label, self.device, grad=True)
+
+
+@dataclass
+class Clipping:
+    """``clip_grad_norm_`` observed (``ClipProbe``): what it measured per step, and the
+    gradients before the last clip of the first step that ran, written or compared
+    (``take``n by the gradient recorder once that step ran)."""
+
+    inner: Any
+    namespaces: list[dict[str, Any]]
+    to: Destination
+    probe: ClipProbe | None = None
+    done: bool = False
+    found: dict[str, Any] = field(default_factory=dict)  # "pre_clip", "pre_clip_digest"
+    calls: list[list[dict[str, float]]] = field(default_factory=list)
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        self.probe = ClipProbe.attach(self.inner, self.namespaces, observe=self._observe)
+        stack.callback(self.probe.close)
+
+    def _observe(self, named: list[tuple[str, Any]]) -> None:
+        # Every clip before the first step overwrites the last: the last clip's input counts.
+        if not self.to.record:
+            return
+        if self.to.digest:
+            self.found["pre_clip_digest"] = named_digests(named)
+        if self.to.writer is not None:
+            self.to.writer.write(PRE_CLIP0, named)
+            self.found["pre_clip"] = PRE_CLIP0
+        elif self.to.sees and has_snapshot(self.to.folder, PRE_CLIP0):
+            self.found["pre_clip"] = compare_snapshot(named, self.to.folder, PRE_CLIP0, self.to.device, grad=True)
+
+    def begin(self, step: int, batch: Batch) -> None:
+        assert self.probe is not None
+        self.probe.calls = []
+        if not self.done:
+            self.found.clear()
+            self.probe.frozen = False
+
+    def end(self, step: int) -> None:
+        assert self.probe is not None
+        self.calls.append(list(self.probe.calls))
+
+    def take(self) -> dict[str, Any]:
+        """What the first step that ran saw before clipping; later clips are not recorded."""
+        assert self.probe is not None
+        self.done = self.probe.frozen = True
+        return self.found
+
+    def result(self) -> ClipSlice:
+        return ClipSlice(clip_calls=self.calls)
+
+
+@dataclass
+class Gradients:
+    """What the optimizer consumed (``StepRecorder``'s step pre-hook), recorded where it lives:
+    the gradients of the first ``optimizer.step()`` that ran, the parameters after every step,
+    and the first NaN/Inf (forward output, gradient, parameter)."""
+
+    ddp: Any
+    inner: Any
+    optimizer: Any
+    to: Destination
+    clipping: Clipping
+    recorder: StepRecorder | None = None
+    step: int = 0
+    found: dict[str, Any] = field(default_factory=dict)  # "grads", "grads_digest" at the first step
+    bad: str | None = None  # the first non-finite gradient at this step's optimizer.step()
+    out: GradientSlice = field(default_factory=lambda: GradientSlice(
+        optimizer_steps=[], params=[], digests=[], nonfinite=None))
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        self.recorder = StepRecorder.attach(self.inner, self.optimizer, observe=self._at_step)
+        stack.callback(self.recorder.close)
+        stack.callback(output_site(self.ddp, self.inner).register_forward_hook(self._watch_output).remove)
+
+    def _watch_output(self, module: Any, args: Any, output: Any) -> None:
+        if self.out["nonfinite"] is None and _nonfinite_output(output):
+            self.out["nonfinite"] = {"step": self.step, "kind": "forward output (loss or logits)",
+                                     "name": type(module).__name__}
+
+    def _at_step(self, named: list[tuple[str, Any]]) -> None:
+        # optimizer.step() is about to read these gradients: judge (or write) them now, before
+        # a zero_grad after the step wipes them. Only the first step that ran is compared;
+        # every step is searched for NaN/Inf.
+        self.bad = first_nonfinite(named)
+        if "grads0" in self.out or "grads" in self.found:
+            return
+        if self.to.digest:
+            self.found["grads_digest"] = named_digests(named)
+        self.found["grads"] = self.to.gradients(GRADS0, named)
+
+    def begin(self, step: int, batch: Batch) -> None:
+        assert self.recorder is not None
+        self.step = step
+        self.recorder.reset()
+        self.bad = None
+        if "grads0" not in self.out:
+            self.found.clear()
+
+    def end(self, step: int) -> None:
+        assert self.recorder is not None
+        self.out["optimizer_steps"].append(self.recorder.steps)
+        live = [(name, p.detach()) for name, p in self.inner.named_parameters()]
+        if self.out["nonfinite"] is None:
+            # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
+            # the loss computed on them, or from the backward.
+            bad, kind = self.bad, GRADIENT_AFTER_FINITE_FORWARD
+            if bad is None:
+                bad, kind = first_nonfinite(live), "parameter"
+            if bad is not None:
+                self.out["nonfinite"] = {"step": step, "kind": kind, "name": bad}
+        if "grads0" not in self.out and "grads" in self.found:
+            self._first_step(step)
+        if self.to.digest and self.to.record:
+            self.out["digests"].append((f"parameters after step {step}", named_digests(live)))
+        if self.to.writer is not None:
+            self.to.writer.write(f"{PARAMS}{step}", live, norms=False)
+        elif self.to.record and self.to.sees:
+            self.out["params"].append(compare_snapshot(live, self.to.folder, f"{PARAMS}{step}",
+                                                       self.to.device, grad=False))
+
+    def _first_step(self, step: int) -> None:
+        # The first step whose optimizer.step() ran (a GradScaler skips steps with inf
+        # gradients, typically the first ones under fp16): its gradients are compared. Before
+        # it no parameter moved, so both sides still start from the same weights.
+        pre = self.clipping.take()
+        self.out["grads0"] = self.found["grads"]
+        self.out["grads0_step"] = step
+        self.out["pre_clip0"] = pre.get("pre_clip")
+        if "pre_clip_digest" in pre:
+            self.out["digests"].append((f"gradients before clip_grad_norm_ at step {step}", pre["pre_clip_digest"]))
+        if "grads_digest" in self.found:
+            self.out["digests"].append((f"gradients at optimizer.step() of step {step}", self.found["grads_digest"]))
+
+    def result(self) -> GradientSlice:
+        writer = self.to.writer
+        if writer is not None:
+            # Before returning: the ranks read these files as soon as this world call returns.
+            writer.close()
+            grads0, pre_clip0 = self.out.get("grads0"), self.out.get("pre_clip0")
+            if isinstance(grads0, str):
+                self.out["grads0"] = writer.norms(grads0)
+            if isinstance(pre_clip0, str):
+                self.out["pre_clip0"] = writer.norms(pre_clip0)
+            del self.out["digests"]  # the reference compares nothing
+        self.out.setdefault("grads0", None)
+        self.out.setdefault("grads0_step", None)
+        self.out.setdefault("pre_clip0", None)
+        return self.out
+
+
+# -- the recorded run ------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """One rank's run, built and wrapped, before its first step."""
+
+    target: Any
+    ddp: Any
+    inner: Any
+    optimizer: Any
+    to: Destination
+    setup: SetupSlice
+
+    def instruments(self, plan: RunPlan) -> list[Instrument]:
+        """The run's instruments, in the order they attach (and detach in reverse)."""
+        namespaces = [vars(self.target.module), getattr(self.target.train_step, "__globals__", {})]
+        allreduce = AllReduceCount(self.ddp, enabled=plan.count_allreduce)
+        clipping = Clipping(self.inner, namespaces, self.to)
+        return [allreduce, Gradients(self.ddp, self.inner, self.optimizer, self.to, clipping),
+                Forwards(self.ddp, self.inner, allreduce), clipping, BatchDigests(),
+                CompileWatch(self.ddp, self.inner, eager=plan.eager), Features(self.ddp), Routing()]
+
+
+def _destination(rank_ctx: RankContext, plan: RunPlan) -> Destination:
+    """Where this rank's tensors go; raises on every rank alike when rank 0 cannot read the
+    reference's snapshots (before any DDP collective)."""
     writes = plan.role == "reference"
-    n, rank = rank_ctx.world_size, rank_ctx.rank
+    rank = rank_ctx.rank
     snapshots = Path(plan.snapshots) if writes else rank_view(Path(plan.snapshots), rank)
     # The reference finished writing before this run started (its world call returned on
     # every rank first), so an absent index here means: not visible from this rank's host.
@@ -194,8 +387,21 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
             f"the reference's snapshots are not visible on rank 0's host ({plan.snapshots}/{INITIAL}"
             f"/index.json is missing there): the reference runs on rank 0's host and writes into "
             f"the check's temp dir, which rank 0 must be able to read")
+    # The reference's snapshots are written in the background while it trains on (one pending
+    # copy at most); every write has landed, index last, before run_recorded returns.
+    writer = SnapshotWriter(snapshots, memory=Path(plan.memory) if plan.memory else None) if writes else None
     # Digests only when some rank cannot compare: every rank then digests the same points.
-    digest = not all(seen)
+    return Destination(snapshots, rank_ctx.device, writer, sees=sees, digest=not all(seen),
+                       record=writes or rank == 0 or plan.record_all_ranks)
+
+
+def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
+    """The target's model built from the suite's seed, dropout off, BatchNorm grouped, started
+    from the reference's initial weights, wrapped in DDP with the target's ``ddp_kwargs``."""
+    from ...harness.targets import load_target
+
+    to = _destination(rank_ctx, plan)
+    writes, n, rank = to.writer is not None, rank_ctx.world_size, rank_ctx.rank
     disable_tf32()
     target = load_target(plan.target_spec)
     model = build_model(target, rank_ctx.device, seed=plan.seed)
@@ -215,175 +421,63 @@ def run_recorded(rank_ctx: Any, plan: RunPlan) -> dict[str, Any]:
     kwargs = effective_ddp_kwargs(target, plan.ddp_overrides)
     # Before wrapping, on rank 0 only: DDP's construction broadcast then carries rank 0's
     # (reference-checked) weights to every rank, including ranks that cannot read the files.
-    differs = _verify_initial(model, snapshots, rank_ctx.device) if not writes and rank == 0 else None
+    differs = _verify_initial(model, to.folder, rank_ctx.device) if not writes and rank == 0 else None
     ddp = wrap(model, rank_ctx.device, kwargs, target=target)
-    hook = comm_hook_of(ddp, uncompressed=plan.uncompressed)
+    setup = SetupSlice(rank=rank, ddp_kwargs=repr(kwargs),
+                       comm_hook=comm_hook_of(ddp, uncompressed=plan.uncompressed),
+                       dropout_disabled=dropout, rng_in_forward=rng_left, batchnorm_grouped=grouped,
+                       batchnorm_group=group if grouped else None)
     inner = unwrap(ddp)
     optimizer = target.make_optimizer(ddp)
-    record = writes or rank == 0 or plan.record_all_ranks
-    out: dict[str, Any] = {"rank": rank, "ddp_kwargs": repr(kwargs), "comm_hook": hook,
-                           "dropout_disabled": dropout,
-                           "rng_in_forward": rng_left, "batchnorm_grouped": grouped,
-                           "batchnorm_group": group if grouped else None}
-    # The reference's snapshots are written in the background while it trains on (one pending
-    # copy at most); every write has landed, index last, before this function returns.
-    writer = SnapshotWriter(snapshots, memory=Path(plan.memory) if plan.memory else None) if writes else None
-    if writer is not None:
-        writer.write(INITIAL, inner.state_dict().items(), norms=False)
+    if to.writer is not None:
+        to.writer.write(INITIAL, inner.state_dict().items(), norms=False)
     else:
-        if rank != 0 and sees:
+        if rank != 0 and to.sees:
             # After the construction broadcast, as a second look: with broadcast_buffers=False
             # DDP leaves buffers rank-local, and a rank that can read the files fixes its own.
-            differs = _verify_initial(inner, snapshots, rank_ctx.device, buffers_only=True)
-        out["initial_differs_from_reference"] = differs
-        out["compared_by"] = REFERENCE if sees else DIGEST
-    digests: list[tuple[str, list[tuple[str, str | None]]]] = []
-    per_step: dict[str, list[Any]] = {k: [] for k in (
-        "optimizer_steps", "ddp_forwards", "inner_forwards", "allreduce_calls", "allreduce_rounds",
-        "buckets_per_step", "clip_calls", "batch_digests", "routing", "unsynchronised_forwards")}
-    params: list[list[Compared]] = []
-    nonfinite: dict[str, Any] | None = None
-    current = {"step": 0}
-    found: dict[str, Any] = {}  # what the hooks measured at the first optimizer step that ran
-    this_step: dict[str, Any] = {}  # the first non-finite gradient at this step's optimizer.step()
+            differs = _verify_initial(inner, to.folder, rank_ctx.device, buffers_only=True)
+        setup["initial_differs_from_reference"] = differs
+        setup["compared_by"] = REFERENCE if to.sees else DIGEST
+    return Prepared(target, ddp, inner, optimizer, to, setup)
 
-    def watch_output(module: Any, args: Any, output: Any) -> None:
-        nonlocal nonfinite
-        if nonfinite is None and _nonfinite_output(output):
-            nonfinite = {"step": current["step"], "kind": "forward output (loss or logits)",
-                         "name": type(module).__name__}
 
-    def at_step(named: list[tuple[str, Any]]) -> None:
-        # optimizer.step() is about to read these gradients: judge (or write) them now, before
-        # a zero_grad after the step wipes them. Only the first step that ran is compared;
-        # every step is searched for NaN/Inf.
-        this_step["bad"] = first_nonfinite(named)
-        if "grads0" in out or "grads" in found:
-            return
-        if digest:
-            found["grads_digest"] = named_digests(named)
-        if not record or not sees:
-            found["grads"] = None
-        elif writer is not None:
-            writer.write(GRADS0, named)
-            found["grads"] = GRADS0  # its norms: once written (``writer.norms``)
-        else:
-            found["grads"] = compare_snapshot(named, snapshots, GRADS0, rank_ctx.device, grad=True)
+def run_recorded(rank_ctx: RankContext, plan: RunPlan) -> RankRecord:
+    """Run ``plan.steps`` steps of the target's ``train_step`` under DDP on this rank, observed
+    by the run's instruments; the rank's record is their slices (``records``).
 
-    def at_clip(named: list[tuple[str, Any]]) -> None:
-        # Every clip before the first step overwrites the last: the last clip's input counts.
-        if not record:
-            return
-        if digest:
-            found["pre_clip_digest"] = named_digests(named)
-        if writer is not None:
-            writer.write(PRE_CLIP0, named)
-            found["pre_clip"] = PRE_CLIP0
-        elif sees and has_snapshot(snapshots, PRE_CLIP0):
-            found["pre_clip"] = compare_snapshot(named, snapshots, PRE_CLIP0, rank_ctx.device, grad=True)
-
-    namespaces = [vars(target.module), getattr(target.train_step, "__globals__", {})]
+    ``plan.role == "reference"`` (the 1-rank world): write ``initial`` (parameters and buffers
+    after wrapping), ``grads0`` (the gradients consumed by the first ``optimizer.step()`` that
+    ran, at step ``grads0_step``: 0 unless a GradScaler skipped steps), ``pre_clip0`` (the
+    gradients before that step's last clip, when the step clips) and ``params<s>`` (after every
+    step) into ``plan.snapshots``; return the norms of the written gradients.
+    ``plan.role == "compare"`` (the N-rank world): start from the reference's initial weights
+    (``_verify_initial``) and compare the same points against the reference's snapshots *here*,
+    returning per-tensor summaries (``tensors.Compared``). No tensor is returned, and no
+    snapshot of the model is held: gradients and parameters are written or compared where they
+    live, at the moment they are what the optimizer consumed.
+    """
+    run = prepare(rank_ctx, plan)
+    instruments = run.instruments(plan)
     with contextlib.ExitStack() as stack:
-        if writer is not None:
+        if run.to.writer is not None:
             # A step that raises: the pending write still finishes before the error leaves this
             # rank (the supervisor then removes the folder under no thread's feet).
-            stack.callback(writer.settle)
-        counts = stack.enter_context(counting_allreduce(ddp)) if plan.count_allreduce else None
-        recorder = StepRecorder.attach(inner, optimizer, observe=at_step)
-        stack.callback(recorder.close)
-        forwards = ForwardCounter.attach(ddp, inner, rounds=(lambda: counts["rounds"]) if counts is not None else None)
-        stack.callback(forwards.close)
-        clip = ClipProbe.attach(inner, namespaces, observe=at_clip)
-        stack.callback(clip.close)
-        stack.callback(output_site(ddp, inner).register_forward_hook(watch_output).remove)
-        compiled = stack.enter_context(watch_compile(ddp, inner, eager=plan.eager))
-        # Which production features the step uses (autocast, GradScaler, checkpointing…),
-        # seen while it runs: the report's configuration table (harness.features).
-        features = stack.enter_context(FeatureProbe.watching(ddp))
-        # Top-k decisions (a mixture of experts' routing), compared across sides (``routing``).
-        routing = stack.enter_context(RoutingProbe.watching())
+            stack.callback(run.to.writer.settle)
+        for instrument in instruments:
+            instrument.attach(stack)
         for step in range(plan.steps):
-            current["step"] = step
-            batch = global_batch(target, plan.global_batch, seed=plan.seed + step)
-            # Every rank draws the *same* global batch from the same seed, unless the data it
-            # draws from was built differently in this process (a per-rank dataset).
-            per_step["batch_digests"].append(batch_digest(batch[0]) + batch_digest(batch[1]))
-            micro = to_device(shard(batch, rank, n, plan.microbatches), rank_ctx.device)
-            if plan.reverse_microbatches:
-                micro = micro[::-1]
-            before = (counts["calls"], counts["rounds"]) if counts is not None else (0, 0)
-            if counts is not None:
-                counts["indices"] = set()
-            recorder.reset()
-            this_step.clear()
-            clip.calls = []
-            if "grads0" not in out:
-                found.clear()
-                clip.frozen = False
+            batch = global_batch(run.target, plan.global_batch, seed=plan.seed + step)
+            micro = to_device(shard(batch, rank_ctx.rank, rank_ctx.world_size, plan.microbatches),
+                              rank_ctx.device)
+            for instrument in instruments:
+                instrument.begin(step, batch)
             # train_step runs forward/backward on every rank: each backward that is not under
             # no_sync is a collective, so all ranks execute the same number of steps.
-            target.run_step(ddp, optimizer, micro, step=step)
-            per_step["optimizer_steps"].append(recorder.steps)
-            per_step["routing"].append(routing.take())
-            per_step["unsynchronised_forwards"].append(forwards.unsynchronised())
-            ddp_fw, inner_fw = forwards.take()
-            per_step["ddp_forwards"].append(ddp_fw)
-            per_step["inner_forwards"].append(inner_fw)
-            per_step["clip_calls"].append(list(clip.calls))
-            if counts is not None:
-                per_step["allreduce_calls"].append(counts["calls"] - before[0])
-                per_step["allreduce_rounds"].append(counts["rounds"] - before[1])
-                # DDP rebuilds its buckets after the first iteration (in gradient-ready
-                # order), so the bucket count is measured per step, not once.
-                per_step["buckets_per_step"].append(len(counts["indices"]))
-            live = [(name, p.detach()) for name, p in inner.named_parameters()]
-            if nonfinite is None:
-                # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
-                # the loss computed on them, or from the backward.
-                bad = this_step.get("bad")
-                kind = GRADIENT_AFTER_FINITE_FORWARD
-                if bad is None:
-                    bad, kind = first_nonfinite(live), "parameter"
-                if bad is not None:
-                    nonfinite = {"step": step, "kind": kind, "name": bad}
-            if "grads0" not in out and "grads" in found:
-                # The first step whose optimizer.step() ran (a GradScaler skips steps with inf
-                # gradients, typically the first ones under fp16): its gradients are compared.
-                # Before it no parameter moved, so both sides still start from the same weights.
-                out["grads0"] = found["grads"]
-                out["grads0_step"] = step
-                out["pre_clip0"] = found.get("pre_clip")
-                clip.frozen = True
-                if "pre_clip_digest" in found:
-                    digests.append((f"gradients before clip_grad_norm_ at step {step}",
-                                    found["pre_clip_digest"]))
-                if "grads_digest" in found:
-                    digests.append((f"gradients at optimizer.step() of step {step}",
-                                    found["grads_digest"]))
-            if digest and record:
-                digests.append((f"parameters after step {step}", named_digests(live)))
-            if writer is not None:
-                writer.write(f"{PARAMS}{step}", live, norms=False)
-            elif record and sees:
-                params.append(compare_snapshot(live, snapshots, f"{PARAMS}{step}", rank_ctx.device,
-                                                grad=False))
-            del live
-    if writer is not None:
-        # Before returning: the ranks read these files as soon as this world call returns.
-        writer.close()
-        for key in ("grads0", "pre_clip0"):
-            if out.get(key) is not None:
-                out[key] = writer.norms(out[key])
-    out.setdefault("grads0", None)
-    out.setdefault("grads0_step", None)
-    out.setdefault("pre_clip0", None)
-    out.update(per_step)
-    out["params"] = [] if writes else params
-    if not writes:
-        out["digests"] = digests
-    out["nonfinite"] = nonfinite
-    out["batchnorm_sizes_seen"] = sizes_seen(inner)
-    out["compile"] = compiled or None
-    out["features"] = features.result()
-    return out
-
+            run.target.run_step(run.ddp, run.optimizer, micro[::-1] if plan.reverse_microbatches else micro,
+                                step=step)
+            for instrument in instruments:
+                instrument.end(step)
+    record: dict[str, Any] = {**run.setup, "batchnorm_sizes_seen": sizes_seen(run.inner)}
+    for instrument in instruments:
+        record.update(instrument.result())
+    return cast(RankRecord, record)
