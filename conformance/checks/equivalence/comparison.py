@@ -12,14 +12,20 @@ comm hook's compression bound, and the measurements the diagnosis reads (``bypas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .digests import Divergence
 from .floor import Floor, not_measured, smallest_bug
 from .hypotheses import Scale, scale_causes
+from .records import RankRecord
 from .recording import RunPlan
 from .routing import Flip
 from .tensors import TensorDiff, fmt, worst
+
+
+#: The record keys read rank by rank (``Equivalence.per_rank``).
+PerRank = Literal["allreduce_rounds", "batch_digests", "batchnorm_sizes_seen", "ddp_forwards", "grads0_step",
+                  "inner_forwards", "optimizer_steps", "rng_in_forward"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +36,8 @@ class Equivalence:
     no_gradient: list[str]  # parameters that reached the optimizer without a gradient on both sides
     pre_clip_diffs: list[TensorDiff]  # as grad_diffs, before clipping (empty: no clipping)
     param_diffs: list[list[TensorDiff]]  # per step, per parameter (worst rank)
-    ranks: list[dict[str, Any]]  # the N-rank values (counts etc.), without tensors
-    reference: dict[str, Any]  # the reference's values, without tensors
+    ranks: list[RankRecord]  # the N-rank records (counts etc.), without tensors
+    reference: RankRecord  # the reference's record, without tensors
     scale: Scale  # N-rank step-0 gradients against the reference's, per parameter
     pre_clip_scale: Scale | None
     # Ranks that could not read the reference's files (another host under --attach) are
@@ -122,7 +128,7 @@ class Equivalence:
         """One gradient factor on every parameter, within the configuration's noise."""
         return self.judged_scale.uniform_within(self.noise)
 
-    def per_rank(self, key: str) -> list[Any]:
+    def per_rank(self, key: PerRank) -> list[Any]:
         return [r.get(key) for r in self.ranks]
 
     @property

@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ddp_conformance.reports.keys import COMPILED, DDP_BUCKET_SPLITS, GRAPH_BREAKS
@@ -213,7 +213,7 @@ def run_eagerly(*, eager: bool = True) -> Any:
 
 # -- supervisor side: the ranks' summaries into the record ----------------------------------
 
-def compile_evidence(ranks: list[dict[str, Any]], reference: dict[str, Any]) -> dict[str, Any]:
+def compile_evidence(ranks: Sequence[Mapping[str, Any]], reference: Mapping[str, Any]) -> dict[str, Any]:
     """The record's evidence for a compiled target (empty for an eager one).
 
     ``COMPILED``: the form, the backend, how each side ran, graphs compiled per rank;

@@ -18,8 +18,7 @@ from .hypotheses import scale_causes, unsynchronised_cause
 
 def nonfinite(eq: Equivalence) -> tuple[str, dict[str, Any]] | None:
     """The first NaN/Inf: (message, where) or None."""
-    found = [(v["nonfinite"]["step"], rank, v["nonfinite"]) for rank, v in enumerate(eq.ranks)
-             if v.get("nonfinite")]
+    found = [(seen["step"], rank, seen) for rank, v in enumerate(eq.ranks) if (seen := v.get("nonfinite"))]
     ref: dict[str, Any] | None = eq.reference.get("nonfinite")
     if not found and not ref:
         return None

@@ -29,7 +29,7 @@ import math
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ...harness.context import CheckContext
 from ...harness.targets import TargetError
@@ -38,6 +38,7 @@ from .compression import compression_bound
 from .digests import DIGEST, compared_by, first_divergence
 from .floor import REORDERED, twin_floor
 from .hypotheses import scale_from
+from .records import RankRecord
 from .recording import RunPlan, run_recorded
 from .routing import first_flip, trim_twin
 from .tensors import Compared, TensorDiff, at_gradient_scale
@@ -80,8 +81,9 @@ def _with_gradient(ref_norms: dict[str, Any], per_rank: list[list[Compared]]) ->
     return [n for n in names if n in has], [n for n in names if n not in has]
 
 
-def _summary(value: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in value.items() if k not in _TENSORS}
+def _summary(value: dict[str, Any]) -> RankRecord:
+    """A rank's record without its per-tensor summaries: what ``Equivalence`` keeps."""
+    return cast(RankRecord, {k: v for k, v in value.items() if k not in _TENSORS})
 
 
 def _reference_and_ranks(ctx: CheckContext, plan: RunPlan, group: int, folder: Path,

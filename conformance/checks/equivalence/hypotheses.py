@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def scale_causes(factor: float, *, world_size: int, microbatches: int,
             if value != 1 and abs(factor / value - 1) < SPREAD]
 
 
-def unsynchronised_cause(ranks: list[dict[str, Any]], *, step: int) -> str | None:
+def unsynchronised_cause(ranks: Sequence[Mapping[str, Any]], *, step: int) -> str | None:
     """Measured: at the compared ``step``, DDP forwards whose backward no all-reduce round
     followed before ``optimizer.step()`` (``instruments.ForwardCounter.unsynchronised``).
 
