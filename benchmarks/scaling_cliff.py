@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from conformance.harness.world import World
-from conformance.harness.world._netns import unavailable_reason
+from conformance.harness.world import unavailable_reason
 from conformance.perf import cliff_model as cm
 from conformance.perf.scaling_cliff import SweepData, measure
 

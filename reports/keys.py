@@ -13,11 +13,11 @@ else. A check that starts emitting a new hint adds its constant here, beside its
 
 from __future__ import annotations
 
-# conformance/checks/_equivalence.py (gradient-equivalence, no-sync-equivalence), evidence.
+# conformance/checks/equivalence/presentation.py (gradient-equivalence, no-sync-equivalence), evidence.
 WARNINGS = "warnings"  # list[str]: a passed check that still has something to say
 BATCHNORM_PER_RANK = "batchnorm_per_rank_statistics"  # bool: plain BatchNorm, statistics per rank
 # dict: the measured noise floor, margin, bounds and observed differences (and a comm hook's
-# compression error against the uncompressed run), _floor.py / _compression.py
+# compression error against the uncompressed run), equivalence/floor.py / compression.py
 NOISE_FLOOR = "noise_floor"
 # dict: {feature: {"used", "value", "where"}} the N-rank run's step used (autocast, GradScaler,
 # compile, checkpointing, comm hook, static_graph, …), conformance/harness/features.py
@@ -30,21 +30,21 @@ FEATURES = "features"
 # rank-consistency, shared-weights and sampler-coverage count their own subject.
 VERIFIED = "verified"
 
-# conformance/checks/_equivalence.py (world_error_outcome) and conformance/harness/session.py,
+# conformance/harness/failures.py (world_error_outcome) and conformance/harness/session.py,
 # evidence. str: the host ran out of a resource (disk, /dev/shm, file descriptors), one line
 # naming it and the fix (conformance/harness/exhaustion.py). The record is inconclusive and
 # the verdict says the line first (reports/verdict.py).
 EXHAUSTED = "environment_exhausted"
 
-# conformance/checks/_equivalence.py, measured hypotheses behind a gradient mismatch.
+# conformance/checks/equivalence/ (presentation.py, verdict.py), measured hypotheses behind a gradient mismatch.
 DROPOUT_DISABLED = "dropout_disabled"  # evidence list[str]: dropout switched off in both runs
 GRADIENT_FACTOR = "gradient_factor"  # metric float | None: one N-rank/reference factor on every gradient
 HYPOTHESES = "hypotheses"  # evidence list[str]: causes a measurement supports (empty: none matched)
 DDP_BYPASSED = "ddp_bypassed"  # evidence bool: forwards reached the inner module only, 0 all-reduces
-# conformance/checks/_equivalence.py, rank_consistency.py and shared_weights.py, evidence.
+# conformance/checks/equivalence/verdict.py, rank_consistency.py and shared_weights.py, evidence.
 NONFINITE = "nonfinite"  # dict: first NaN/Inf {"step", "rank", "kind", "name"}
 
-# conformance/checks/sampler.py (and _equivalence.py for DATASET_DIFFERS_ON_RANKS), evidence.
+# conformance/checks/sampler_coverage.py (and equivalence/presentation.py for DATASET_DIFFERS_ON_RANKS), evidence.
 DATASET_DIFFERS_ON_RANKS = "dataset_differs_on_ranks"  # list[int]: ranks whose dataset is not rank 0's
 SAMPLER_SEEDS = "sampler_seeds"  # list: DistributedSampler seed per rank, present only when they differ
 
@@ -59,11 +59,11 @@ CULPRIT_RANK = "culprit_rank"  # int | None: the rank named as the cause
 BEST_BUCKET_CAP_MB = "best_bucket_cap_mb"  # float: the fastest cap of the sweep
 CONFIGURED_BUCKET_CAP_MB = "configured_bucket_cap_mb"  # float: the target's cap (25 when unset)
 
-# conformance/harness/remedies.py (written by conformance/checks/_checkpointing.py,
+# conformance/harness/remedies.py (written by conformance/checks/equivalence/checkpointing.py,
 # faults/checks/unused_parameters.py and faults/checks/bucket_config.py), evidence.
 REMEDIES = "remedies"  # list[{"change", "status", "evidence"}]: recommended changes re-run or not
 
-# conformance/checks/_compiled.py (the equivalence checks on a compiled target), evidence.
+# conformance/checks/equivalence/compiled.py (the equivalence checks on a compiled target), evidence.
 COMPILED = "compiled"  # dict: form of torch.compile, backend, how ranks and reference ran, graphs
 GRAPH_BREAKS = "graph_breaks"  # list[{"where", "count", "reasons"}]: dynamo graph breaks in user code
 DDP_BUCKET_SPLITS = "ddp_bucket_splits"  # list[list[int]]: per rank, DDPOptimizer subgraphs per graph
@@ -93,35 +93,35 @@ RESUME_TRAJECTORIES = "resume_trajectories"
 
 # Which module produces which key: what the test of this module holds the producers to.
 PRODUCERS: dict[str, tuple[str, ...]] = {
-    WARNINGS: ("conformance.checks._equivalence", "conformance.checks.resume_equivalence"),
-    BATCHNORM_PER_RANK: ("conformance.checks._equivalence",),
-    NOISE_FLOOR: ("conformance.checks._equivalence",),
-    FEATURES: ("conformance.checks._equivalence", "conformance.checks.rank_consistency",
-               "ddp_conformance.faults.checks.hang_detection", "conformance.checks._checkpointing"),
-    VERIFIED: ("conformance.checks._equivalence", "conformance.checks.rank_consistency",
-               "conformance.checks.shared_weights", "conformance.checks.sampler",
+    WARNINGS: ("conformance.checks.equivalence.presentation", "conformance.checks.resume_equivalence"),
+    BATCHNORM_PER_RANK: ("conformance.checks.equivalence.presentation",),
+    NOISE_FLOOR: ("conformance.checks.equivalence.presentation",),
+    FEATURES: ("conformance.checks.equivalence.presentation", "conformance.checks.rank_consistency",
+               "ddp_conformance.faults.checks.hang_detection", "conformance.checks.equivalence.checkpointing"),
+    VERIFIED: ("conformance.checks.equivalence.presentation", "conformance.checks.rank_consistency",
+               "conformance.checks.shared_weights", "conformance.checks.sampler_coverage",
                "conformance.checks._eval.verdict", "conformance.checks.resume_equivalence"),
-    EXHAUSTED: ("conformance.checks._equivalence", "conformance.harness.session"),
-    DROPOUT_DISABLED: ("conformance.checks._equivalence",),
-    GRADIENT_FACTOR: ("conformance.checks._equivalence",),
-    HYPOTHESES: ("conformance.checks._equivalence",),
-    DDP_BYPASSED: ("conformance.checks._equivalence",),
-    NONFINITE: ("conformance.checks._equivalence", "conformance.checks.rank_consistency",
+    EXHAUSTED: ("conformance.harness.failures", "conformance.harness.session"),
+    DROPOUT_DISABLED: ("conformance.checks.equivalence.presentation",),
+    GRADIENT_FACTOR: ("conformance.checks.equivalence.presentation",),
+    HYPOTHESES: ("conformance.checks.equivalence.verdict",),
+    DDP_BYPASSED: ("conformance.checks.equivalence.presentation",),
+    NONFINITE: ("conformance.checks.equivalence.verdict", "conformance.checks.rank_consistency",
                 "conformance.checks.shared_weights"),
-    DATASET_DIFFERS_ON_RANKS: ("conformance.checks.sampler", "conformance.checks._equivalence"),
-    SAMPLER_SEEDS: ("conformance.checks.sampler",),
+    DATASET_DIFFERS_ON_RANKS: ("conformance.checks.sampler_coverage", "conformance.checks.equivalence.presentation"),
+    SAMPLER_SEEDS: ("conformance.checks.sampler_coverage",),
     UNUSED_TABLE: ("ddp_conformance.faults.checks.unused_parameters",),
     FIND_UNUSED_TAX: ("ddp_conformance.faults.checks.unused_parameters",),
     CULPRIT_RANK: ("ddp_conformance.faults.checks.straggler", "ddp_conformance.faults.checks.hang_detection", "conformance.checks._eval.verdict"),
     BEST_BUCKET_CAP_MB: ("ddp_conformance.faults.checks.bucket_config",),
     CONFIGURED_BUCKET_CAP_MB: ("ddp_conformance.faults.checks.bucket_config",),
-    REMEDIES: ("conformance.harness.remedies", "conformance.checks._checkpointing",
+    REMEDIES: ("conformance.harness.remedies", "conformance.checks.equivalence.checkpointing",
                "ddp_conformance.faults.checks.unused_parameters", "ddp_conformance.faults.checks.bucket_config",
                "conformance.perf.scaling_cliff"),
-    COMPILED: ("conformance.checks._compiled",),
+    COMPILED: ("conformance.checks.equivalence.compiled",),
     RESUME_TRAJECTORIES: ("conformance.checks.resume_equivalence",),
-    GRAPH_BREAKS: ("conformance.checks._compiled",),
-    DDP_BUCKET_SPLITS: ("conformance.checks._compiled",),
+    GRAPH_BREAKS: ("conformance.checks.equivalence.compiled",),
+    DDP_BUCKET_SPLITS: ("conformance.checks.equivalence.compiled",),
     CLIFF_WORLD_SIZE: ("conformance.perf.allreduce_bandwidth",),
     SIMULATOR_ERROR: ("conformance.perf.allreduce_bandwidth",),
     MODEL_PARAMETERS: ("conformance.harness.resources",),

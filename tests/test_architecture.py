@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -46,8 +47,11 @@ def test_the_layer_contracts_are_kept() -> None:
 @pytest.mark.parametrize(("module", "back_import"), [
     ("conformance/harness/outcome.py", "import ddp_conformance.faults.checks.straggler"),  # harness -> a family
     ("reports/verdict.py", "import conformance.harness.registry"),             # reports -> harness
-    ("faults/diagnosis.py", "import conformance.checks._compare"),             # family -> sibling family
+    ("faults/diagnosis.py", "import conformance.checks.equivalence.tensors"),   # family -> sibling family
     ("conformance/targets/mlp.py", "import conformance.harness.ddp"),          # a built-in -> the suite
+    ("conformance/checks/gradient_equivalence.py", "import conformance.checks.no_sync_equivalence"),  # entry -> entry
+    ("conformance/checks/equivalence/checkpointing.py", "import conformance.checks.no_sync_equivalence"),  # engine -> entry
+    ("conformance/checks/equivalence/tensors.py", "import conformance.checks.equivalence.verdict"),  # engine leaf -> its top
 ])
 def test_a_back_import_breaks_the_contract(tmp_path: Path, module: str, back_import: str) -> None:
     for package in PACKAGES:
@@ -64,6 +68,106 @@ def test_a_back_import_breaks_the_contract(tmp_path: Path, module: str, back_imp
     if not importer.startswith("conformance."):  # faults/ and reports/ import as ddp_conformance.*
         importer = f"ddp_conformance.{importer}"
     assert importer in result.stdout, result.stdout
+
+
+# -- size and shape -------------------------------------------------------------------------
+
+#: The most lines a function (``def`` to its last line) and a module may have in conformance/
+#: and faults/: past them, a reader no longer sees one idea at once.
+FUNCTION_LINES, MODULE_LINES = 100, 600
+
+
+def _sizes(root: Path, folder: str) -> tuple[list[str], list[str]]:
+    long_functions, long_modules = [], []
+    for path in sorted((root / folder).rglob("*.py")):
+        source = path.read_text()
+        where = path.relative_to(root)
+        if len(source.splitlines()) > MODULE_LINES:
+            long_modules.append(f"{where}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > FUNCTION_LINES:
+                    long_functions.append(f"{where}:{node.lineno} {node.name}: {lines} lines")
+    return long_functions, long_modules
+
+
+def test_no_function_over_100_lines_and_no_module_over_600() -> None:
+    found = [_sizes(ROOT, folder) for folder in ("conformance", "faults")]
+    functions = [f for fs, _ in found for f in fs]
+    modules = [m for _, ms in found for m in ms]
+    assert not functions and not modules, "\n".join(functions + modules)
+
+
+def test_the_measure_sees_a_long_function(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES))
+    (tmp_path / "long").mkdir()
+    (tmp_path / "long" / "m.py").write_text(f"def f() -> None:\n{body}\n")
+    functions, modules = _sizes(tmp_path, "long")
+    assert functions == [f"long/m.py:1 f: {FUNCTION_LINES + 1} lines"] and not modules
+
+
+def _cycles(graph: object) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    imports = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in graph.modules}  # type: ignore[attr-defined]
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(imports):
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = len(index)
+                stack.append(node)
+                on_stack.add(node)
+            children = [c for c in imports[node] if c in imports]
+            if i < len(children):
+                work.append((node, i + 1))
+                child = children[i]
+                if child not in index:
+                    work.append((child, 0))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return cycles
+
+
+def test_no_import_cycle_anywhere() -> None:
+    """grimp (import-linter's graph) over every package: function-level imports count too."""
+    import grimp
+
+    graph = grimp.build_graph("conformance", "ddp_conformance", cache_dir=None)
+    assert len(graph.modules) > 100
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_search_finds_a_cycle() -> None:
+    class Graph:
+        modules = {"a", "b", "c", "d"}
+        edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+
+        def find_modules_directly_imported_by(self, module: str) -> set[str]:
+            return self.edges[module]
+
+    assert _cycles(Graph()) == [["a", "b", "c"]]
 
 
 def test_mypy_is_clean_on_the_packages() -> None:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..harness.patching import replaced as _replaced
+from ..harness.world import RankContext
 
 #: What a loop that never creates a checkpoint is told (nothing mid-run was compared).
 NO_STEPS = "run_loop took no optimizer step"
@@ -223,7 +224,7 @@ def _hookless_optimizers(module: Any, recorder: _Recorder) -> Iterator[None]:
         module.build_optimizer = build
 
 
-def watch_loop(rank_ctx: Any, target_spec: str, steps: int) -> dict[str, Any]:
+def watch_loop(rank_ctx: RankContext, target_spec: str, steps: int) -> dict[str, Any]:
     """Run the target's ``run_loop`` on this rank with the recorder's hooks; return the digests.
 
     The world this runs in is fresh with a short process-group timeout (rank_consistency): a

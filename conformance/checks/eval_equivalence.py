@@ -33,10 +33,10 @@ written, the training step's error), ``collectives`` per rank, ``causes``. A tar
 from __future__ import annotations
 
 from ..harness.context import CheckContext
+from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.timing import EVAL_PG_TIMEOUT_S
 from ..harness.world import RankFailure, WorldHang
-from ._equivalence import world_error_outcome
 from ._eval import EvalRank, evaluate_on_rank, failed_world, verdict
 
 

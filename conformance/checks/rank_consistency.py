@@ -46,6 +46,7 @@ from typing import Any
 from ddp_conformance.reports.keys import FEATURES, NONFINITE, VERIFIED
 
 from ..harness.context import CheckContext
+from ..harness.failures import world_error_outcome
 from ..harness.ddp import (
     MODEL_SEED,
     build_model,
@@ -60,8 +61,7 @@ from ..harness.ddp import (
 )
 from ..harness.outcome import Outcome
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
-from ..harness.world import RankFailure, WorldHang
-from ._equivalence import world_error_outcome
+from ..harness.world import RankContext, RankFailure, WorldHang
 from ._midrun import NO_STEPS, watch_loop
 from ._midrun import describe as describe_midrun
 from ._midrun import features as midrun_features
@@ -72,7 +72,7 @@ STEPS = 3
 LOOP_STEPS = 4
 
 
-def fingerprint(rank_ctx: Any, target_spec: str) -> list[tuple[str, str, tuple[int, ...], str]]:
+def fingerprint(rank_ctx: RankContext, target_spec: str) -> list[tuple[str, str, tuple[int, ...], str]]:
     """(kind, name, shape, dtype) of every parameter and buffer, in registration order."""
     from ..harness.targets import load_target
 
@@ -97,7 +97,7 @@ def _nonfinite(digests: dict[str, tuple[str, float]]) -> str | None:
     return next((name for name, (_, total) in digests.items() if not math.isfinite(total)), None)
 
 
-def track(rank_ctx: Any, target_spec: str, batch_size: int, steps: int) -> list[dict[str, Any]]:
+def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) -> list[dict[str, Any]]:
     """Digests of parameters and buffers at every checkpoint of a short DDP run on this rank."""
     from ..harness.targets import load_target
 

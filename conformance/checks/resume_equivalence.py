@@ -38,10 +38,10 @@ from typing import Any
 from ddp_conformance.reports.keys import RESUME_TRAJECTORIES, VERIFIED, WARNINGS
 
 from ..harness.context import CheckContext
+from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
 from ..harness.world import WorldHang
-from ._equivalence import world_error_outcome
 from ._resume import (
     KILLED_BETWEEN,
     KILLED_DURING_SAVE,

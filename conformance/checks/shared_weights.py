@@ -48,6 +48,7 @@ from ddp_conformance.reports.keys import NONFINITE, VERIFIED
 
 from ..harness.batches import digest as batch_digest
 from ..harness.context import CheckContext
+from ..harness.failures import world_error_outcome
 from ..harness.ddp import (
     MODEL_SEED,
     build_model,
@@ -60,21 +61,23 @@ from ..harness.ddp import (
     wrap,
 )
 from ..harness.outcome import Outcome
-from ..harness.world import RankFailure, WorldHang
-from ._compare import Compared, fmt
-from ._digests import (
+from ..harness.world import RankContext, RankFailure, WorldHang
+from .equivalence import (
     DIGEST,
     REFERENCE,
+    Compared,
+    compare_snapshot,
     compared_by,
+    disable_dropout,
     first_divergence,
+    fmt,
+    group_batchnorm,
+    has_snapshot,
     named_digests,
     rank_view,
     who_sees,
+    write_snapshot,
 )
-from ._equivalence import world_error_outcome
-from ._normalisation import group_batchnorm
-from ._randomness import disable_dropout
-from ._snapshots import compare_snapshot, has_snapshot, write_snapshot
 
 ITERATIONS = 2
 VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -157,13 +160,13 @@ def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
     return report
 
 
-def probe(rank_ctx: Any, target_spec: str, batch_size: int, folder: str) -> dict[str, Any]:
+def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str) -> dict[str, Any]:
     """Discovery, per-use gradients and the reference (rank 0), then every DDP variant.
 
-    The reference's gradients reach the other ranks as files in ``folder`` (``_snapshots``);
+    The reference's gradients reach the other ranks as files in ``folder`` (``equivalence.snapshots``);
     every rank compares its own gradients with them where they are and returns summaries
-    (``_compare.Compared``), never a tensor; a rank that cannot read them (another host under
-    ``--attach``) returns digests of its gradients instead, held to rank 0's (``_digests``).
+    (``equivalence.tensors.Compared``), never a tensor; a rank that cannot read them (another host under
+    ``--attach``) returns digests of its gradients instead, held to rank 0's (``equivalence.digests``).
     Memory on a rank: the DDP model plus at most one
     copy of it (rank 0's untied copy, then its reference copy, one after the other).
     """
@@ -241,7 +244,7 @@ def _reference(model: Any, groups: list[list[str]], shared: list[str], batches: 
                target: Any, device: Any, snapshots: Path) -> dict[str, Any]:
     """Rank 0: which uses contribute, and the single-process reference gradient of every global
     batch (plain autograd on a copy of the broadcast weights), written to ``snapshots``."""
-    from ._instruments import first_nonfinite
+    from .equivalence import first_nonfinite
 
     try:
         per_use = _per_use(model, groups, to_device([batches[0]], device)[0], target.compute_loss)
@@ -299,6 +302,32 @@ def _classify(c: Compared) -> str:
     if ratio > 1.05:
         return f"over-counted ({ratio:.2f}x the reference)"
     return f"wrong (norm ratio {ratio:.2f})"
+
+
+def _worst_rows(head: dict[str, Any], values: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    """Per DDP variant, the worst compared gradient over steps, shared parameters and ranks
+    (ranks judged by digest are held to rank 0 separately)."""
+    rows = []
+    for index, variant in enumerate(head["variants"]):
+        worst_ratio, worst_row = -1.0, None
+        for step in range(len(variant["grads"])):
+            for position in range(len(variant["grads"][step])):
+                for value in values:
+                    if value.get("compared_by") == DIGEST:
+                        continue  # held to rank 0 by digest above
+                    c = value["variants"][index]["grads"][step][position]
+                    d, name = c.diff, c.name
+                    # `not <=` also takes a NaN ratio: a non-finite gradient is never the best row.
+                    if not math.isnan(worst_ratio) and not d.ratio <= worst_ratio:
+                        worst_ratio = d.ratio
+                        worst_row = {"variant": variant["label"], "ddp_kwargs": variant["kwargs"],
+                                     "param": name, "rank": value["rank"], "iteration": step,
+                                     "max_abs_grad_diff": d.max_abs, "ratio_to_tolerance": d.ratio,
+                                     "ok": d.ok, "diagnosis": "" if d.ok else _classify(c),
+                                     **({"worst_element": d.to_json()["worst_element"]}
+                                        if d.worst_element else {})}
+        rows.append(worst_row)
+    return rows
 
 
 def run(ctx: CheckContext) -> Outcome:
@@ -362,28 +391,8 @@ def run(ctx: CheckContext) -> Outcome:
             recommendation="every use of a shared parameter must be in the autograd graph on every "
                            "rank, so that DDP all-reduces the same buckets everywhere")
     lost = [name for group in tied for name in group.get("lost_uses", [])]
-    rows, failures = [], []
-    for index, variant in enumerate(head["variants"]):
-        worst_ratio, worst_row = -1.0, None
-        for step in range(len(variant["grads"])):
-            for position in range(len(variant["grads"][step])):
-                for value in values:
-                    if value.get("compared_by") == DIGEST:
-                        continue  # held to rank 0 by digest above
-                    c = value["variants"][index]["grads"][step][position]
-                    d, name = c.diff, c.name
-                    # `not <=` also takes a NaN ratio: a non-finite gradient is never the best row.
-                    if not math.isnan(worst_ratio) and not d.ratio <= worst_ratio:
-                        worst_ratio = d.ratio
-                        worst_row = {"variant": variant["label"], "ddp_kwargs": variant["kwargs"],
-                                     "param": name, "rank": value["rank"], "iteration": step,
-                                     "max_abs_grad_diff": d.max_abs, "ratio_to_tolerance": d.ratio,
-                                     "ok": d.ok, "diagnosis": "" if d.ok else _classify(c),
-                                     **({"worst_element": d.to_json()["worst_element"]}
-                                        if d.worst_element else {})}
-        rows.append(worst_row)
-        if worst_row is not None and not worst_row["ok"]:
-            failures.append(worst_row)
+    rows = _worst_rows(head, values)
+    failures = [row for row in rows if row is not None and not row["ok"]]
     evidence["variants"] = rows
     metrics: dict[str, Any] = {
         "shared_parameters": len(head["shared"]), "shared": head["shared"],

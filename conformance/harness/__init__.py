@@ -4,6 +4,7 @@
   ``"module:function"`` strings, imported only when a check runs);
 - :mod:`.world` — supervised rank processes (``World``) and attach mode;
 - :mod:`.session`, :mod:`.context`, :mod:`.outcome` — running one check into one record;
+- :mod:`.failures` — the outcome of a world that raised or hung under any check;
 - :mod:`.targets` — loading and validating what is checked;
 - :mod:`.ddp` — the one rank-side DDP module (seeds, wrap, shard, device sync, timing).
 

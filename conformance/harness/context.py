@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 from ddp_conformance.reports.schema import Event
 
+from .outcome import Outcome
 from .registry import CheckSpec
 from .targets import TargetInfo
 from .world import World, WorldLike
@@ -58,7 +59,7 @@ class CheckContext:
         """(folder, memory): where one experiment's reference writes its snapshots, in this
         check's temp dir, and its private folder in the session's memory-backed one (None:
         none here) that the writer fills while the host has room
-        (``conformance/checks/_snapshots.py``). Both are removed when the block ends: the
+        (``conformance/checks/equivalence/snapshots.py``). Both are removed when the block ends: the
         snapshots are the model's size several times over."""
         folder = Path(tempfile.mkdtemp(prefix=prefix, dir=self.tmpdir))
         memory = Path(tempfile.mkdtemp(prefix=prefix, dir=self.memory_dir)) if self.memory_dir else None
@@ -93,3 +94,13 @@ class CheckContext:
                       check=self.spec.id, rank=rank, step=step, phase=phase, data=data)
         self.events.append(event)
         return event
+
+
+#: What a check is: ``run(ctx) -> Outcome``, named in the registry by ``"module:function"``.
+CheckEntry = Callable[[CheckContext], Outcome]
+
+
+def entry_of(spec: CheckSpec) -> CheckEntry:
+    """The check's entry, imported now (``CheckSpec.load``): the registry stays import-light."""
+    entry: CheckEntry = spec.load()
+    return entry

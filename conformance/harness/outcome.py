@@ -7,14 +7,18 @@ The runner adds the check id, title, kind, target and duration to make the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ddp_conformance.reports.schema import STATUSES
+
+#: A record's status (``reports.schema.STATUSES``).
+Status = Literal["passed", "failed", "inconclusive", "skipped"]
+assert get_args(Status) == STATUSES, "Status and reports.schema.STATUSES name the same statuses"
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    status: str
+    status: Status
     message: str
     metrics: dict[str, Any] = field(default_factory=dict)
     evidence: dict[str, Any] = field(default_factory=dict)

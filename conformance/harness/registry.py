@@ -45,12 +45,12 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec(
         "gradient-equivalence", "Gradient equivalence", "conformance",
         "N-rank DDP step == single-process large-batch step, per parameter, within a dtype tolerance",
-        "conformance.checks.gradient:run", reference=True,
+        "conformance.checks.gradient_equivalence:run", reference=True,
     ),
     CheckSpec(
         "no-sync-equivalence", "no_sync equivalence", "conformance",
         "accumulation over K microbatches with no_sync == one large-batch step; 1 all-reduce per K microbatches",
-        "conformance.checks.no_sync:run", reference=True,
+        "conformance.checks.no_sync_equivalence:run", reference=True,
     ),
     CheckSpec(
         "rank-consistency", "Rank consistency", "conformance",
@@ -60,7 +60,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec(
         "sampler-coverage", "Sampler coverage", "conformance",
         "every sample exactly once per epoch, disjoint shards, equal batch counts, new order each epoch",
-        "conformance.checks.sampler:run",
+        "conformance.checks.sampler_coverage:run",
     ),
     CheckSpec(
         "shared-weights", "Shared weights", "conformance",

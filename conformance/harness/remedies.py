@@ -77,6 +77,11 @@ class Remedy:
     def to_json(self) -> dict[str, Any]:
         return {"change": self.change, "status": self.status, "evidence": self.evidence}
 
+    def describe(self, detail: str) -> str:
+        """How a message says it: ``"<change>: <status> (<detail>)"``, the detail being what the
+        re-run showed (each check words its own measurement)."""
+        return f"{self.change}: {self.status} ({detail})"
+
 
 def verify(change: str, rerun: Callable[[], Rerun]) -> Remedy:
     """Run ``rerun`` (the failing scenario with ``change`` applied) and say what it showed.

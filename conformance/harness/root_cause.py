@@ -8,8 +8,8 @@ had nothing to do with the cause (measured on the word-language-model Transforme
 siamese network: gradient-equivalence, no-sync-equivalence, rank-consistency, shared-weights
 and hang-detection failed, straggler and bucket-config inconclusive, all on the same
 ``RuntimeError``). Now the run's session remembers, per target, the first failed record that
-carries a DDP error raised on the ranks (``rank_errors``, written by the equivalence family's
-``world_error_outcome``, which names known causes and re-runs their remedies); a later record on
+carries a DDP error raised on the ranks (``rank_errors``, written by ``failures.world_error_outcome``;
+the equivalence checks' ``name_known_cause`` names known causes and re-runs their remedies); a later record on
 the same target whose message (or own rank errors) carries the same error becomes
 **inconclusive**: "could not run: blocked by <check> …", pointing at it, without advice of its own. The verdict is unchanged (the
 root stays failed: not ready); a record that carries its own re-run remedies (unused-parameters'

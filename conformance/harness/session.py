@@ -20,16 +20,15 @@ from typing import Any
 from ddp_conformance.reports.keys import EXHAUSTED
 from ddp_conformance.reports.schema import CheckRecord
 
-from .context import CheckContext
+from .context import CheckContext, entry_of
 from .exhaustion import exhausted
 from .outcome import Outcome
 from .registry import CheckSpec
 from .resources import CostMeter, model_size_on_rank, size_metrics
 from .root_cause import RootCauses
-from .targets import BUILTINS, TargetError, TargetInfo, load_target
+from .targets import BUILTINS, TargetError, TargetInfo, load_target, raise_target_error
 from .timing import DEFAULT_DEADLINE_S
-from .world import LaunchedWorldUnreachable, World, WorldLike, WorldUnavailable
-from .world._containment import guardian
+from .world import LaunchedWorldUnreachable, World, WorldError, WorldLike, WorldUnavailable, guardian
 
 
 def _session_tmp() -> Path:
@@ -56,7 +55,7 @@ SHM_ENV = "DDP_CONFORMANCE_SHM"
 def _session_memory() -> Path | None:
     """The session's folder in memory (``/dev/shm``), or None where the host has none.
 
-    Snapshots written there skip the disk's write-back (``conformance/checks/_snapshots.py``);
+    Snapshots written there skip the disk's write-back (``conformance/checks/equivalence/snapshots.py``);
     what is in it is RAM until removed, so the guardian removes it if this process is killed,
     like the temp dir."""
     where = os.environ.get(SHM_ENV, "").strip()
@@ -71,6 +70,12 @@ def _session_memory() -> Path | None:
         return None
     guardian().watch(path=str(path))
     return path
+
+
+def _target_error(error: WorldError) -> None:
+    """Every world of a session: a TargetError raised on a rank (the user's own code) ends the
+    run as a usage error with its one line (exit 2), never as a check's finding."""
+    raise_target_error(error.results)
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,7 @@ class Session:
                 launched = self._worlds.get((key[0], self.settings.world_size))
                 if not isinstance(launched, AttachedWorld):
                     launched = AttachedWorld(key[0], deadline=self.settings.deadline)
+                    launched.on_error = _target_error
                     self._worlds[(key[0], self.settings.world_size)] = launched
                 world = launched if key[1] == self.settings.world_size else RankZeroLocalWorld(launched)
             else:
@@ -168,7 +174,9 @@ class Session:
         devices = check_world(backend, world_size)
         kwargs.setdefault("deadline", self.settings.deadline)
         kwargs.setdefault("preload", PERSISTENT_PRELOAD)
-        return World(world_size, backend, devices=devices, **kwargs)
+        world = World(world_size, backend, devices=devices, **kwargs)
+        world.on_error = _target_error
+        return world
 
     @property
     def hostnames(self) -> list[str]:
@@ -185,7 +193,7 @@ class Session:
             # Even if a close raised (or Ctrl-C came twice): no world may keep running.
             for world in self._worlds.values():
                 if isinstance(world, World):
-                    world._kill()
+                    world.kill()
             self._worlds.clear()
             if not self.settings.keep_tmp:
                 shutil.rmtree(self._tmp, ignore_errors=True)
@@ -237,7 +245,7 @@ class Session:
         try:
             ctx = self.context(spec, target_spec)
             with meter:
-                outcome = spec.load()(ctx)
+                outcome = entry_of(spec)(ctx)
             if not isinstance(outcome, Outcome):
                 raise TypeError(f"check {spec.id} returned {type(outcome).__name__}, not an Outcome")
         except (TargetError, LaunchedWorldUnreachable):

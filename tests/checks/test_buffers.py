@@ -1,4 +1,4 @@
-"""A buffer DDP's broadcast refuses (``_buffers``): the raw "some elements ... refer to a single
+"""A buffer DDP's broadcast refuses (``equivalence.buffers``): the raw "some elements ... refer to a single
 memory location" of every check that trains the model becomes the buffer named with its
 strides, and forward_sync_buffers=False re-run against the reference."""
 

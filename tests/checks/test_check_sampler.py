@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.checks.sampler import (
+from conformance.checks.sampler_coverage import (
     _expected,
     check_distributed_sampler,
     check_epoch_batches,

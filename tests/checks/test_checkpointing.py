@@ -1,4 +1,4 @@
-"""Reentrant activation checkpointing with DDP (conformance/checks/_checkpointing.py).
+"""Reentrant activation checkpointing with DDP (conformance/checks/equivalence/checkpointing.py).
 
 In process: the probe's recording and the forced ``use_reentrant=False`` patch the two
 checkpoint implementations (whichever way a target imported ``checkpoint``) and put them back.
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from conformance.checks._checkpointing import (
+from conformance.checks.equivalence.checkpointing import (
     Candidate,
     forced_nonreentrant,
     recorded_checkpoints,
@@ -123,14 +123,14 @@ def test_static_graph_with_no_sync_accumulation_is_a_finding_not_the_users_error
 def test_the_error_without_reentrant_checkpointing_is_not_named(suite_session) -> None:
     # DDP's "marked ready twice" on a target whose probe sees no reentrant checkpoint call (the
     # example as shipped: non-reentrant): no cause is named and nothing is re-run.
-    from conformance.checks._checkpointing import (
+    from conformance.checks.equivalence.checkpointing import (
         CHECKPOINTING,
         MARKED_TWICE,
         name_checkpointing,
     )
     from conformance.harness.outcome import Outcome
     from conformance.harness.world import RankFailure
-    from conformance.harness.world._results import RankError, RankResult
+    from conformance.harness.world import RankError, RankResult
 
     from ..examples._variants import EXAMPLES
 

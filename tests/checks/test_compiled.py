@@ -1,4 +1,4 @@
-"""``_compiled``: graph breaks told apart by whose code broke, the eager reference, and the
+"""``equivalence.compiled``: graph breaks told apart by whose code broke, the eager reference, and the
 evidence the judge builds from the ranks' summaries. One process, no world: dynamo's own records
 on tiny modules (the ``eager`` backend, well under a second each); one slow test on a real world."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conformance.checks._compiled import (
+from conformance.checks.equivalence.compiled import (
     MODULE,
     _breaks,
     compile_evidence,
@@ -112,8 +112,8 @@ IN_COLLECTIVE = ('  File "/venv/torch/_dynamo/eval_frame.py", line 1166 in compi
 
 
 def test_a_rank_still_compiling_at_the_deadline_is_inconclusive_not_a_hang():
-    from conformance.checks._compiled import slow_compile_outcome
-    from conformance.checks._equivalence import world_error_outcome
+    from conformance.harness.failures import slow_compile_outcome
+    from conformance.harness.failures import world_error_outcome
 
     outcome = world_error_outcome(_hang({0: COMPILING, 1: IN_COLLECTIVE}), "the DDP training step")
     assert outcome.status == "inconclusive"
@@ -132,8 +132,8 @@ IMPORTING_DYNAMO = ('  File "/venv/torch/_dynamo/convert_frame.py", line 1 in <m
 
 
 def test_importing_dynamo_is_not_still_compiling():
-    from conformance.checks._compiled import slow_compile_outcome
-    from conformance.checks._equivalence import world_error_outcome
+    from conformance.harness.failures import slow_compile_outcome
+    from conformance.harness.failures import world_error_outcome
 
     assert slow_compile_outcome(_hang({0: IMPORTING_DYNAMO}), "x") is None
     outcome = world_error_outcome(_hang({0: IMPORTING_DYNAMO}), "the DDP training step")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.checks._hypotheses import scale_causes, scale_of
+from conformance.checks.equivalence.hypotheses import scale_causes, scale_of
 
 REF = {"a.weight": torch.randn(4, 3, generator=torch.Generator().manual_seed(0)),
        "a.bias": torch.randn(4, generator=torch.Generator().manual_seed(1))}

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torch.nn import utils
 
-from conformance.checks._instruments import ClipProbe, StepRecorder, first_nonfinite
-from conformance.checks._randomness import disable_dropout, forward_is_random
+from conformance.checks.equivalence.instruments import ClipProbe, StepRecorder, first_nonfinite
+from conformance.checks.equivalence.randomness import disable_dropout, forward_is_random
 
 
 def _model() -> nn.Module:

@@ -1,7 +1,7 @@
 """A rank on another host than the reference's is judged by digest, against a rank that compared.
 
 Simulated: a 2-rank gloo world whose rank 1 sees the snapshot folder redirected to an absent
-one (the ``_digests.UNSEEN_BY_ENV`` test hook, set in the rank processes' environment), as
+one (the ``equivalence.digests.UNSEEN_BY_ENV`` test hook, set in the rank processes' environment), as
 rank 1 would under ``--attach`` on a second node. Shown:
 
 - a correct target passes, and the record says rank 0 compared against the reference and
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import torch
 
-from conformance.checks import _recorded
-from conformance.checks._digests import UNSEEN_BY_ENV, first_divergence
+from conformance.checks.equivalence import recording as _recorded
+from conformance.checks.equivalence.digests import UNSEEN_BY_ENV, first_divergence
 from conformance.harness.session import Session, Settings
 from conformance.harness.world import World
 

@@ -1,5 +1,5 @@
-"""The measured noise floor (``_floor``) and the comm hook's compression bound
-(``_compression``), judged without a world: when the twin run is a measurement of noise and when
+"""The measured noise floor (``equivalence.floor``) and the comm hook's compression bound
+(``equivalence.compression``), judged without a world: when the twin run is a measurement of noise and when
 it is not (with the reason), the floor robust to a tensor that happened to agree exactly, the
 bound a difference is judged against, and the "cannot distinguish" verdict with its numbers.
 The end-to-end runs (bf16 autocast, fp16/bf16/PowerSGD hooks; correct passes, scaled loss
@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from conformance.checks._compare import Compared, TensorDiff, tolerance_for
-from conformance.checks._compression import compression_bound
-from conformance.checks._floor import MARGIN, Floor, smallest_bug, twin_floor
+from conformance.checks.equivalence.tensors import Compared, TensorDiff, tolerance_for
+from conformance.checks.equivalence.compression import compression_bound
+from conformance.checks.equivalence.floor import MARGIN, Floor, smallest_bug, twin_floor
 
 TOL = tolerance_for("float32", grad=True)
 
@@ -114,9 +114,9 @@ def test_compression_bounds_per_hook():
 
 def _equivalence(floor: Floor, grad_rel: float):  # type: ignore[no-untyped-def]
     """An Equivalence as run_equivalence builds it, from summaries (no world needed)."""
-    from conformance.checks._equivalence import Equivalence
-    from conformance.checks._hypotheses import Scale
-    from conformance.checks._recorded import RunPlan
+    from conformance.checks.equivalence import Equivalence
+    from conformance.checks.equivalence.hypotheses import Scale
+    from conformance.checks.equivalence.recording import RunPlan
 
     grad = floor.widen([TensorDiff("w", grad_rel, grad_rel, grad_rel / TOL.rtol, TOL, ref_max=1.0)],
                        grad=True)
@@ -128,7 +128,7 @@ def _equivalence(floor: Floor, grad_rel: float):  # type: ignore[no-untyped-def]
 
 
 def test_the_judge_says_inconclusive_when_the_bound_would_admit_a_scaling_bug():
-    from conformance.checks._equivalence import judge
+    from conformance.checks.equivalence import judge
 
     wide = Floor(0.2, 0.01, 2, grad_tensor="w")  # bound 0.8 >= 0.5 (factor 1/2 on 2 ranks)
     within = judge(_equivalence(wide, 0.1), what="the DDP step", recommendation="r")
@@ -155,12 +155,12 @@ def test_no_twin_runs_when_every_tensor_is_within_the_fixed_tolerances(suite_ses
 
 
 def test_a_step_that_refuses_the_twins_split_is_judged_by_the_fixed_tolerances(suite_session, monkeypatch):
-    from conformance.checks import _equivalence
+    from conformance.checks.equivalence import experiment
 
     from ._check_helpers import run_check
 
     # As if a difference had exceeded the fixed tolerance: the twin must run, and cannot.
-    monkeypatch.setattr(_equivalence, "_within_fixed_tolerances", lambda values: False)
+    monkeypatch.setattr(experiment, "_within_fixed_tolerances", lambda values: False)
     record = run_check(suite_session, "no-sync-equivalence", "at_most_four_microbatches")
     assert record.status == "passed", record.message
     floor = record.evidence["noise_floor"]
@@ -172,8 +172,8 @@ def test_a_step_that_refuses_the_twins_split_is_judged_by_the_fixed_tolerances(s
 
 
 def test_the_twin_is_needed_exactly_when_a_difference_exceeds_a_fixed_tolerance():
-    from conformance.checks._digests import DIGEST
-    from conformance.checks._equivalence import _within_fixed_tolerances
+    from conformance.checks.equivalence.digests import DIGEST
+    from conformance.checks.equivalence.experiment import _within_fixed_tolerances
 
     ok, off = _c("w", 1e-7, 1.0), _c("w", 1e-3, 1.0)  # ratio ~0.01 and ~91 of the fp32 tolerance
     nan = Compared(TensorDiff("w", float("nan"), float("nan"), float("nan"), TOL), True, True)
@@ -191,7 +191,7 @@ def test_the_twin_is_needed_exactly_when_a_difference_exceeds_a_fixed_tolerance(
 
 
 def test_a_twin_bit_identical_to_the_reference_is_run_again_in_reverse_order():
-    from conformance.checks._twin import bit_identical
+    from conformance.checks.equivalence.twin import bit_identical
 
     exact, off = _c("w", 0.0, 1.0), _c("w", 1e-7, 1.0)
     assert bit_identical({"grads0": [exact], "params": [[exact], [exact]]})

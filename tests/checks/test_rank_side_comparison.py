@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import torch
 
-from conformance.checks import _compare
-from conformance.checks._compare import compare_tensor
-from conformance.checks._snapshots import read_snapshot, write_snapshot
+from conformance.checks.equivalence import tensors as _compare
+from conformance.checks.equivalence.tensors import compare_tensor
+from conformance.checks.equivalence.snapshots import read_snapshot, write_snapshot
 from conformance.harness.registry import BY_ID
 
 # A reused module (``mid`` runs twice per forward): shared-weights has a subject, and the same

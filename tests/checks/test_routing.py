@@ -1,4 +1,4 @@
-"""Top-k routing compared across sides (``_routing``), without a world: each side's calls laid
+"""Top-k routing compared across sides (``equivalence.routing``), without a world: each side's calls laid
 out in the reference's row order (ranks, microbatches, a twin's reversed microbatches), the first
 step whose decisions differ, a twin trimmed to the steps before its own flip, and what the judge
 may conclude from a flip."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from conformance.checks._floor import twin_floor
-from conformance.checks._routing import RoutingProbe, explains, first_flip, trim_twin
+from conformance.checks.equivalence.floor import twin_floor
+from conformance.checks.equivalence.routing import RoutingProbe, explains, first_flip, trim_twin
 
 
 def _call(rows: np.ndarray) -> tuple[int, int, bytes]:

@@ -16,8 +16,8 @@ import threading
 import pytest
 import torch
 
-from conformance.checks import _snapshots
-from conformance.checks._snapshots import (
+from conformance.checks.equivalence import snapshots as _snapshots
+from conformance.checks.equivalence.snapshots import (
     INDEX,
     SnapshotWriter,
     read_snapshot,

@@ -1,4 +1,4 @@
-"""Numerics judge relative error where magnitudes are tiny (conformance/checks/_compare.py,
+"""Numerics judge relative error where magnitudes are tiny (conformance/checks/equivalence/tensors.py,
 ``scaled``; docs/numerics.md): a gradient twice the reference's fails whatever its absolute
 size, a correct tiny gradient passes, and all-zero gradients are nothing to compare."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.checks._compare import Compared, Tolerance, at_gradient_scale, compare_tensor, scaled, tolerance_for
+from conformance.checks.equivalence.tensors import Compared, Tolerance, at_gradient_scale, compare_tensor, scaled, tolerance_for
 
 from ._check_helpers import run_check
 
@@ -18,7 +18,7 @@ def _grad(scale: float, n: int = 1000, seed: int = 0) -> torch.Tensor:
 
 def _judged(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Compared]:
     """Every (got, ref) compared as a rank does, then judged at the gradients' scale as the
-    supervisor does (``_equivalence._at_gradient_scale``)."""
+    supervisor does (``equivalence.experiment._at_gradient_scale``)."""
     compared = [compare_tensor(f"p{i}", got, ref, grad=True) for i, (got, ref) in enumerate(pairs)]
     return at_gradient_scale(compared, max(c.diff.ref_max for c in compared))
 

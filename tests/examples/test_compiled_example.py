@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.checks._compiled import MODULE, WRAPPER
+from conformance.checks.equivalence.compiled import MODULE, WRAPPER
 from conformance.harness.registry import BY_ID
 from ddp_conformance.reports.keys import COMPILED, DDP_BUCKET_SPLITS, GRAPH_BREAKS, WARNINGS
 

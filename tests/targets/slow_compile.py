@@ -1,6 +1,6 @@
 """A target whose torch.compile backend takes 30 s: longer than a short deadline, never hung.
 
-A compile that outlasts the deadline must not read as a DDP hang (``_compiled.slow_compile_outcome``).
+A compile that outlasts the deadline must not read as a DDP hang (``harness.failures.slow_compile_outcome``).
 """
 
 from __future__ import annotations

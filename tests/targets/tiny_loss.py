@@ -1,7 +1,7 @@
 """CORRECT: the loss scaled by 1e-6, as a token-sum loss divided by a whole run's token count
 gives it; gradients are ~1e-7, far below the fixed fp32 atol (1e-6). gradient-equivalence and
 no-sync-equivalence must pass: the tolerance is relative to each tensor's scale
-(conformance/checks/_compare.py, ``scaled``), so tiny correct gradients are no false alarm.
+(conformance/checks/equivalence/tensors.py, ``scaled``), so tiny correct gradients are no false alarm.
 
     ddp-conformance run --target tests/targets/tiny_loss.py --checks gradient-equivalence
 """

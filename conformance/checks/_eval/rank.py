@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ...harness.world import RankContext
 from .observers import Buffers, Collectives, Forward, Instrument, SampleIndices, UnevenGather
 from .records import BufferSlice, CollectiveSlice, EvalRank, ForwardSlice, SamplesSlice, StepSlice
 
@@ -57,7 +58,7 @@ def _metrics(target: Any, returned: Any) -> dict[str, float]:
     return out
 
 
-def _train_step(target: Any, model: Any, rank_ctx: Any) -> StepSlice:
+def _train_step(target: Any, model: Any, rank_ctx: RankContext) -> StepSlice:
     """One step of the target's ``train_step`` after ``model.train()``, as a loop resumes
     training after evaluating. An error of DDP (the reducer's "Expected to have finished
     reduction in the prior iteration" after an eval forward with autograd on) is data."""
@@ -78,7 +79,7 @@ def _train_step(target: Any, model: Any, rank_ctx: Any) -> StepSlice:
     return StepSlice(ran=True)
 
 
-def evaluate_on_rank(rank_ctx: Any, target_spec: str, *, train_after: bool) -> EvalRank:
+def evaluate_on_rank(rank_ctx: RankContext, target_spec: str, *, train_after: bool) -> EvalRank:
     """Build and wrap the model, run ``evaluate`` with every observer attached, then (with
     ``train_after``) one training step. The user's own exception is a TargetError (exit 2);
     any other (a collective's timeout, an uneven gather, DDP's error) comes back as data."""

@@ -93,7 +93,7 @@ def params_differ(got: Snapshot, ref: Snapshot, got_values: Values, ref_values: 
                   ref_offset: int | None) -> tuple[str, float] | None:
     """(first differing parameter, its max relative difference) or None when equal (bit for
     bit, or within the fp32/dtype tolerance when both sides' values were journaled)."""
-    from .._compare import diff_tensor
+    from ..equivalence import diff_tensor
 
     names = [n for n in ref.params if got.params.get(n) != ref.params[n]]
     if not names:

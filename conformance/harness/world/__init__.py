@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._containment import guardian
 from ._netns import LinkShape, NetworkUnavailable, PrivateNetwork, unavailable_reason
 from ._rank import RankContext
 from ._results import (
@@ -12,6 +13,7 @@ from ._results import (
     WorldError,
     WorldHang,
     WorldUnavailable,
+    first_line,
 )
 from .like import WorldLike
 from .local import World
@@ -30,5 +32,7 @@ __all__ = [
     "WorldHang",
     "WorldLike",
     "WorldUnavailable",
+    "first_line",
+    "guardian",
     "unavailable_reason",
 ]

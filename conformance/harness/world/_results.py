@@ -49,6 +49,16 @@ class RankResult:
         return self.error is None
 
 
+#: The longest headline a record quotes of a rank's error (its first line).
+HEADLINE_CHARS = 300
+
+
+def first_line(text: str) -> str:
+    """The first line of ``text``, at most ``HEADLINE_CHARS`` long ("" for an empty text)."""
+    lines = text.splitlines()
+    return lines[0][:HEADLINE_CHARS] if lines else ""
+
+
 class WorldError(RuntimeError):
     """A world call that did not complete on every rank."""
 
@@ -66,6 +76,20 @@ class WorldError(RuntimeError):
     @property
     def failed_ranks(self) -> list[int]:
         return [r.rank for r in self.results if r.error is not None]
+
+    @property
+    def first_error(self) -> RankResult | None:
+        """The rank a headline names: the culprit, else the first rank with an error."""
+        if self.culprit is not None and self.culprit.error is not None:
+            return self.culprit
+        return next((r for r in self.results if r.error is not None), None)
+
+    def headline(self) -> str:
+        """The first line of the error that explains this one: the culprit rank's (as
+        ``RankError.describe`` says it), else this error's own; what a record quotes."""
+        first = self.first_error
+        text = first.error.describe() if first is not None and first.error is not None else str(self)
+        return first_line(text) or type(self).__name__
 
 
 class RankFailure(WorldError):

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..timing import DEFAULT_DEADLINE_S, pg_timeout_for
-from ..targets import raise_target_error
 from ._loopback import loopback_interface
 from ._rank import RankContext, _error
-from ._results import LaunchedWorldUnreachable, RankFailure, RankResult, WorldUnavailable
+from ._results import LaunchedWorldUnreachable, RankFailure, RankResult, WorldError, WorldUnavailable, first_line
 from .local import World
 
 
@@ -68,7 +67,12 @@ def launcher_env() -> dict[str, int] | None:
 
 
 class AttachedWorld:
-    """The current process as one rank of a launcher-made world."""
+    """The current process as one rank of a launcher-made world.
+
+    As ``World``: a failed call raises a world error, which ``on_error`` (the owner's) sees first.
+    """
+
+    on_error: Callable[[WorldError], None] | None = None
 
     def __init__(self, backend: str = "gloo", *, deadline: float = DEFAULT_DEADLINE_S,
                  pg_timeout: float | None = None) -> None:
@@ -118,7 +122,7 @@ class AttachedWorld:
                 dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size,
                                         timeout=timedelta(seconds=self.pg_timeout))
             except Exception as exc:  # noqa: BLE001 - any failure to join ends the run the same way
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                first = first_line(str(exc).strip()) or type(exc).__name__
                 where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
                 self._unreachable = (
                     f"rank {self.rank} of {self.world_size} could not join the launched world within "
@@ -161,9 +165,11 @@ class AttachedWorld:
         results = [r for r in gathered]
         self._hostnames = [r.hostname or "?" for r in results]
         if any(r.error is not None for r in results):
-            raise_target_error(results)  # the user's own code raised: exit 2, not a finding
             bad = "; ".join(f"rank {r.rank} {r.error.describe()}" for r in results if r.error)
-            raise RankFailure(bad, results=results, elapsed_s=time.perf_counter() - start)
+            failure = RankFailure(bad, results=results, elapsed_s=time.perf_counter() - start)
+            if self.on_error is not None:
+                self.on_error(failure)  # the user's own code raised: the owner's error, not a finding
+            raise failure
         return results
 
     def close(self) -> None:
@@ -218,6 +224,7 @@ class RankZeroLocalWorld:
             if self._local is None:
                 devices = [self.attached.local_rank] if self.backend == "nccl" else None
                 self._local = World(1, self.backend, deadline=self.attached.deadline, devices=devices)
+                self._local.on_error = self.attached.on_error
             try:
                 outcome[0] = self._local.run(fn, *args, deadline=deadline, **kwargs)
             except Exception as exc:

@@ -33,9 +33,8 @@ from ._containment import cookie_in_environment, guardian, new_cookie, reap
 from ._loopback import LOOPBACK_HOST, loopback_interface
 from ._netns import PrivateNetwork
 from ._protocol import ProtocolError, decode, encode
-from ..targets import raise_target_error
 from ._rank import RankConfig, rank_main, stack_file
-from ._results import RankError, RankFailure, RankResult, WorldHang, WorldUnavailable
+from ._results import RankError, RankFailure, RankResult, WorldError, WorldHang, WorldUnavailable
 
 BACKENDS = ("gloo", "nccl")
 
@@ -94,7 +93,7 @@ def _kill_at_exit() -> None:
     reverse order of registration, and multiprocessing's was registered on import, above)."""
     for world in list(_LIVE):
         try:
-            world._kill()
+            world.kill()
         except Exception:  # noqa: BLE001 - exiting anyway; the guardian is the last resort
             pass
 
@@ -104,7 +103,13 @@ class World:
 
     Persistent: the same processes serve every call until one fails or hangs; then the world
     is killed at once and the next call starts a fresh one (``generation`` counts restarts).
+
+    A call that fails raises a world error (``RankFailure``, ``WorldHang``) and nothing else;
+    ``on_error``, set by the world's owner, sees it first and may raise its own error instead
+    (the Session turns a rank's TargetError into the run's usage error, ``harness/session.py``).
     """
+
+    on_error: Callable[[WorldError], None] | None = None
 
     def __init__(self, world_size: int = 2, backend: str = "gloo", *, deadline: float = DEFAULT_DEADLINE_S,
                  pg_timeout: float | None = None, start_timeout: float = WORLD_START_S,
@@ -326,7 +331,7 @@ class World:
                 # Seen rarely with gloo on torch 2.13: a rank aborts during interpreter shutdown
                 # after all its work was returned. Nothing it computed is affected; keep a note.
                 self.restarts.append(f"rank {proc.name} exited with {proc.exitcode} at shutdown")
-        self._kill()
+        self.kill()
 
     def __enter__(self) -> World:
         return self.start()
@@ -336,11 +341,11 @@ class World:
 
     def __del__(self) -> None:  # last resort; close() is the contract
         try:
-            self._kill()
+            self.kill()
         except Exception:
             pass
 
-    def _kill(self) -> None:
+    def kill(self) -> None:
         """Kill every process of this world — ranks, their process groups (DataLoader workers)
         and anything they started, setsid children included (the cookie) — and reap the ranks."""
         for proc in self._procs:
@@ -375,6 +380,8 @@ class World:
             guardian().forget(cookie=self._cookie, path=self._tmpdir)
         self._cookie, self._tmpdir = None, None
 
+    _kill = kill  # the start path's name for it (launch, _await_ready)
+
     # -- calls ---------------------------------------------------------------------------
 
     def run(self, fn: Callable[..., Any], *args: Any, deadline: float | None = None,
@@ -403,7 +410,7 @@ class World:
             # is 2 s for every rank together.
             if self._procs:
                 self.restarts.append("supervisor interrupted during a call")
-                self._kill()
+                self.kill()
             raise
 
     def _call(self, call_id: int, payload: bytes, budget: float) -> list[RankResult]:
@@ -460,10 +467,7 @@ class World:
                                        pid=self._procs[rank].pid)
         ordered = [results[r] for r in range(self.world_size)]
         self.restarts.append("hang" if not failed else "failure")
-        self._kill()
-        # The user's own code raised on a rank (a TargetError there): the run ends as a usage
-        # error with its one line (exit 2), never as a check's finding.
-        raise_target_error(ordered)
+        self.kill()
         # A peer that gave up on a collective because of its own process-group timeout is a
         # symptom, not a cause: with ranks still running, that is a hang, not a crash.
         if failed and waiting and all(_is_timeout(r.error) for r in ordered
@@ -477,12 +481,18 @@ class World:
             bad = "; ".join(f"rank {r.rank} {r.error.describe()}" for r in culprits
                             if r.error is not None)
             extra = f"; ranks {waiting} were blocked and killed" if waiting else ""
-            raise RankFailure(f"{bad}{extra}", results=ordered, stacks=stacks, elapsed_s=elapsed,
-                              culprit=culprits[0] if culprits else None)
-        raise WorldHang(
+            raise self._raised(RankFailure(f"{bad}{extra}", results=ordered, stacks=stacks, elapsed_s=elapsed,
+                                           culprit=culprits[0] if culprits else None))
+        raise self._raised(WorldHang(
             f"hang: ranks {waiting} did not finish within the {budget:g} s deadline "
             f"(detected after {elapsed:.2f} s); every rank's stack was collected and the world killed",
-            stuck_ranks=waiting, results=ordered, stacks=stacks, elapsed_s=elapsed)
+            stuck_ranks=waiting, results=ordered, stacks=stacks, elapsed_s=elapsed))
+
+    def _raised(self, error: WorldError) -> WorldError:
+        """``error``, once the owner's ``on_error`` has seen it (it may raise its own instead)."""
+        if self.on_error is not None:
+            self.on_error(error)
+        return error
 
     def _poll(self, ranks: set[int], timeout: float) -> list[tuple[int, str, Any]]:
         """Wait for a message or a death among ``ranks``:

@@ -34,6 +34,7 @@ from typing import IO
 
 from ..targets import SEE, TargetError, TargetInfo
 from ._containment import COOKIE_VAR, guardian, new_cookie, reap
+from ._results import first_line
 
 _PR_SET_PDEATHSIG = 1
 _INFO, _TARGET_ERROR, _CRASH, _EXIT = b"R", b"E", b"X", b"S"
@@ -203,5 +204,5 @@ def _answer(spec: str, world_size: int, build: bool) -> bytes:
     except SystemExit as exc:  # sys.exit() / exit() in module-level code or build_model()
         return _EXIT + f"called sys.exit({exc.code!r})".encode(errors="replace")
     except BaseException as exc:  # anything else the user's code did: say what, in one line
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        first = first_line(str(exc).strip())
         return _CRASH + f"{type(exc).__name__}: {first}".encode(errors="replace")

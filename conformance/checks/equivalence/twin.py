@@ -1,4 +1,4 @@
-"""The twin runs of the noise floor (``_floor``): the same ``train_step`` in one process on the
+"""The twin runs of the noise floor (``floor``): the same ``train_step`` in one process on the
 N-rank run's microbatches, compared against the reference's snapshots as a rank compares.
 
 Supervisor side. The twin splits the global batch into the N-rank run's N·K microbatches, in
@@ -23,12 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..harness.context import CheckContext
-from ..harness.targets import TargetError
-from ..harness.world import RankFailure, WorldHang
-from ._compare import Compared
-from ._floor import REORDERED
-from ._recorded import RunPlan, run_recorded
+from ...harness.context import CheckContext
+from ...harness.targets import TargetError
+from ...harness.world import RankFailure, WorldError, WorldHang, first_line
+from .tensors import Compared
+from .floor import REORDERED
+from .recording import RunPlan, run_recorded
 
 
 def bit_identical(twin: dict[str, Any]) -> bool:
@@ -49,14 +49,12 @@ def _run_twin(ctx: CheckContext, plan: RunPlan) -> dict[str, Any]:
         # no finding about DDP, and no error in the target (its real split runs): no floor, the
         # fixed tolerances judge alone, and the record says why. (The failed call replaced the
         # 1-rank world; the snapshots are still in place.)
-        culprit = (exc.culprit.error.describe() if isinstance(exc, RankFailure | WorldHang)
-                   and exc.culprit and exc.culprit.error else str(exc))
-        return {"failed": culprit.split("; fix it")[0].splitlines()[0][:300] if culprit
-                else type(exc).__name__}
+        said = exc.headline() if isinstance(exc, WorldError) else str(exc)
+        return {"failed": first_line(said.split("; fix it")[0]) or type(exc).__name__}
 
 
 def run_twin(ctx: CheckContext, plan: RunPlan, group: int, folder: Path) -> dict[str, Any]:
-    """The twin (``_floor``): the N-rank run's N·K microbatches, in rank order, accumulated in
+    """The twin (``floor``): the N-rank run's N·K microbatches, in rank order, accumulated in
     one process on the 1-rank world, compared against the reference's snapshots in ``folder``;
     run again in reverse order when it was bit-identical to the reference (the step joined
     them). A call of its own: in the reference's it would double that call's time, and a

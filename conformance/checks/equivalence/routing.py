@@ -41,7 +41,7 @@ from typing import Any
 MAX_INDICES = 1 << 20
 
 Call = tuple[int, int, bytes]  # (rows, k, int64 indices row-major)
-#: The twin's record key saying why it measures no noise (``_floor.twin_floor`` reads it).
+#: The twin's record key saying why it measures no noise (``floor.twin_floor`` reads it).
 NOT_NOISE = "not_noise"
 
 

@@ -41,8 +41,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..harness.resources import available_memory
-from ._compare import Compared, compare_tensor
+from ...harness.resources import available_memory
+from .tensors import Compared, compare_tensor
 
 INDEX = "index.json"
 

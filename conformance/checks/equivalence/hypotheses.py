@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._compare import Compared
+    from .tensors import Compared
 
 NEGLIGIBLE = 1e-4  # a reference gradient this small next to the largest one is rounding noise
 RESIDUAL = 1e-3  # |g - s·ref| / |g|: how far from "a multiple of the reference" still counts
@@ -43,7 +44,7 @@ class Scale:
 
     def uniform_within(self, noise: float) -> float | None:
         """``uniform``, with a residual of up to ``noise`` (the configuration's measured bound,
-        ``_floor``: bf16 autocast leaves ~3e-3 of every gradient as rounding) still counting as
+        ``floor``: bf16 autocast leaves ~3e-3 of every gradient as rounding) still counting as
         "a multiple of the reference"."""
         if not self.parameters or self.residual > max(RESIDUAL, noise):
             return None
@@ -59,7 +60,7 @@ class Scale:
 
 def scale_of(per_rank: list[dict[str, Any]], ref: dict[str, Any]) -> Scale:
     """``scale_from`` on whole tensors (every rank's gradients against the reference's)."""
-    from ._compare import compare_tensor
+    from .tensors import compare_tensor
 
     norms = [math.sqrt(compare_tensor(n, r, r, grad=True).ref_sq) for n, r in ref.items() if r is not None]
     return scale_from([[compare_tensor(n, got.get(n), r, grad=True) for n, r in ref.items()]
@@ -68,7 +69,7 @@ def scale_of(per_rank: list[dict[str, Any]], ref: dict[str, Any]) -> Scale:
 
 def scale_from(per_rank: list[list[Compared]], ref_norms: list[float]) -> Scale:
     """Per-parameter factors of every rank's gradients against the reference's, from the
-    projections each rank measured on its device (``_compare.Compared``).
+    projections each rank measured on its device (``tensors.Compared``).
 
     Parameters whose reference gradient is negligible (a conv bias right before BatchNorm has
     a gradient of exactly 0 in theory, ~1e-9 of rounding in practice) carry no factor and are
@@ -116,9 +117,9 @@ def scale_causes(factor: float, *, world_size: int, microbatches: int,
             if value != 1 and abs(factor / value - 1) < SPREAD]
 
 
-def unsynchronised_cause(ranks: list[dict[str, Any]], *, step: int) -> str | None:
+def unsynchronised_cause(ranks: Sequence[Mapping[str, Any]], *, step: int) -> str | None:
     """Measured: at the compared ``step``, DDP forwards whose backward no all-reduce round
-    followed before ``optimizer.step()`` (``_instruments.ForwardCounter.unsynchronised``).
+    followed before ``optimizer.step()`` (``instruments.ForwardCounter.unsynchronised``).
 
     DDP reads ``require_backward_grad_sync`` (which ``no_sync()`` clears) in ``forward``: a
     backward synchronises when its forward saw the flag set. Set after the last micro-step's

@@ -41,10 +41,10 @@ from typing import Any
 
 from ddp_conformance.reports.keys import FEATURES, REMEDIES
 
-from ..harness.context import CheckContext
-from ..harness.features import checkpointed_module_name
-from ..harness.outcome import Outcome
-from ..harness.remedies import (
+from ...harness.context import CheckContext
+from ...harness.features import checkpointed_module_name
+from ...harness.outcome import Outcome
+from ...harness.remedies import (
     DID_NOT_FIX,
     STATIC_GRAPH_NO_SYNC,
     STATIC_GRAPH_NO_SYNC_CAUSE,
@@ -54,9 +54,11 @@ from ..harness.remedies import (
     to_json,
     verify,
 )
-from ..harness.world import RankFailure, WorldHang
-from ._recorded import RunPlan, run_recorded
-from .no_sync import microbatches_for
+from ...harness.world import RankContext, RankFailure, WorldError, WorldHang
+from .buffers import name_buffer_overlap
+from .experiment import microbatches_for
+from .records import RankRecord
+from .recording import RunPlan, run_recorded
 
 #: DDP's error text for a parameter reported ready twice in one backward (torch 2.13).
 MARKED_TWICE = "Expected to mark a variable ready only once"
@@ -153,13 +155,13 @@ def forced_nonreentrant() -> Iterator[None]:
         _restore_apply(function_cls, own_apply)
 
 
-def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, Any]:
+def probe_rank(rank_ctx: RankContext, spec: str, rows: int) -> dict[str, Any]:
     """One forward and backward of the target's model, without DDP (nothing can raise DDP's
     error here), on ``rows`` rows of its first global batch; the checkpoint calls it made, and
     the parameters left without a gradient (``WITHOUT_GRADIENT``)."""
-    from ..harness.batches import move
-    from ..harness.ddp import MODEL_SEED, build_model, global_batch
-    from ..harness.targets import load_target
+    from ...harness.batches import move
+    from ...harness.ddp import MODEL_SEED, build_model, global_batch
+    from ...harness.targets import load_target
 
     target = load_target(spec)
     model = build_model(target, rank_ctx.device, seed=MODEL_SEED)
@@ -171,21 +173,13 @@ def probe_rank(rank_ctx: Any, spec: str, rows: int) -> dict[str, Any]:
     return {**seen, WITHOUT_GRADIENT: missing}
 
 
-def run_remedied(rank_ctx: Any, plan: RunPlan, nonreentrant: bool) -> dict[str, Any]:
+def run_remedied(rank_ctx: RankContext, plan: RunPlan, nonreentrant: bool) -> RankRecord:
     """``run_recorded`` with every reentrant checkpoint forced non-reentrant when asked."""
     with forced_nonreentrant() if nonreentrant else contextlib.nullcontext():
         return run_recorded(rank_ctx, plan)
 
 
 # -- supervisor side ---------------------------------------------------------------------
-
-
-def _first_line(exc: Exception) -> str:
-    if isinstance(exc, RankFailure):
-        for r in exc.results:
-            if r.error is not None:
-                return r.error.describe().splitlines()[0][:300]
-    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
 
 
 def _accumulation(ctx: CheckContext) -> int:
@@ -213,7 +207,7 @@ def rerun(ctx: CheckContext, *, overrides: dict[str, object], nonreentrant: bool
             values = [r.value for r in ctx.world().run(run_remedied, replace(plan, snapshots=str(folder)),
                                                        nonreentrant, deadline=ctx.deadline)]
     except (RankFailure, WorldHang) as exc:
-        return Rerun(False, {"completed": False, "error": _first_line(exc), "microbatches_per_rank": k})
+        return Rerun(False, {"completed": False, "error": exc.headline(), "microbatches_per_rank": k})
     diffs = [c.diff for v in values for c in (v.get("grads0") or [])]
     diffs += [c.diff for v in values for step in (v.get("params") or []) for c in step]
     bad = sorted({d.name for d in diffs if not d.ok})
@@ -227,25 +221,25 @@ def rerun(ctx: CheckContext, *, overrides: dict[str, object], nonreentrant: bool
     return Rerun(bool(diffs) and not bad and not nonfinite and not never, evidence)
 
 
-def _remedy_text(remedy: Remedy) -> str:
+def _rerun_detail(remedy: Remedy) -> str:
+    """What the re-run showed, for ``Remedy.describe``."""
     ev = remedy.evidence
     if remedy.verified:
-        return (f"{remedy.change}: verified fix ({ev.get('steps')} steps of K={ev.get('microbatches_per_rank')} "
-                f"microbatches completed on {ev.get('ranks')} ranks, {ev.get('tensors_compared')} gradients "
-                f"and parameters match the single-process reference)")
+        return (f"{ev.get('steps')} steps of K={ev.get('microbatches_per_rank')} microbatches completed "
+                f"on {ev.get('ranks')} ranks, {ev.get('tensors_compared')} gradients and parameters "
+                f"match the single-process reference")
     if ev.get("error") and static_graph_no_sync(ev["error"]):
-        return (f"{remedy.change}: {remedy.status} (with the step's no_sync accumulation over K="
-                f"{ev.get('microbatches_per_rank')} microbatches DDP's reducer raised "
-                f"'{STATIC_GRAPH_NO_SYNC} INTERNAL ASSERT FAILED': {STATIC_GRAPH_NO_SYNC_CAUSE})")
+        return (f"with the step's no_sync accumulation over K={ev.get('microbatches_per_rank')} "
+                f"microbatches DDP's reducer raised '{STATIC_GRAPH_NO_SYNC} INTERNAL ASSERT FAILED': "
+                f"{STATIC_GRAPH_NO_SYNC_CAUSE}")
     if ev.get("error"):
-        return f"{remedy.change}: {remedy.status} (the re-run raised again: {ev['error']})"
+        return f"the re-run raised again: {ev['error']}"
     if ev.get("never_got_gradient"):
-        return (f"{remedy.change}: {remedy.status} (it completed, but {', '.join(ev['never_got_gradient'][:3])} "
-                f"still got no gradient: the block never trains)")
+        return (f"it completed, but {', '.join(ev['never_got_gradient'][:3])} still got no gradient: "
+                f"the block never trains")
     if ev.get("differ_from_reference"):
-        return (f"{remedy.change}: {remedy.status} (it completed, but {', '.join(ev['differ_from_reference'][:3])} "
-                f"differ from the single-process reference)")
-    return f"{remedy.change}: {remedy.status} ({ev.get('reason') or ev})"
+        return f"it completed, but {', '.join(ev['differ_from_reference'][:3])} differ from the single-process reference"
+    return f"{ev.get('reason') or ev}"
 
 
 def _why(calls: dict[str, int], kwargs: dict[str, Any]) -> str:
@@ -272,14 +266,14 @@ def name_checkpointing(ctx: CheckContext, exc: Exception, outcome: Outcome) -> O
     twice = any(MARKED_TWICE in e for e in errors)
     if not twice and not any(UNFINISHED in e for e in errors):
         return outcome
-    from ..harness.ddp import effective_ddp_kwargs
+    from ...harness.ddp import effective_ddp_kwargs
 
     rows = ctx.target.batch_size_for(ctx.world_size, 1) // ctx.world_size
     try:
         calls = ctx.world(world_size=1).run(probe_rank, ctx.target.spec, rows, deadline=ctx.deadline)[0].value
     except (RankFailure, WorldHang) as probe_error:
         return replace(outcome, evidence={**outcome.evidence, CHECKPOINTING: {
-            "probe_error": _first_line(probe_error)}})
+            "probe_error": probe_error.headline()}})
     reentrant: dict[str, int] = calls["reentrant"]
     # Unfinished reduction: named only where the probe measured checkpointed parameters left
     # without a gradient (a reentrant checkpoint of inputs that need none returns an output that
@@ -302,7 +296,7 @@ def name_checkpointing(ctx: CheckContext, exc: Exception, outcome: Outcome) -> O
             f"backward — so DDP's buckets never complete (\"{UNFINISHED}…\"); "
             f"find_unused_parameters=True would hide the error, not train the block")
     message = (f"reentrant activation checkpointing in {modules} with ddp_kwargs {kwargs}: {what}. "
-               f"Re-run with " + "; ".join(_remedy_text(r) for r in remedies))
+               f"Re-run with " + "; ".join(r.describe(_rerun_detail(r)) for r in remedies))
     fixes = [r.change for r in remedies if r.verified]
     failed = [r.change for r in remedies if r.status == DID_NOT_FIX]
     advice = ("call torch.utils.checkpoint.checkpoint(..., use_reentrant=False) (the non-reentrant "
@@ -320,3 +314,13 @@ def name_checkpointing(ctx: CheckContext, exc: Exception, outcome: Outcome) -> O
                 # equivalence run's own probe could report it).
                 FEATURES: {"checkpoint": {"used": True, "value": "reentrant", "where": f"reentrant: {modules}"}}}
     return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)
+
+
+def name_known_cause(ctx: CheckContext, exc: WorldError, outcome: Outcome) -> Outcome:
+    """``outcome`` (``harness.failures.world_error_outcome`` of an equivalence run that raised)
+    with a known DDP error named and its remedies re-run (a buffer DDP cannot broadcast into,
+    reentrant checkpointing); unchanged for a hang, a host out of a resource, or an error no
+    probe explains (no cause without a measurement)."""
+    if not isinstance(exc, RankFailure) or outcome.status != "failed":
+        return outcome
+    return name_checkpointing(ctx, exc, name_buffer_overlap(ctx, exc, outcome, rerun=rerun))

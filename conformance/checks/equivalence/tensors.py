@@ -18,7 +18,7 @@ is ~1e4 times over it) and fp32 parameters atol 1e-5 + rtol 1e-4.
 
 These fixed tolerances are the *lower bound*. A noisier configuration (bf16 autocast, gradient
 compression, a compiled graph) is judged against its own measured noise floor on top
-(``_floor``; ``TensorDiff.allowed_rel``): bf16 autocast + AdamW measures 3.7e-3 of a gradient's
+(``floor``; ``TensorDiff.allowed_rel``): bf16 autocast + AdamW measures 3.7e-3 of a gradient's
 scale, an fp16 compression hook 5.3e-4 against the uncompressed run — far over the fp32 rtol,
 far under the smallest scaling bug (0.5). docs/numerics.md, "Measured", has the numbers. The
 entries for tensors whose own dtype is not float32 (a model cast with ``.to(dtype)``) were set
@@ -108,7 +108,7 @@ class TensorDiff:
     note: str = ""
     worst_element: tuple[int, float, float] | None = None  # (flat index, got, ref): evidence
     ref_max: float = 0.0  # max |ref|: the tensor's scale (what max_rel is relative to)
-    # The measured allowance (``_floor``: margin x noise floor), relative to ``ref_max``; 0:
+    # The measured allowance (``floor``: margin x noise floor), relative to ``ref_max``; 0:
     # the fixed tolerance alone. A difference passes within either: the fixed tolerance is the
     # lower bound, the floor widens it for a configuration that is noisier (autocast, compression).
     allowed_rel: float = 0.0
@@ -161,7 +161,7 @@ class Compared:
 
     ``diff`` is the tolerance judgement, with its worst element as evidence; ``ref_sq``, ``dot``, ``got_sq`` and ``residual`` (``|got - f·ref|`` with
     ``f = dot / ref_sq``) are the projection the gradient-factor hypotheses need
-    (``_hypotheses.scale_from``). No tensor travels: a summary is a few floats per tensor.
+    (``hypotheses.scale_from``). No tensor travels: a summary is a few floats per tensor.
     """
 
     diff: TensorDiff

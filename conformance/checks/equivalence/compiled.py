@@ -15,7 +15,7 @@ A target is compiled in one of three places, all of which train through DDP:
 The reference of the equivalence checks runs the same target with every compiled region
 executed eagerly (``torch.compiler.set_stance("force_eager")``: the same modules, the same
 parameter names, no tracing), so the N-rank difference includes compile's own numerics:
-*compiled vs eager DDP*. The floor twin of ``_floor`` runs compiled like the N-rank run
+*compiled vs eager DDP*. The floor twin of ``floor`` runs compiled like the N-rank run
 (``RunPlan.eager`` False), so that compile's numerics are part of the floor it measures.
 
 Measured on every compiling rank, per recorded run, from a cold dynamo cache
@@ -32,7 +32,8 @@ check would otherwise reuse its compiled code and report no graph break at all):
   optimizer instance, ``torch/_dynamo/backends/distributed.py``).
 
 Functions here run inside rank processes (torch imported lazily), except ``compile_evidence``
-and ``compile_warnings``, which the supervisor's judge calls on the ranks' summaries.
+and ``compile_warnings``, which the supervisor's judge calls on the ranks' summaries. (A rank
+still compiling at a deadline is told from a hang by ``harness.failures.slow_compile_outcome``.)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ddp_conformance.reports.keys import COMPILED, DDP_BUCKET_SPLITS, GRAPH_BREAKS
@@ -212,47 +213,7 @@ def run_eagerly(*, eager: bool = True) -> Any:
 
 # -- supervisor side: the ranks' summaries into the record ----------------------------------
 
-#: Frames on a rank's stack that only a compilation in progress has: dynamo converting a frame,
-#: inductor generating or building kernels. (Running already compiled code shows neither.)
-COMPILING_FRAMES = ("torch/_dynamo/convert_frame.py", "torch/_inductor/")
-
-
-def _compiling(stack: str) -> bool:
-    """True when a frame of ``stack`` runs a compilation: a COMPILING_FRAMES file in a function,
-    not in ``<module>`` (that frame is only the file being imported: ``import torch._dynamo``,
-    which DDP's constructor does, is not a compile, and a model that never compiles is never
-    "still compiling")."""
-    for line in stack.replace(os.sep, "/").splitlines():
-        if any(marker in line for marker in COMPILING_FRAMES) and not line.rstrip().endswith(" in <module>"):
-            return True
-    return False
-
-
-def slow_compile_outcome(exc: Any, what: str) -> Any:
-    """A world call past its deadline while a stuck rank was still compiling: ``inconclusive``
-    (a slow compile, not a DDP hang), or None when no stuck rank was compiling.
-
-    A first inductor compile builds C++ kernels; on a loaded CPU host it took 70 s for the
-    example's 2 MB MLP, past the default 60 s deadline, which must not read as a hang.
-    """
-    from ..harness.outcome import Outcome
-
-    stacks = {int(rank): text for rank, text in (exc.stacks or {}).items()}
-    compiling = [r for r in exc.stuck_ranks if _compiling(stacks.get(r, ""))]
-    if not compiling:
-        return None
-    return Outcome.inconclusive(
-        f"{what} did not finish within the deadline ({exc.elapsed_s:.0f} s) while rank(s) "
-        f"{compiling} were still compiling (torch.compile frames on their stacks): a slow "
-        f"compile, not a DDP hang; raise --deadline (a cold inductor compile can take minutes) "
-        f"or check with a faster backend (aot_eager)",
-        metrics={"key_figure": f"compiling at the {exc.elapsed_s:.0f} s deadline", "compiling_ranks": compiling},
-        evidence={"stacks": {str(k): v[-4000:] for k, v in stacks.items()}})
-
-
-
-
-def compile_evidence(ranks: list[dict[str, Any]], reference: dict[str, Any]) -> dict[str, Any]:
+def compile_evidence(ranks: Sequence[Mapping[str, Any]], reference: Mapping[str, Any]) -> dict[str, Any]:
     """The record's evidence for a compiled target (empty for an eager one).
 
     ``COMPILED``: the form, the backend, how each side ran, graphs compiled per rank;

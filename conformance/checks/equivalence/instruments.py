@@ -16,6 +16,12 @@ Each instrument observes the target's own ``train_step`` without changing what i
   to ``max_norm`` is indistinguishable from a correct one after clipping.
 - :func:`first_nonfinite` — the first NaN/Inf among named tensors.
 
+The recorded step's instruments (``records.Instrument``: attach, observe each step, return
+a typed slice) are built on them: :class:`AllReduceCount`, :class:`Forwards`,
+:class:`BatchDigests`, :class:`Routing`, :class:`CompileWatch`, :class:`Features` here;
+the gradient recorder and the clip probe, which write or compare what they see against the
+reference's snapshots, in ``recording``.
+
 Functions here run inside rank processes; torch is imported lazily.
 """
 
@@ -26,6 +32,11 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ...harness.features import FeatureProbe
+from .compiled import watch_compile
+from .records import AllReduceSlice, Batch, CompileSlice, DataSlice, FeaturesSlice, ForwardSlice, RoutingSlice
+from .routing import RoutingProbe
 
 
 def cpu_copy(tensor: Any) -> Any:
@@ -258,3 +269,165 @@ class ClipProbe:
             else:
                 setattr(owner, key, value)
         self._restore.clear()
+
+
+# -- the recorded step's instruments (``records.Instrument``) -------------------------------
+
+
+@dataclass
+class AllReduceCount:
+    """Bucket all-reduces and rounds per step, through a counting layer of the comm hook chain
+    (``harness.ddp.counting_allreduce``); counts nothing when ``enabled`` is False."""
+
+    ddp: Any
+    enabled: bool = True
+    counts: dict[str, Any] | None = None
+    before: tuple[int, int] = (0, 0)
+    out: AllReduceSlice = field(default_factory=lambda: AllReduceSlice(
+        allreduce_calls=[], allreduce_rounds=[], buckets_per_step=[]))
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        from ...harness.ddp import counting_allreduce
+
+        if self.enabled:
+            self.counts = stack.enter_context(counting_allreduce(self.ddp))
+
+    def rounds(self) -> Callable[[], int] | None:
+        """The rounds completed so far, as a callable (None: not counted)."""
+        counts = self.counts
+        return (lambda: counts["rounds"]) if counts is not None else None
+
+    def begin(self, step: int, batch: Batch) -> None:
+        if self.counts is not None:
+            self.before = (self.counts["calls"], self.counts["rounds"])
+            self.counts["indices"] = set()
+
+    def end(self, step: int) -> None:
+        if self.counts is None:
+            return
+        self.out["allreduce_calls"].append(self.counts["calls"] - self.before[0])
+        self.out["allreduce_rounds"].append(self.counts["rounds"] - self.before[1])
+        # DDP rebuilds its buckets after the first iteration (in gradient-ready order), so the
+        # bucket count is measured per step, not once.
+        self.out["buckets_per_step"].append(len(self.counts["indices"]))
+
+    def result(self) -> AllReduceSlice:
+        return self.out
+
+
+@dataclass
+class Forwards:
+    """Forwards through DDP and through the inner module per step (``ForwardCounter``), and the
+    DDP forwards no all-reduce round followed (with the all-reduce count's rounds)."""
+
+    ddp: Any
+    inner: Any
+    allreduce: AllReduceCount  # attached first: its rounds, when it counts them
+    counter: ForwardCounter | None = None
+    out: ForwardSlice = field(default_factory=lambda: ForwardSlice(
+        ddp_forwards=[], inner_forwards=[], unsynchronised_forwards=[]))
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        self.counter = ForwardCounter.attach(self.ddp, self.inner, rounds=self.allreduce.rounds())
+        stack.callback(self.counter.close)
+
+    def begin(self, step: int, batch: Batch) -> None:
+        pass
+
+    def end(self, step: int) -> None:
+        assert self.counter is not None
+        self.out["unsynchronised_forwards"].append(self.counter.unsynchronised())
+        ddp_fw, inner_fw = self.counter.take()
+        self.out["ddp_forwards"].append(ddp_fw)
+        self.out["inner_forwards"].append(inner_fw)
+
+    def result(self) -> ForwardSlice:
+        return self.out
+
+
+@dataclass
+class BatchDigests:
+    """The digest of every step's global batch: every rank draws the *same* global batch from
+    the same seed, unless the data it draws from was built differently in this process."""
+
+    out: DataSlice = field(default_factory=lambda: DataSlice(batch_digests=[]))
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        pass
+
+    def begin(self, step: int, batch: Batch) -> None:
+        from ...harness.batches import digest
+
+        self.out["batch_digests"].append(digest(batch[0]) + digest(batch[1]))
+
+    def end(self, step: int) -> None:
+        pass
+
+    def result(self) -> DataSlice:
+        return self.out
+
+
+@dataclass
+class Routing:
+    """Top-k decisions (a mixture of experts' routing) per step (``routing.RoutingProbe``)."""
+
+    probe: RoutingProbe | None = None
+    out: RoutingSlice = field(default_factory=lambda: RoutingSlice(routing=[]))
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        self.probe = stack.enter_context(RoutingProbe.watching())
+
+    def begin(self, step: int, batch: Batch) -> None:
+        pass
+
+    def end(self, step: int) -> None:
+        assert self.probe is not None
+        self.out["routing"].append(self.probe.take())
+
+    def result(self) -> RoutingSlice:
+        return self.out
+
+
+@dataclass
+class CompileWatch:
+    """The step run compiled as the target has it, or eagerly (``eager``), with dynamo's graph
+    breaks and DDP's bucket splits measured (``compiled.watch_compile``)."""
+
+    ddp: Any
+    inner: Any
+    eager: bool
+    found: dict[str, Any] = field(default_factory=dict)
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        self.found = stack.enter_context(watch_compile(self.ddp, self.inner, eager=self.eager))
+
+    def begin(self, step: int, batch: Batch) -> None:
+        pass
+
+    def end(self, step: int) -> None:
+        pass
+
+    def result(self) -> CompileSlice:
+        return CompileSlice(compile=self.found or None)
+
+
+@dataclass
+class Features:
+    """Which production features the step uses (autocast, GradScaler, checkpointing…), seen
+    while it runs: the report's configuration table (``harness.features``)."""
+
+    ddp: Any
+    probe: FeatureProbe | None = None
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        self.probe = stack.enter_context(FeatureProbe.watching(self.ddp))
+
+    def begin(self, step: int, batch: Batch) -> None:
+        pass
+
+    def end(self, step: int) -> None:
+        pass
+
+    def result(self) -> FeaturesSlice:
+        assert self.probe is not None
+        return FeaturesSlice(features=self.probe.result())

@@ -55,9 +55,9 @@ from typing import Any
 from ddp_conformance.reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS, VERIFIED
 
 from ..harness.context import CheckContext
+from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
-from ..harness.world import RankFailure, WorldHang
-from ._equivalence import world_error_outcome
+from ..harness.world import RankContext, RankFailure, WorldHang
 from ._order import Order, order_of, repeats_within_rank, same_built, same_built_problem, wraps
 
 EPOCHS = 3
@@ -158,7 +158,7 @@ def _overlap_cause(differences: dict[str, Any], identity: str) -> str:
             f"{inspected})")
 
 
-def collect_epochs(rank_ctx: Any, target_spec: str, identity: str, epochs: int,
+def collect_epochs(rank_ctx: RankContext, target_spec: str, identity: str, epochs: int,
                    budget_s: float | None = None) -> list[Any]:
     """Rank side: this rank's pipeline for every epoch, in this rank's own process.
 
@@ -315,6 +315,30 @@ def _judge_repeats(repeated: list[int], order: Order, problems: list[str],
                      f"is a forgotten set_epoch(epoch), an unshuffled one is a choice")
 
 
+def _epochs_failed(ctx: CheckContext, exc: RankFailure | WorldHang) -> Outcome:
+    """The target's epochs could not be read on every rank: an endless stream, a pipeline that
+    blocked (no collective runs while it is read: not a DDP hang), or an error."""
+    target = ctx.target
+    endless = _not_ending(exc)
+    if endless is not None:
+        return Outcome.skipped(
+            f"{target.name}.epoch_batches: {endless} — an endless stream (or an epoch "
+            f"too long to read within the deadline) has no epoch to cover, and no "
+            f"collective runs while it is read (not a DDP hang); make epoch_batches return one finite epoch, declare sampling = "
+            f"'with-replacement' for random draws, or raise --deadline",
+            metrics={"key_figure": "epoch never ended"}, evidence={"epoch_batches": endless})
+    if isinstance(exc, WorldHang):  # one batch never came: data loading, no collective
+        return Outcome.inconclusive(
+            f"{target.name}.epoch_batches: ranks {exc.stuck_ranks} were still waiting for "
+            f"a batch at the {ctx.deadline:g} s deadline — the data pipeline blocked or is "
+            f"too slow to read here (no collective runs while it is read, so this is not "
+            f"a DDP hang); see the stacks, or raise --deadline",
+            metrics={"key_figure": f"no batch after {exc.elapsed_s:.0f} s",
+                     "stuck_ranks": exc.stuck_ranks},
+            evidence={"stacks": {str(k): v[-4000:] for k, v in exc.stacks.items()}})
+    return world_error_outcome(exc, f"epoch_batches(rank, {ctx.world_size}, epoch)")
+
+
 def run(ctx: CheckContext) -> Outcome:
     target = ctx.target
     if target.sampling == "with-replacement":
@@ -344,24 +368,7 @@ def run(ctx: CheckContext) -> Outcome:
                                                          ctx.deadline / (2 * EPOCHS),
                                                          deadline=ctx.deadline)]
         except (RankFailure, WorldHang) as exc:
-            endless = _not_ending(exc)
-            if endless is not None:
-                return Outcome.skipped(
-                    f"{target.name}.epoch_batches: {endless} — an endless stream (or an epoch "
-                    f"too long to read within the deadline) has no epoch to cover, and no "
-                    f"collective runs while it is read (not a DDP hang); make epoch_batches return one finite epoch, declare sampling = "
-                    f"'with-replacement' for random draws, or raise --deadline",
-                    metrics={"key_figure": "epoch never ended"}, evidence={"epoch_batches": endless})
-            if isinstance(exc, WorldHang):  # one batch never came: data loading, no collective
-                return Outcome.inconclusive(
-                    f"{target.name}.epoch_batches: ranks {exc.stuck_ranks} were still waiting for "
-                    f"a batch at the {ctx.deadline:g} s deadline — the data pipeline blocked or is "
-                    f"too slow to read here (no collective runs while it is read, so this is not "
-                    f"a DDP hang); see the stacks, or raise --deadline",
-                    metrics={"key_figure": f"no batch after {exc.elapsed_s:.0f} s",
-                             "stuck_ranks": exc.stuck_ranks},
-                    evidence={"stacks": {str(k): v[-4000:] for k, v in exc.stacks.items()}})
-            return world_error_outcome(exc, f"epoch_batches(rank, {ctx.world_size}, epoch)")
+            return _epochs_failed(ctx, exc)
         target_problems, info = judge_epochs(per_rank)
         evidence["epoch_batches"] = info
         # The per-rank measurements a recommendation reads, at the top of the evidence.

@@ -1,7 +1,7 @@
 """The measured noise floor: how far two *mathematically equivalent* single-process runs of the
 same target and configuration differ, and the bound a DDP difference is judged against.
 
-Fixed per-dtype tolerances (``_compare.TOLERANCES``) are right for fp32 eager code and wrong
+Fixed per-dtype tolerances (``tensors.TOLERANCES``) are right for fp32 eager code and wrong
 for everything noisier: bf16 autocast rounds every matmul to 8 mantissa bits, so a rank's
 gradient on its shard and one process's on the whole batch differ by ~1e-3 of the gradient's
 scale whatever DDP does (docs/numerics.md has the measurements). So the equivalence checks
@@ -14,7 +14,7 @@ measure the noise of *this* target in *this* configuration before judging DDP:
   ``train_step`` runs once more on the same global batch — split into the N-rank run's N·K
   microbatches (rank by rank, in order: exactly the pieces the ranks compute on), accumulated
   in one process — and compares itself against the reference's snapshots exactly as the ranks
-  do (``_recorded.run_recorded`` in role "compare" on world size 1). Mathematically it *is*
+  do (``recording.run_recorded`` in role "compare" on world size 1). Mathematically it *is*
   the reference; numerically it computes every per-microbatch gradient as the ranks do and
   differs from the whole-batch run by the configuration's rounding alone. Its cost: one more
   single-process run of the check's steps on the global batch that compares every tensor at
@@ -56,9 +56,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ._compare import Compared, TensorDiff, fmt
-from ._hypotheses import NEGLIGIBLE, scale_from
-from ._routing import NOT_NOISE
+from .tensors import Compared, TensorDiff, fmt
+from .hypotheses import NEGLIGIBLE, scale_from
+from .routing import NOT_NOISE
 
 #: DDP difference allowed per unit of measured floor. The twin and the N-rank run round the
 #: same per-microbatch gradients and differ only in how they sum them, so their differences
@@ -69,7 +69,7 @@ MARGIN = 4.0
 #: How far from 1 a parameter's projected twin/reference factor may be while the twin still
 #: counts as the same computation: rounding moves a projection by < 1e-2 even in bf16.
 FACTOR_SLACK = 0.05
-#: The record key of a twin that ran with its microbatches reversed (``_twin``).
+#: The record key of a twin that ran with its microbatches reversed (``twin``).
 REORDERED = "reordered"
 
 
@@ -86,7 +86,7 @@ class Floor:
     twin_factors: tuple[float, float] | None = None  # per-parameter twin/reference factors
     reason: str = ""  # why the floor was not measured
     # The twin in rank order was bit-identical to the reference (the step joins its
-    # microbatches), so the floor comes from the twin with its microbatches reversed (``_twin``).
+    # microbatches), so the floor comes from the twin with its microbatches reversed (``twin``).
     reordered: bool = False
 
     @property
@@ -106,7 +106,7 @@ class Floor:
         """``diffs`` judged against the floor as well as their fixed tolerance: gradients within
         margin x floor of their scale, parameters within margin x floor absolute (expressed
         relative to each tensor's scale), and anything within ``at_least`` of its scale (a comm
-        hook's compression bound, ``_compression``)."""
+        hook's compression bound, ``compression``)."""
         out = []
         for d in diffs:
             bound = self.grad_bound if grad else (self.param_bound / d.ref_max if d.ref_max > 0 else 0.0)
@@ -146,7 +146,7 @@ class Floor:
 
 def smallest_bug(*, world_size: int, microbatches: int) -> tuple[float, str]:
     """(relative gradient error, description) of the least visible scaling bug named by the
-    checks (``_hypotheses.scale_causes``): a gradient factor f is off by |f - 1| of its scale."""
+    checks (``hypotheses.scale_causes``): a gradient factor f is off by |f - 1| of its scale."""
     n, k = world_size, microbatches
     table = [(abs(n - 1), f"a loss multiplied by the world size (factor N={n})"),
              (abs(1 - 1 / n), f"a loss divided by the world size or summed (factor 1/{n})")]
@@ -188,7 +188,7 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
     if twin.get("failed"):
         return no(f"the same train_step on {twin_microbatches} microbatches in one process raised "
                   f"({twin['failed']}): the step does not take that split")
-    if twin.get(NOT_NOISE):  # ``_routing.trim_twin``: its top-k routing flipped
+    if twin.get(NOT_NOISE):  # ``routing.trim_twin``: its top-k routing flipped
         return no(str(twin[NOT_NOISE]))
     if twin.get("nonfinite") or reference.get("nonfinite"):
         return no("a run produced NaN/Inf: no noise to measure")

@@ -16,7 +16,7 @@ batch does not split in 4) under DDP, with a communication hook that wraps the s
 synchronisation *round* ends with ``bucket.is_last()``); the reference is the same
 ``train_step`` in a 1-rank world on the whole global batch. Judged: gradients and parameters
 within tolerance (as gradient-equivalence: the fixed tolerance, widened to the configuration's
-measured noise floor, ``_floor``) and rounds per optimizer step == 1.
+measured noise floor, ``equivalence.floor``) and rounds per optimizer step == 1.
 Forgetting ``no_sync`` is numerically right but fails the accumulation contract: K rounds per
 step is a K× communication waste.
 
@@ -31,24 +31,13 @@ from dataclasses import replace
 from typing import Any
 
 from ..harness.context import CheckContext
+from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
-from ..harness.targets import TargetError
 from ..harness.world import RankFailure, WorldHang
-from ._equivalence import judge, run_equivalence, world_error_outcome
+from . import equivalence
+from .equivalence import MICROBATCH_CHOICES, judge, microbatches_for, name_known_cause, run_equivalence
 
-MICROBATCH_CHOICES = (4, 2)
 STEPS = 2
-
-
-def microbatches_for(ctx: CheckContext) -> int | None:
-    """K of no-sync-equivalence: the largest choice the target's global batch splits into, or None."""
-    for k in MICROBATCH_CHOICES:
-        try:
-            ctx.target.batch_size_for(ctx.world_size, k)
-            return k
-        except TargetError:
-            continue
-    return None
 
 
 def run(ctx: CheckContext) -> Outcome:
@@ -61,7 +50,7 @@ def run(ctx: CheckContext) -> Outcome:
     try:
         eq = run_equivalence(ctx, microbatches=k, steps=STEPS)
     except (RankFailure, WorldHang) as exc:
-        return world_error_outcome(exc, f"the accumulation step (K={k})", ctx=ctx)
+        return name_known_cause(ctx, exc, world_error_outcome(exc, f"the accumulation step (K={k})"))
     rounds = [r["allreduce_rounds"] for r in eq.ranks]  # [rank][step]
     calls = [r["allreduce_calls"] for r in eq.ranks]
     forwards = [r["inner_forwards"] for r in eq.ranks]
@@ -71,7 +60,7 @@ def run(ctx: CheckContext) -> Outcome:
     least_rounds = min(min(r) for r in rounds)
     waste = worst_rounds  # rounds per optimizer step; the contract is 1
     metrics: dict[str, Any] = {
-        **eq.metrics(), "microbatches": k, "expected_rounds_per_step": 1,
+        **equivalence.metrics(eq), "microbatches": k, "expected_rounds_per_step": 1,
         "allreduce_rounds_per_step": rounds, "bucket_allreduces_per_step": calls,
         "forwards_per_step": forwards,
         "buckets": buckets, "buckets_per_step": buckets_per_step, "waste_factor": waste,
@@ -80,7 +69,7 @@ def run(ctx: CheckContext) -> Outcome:
                       "synchronise), divide the loss by K, and clip gradients once, after the "
                       "last backward")
     verdict = judge(eq, what=f"accumulating K={k} microbatches", recommendation=recommendation)
-    if verdict is not None and eq.nonfinite() is not None:
+    if verdict is not None and equivalence.nonfinite(eq) is not None:
         return verdict
     steps = [r["optimizer_steps"] for r in eq.ranks]
     per_step = max(f / max(o, 1) for fw, st in zip(forwards, steps) for f, o in zip(fw, st))
@@ -93,10 +82,10 @@ def run(ctx: CheckContext) -> Outcome:
             f"microbatches ({max(max(f) for f in forwards)} forward(s) and "
             f"{max(max(o) for o in steps)} optimizer step(s) per call: it joins them or steps on "
             f"each): no_sync not exercised", metrics={**metrics, "key_figure": "no accumulation"},
-            evidence=eq.evidence())
+            evidence=equivalence.evidence(eq))
     if verdict is not None:
         return replace(verdict, metrics={**metrics, **verdict.metrics})
-    evidence = eq.evidence()
+    evidence = equivalence.evidence(eq)
     if least_rounds == 0:
         metrics["key_figure"] = "0 all-reduce rounds per step"
         return Outcome.failed(
@@ -107,12 +96,12 @@ def run(ctx: CheckContext) -> Outcome:
         return Outcome.failed(
             f"{worst_rounds} all-reduce rounds ({max(max(c) for c in calls)} bucket all-reduces) "
             f"per optimizer step for K={k} microbatches instead of 1: a {waste}× communication "
-            f"waste (numerically equivalent, {eq.key_figure()})",
+            f"waste (numerically equivalent, {equivalence.key_figure(eq)})",
             metrics=metrics, evidence=evidence,
             recommendation="wrap every microbatch's forward and backward except the last in "
                            "model.no_sync() (or set model.require_backward_grad_sync=False)")
-    metrics["key_figure"] = f"1 round ({buckets} buckets)/step for K={k}; {eq.key_figure()}"
+    metrics["key_figure"] = f"1 round ({buckets} buckets)/step for K={k}; {equivalence.key_figure(eq)}"
     return Outcome.passed(
-        f"K={k} microbatches with no_sync match the single-process step ({eq.key_figure()}) with "
+        f"K={k} microbatches with no_sync match the single-process step ({equivalence.key_figure(eq)}) with "
         f"1 all-reduce round of {buckets} bucket(s) per optimizer step",
         metrics=metrics, evidence=evidence)

@@ -5,7 +5,7 @@ A target registers its comm hook in ``configure_ddp`` (README, "Writing a target
 the single-process reference and its twin *uncompressed* (the hook replaced by the stock
 all-reduce, ``RunPlan.uncompressed``) and the N-rank run with the hook, so the N-rank run's
 difference from the reference *is* the hook's compression error (plus the configuration's
-noise floor, ``_floor``). It is reported as a figure and fails only beyond the hook's bound
+noise floor, ``floor``). It is reported as a figure and fails only beyond the hook's bound
 (docs/numerics.md, "Comm hook compression"):
 
 - ``fp16_compress_hook`` (and the built-in FP16_COMPRESS, ``fp16_compress_wrapper``): each rank
@@ -38,7 +38,7 @@ BF16_ULP = 2.0 ** -7
 def comm_hook_of(ddp_model: Any, *, uncompressed: bool) -> dict[str, Any] | None:
     """What the target's hook is (for the judge), replacing it by the stock all-reduce when
     ``uncompressed``; None when the target registered none. Runs on a rank, after wrapping."""
-    from ..harness.comm_hooks import UserHook, install_user_hook, user_hook
+    from ...harness.comm_hooks import UserHook, install_user_hook, user_hook
 
     hook = user_hook(ddp_model)
     if hook is None:

@@ -1,7 +1,7 @@
 """Judging a rank that cannot see the reference's files: by digest, against a rank that could.
 
 Under ``--attach`` across several hosts the single-process reference runs on rank 0's host
-and writes its snapshots there (``_snapshots``); a rank on another host cannot read them.
+and writes its snapshots there (``snapshots``); a rank on another host cannot read them.
 Such a rank digests (``harness.ddp.tensor_digest``: bit identity, dtype and shape included)
 the same tensors at the same points — the gradients ``optimizer.step()`` consumed, the
 parameters after every step — and the judge holds its digests against those of a rank that
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..harness.ddp import tensor_digest
+from ...harness.ddp import tensor_digest
+from ...harness.world import RankContext
 
 #: Test hook: comma-separated ranks whose view of the snapshot folder is redirected to a folder
 #: that does not exist, as if they ran on a host other than rank 0's (tests/checks/
@@ -40,7 +41,7 @@ def rank_view(folder: Path, rank: int) -> Path:
     return folder.with_name(f"{folder.name}-unseen-by-rank{rank}") if str(rank) in unseen else folder
 
 
-def who_sees(rank_ctx: Any, sees: bool) -> list[bool]:
+def who_sees(rank_ctx: RankContext, sees: bool) -> list[bool]:
     """Every rank's answer to "can I read the reference's files?", known to every rank.
 
     A collective on the gloo side group (under NCCL too), reached by every rank before any

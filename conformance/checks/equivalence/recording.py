@@ -1,0 +1,483 @@
+"""One recorded training run of the target: the rank-side experiment of the equivalence checks.
+
+Where the comparison happens: the single-process reference runs *first* and writes its
+snapshots (initial weights, first-step gradients, parameters after every step) to files in
+the check's private temp dir, one tensor at a time (``snapshots``); the N-rank ranks then
+compare their own live tensors against those files, tensor by tensor, on their device, at the
+very moment the optimizer consumes them, and return summaries only. This way round (rather
+than ranks writing and the reference comparing) the disk holds one copy of the model per
+snapshot instead of N, the N comparisons run in parallel on the ranks' devices, and no rank
+ever keeps a copy of its gradients or parameters: its memory overhead is the one reference
+tensor being compared. Initial weights: the reference builds from the same seed; rank 0,
+before wrapping, checks its weights bit for bit against the reference's initial snapshot and
+copies the reference's in where a non-deterministic ``build_model`` made them differ
+(recorded); DDP's construction broadcast carries them to every rank (and every other rank that
+can read the files checks again after it: rank-local buffers), so both runs start from exactly
+the same weights either way.
+
+A rank that cannot see the files (``--attach`` across hosts: the reference ran on rank 0's
+host) digests the same tensors at the same points instead, and so does every rank that
+compares (only in such a run), for the judge to carry the comparison over by bit identity
+(``digests``).
+
+Build the target's model from the suite's seed, wrap it in DDP with the target's
+``ddp_kwargs``, feed each rank its contiguous shard of the global batch as K microbatches, run
+the target's own ``train_step`` and record what the optimizer consumed. The single-process
+reference is the *same function* run in a 1-rank world with the whole global batch, so nothing
+about "what a step should do" is re-implemented here.
+
+Recorded per step (see ``instruments``): the gradients at the first ``optimizer.step()``
+(a step pre-hook: ``zero_grad`` before or after the step, ``set_to_none`` or not, all read
+the same), how many optimizer steps, forwards through DDP and through the inner module,
+all-reduce calls and rounds (a counting comm hook), what ``clip_grad_norm_`` measured and the
+gradients before it clipped them, and the first NaN/Inf (forward output, gradient, parameter).
+Before the run, dropout is switched off and BatchNorm normalises in fixed groups on both sides
+(``randomness``, ``normalisation``): the record says so.
+
+``run_recorded`` is module-level so that it pickles by reference into the spawned rank
+processes; it returns plain Python and per-tensor summaries only, never a tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from ...harness.batches import take_rows
+from ...harness.ddp import (
+    MODEL_SEED,
+    build_model,
+    disable_tf32,
+    effective_ddp_kwargs,
+    global_batch,
+    shard,
+    to_device,
+    unwrap,
+    wrap,
+)
+from ...harness.world import RankContext
+from .compiled import output_site, run_eagerly
+from .compression import comm_hook_of
+from .digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
+from .instruments import (
+    AllReduceCount,
+    BatchDigests,
+    ClipProbe,
+    CompileWatch,
+    Features,
+    Forwards,
+    Routing,
+    StepRecorder,
+    first_nonfinite,
+)
+from .normalisation import group_batchnorm, sizes_seen
+from .randomness import disable_dropout, forward_is_random
+from .records import Batch, ClipSlice, GradientSlice, Instrument, RankRecord, SetupSlice
+from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
+from .tensors import Compared
+
+# Snapshot labels of the reference (``snapshots``): the initial weights, the first step's
+# gradients, the gradients before that step's clipping, the parameters after step s.
+INITIAL, GRADS0, PRE_CLIP0, PARAMS = "initial", "grads0", "pre_clip0", "params"
+ROLES = ("reference", "compare")
+
+GRADIENT_AFTER_FINITE_FORWARD = ("gradient at optimizer.step() (the forward's outputs were finite: "
+                                 "the loss or the backward produced it)")
+
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    """One recorded training run on every rank of a world.
+
+    ``microbatches`` is K *per rank*. ``norm_group`` is the N-rank run's microbatch size
+    B/(N·K): both the N-rank run and its reference normalise BatchNorm over groups of it.
+    """
+
+    target_spec: str
+    global_batch: int
+    microbatches: int = 1
+    steps: int = 3
+    seed: int = MODEL_SEED
+    norm_group: int = 0  # 0: global_batch / microbatches on this world (set by for_world)
+    ddp_overrides: dict[str, Any] = field(default_factory=dict)
+    count_allreduce: bool = True
+    record_all_ranks: bool = True
+    # "reference": write snapshots into ``snapshots``; "compare": compare against them there.
+    role: str = "compare"
+    snapshots: str = ""
+    # The reference's memory-backed folder for its snapshots while they fit ("": none; see
+    # ``snapshots``); readers find them through ``snapshots`` either way.
+    memory: str = ""
+    # The target's comm hook (configure_ddp) replaced by the stock all-reduce: the
+    # *uncompressed* run a compressing hook's error is measured against (``floor``).
+    uncompressed: bool = False
+    # Every torch.compile'd region run eagerly (``compiled``): the eager reference of a
+    # compiled target, so the N-rank difference is compiled vs eager DDP.
+    eager: bool = False
+    # The microbatches handed to train_step in reverse order: the same sum in another order
+    # (the reordered twin of ``twin``, for a step that joins its microbatches again).
+    reverse_microbatches: bool = False
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role={self.role!r} must be one of {ROLES}")
+        if self.steps < 1 or self.microbatches < 1 or self.global_batch < 1 or self.norm_group < 0:
+            raise ValueError(f"steps={self.steps}, microbatches={self.microbatches}, "
+                             f"global_batch={self.global_batch} must all be >= 1 and "
+                             f"norm_group={self.norm_group} >= 0")
+
+
+def _nonfinite_output(output: Any) -> bool:
+    import torch
+
+    tensors = output if isinstance(output, (tuple, list)) else (output,)
+    return any(isinstance(t, torch.Tensor) and t.is_floating_point()
+               and not bool(torch.isfinite(t.detach()).all()) for t in tensors)
+
+
+def _verify_initial(inner: Any, snapshots: Path, device: Any, *, buffers_only: bool = False) -> str | None:
+    """Make rank 0 start exactly where the reference started (before wrapping: DDP's
+    construction broadcast then carries these weights to every rank).
+
+    The reference built the model from the same seed; on a deterministic ``build_model``
+    every tensor here is bit-identical to it, which is checked tensor by tensor. Where one
+    differs (a build that draws from an unseeded source), the reference's initial parameters
+    and buffers are copied in, so both runs still start from the same weights; the first
+    differing name is returned for the record. ``buffers_only``: the parameters are left
+    alone (after DDP's construction broadcast they are rank 0's, checked there already).
+    """
+    import torch
+
+    state = inner.state_dict()
+    if buffers_only:
+        buffers = {name for name, _ in inner.named_buffers()}
+        state = {name: t for name, t in state.items() if name in buffers}
+        if not state:
+            return None
+    first = None
+    with torch.no_grad():
+        for name, ref in read_snapshot(snapshots, INITIAL, device):
+            mine = state.get(name)
+            if mine is None or ref is None or tuple(mine.shape) != tuple(ref.shape):
+                continue
+            if not torch.equal(mine, ref.to(mine.dtype)):
+                first = first or name
+                mine.copy_(ref)
+    return first
+
+
+# -- where the recorded tensors go ----------------------------------------------------------
+
+
+@dataclass
+class Destination:
+    """Where this rank's recorded gradients and parameters go: written (the reference, with
+    ``writer``), compared against the reference's snapshots in ``folder`` (a rank that
+    ``sees`` them), and digested too when some rank cannot (``digest``: every rank then
+    digests the same points for the judge to carry the comparison over, ``digests``)."""
+
+    folder: Path
+    device: Any
+    writer: SnapshotWriter | None
+    sees: bool
+    digest: bool
+    record: bool  # this rank records at all (rank 0, or every rank with record_all_ranks)
+
+    def gradients(self, label: str, named: list[tuple[str, Any]]) -> list[Compared] | str | None:
+        """``named`` at ``label``: written (its label: its norms once written, ``writer.norms``),
+        compared (per-tensor summaries), or None (not recorded here)."""
+        if not self.record or not self.sees:
+            return None
+        if self.writer is not None:
+            self.writer.write(label, named)
+            return label
+        return compare_snapshot(named, self.folder, label, self.device, grad=True)
+
+
+@dataclass
+class Clipping:
+    """``clip_grad_norm_`` observed (``ClipProbe``): what it measured per step, and the
+    gradients before the last clip of the first step that ran, written or compared
+    (``take``n by the gradient recorder once that step ran)."""
+
+    inner: Any
+    namespaces: list[dict[str, Any]]
+    to: Destination
+    probe: ClipProbe | None = None
+    done: bool = False
+    found: dict[str, Any] = field(default_factory=dict)  # "pre_clip", "pre_clip_digest"
+    calls: list[list[dict[str, float]]] = field(default_factory=list)
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        self.probe = ClipProbe.attach(self.inner, self.namespaces, observe=self._observe)
+        stack.callback(self.probe.close)
+
+    def _observe(self, named: list[tuple[str, Any]]) -> None:
+        # Every clip before the first step overwrites the last: the last clip's input counts.
+        if not self.to.record:
+            return
+        if self.to.digest:
+            self.found["pre_clip_digest"] = named_digests(named)
+        if self.to.writer is not None:
+            self.to.writer.write(PRE_CLIP0, named)
+            self.found["pre_clip"] = PRE_CLIP0
+        elif self.to.sees and has_snapshot(self.to.folder, PRE_CLIP0):
+            self.found["pre_clip"] = compare_snapshot(named, self.to.folder, PRE_CLIP0, self.to.device, grad=True)
+
+    def begin(self, step: int, batch: Batch) -> None:
+        assert self.probe is not None
+        self.probe.calls = []
+        if not self.done:
+            self.found.clear()
+            self.probe.frozen = False
+
+    def end(self, step: int) -> None:
+        assert self.probe is not None
+        self.calls.append(list(self.probe.calls))
+
+    def take(self) -> dict[str, Any]:
+        """What the first step that ran saw before clipping; later clips are not recorded."""
+        assert self.probe is not None
+        self.done = self.probe.frozen = True
+        return self.found
+
+    def result(self) -> ClipSlice:
+        return ClipSlice(clip_calls=self.calls)
+
+
+@dataclass
+class Gradients:
+    """What the optimizer consumed (``StepRecorder``'s step pre-hook), recorded where it lives:
+    the gradients of the first ``optimizer.step()`` that ran, the parameters after every step,
+    and the first NaN/Inf (forward output, gradient, parameter)."""
+
+    ddp: Any
+    inner: Any
+    optimizer: Any
+    to: Destination
+    clipping: Clipping
+    recorder: StepRecorder | None = None
+    step: int = 0
+    found: dict[str, Any] = field(default_factory=dict)  # "grads", "grads_digest" at the first step
+    bad: str | None = None  # the first non-finite gradient at this step's optimizer.step()
+    out: GradientSlice = field(default_factory=lambda: GradientSlice(
+        optimizer_steps=[], params=[], digests=[], nonfinite=None))
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        self.recorder = StepRecorder.attach(self.inner, self.optimizer, observe=self._at_step)
+        stack.callback(self.recorder.close)
+        stack.callback(output_site(self.ddp, self.inner).register_forward_hook(self._watch_output).remove)
+
+    def _watch_output(self, module: Any, args: Any, output: Any) -> None:
+        if self.out["nonfinite"] is None and _nonfinite_output(output):
+            self.out["nonfinite"] = {"step": self.step, "kind": "forward output (loss or logits)",
+                                     "name": type(module).__name__}
+
+    def _at_step(self, named: list[tuple[str, Any]]) -> None:
+        # optimizer.step() is about to read these gradients: judge (or write) them now, before
+        # a zero_grad after the step wipes them. Only the first step that ran is compared;
+        # every step is searched for NaN/Inf.
+        self.bad = first_nonfinite(named)
+        if "grads0" in self.out or "grads" in self.found:
+            return
+        if self.to.digest:
+            self.found["grads_digest"] = named_digests(named)
+        self.found["grads"] = self.to.gradients(GRADS0, named)
+
+    def begin(self, step: int, batch: Batch) -> None:
+        assert self.recorder is not None
+        self.step = step
+        self.recorder.reset()
+        self.bad = None
+        if "grads0" not in self.out:
+            self.found.clear()
+
+    def end(self, step: int) -> None:
+        assert self.recorder is not None
+        self.out["optimizer_steps"].append(self.recorder.steps)
+        live = [(name, p.detach()) for name, p in self.inner.named_parameters()]
+        if self.out["nonfinite"] is None:
+            # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
+            # the loss computed on them, or from the backward.
+            bad, kind = self.bad, GRADIENT_AFTER_FINITE_FORWARD
+            if bad is None:
+                bad, kind = first_nonfinite(live), "parameter"
+            if bad is not None:
+                self.out["nonfinite"] = {"step": step, "kind": kind, "name": bad}
+        if "grads0" not in self.out and "grads" in self.found:
+            self._first_step(step)
+        if self.to.digest and self.to.record:
+            self.out["digests"].append((f"parameters after step {step}", named_digests(live)))
+        if self.to.writer is not None:
+            self.to.writer.write(f"{PARAMS}{step}", live, norms=False)
+        elif self.to.record and self.to.sees:
+            self.out["params"].append(compare_snapshot(live, self.to.folder, f"{PARAMS}{step}",
+                                                       self.to.device, grad=False))
+
+    def _first_step(self, step: int) -> None:
+        # The first step whose optimizer.step() ran (a GradScaler skips steps with inf
+        # gradients, typically the first ones under fp16): its gradients are compared. Before
+        # it no parameter moved, so both sides still start from the same weights.
+        pre = self.clipping.take()
+        self.out["grads0"] = self.found["grads"]
+        self.out["grads0_step"] = step
+        self.out["pre_clip0"] = pre.get("pre_clip")
+        if "pre_clip_digest" in pre:
+            self.out["digests"].append((f"gradients before clip_grad_norm_ at step {step}", pre["pre_clip_digest"]))
+        if "grads_digest" in self.found:
+            self.out["digests"].append((f"gradients at optimizer.step() of step {step}", self.found["grads_digest"]))
+
+    def result(self) -> GradientSlice:
+        writer = self.to.writer
+        if writer is not None:
+            # Before returning: the ranks read these files as soon as this world call returns.
+            writer.close()
+            grads0, pre_clip0 = self.out.get("grads0"), self.out.get("pre_clip0")
+            if isinstance(grads0, str):
+                self.out["grads0"] = writer.norms(grads0)
+            if isinstance(pre_clip0, str):
+                self.out["pre_clip0"] = writer.norms(pre_clip0)
+            del self.out["digests"]  # the reference compares nothing
+        self.out.setdefault("grads0", None)
+        self.out.setdefault("grads0_step", None)
+        self.out.setdefault("pre_clip0", None)
+        return self.out
+
+
+# -- the recorded run ------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """One rank's run, built and wrapped, before its first step."""
+
+    target: Any
+    ddp: Any
+    inner: Any
+    optimizer: Any
+    to: Destination
+    setup: SetupSlice
+
+    def instruments(self, plan: RunPlan) -> list[Instrument]:
+        """The run's instruments, in the order they attach (and detach in reverse)."""
+        namespaces = [vars(self.target.module), getattr(self.target.train_step, "__globals__", {})]
+        allreduce = AllReduceCount(self.ddp, enabled=plan.count_allreduce)
+        clipping = Clipping(self.inner, namespaces, self.to)
+        return [allreduce, Gradients(self.ddp, self.inner, self.optimizer, self.to, clipping),
+                Forwards(self.ddp, self.inner, allreduce), clipping, BatchDigests(),
+                CompileWatch(self.ddp, self.inner, eager=plan.eager), Features(self.ddp), Routing()]
+
+
+def _destination(rank_ctx: RankContext, plan: RunPlan) -> Destination:
+    """Where this rank's tensors go; raises on every rank alike when rank 0 cannot read the
+    reference's snapshots (before any DDP collective)."""
+    writes = plan.role == "reference"
+    rank = rank_ctx.rank
+    snapshots = Path(plan.snapshots) if writes else rank_view(Path(plan.snapshots), rank)
+    # The reference finished writing before this run started (its world call returned on
+    # every rank first), so an absent index here means: not visible from this rank's host.
+    sees = writes or has_snapshot(snapshots, INITIAL)
+    seen = [True] if writes else who_sees(rank_ctx, sees)
+    if not seen[0]:
+        # On every rank alike, before any DDP collective: rank 0 starts every rank from the
+        # reference's weights, and is the anchor the other ranks' digests are held against.
+        raise FileNotFoundError(
+            f"the reference's snapshots are not visible on rank 0's host ({plan.snapshots}/{INITIAL}"
+            f"/index.json is missing there): the reference runs on rank 0's host and writes into "
+            f"the check's temp dir, which rank 0 must be able to read")
+    # The reference's snapshots are written in the background while it trains on (one pending
+    # copy at most); every write has landed, index last, before run_recorded returns.
+    writer = SnapshotWriter(snapshots, memory=Path(plan.memory) if plan.memory else None) if writes else None
+    # Digests only when some rank cannot compare: every rank then digests the same points.
+    return Destination(snapshots, rank_ctx.device, writer, sees=sees, digest=not all(seen),
+                       record=writes or rank == 0 or plan.record_all_ranks)
+
+
+def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
+    """The target's model built from the suite's seed, dropout off, BatchNorm grouped, started
+    from the reference's initial weights, wrapped in DDP with the target's ``ddp_kwargs``."""
+    from ...harness.targets import load_target
+
+    to = _destination(rank_ctx, plan)
+    writes, n, rank = to.writer is not None, rank_ctx.world_size, rank_ctx.rank
+    disable_tf32()
+    target = load_target(plan.target_spec)
+    model = build_model(target, rank_ctx.device, seed=plan.seed)
+    first = to_device(shard(global_batch(target, plan.global_batch, seed=plan.seed), rank, n,
+                            plan.microbatches), rank_ctx.device)[0]
+    dropout = disable_dropout(model)
+    # After switching dropout off: what randomness is left cannot be made equal on both sides.
+    # The reference probes a slice of its one microbatch of the N-rank run's microbatch size
+    # (norm_group): a size the target's forward runs at on the ranks, at 1/N of the whole
+    # batch's cost; the ranks probe their first microbatch.
+    probe = ((take_rows(first[0], 0, plan.norm_group), take_rows(first[1], 0, plan.norm_group))
+             if writes and plan.norm_group else first)
+    with run_eagerly():  # a compile here would be thrown away (``watch_compile`` starts cold)
+        rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device)
+    group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
+    grouped = group_batchnorm(model, group)
+    kwargs = effective_ddp_kwargs(target, plan.ddp_overrides)
+    # Before wrapping, on rank 0 only: DDP's construction broadcast then carries rank 0's
+    # (reference-checked) weights to every rank, including ranks that cannot read the files.
+    differs = _verify_initial(model, to.folder, rank_ctx.device) if not writes and rank == 0 else None
+    ddp = wrap(model, rank_ctx.device, kwargs, target=target)
+    setup = SetupSlice(rank=rank, ddp_kwargs=repr(kwargs),
+                       comm_hook=comm_hook_of(ddp, uncompressed=plan.uncompressed),
+                       dropout_disabled=dropout, rng_in_forward=rng_left, batchnorm_grouped=grouped,
+                       batchnorm_group=group if grouped else None)
+    inner = unwrap(ddp)
+    optimizer = target.make_optimizer(ddp)
+    if to.writer is not None:
+        to.writer.write(INITIAL, inner.state_dict().items(), norms=False)
+    else:
+        if rank != 0 and to.sees:
+            # After the construction broadcast, as a second look: with broadcast_buffers=False
+            # DDP leaves buffers rank-local, and a rank that can read the files fixes its own.
+            differs = _verify_initial(inner, to.folder, rank_ctx.device, buffers_only=True)
+        setup["initial_differs_from_reference"] = differs
+        setup["compared_by"] = REFERENCE if to.sees else DIGEST
+    return Prepared(target, ddp, inner, optimizer, to, setup)
+
+
+def run_recorded(rank_ctx: RankContext, plan: RunPlan) -> RankRecord:
+    """Run ``plan.steps`` steps of the target's ``train_step`` under DDP on this rank, observed
+    by the run's instruments; the rank's record is their slices (``records``).
+
+    ``plan.role == "reference"`` (the 1-rank world): write ``initial`` (parameters and buffers
+    after wrapping), ``grads0`` (the gradients consumed by the first ``optimizer.step()`` that
+    ran, at step ``grads0_step``: 0 unless a GradScaler skipped steps), ``pre_clip0`` (the
+    gradients before that step's last clip, when the step clips) and ``params<s>`` (after every
+    step) into ``plan.snapshots``; return the norms of the written gradients.
+    ``plan.role == "compare"`` (the N-rank world): start from the reference's initial weights
+    (``_verify_initial``) and compare the same points against the reference's snapshots *here*,
+    returning per-tensor summaries (``tensors.Compared``). No tensor is returned, and no
+    snapshot of the model is held: gradients and parameters are written or compared where they
+    live, at the moment they are what the optimizer consumed.
+    """
+    run = prepare(rank_ctx, plan)
+    instruments = run.instruments(plan)
+    with contextlib.ExitStack() as stack:
+        if run.to.writer is not None:
+            # A step that raises: the pending write still finishes before the error leaves this
+            # rank (the supervisor then removes the folder under no thread's feet).
+            stack.callback(run.to.writer.settle)
+        for instrument in instruments:
+            instrument.attach(stack)
+        for step in range(plan.steps):
+            batch = global_batch(run.target, plan.global_batch, seed=plan.seed + step)
+            micro = to_device(shard(batch, rank_ctx.rank, rank_ctx.world_size, plan.microbatches),
+                              rank_ctx.device)
+            for instrument in instruments:
+                instrument.begin(step, batch)
+            # train_step runs forward/backward on every rank: each backward that is not under
+            # no_sync is a collective, so all ranks execute the same number of steps.
+            run.target.run_step(run.ddp, run.optimizer, micro[::-1] if plan.reverse_microbatches else micro,
+                                step=step)
+            for instrument in instruments:
+                instrument.end(step)
+    record: dict[str, Any] = {**run.setup, "batchnorm_sizes_seen": sizes_seen(run.inner)}
+    for instrument in instruments:
+        record.update(instrument.result())
+    return cast(RankRecord, record)

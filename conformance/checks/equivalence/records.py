@@ -1,0 +1,130 @@
+"""What one rank returns from a recorded run: typed slices, one per instrument, and the
+``Instrument`` protocol every rank-side observer of the recorded step satisfies.
+
+An instrument attaches itself to the model, the optimizer or the torch functions the step
+goes through (``attach``: hooks and patches, undone when the run's ``ExitStack`` closes),
+observes each step (``begin``/``end``) and returns its own slice of the rank's record
+(``result``). ``recording.run_recorded`` only iterates over them; nothing outside an
+instrument reads or sets its internals. Every slice is plain Python (summaries, never a
+tensor): it crosses the world's pipe to the supervisor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any, Protocol, TypedDict
+
+from .tensors import Compared
+
+#: A step's global batch as the target made it: (inputs, targets), each a tensor or a
+#: tuple/list/dict of tensors (``harness.batches``).
+Batch = tuple[Any, Any]
+#: (what was digested, [(tensor name, digest or None)]): ``digests``.
+Digested = tuple[str, list[tuple[str, str | None]]]
+
+
+class Instrument(Protocol):
+    """One rank-side observer of the recorded step."""
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        """Hook into the run; every hook is removed when ``stack`` closes."""
+        ...
+
+    def begin(self, step: int, batch: Batch) -> None:
+        """Step ``step`` is about to run on ``batch`` (the whole global batch)."""
+        ...
+
+    def end(self, step: int) -> None:
+        """Step ``step``'s ``train_step`` returned."""
+        ...
+
+    def result(self) -> Mapping[str, Any]:
+        """This instrument's slice of the rank's record (after the stack closed)."""
+        ...
+
+
+class SetupSlice(TypedDict, total=False):
+    """How the run was set up on this rank (``recording.prepare``)."""
+
+    rank: int
+    ddp_kwargs: str  # repr of the effective DDP constructor arguments
+    comm_hook: dict[str, Any] | None  # the target's comm hook (``compression.comm_hook_of``)
+    dropout_disabled: list[str]
+    rng_in_forward: bool
+    batchnorm_grouped: list[str]
+    batchnorm_group: int | None
+    batchnorm_sizes_seen: list[int]
+    # Compare role only: the first tensor whose initial value differed from the reference's
+    # build (then copied in), and how this rank compared (``digests.REFERENCE`` | ``DIGEST``).
+    initial_differs_from_reference: str | None
+    compared_by: str
+
+
+class AllReduceSlice(TypedDict):
+    """Per step: bucket all-reduces, synchronisation rounds, distinct buckets (empty lists when
+    not counted: the reference)."""
+
+    allreduce_calls: list[int]
+    allreduce_rounds: list[int]
+    buckets_per_step: list[int]
+
+
+class ForwardSlice(TypedDict):
+    """Per step: forwards through the DDP wrapper, through the inner module, and DDP forwards
+    whose backward no all-reduce round followed (None: rounds not counted)."""
+
+    ddp_forwards: list[int]
+    inner_forwards: list[int]
+    unsynchronised_forwards: list[int | None]
+
+
+class DataSlice(TypedDict):
+    """Per step: the digest of the global batch this rank drew."""
+
+    batch_digests: list[str]
+
+
+class RoutingSlice(TypedDict):
+    """Per step: the top-k indices the forward chose (None: too many to record)."""
+
+    routing: list[Any]
+
+
+class CompileSlice(TypedDict):
+    """What torch.compile did on this rank (None: the target compiles nothing)."""
+
+    compile: dict[str, Any] | None
+
+
+class FeaturesSlice(TypedDict):
+    """The production features the step used (``harness.features``)."""
+
+    features: dict[str, dict[str, Any]]
+
+
+class ClipSlice(TypedDict):
+    """Per step: what each ``clip_grad_norm_`` call measured (``total_norm``, ``max_norm``)."""
+
+    clip_calls: list[list[dict[str, float]]]
+
+
+class GradientSlice(TypedDict, total=False):
+    """What the optimizer consumed, compared (or written, by the reference): per step the
+    ``optimizer.step()`` calls; the gradients at the first step
+    that ran (``grads0``, at ``grads0_step``) and before its clipping (``pre_clip0``): the
+    ranks' per-tensor comparisons, the reference's norms; the parameters after every step;
+    the first NaN/Inf; digests where some rank cannot read the reference's files."""
+
+    optimizer_steps: list[int]
+    grads0: list[Compared] | dict[str, float | None] | None
+    grads0_step: int | None
+    pre_clip0: list[Compared] | dict[str, float | None] | None
+    params: list[list[Compared]]
+    digests: list[Digested]
+    nonfinite: dict[str, Any] | None
+
+
+class RankRecord(SetupSlice, AllReduceSlice, ForwardSlice, DataSlice, RoutingSlice, CompileSlice,
+                 FeaturesSlice, ClipSlice, GradientSlice, total=False):
+    """One rank's record of a recorded run: the union of its instruments' slices."""

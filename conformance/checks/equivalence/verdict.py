@@ -1,0 +1,111 @@
+"""The outcome every equivalence check shares: non-finite, nothing to compare, ranks that
+disagree, a bound too wide to judge, a routing flip, a mismatch with its measured causes.
+
+``judge`` returns None when the numbers match: the check entry then decides (a pass, or a
+failure of its own contract, such as no-sync-equivalence's all-reduce rounds).
+"""
+
+from __future__ import annotations
+
+from ddp_conformance.reports.keys import HYPOTHESES, NONFINITE
+
+from ...harness.outcome import Outcome
+from .comparison import Equivalence
+from .diagnosis import empty_reason, hints, no_known_cause, nonfinite, scaler_skips_differ, skipped_steps
+from . import presentation
+from .presentation import key_figure, mismatch_message
+from .routing import explains, flip_message
+
+
+def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
+    """The outcome every equivalence check shares: non-finite, nothing to compare, mismatch.
+
+    None: the numbers match (the caller decides pass, or a failure of its own contract).
+    """
+    metrics = {**presentation.metrics(eq), "key_figure": key_figure(eq)}
+    evidence = presentation.evidence(eq)
+    bad = nonfinite(eq)
+    if bad is not None:
+        message, where = bad
+        metrics["key_figure"] = (f"NaN/Inf at step {where['step']}"
+                                 + (f" on rank {where['rank']}" if where["rank"] is not None else ""))
+        return Outcome.failed(message, metrics=metrics, evidence={**evidence, NONFINITE: where},
+                              recommendation="find where the value first becomes non-finite (loss "
+                                             "scale, learning rate, a log or division of zero, fp16 "
+                                             "overflow): nothing trained on NaN can be verified")
+    skips = scaler_skips_differ(eq) if eq.divergence is None else None
+    if skips is not None and not eq.ok and not hints(eq)[0]:
+        # Not decidable step by step, and no measured cause (a gradient factor of N or K at a
+        # step both sides took still fails): inconclusive, never a false alarm on correct AMP.
+        ddp_skips, ref_skips = skipped_steps(eq)
+        metrics["key_figure"] = "GradScaler skipped other steps under DDP"
+        measured = mismatch_message(eq) if eq.grad_diffs else ""
+        return Outcome.inconclusive(
+            f"{what} cannot be judged step by step: {skips}"
+            + (f"; measured anyway: {measured}" if measured else ""),
+            metrics=metrics,
+            evidence={**evidence, "scaler_skipped_steps": {
+                "ddp": ddp_skips, "reference": ref_skips,
+                "twin": [s for s, n in enumerate(eq.twin_steps or []) if n == 0]}},
+            recommendation="for the check, start the GradScaler from a loss scale that does not "
+                           "overflow in the check's first steps (a lower init_scale), or use bf16 "
+                           "autocast, which needs no scaler; the steps each side skipped are in the "
+                           "record")
+    empty = empty_reason(eq)
+    if empty is not None:
+        metrics["key_figure"] = ("every gradient is zero" if eq.grad_diffs
+                                 else "no gradient reached the optimizer")
+        return Outcome.skipped(empty, metrics=metrics, evidence=evidence)
+    if eq.divergence is not None:
+        # Before the comparison with the reference: ranks that disagree with each other are
+        # a finding whatever the reference says (and the rank-0 comparison speaks for rank 0 only).
+        causes, _ = hints(eq)
+        metrics["key_figure"] = (f"rank {eq.divergence.rank} diverged from rank "
+                                 f"{eq.divergence.anchor}: {eq.divergence.point}")
+        measured = mismatch_message(eq)
+        return Outcome.failed(
+            f"{what} is not the same on every rank: {eq.divergence.message()}"
+            + (f"; against the single-process reference: {measured}" if measured else "")
+            + (f" — {'; '.join(causes)}" if causes else ""),
+            metrics=metrics, evidence={**evidence, "rank_divergence": eq.divergence.to_json(),
+                                       HYPOTHESES: causes},
+            recommendation="every rank must end each step with the same gradients and parameters: "
+                           "let DDP all-reduce every backward that ends an optimizer step (the last "
+                           "microbatch outside no_sync), call the DDP model, and make nothing in the "
+                           "step depend on the rank; " + recommendation)
+    if eq.ok:
+        wide = eq.indistinguishable()
+        if wide is None:
+            return None
+        # Within the bound, but the bound would let the smallest scaling bug through too:
+        # a pass here would be vacuous (docs/numerics.md).
+        metrics["key_figure"] = "noise floor too wide to judge"
+        return Outcome.inconclusive(
+            f"{what} cannot be judged: {wide}; measured: {key_figure(eq)}",
+            metrics=metrics, evidence=evidence,
+            recommendation="judge this configuration's equivalence in a less noisy variant (fp32, "
+                           "no compression) or with a larger batch per microbatch; the floor and "
+                           "its bound are in the record")
+    causes, decidable = hints(eq)
+    before_ok = eq.grads_ok and eq.pre_clip_ok and eq.same_first_step and (
+        eq.flip is not None and (eq.first_bad_step is None or eq.first_bad_step >= eq.flip.step))
+    if not causes and eq.flip is not None and explains(eq.flip, grads0_step=int(
+            eq.reference.get("grads0_step") or 0), before_ok=before_ok):
+        # A discontinuity, not a bug: from the flip on the runs legitimately part (``routing``).
+        metrics["key_figure"] = f"top-k routing flipped at step {eq.flip.step}"
+        return Outcome.inconclusive(
+            f"{what} cannot be judged past a routing flip: "
+            f"{flip_message(eq.flip, grads0_step=int(eq.reference.get('grads0_step') or 0))}; "
+            f"measured: {mismatch_message(eq)}", metrics=metrics, evidence=evidence,
+            recommendation="compare a model with top-k routing over steps where its routing agrees: "
+                           "the record says where it parted; a router with a margin (no near-ties), "
+                           "or fewer steps, compares exactly")
+    cause = ("; ".join(causes) if causes else no_known_cause(eq))
+    message = f"{what} differs from the single-process step: {mismatch_message(eq)} — {cause}"
+    evidence[HYPOTHESES] = causes
+    if not decidable:
+        message = (f"{what} cannot be judged: {cause}; measured: {mismatch_message(eq)}")
+        return Outcome.inconclusive(message, metrics=metrics, evidence=evidence,
+                                    recommendation="make forward deterministic for the check (seed "
+                                                   "or switch off the random op) to compare it")
+    return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)

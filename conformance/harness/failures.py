@@ -1,0 +1,94 @@
+"""What a check returns when the world under it failed: one outcome for every check.
+
+A world call that raised or hung on the target (``RankFailure``, ``WorldHang``) is a finding
+about the target, whatever the check was doing: :func:`world_error_outcome` makes it a record
+with every rank's story. A rank still compiling at the deadline is a slow compile, not a DDP
+hang (``slow_compile_outcome``); a host that ran out of a resource is inconclusive. Naming a
+known cause and re-running its remedies is the business of the check that knows the cause
+(the equivalence checks: ``conformance/checks/equivalence/diagnosis.py``), called by it on
+this outcome.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ddp_conformance.reports.keys import EXHAUSTED
+
+from .exhaustion import exhausted
+from .outcome import Outcome
+from .world import RankFailure, WorldError, WorldHang
+
+#: Frames on a rank's stack that only a compilation in progress has: dynamo converting a frame,
+#: inductor generating or building kernels. (Running already compiled code shows neither.)
+COMPILING_FRAMES = ("torch/_dynamo/convert_frame.py", "torch/_inductor/")
+
+
+def _compiling(stack: str) -> bool:
+    """True when a frame of ``stack`` runs a compilation: a COMPILING_FRAMES file in a function,
+    not in ``<module>`` (that frame is only the file being imported: ``import torch._dynamo``,
+    which DDP's constructor does, is not a compile, and a model that never compiles is never
+    "still compiling")."""
+    for line in stack.replace(os.sep, "/").splitlines():
+        if any(marker in line for marker in COMPILING_FRAMES) and not line.rstrip().endswith(" in <module>"):
+            return True
+    return False
+
+
+def slow_compile_outcome(exc: WorldHang, what: str) -> Outcome | None:
+    """A world call past its deadline while a stuck rank was still compiling: ``inconclusive``
+    (a slow compile, not a DDP hang), or None when no stuck rank was compiling.
+
+    A first inductor compile builds C++ kernels; on a loaded CPU host it took 70 s for the
+    example's 2 MB MLP, past the default 60 s deadline, which must not read as a hang.
+    """
+    stacks = {int(rank): text for rank, text in (exc.stacks or {}).items()}
+    compiling = [r for r in exc.stuck_ranks if _compiling(stacks.get(r, ""))]
+    if not compiling:
+        return None
+    return Outcome.inconclusive(
+        f"{what} did not finish within the deadline ({exc.elapsed_s:.0f} s) while rank(s) "
+        f"{compiling} were still compiling (torch.compile frames on their stacks): a slow "
+        f"compile, not a DDP hang; raise --deadline (a cold inductor compile can take minutes) "
+        f"or check with a faster backend (aot_eager)",
+        metrics={"key_figure": f"compiling at the {exc.elapsed_s:.0f} s deadline", "compiling_ranks": compiling},
+        evidence={"stacks": {str(k): v[-4000:] for k, v in stacks.items()}})
+
+
+def hang_outcome(exc: WorldHang, what: str) -> Outcome:
+    if (compiling := slow_compile_outcome(exc, what)) is not None:
+        return compiling  # still compiling at the deadline: not a hang of DDP
+    return Outcome.failed(
+        f"{what} hung: ranks {exc.stuck_ranks} did not finish within the deadline",
+        metrics={"key_figure": f"hang after {exc.elapsed_s:.1f} s", "stuck_ranks": exc.stuck_ranks},
+        evidence={"stacks": {str(k): v[-4000:] for k, v in exc.stacks.items()}},
+        recommendation="every rank must run the same collectives: make every parameter take "
+                       "part in every step, or see the unused-parameters check")
+
+
+def world_error_outcome(exc: WorldError, what: str) -> Outcome:
+    """A DDP run that raised or hung on the target is a failed check, with every rank's story
+    (``what``: the run, as the message names it, e.g. "the DDP training step")."""
+    if isinstance(exc, WorldHang):
+        return hang_outcome(exc, what)
+    assert isinstance(exc, RankFailure)
+    errors = {str(r.rank): r.error.describe() for r in exc.results if r.error is not None}
+    short = next(filter(None, (exhausted(e) for e in errors.values())), None)
+    if short is not None:
+        # A full disk or /dev/shm, too few file descriptors: the environment, not the target.
+        return Outcome.inconclusive(
+            f"{what} could not run: {short}",
+            metrics={"key_figure": "the host ran out of a resource", "failed_ranks": exc.failed_ranks},
+            evidence={EXHAUSTED: short, "rank_errors": errors})
+    traces = {str(r.rank): r.error.traceback[-3000:] for r in exc.results
+              if r.error is not None and r.error.traceback}
+    # The culprit is the rank that died or failed first (World orders causes before symptoms):
+    # with rank 1 exiting, rank 0's "connection reset by peer" is not the headline.
+    culprit = exc.culprit
+    first = exc.first_error
+    rank = str(first.rank) if first is not None else "?"
+    verb = "failed" if culprit is not None and culprit.error and culprit.error.kind == "died" else "raised"
+    return Outcome.failed(
+        f"{what} {verb} on rank {rank}: {exc.headline()}",
+        metrics={"key_figure": "DDP step raised", "failed_ranks": exc.failed_ranks},
+        evidence={"rank_errors": errors, "tracebacks": traces})
