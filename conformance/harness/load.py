@@ -128,6 +128,19 @@ def busy(cpu: int = 2, *, memory: bool = False, limit_s: float = DEFAULT_LIMIT_S
         load.stop()
 
 
+def contention(sample_s: float = 0.2) -> float:
+    """How many times longer CPU work takes on this machine right now than on an idle core:
+    wall time over this process's CPU time for ``sample_s`` of spinning (1.0 idle; about 2 when
+    every core has one other runnable process). Measured, not guessed: the tests scale their
+    deadlines and slacks by it (tests/conftest.py, ``pace``)."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    while time.process_time() - cpu0 < sample_s:
+        for _ in range(10000):
+            pass
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return max(1.0, wall / cpu) if cpu > 0 else 1.0
+
+
 def _cpu_seconds(pid: int) -> float:
     """utime + stime of a live process (Linux /proc; 0 where it cannot be read)."""
     try:
