@@ -67,6 +67,9 @@ WHERE = {"type_error_in_step": "bad_train_step_type_error.py:12",
          "evaluate_returns_a_list": "bad_evaluate.py:19) returned a list, not a dict of metric name -> float"}
 
 
+#: One worker runs them all (pytest-xdist, --dist loadgroup): the module's fixture starts every
+#: run, and split over two workers it ran twice.
+pytestmark = pytest.mark.xdist_group("target-errors-cli")
 #: How many of the runs go at once. All fifteen at once (45 processes importing torch on 2
 #: cores) thrashed: on a loaded host a loader child missed its deadline and a bad target read
 #: as "did not finish loading" instead of its own error (issue 24). Four keep both cores busy.
