@@ -3,6 +3,7 @@
     python benchmarks/under_load.py                        # --suite ci, 2 CPU hogs, gloo, 2 ranks
     python benchmarks/under_load.py --hogs 4 --memory      # heavier: 4 CPU hogs + a memory-bandwidth hog
     python benchmarks/under_load.py --suite full --checks straggler,bucket-config,hang-detection,allreduce-bandwidth
+    python benchmarks/under_load.py --suite full --target mlp --checks straggler,bucket-config,hang-detection
 
 Runs ``ddp-conformance run`` (no ``--target``: every built-in target, the chaos checks injecting
 their faults into built-in vehicles) twice, side by side in one invocation: on the machine as it
@@ -48,11 +49,12 @@ class RunResult:
     stderr_tail: str
 
 
-def one_run(suite: str, checks: str | None, deadline: str | None) -> RunResult:
+def one_run(suite: str, checks: str | None, deadline: str | None, target: str | None = None) -> RunResult:
     with tempfile.TemporaryDirectory(prefix="under-load-") as out:
         cmd = [sys.executable, "-m", "conformance", "run", "--suite", suite, "--backend", "gloo", "--report-dir", out]
         cmd += ["--checks", checks] if checks else []
         cmd += ["--deadline", deadline] if deadline else []
+        cmd += ["--target", target] if target else []
         load_before = os.getloadavg()[0]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=RUN_LIMIT_S)
@@ -113,10 +115,12 @@ def main() -> None:
     parser.add_argument("--hogs", type=int, default=2, help="CPU hogs at normal priority (default 2)")
     parser.add_argument("--memory", action="store_true", help="add a memory-bandwidth hog")
     parser.add_argument("--deadline", default=None, help="--deadline of both runs (default: the CLI's)")
+    parser.add_argument("--target", default=None, help="one target in target mode (default: every built-in, "
+                                                       "the chaos checks injecting their faults)")
     args = parser.parse_args()
-    quiet = one_run(args.suite, args.checks, args.deadline)
+    quiet = one_run(args.suite, args.checks, args.deadline, args.target)
     with busy(args.hogs, memory=args.memory, limit_s=RUN_LIMIT_S + 60) as load:
-        loaded = one_run(args.suite, args.checks, args.deadline)
+        loaded = one_run(args.suite, args.checks, args.deadline, args.target)
         load_line = load.describe()
     alarms = report(quiet, loaded, load_line)
     print(f"false_alarms: {alarms}")
