@@ -10,7 +10,7 @@ way every time, for the tests and benchmarks that show it (``benchmarks/under_lo
         ...                     # the work measured under load
     load.cpu_s                  # CPU seconds the hogs burned (the load that was applied)
 
-or around any command (the project's test suite under two hogs, README "Under load")::
+or around any command (the project's test suite under two hogs, README section 'In CI')::
 
     python -m conformance.harness.load --cpu 2 -- .venv/bin/python -m pytest -n 2
 

@@ -273,7 +273,7 @@ def judge_target(verdicts: list[StragglerVerdict], timeline: list[dict[str, Any]
     tops = [max(v.per_rank, key=lambda d: d["score"]) for v in verdicts]
     worst = max(tops, key=lambda d: d["score"])
     v = verdicts[0]
-    metrics = {"key_figure": f"max imbalance {worst['score']:.2f} (rank {worst['rank']})",
+    metrics: dict[str, Any] = {"key_figure": f"max imbalance {worst['score']:.2f} (rank {worst['rank']})",
                "per_rank": v.per_rank, "rounds": [{"culprit_rank": c, "top": t} for c, t in zip(named, tops)],
                CULPRIT_RANK: named[0] if len(set(named)) == 1 else None, "timeline": timeline,
                "step_s": v.step_s, "threshold": STRAGGLER_THRESHOLD, "steps": steps}
