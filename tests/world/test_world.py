@@ -23,7 +23,6 @@ SLACK = 2.0
 
 @pytest.fixture(scope="module")
 def world():
-
     w = World(2, "gloo", deadline=DEADLINE * Pace().factor)
     yield w
     w.close()
