@@ -88,29 +88,35 @@ def runs(tmp_path_factory):
     todo = sorted(CASES, key=lambda c: c not in IN_A_RANK)
     running: dict[str, tuple[Path, subprocess.Popen[str], float]] = {}
     out = {}
-    while todo or running:
-        while todo and len(running) < PARALLEL:
-            case = todo.pop(0)
-            name = CASES[case][0]
-            target = syntax if name is None else name if isinstance(name, Path) else TARGETS / f"{name}.py"
-            report = tmp / case
-            # Output to files, not pipes: a pipe nobody reads until the end can fill and block.
-            with open(tmp / f"{case}.out", "w") as stdout, open(tmp / f"{case}.err", "w") as stderr:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "conformance", "run", "--target", str(target),
-                     "--checks", CHECKS.get(case, "gradient-equivalence"), "--report-dir", str(report)],
-                    stdout=stdout, stderr=stderr, text=True)
-            # A safety net, not an assertion: 120 s a run on a quiet host, scaled by its load.
-            running[case] = (report, proc, time.monotonic() + Pace().bound(120))
-        case = next((c for c, (_, proc, _) in running.items() if proc.poll() is not None), None)
-        if case is None:
-            for _, proc, until in running.values():
-                if time.monotonic() > until:
-                    proc.kill()
-            time.sleep(0.05)
-            continue
-        report, proc, _ = running.pop(case)
-        out[case] = (proc.returncode, (tmp / f"{case}.out").read_text(), (tmp / f"{case}.err").read_text(), report)
+    try:
+        while todo or running:
+            while todo and len(running) < PARALLEL:
+                case = todo.pop(0)
+                name = CASES[case][0]
+                target = syntax if name is None else name if isinstance(name, Path) else TARGETS / f"{name}.py"
+                report = tmp / case
+                # Output to files, not pipes: a pipe nobody reads until the end can fill and block.
+                with open(tmp / f"{case}.out", "w") as stdout, open(tmp / f"{case}.err", "w") as stderr:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "conformance", "run", "--target", str(target),
+                         "--checks", CHECKS.get(case, "gradient-equivalence"), "--report-dir", str(report)],
+                        stdout=stdout, stderr=stderr, text=True)
+                # A safety net, not an assertion: 120 s a run on a quiet host, scaled by its load.
+                running[case] = (report, proc, time.monotonic() + Pace().bound(120))
+            case = next((c for c, (_, proc, _) in running.items() if proc.poll() is not None), None)
+            if case is None:
+                for _, proc, until in running.values():
+                    if time.monotonic() > until:
+                        proc.kill()
+                time.sleep(0.05)
+                continue
+            report, proc, _ = running.pop(case)
+            out[case] = (proc.returncode, (tmp / f"{case}.out").read_text(), (tmp / f"{case}.err").read_text(),
+                         report)
+    finally:  # nothing left behind, whatever ended the loop
+        for _, proc, _ in running.values():
+            proc.kill()
+            proc.wait()
     return out
 
 
