@@ -94,7 +94,8 @@ def report(quiet: RunResult, loaded: RunResult, load_line: str) -> int:
             print(f"  no report; stderr: {r.stderr_tail}")
     print(f"load: {load_line}")
     print(f"time ratio (under load / quiet): {loaded.wall_s / quiet.wall_s:.2f}")
-    chaos = [r for r in loaded.checks if "chaos" in r.get("kind", "")]
+    # Injected mode only (no --target: the chaos checks' records are on the "builtin" vehicles).
+    chaos = [r for r in loaded.checks if "chaos" in r.get("kind", "") and r.get("target") == "builtin"]
     for rec in chaos:
         print(f"injected faults under load: {rec['id']}: {rec['status']} ({_injected_caught(rec)})")
     if chaos:
