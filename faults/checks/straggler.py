@@ -136,7 +136,7 @@ def measure(world: WorldLike, source: VehicleSpec | str, faults: list[SlowRank |
             timeline += [{"rank": r.rank, "step": row["step"], "t_start": row["t_start"],
                           "t_end": row["t_end"]} for row in rows]
         out.append({"fault": fault, "verdict": score_stragglers(compute, wait, step),
-                    "timeline": timeline,
+                    "timeline": timeline, "compute": compute,
                     "injections": [i for r in results for i in r.value["injections"]
                                    if fault is not None and i.step in {row["step"] for row in
                                    r.value["rows"] if row["segment"] == seg}],
@@ -164,10 +164,39 @@ def _injected(ctx: CheckContext, world: WorldLike) -> Outcome:
     return judge_injected(segments)
 
 
+#: The spread (interquartile range) of the per-step compute difference between ranks past which
+#: a segment cannot resolve the injected delay, as a share of it: COST_RATIO_RANGE's lower edge.
+#: Within it a wrong diagnosis is the check's failure; beyond it the host was too noisy to tell.
+NOISE_SHARE = COST_RATIO_RANGE[0]
+
+
+def step_differences(compute: dict[int, list[float]], rank: int) -> list[float]:
+    """Per timed step: ``rank``'s compute minus the median of the other ranks' in the same step
+    (the injected delay, on a quiet host; scheduling noise spreads it)."""
+    others = [r for r in compute if r != rank]
+    n = min((len(v) for v in compute.values()), default=0)
+    if not others:
+        return []
+    return [compute[rank][k] - statistics.median(compute[r][k] for r in others) for k in range(n)]
+
+
+def spread(values: list[float]) -> float:
+    """Interquartile range (0 for fewer than 2 samples): robust to the odd preempted step."""
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]
+
+
 def judge_injected(segments: list[dict[str, Any]]) -> Outcome:
     """Diagnosis == injection in every faulted segment of :func:`measure`: the delay fired, the
     named culprit is the slowed rank, and its measured cost is within COST_RATIO_RANGE of the
-    injected delay. The first segment is the unfaulted baseline."""
+    injected delay. The first segment is the unfaulted baseline.
+
+    A wrong name or cost on a host whose own samples spread past NOISE_SHARE of the delay (the
+    per-step compute difference between the victim and its peers, in any segment) is
+    inconclusive, not a failure: the measurement could not have resolved the delay. A delay that
+    never fired fails whatever the noise."""
     base = segments[0]["verdict"].step_s
     low, high = COST_RATIO_RANGE
     checks, problems, timeline = [], [], []
@@ -198,6 +227,17 @@ def judge_injected(segments: list[dict[str, Any]]) -> Outcome:
                "timeline": timeline, "baseline_step_s": base, "phases": checks,
                "threshold": STRAGGLER_THRESHOLD}
     evidence = {"ddp_timing": {str(k): v for k, v in fwd["ddp_timing"].items()}}
+    noise = max((spread(step_differences(seg["compute"], VICTIM)) for seg in segments if "compute" in seg),
+                default=0.0)
+    metrics["noise_s"] = round(noise, 6)
+    unfired = [p for p in problems if "never fired" in p]
+    if problems and not unfired and noise > NOISE_SHARE * INJECTED_DELAY_S:
+        return Outcome.inconclusive(
+            f"the machine was too noisy to tell: the per-step compute difference between rank {VICTIM} and "
+            f"its peers spread over {noise * 1e3:.1f} ms (interquartile range), more than "
+            f"{NOISE_SHARE:g}x the injected {INJECTED_DELAY_S * 1e3:.0f} ms delay; " + "; ".join(problems),
+            metrics=metrics, evidence=evidence,
+            recommendation="Re-run straggler on an idle machine.")
     if problems:
         return Outcome.failed("injected slow rank not diagnosed: " + "; ".join(problems),
                               metrics=metrics, evidence=evidence)
@@ -218,22 +258,36 @@ TARGET_ROUNDS = 3
 def _target(ctx: CheckContext, world: WorldLike) -> Outcome:
     segments = measure(world, ctx.target.spec, [None] * TARGET_ROUNDS, steps_each=None, deadline_s=ctx.deadline)
     return judge_target([seg["verdict"] for seg in segments], segments[0]["timeline"], segments[0]["ddp_timing"],
-                        steps=segments[0]["steps_each"])
+                        steps=segments[0]["steps_each"], compute=[seg["compute"] for seg in segments])
 
 
 def judge_target(verdicts: list[StragglerVerdict], timeline: list[dict[str, Any]],
-                 ddp_timing: dict[int, Any], *, steps: int) -> Outcome:
-    """Fail only on a rank that is the clear culprit in every measured round."""
+                 ddp_timing: dict[int, Any], *, steps: int,
+                 compute: list[dict[int, list[float]]] | None = None) -> Outcome:
+    """Fail only on a rank that is the clear culprit in every measured round, step after step:
+    a straggler computes more than its peers in (nearly) every step, so the lower quartile of
+    its per-step extra compute (``compute``: per round, each rank's per-step compute) is above
+    zero in every round. A culprit named in every round whose per-step extra compute straddles
+    zero in some round was named by the host's noise as much as by its work: inconclusive."""
     named = [v.culprit_rank for v in verdicts]
     tops = [max(v.per_rank, key=lambda d: d["score"]) for v in verdicts]
     worst = max(tops, key=lambda d: d["score"])
     v = verdicts[0]
-    metrics = {"key_figure": f"max imbalance {worst['score']:.2f} (rank {worst['rank']})",
+    metrics: dict[str, Any] = {"key_figure": f"max imbalance {worst['score']:.2f} (rank {worst['rank']})",
                "per_rank": v.per_rank, "rounds": [{"culprit_rank": c, "top": t} for c, t in zip(named, tops)],
                CULPRIT_RANK: named[0] if len(set(named)) == 1 else None, "timeline": timeline,
                "step_s": v.step_s, "threshold": STRAGGLER_THRESHOLD, "steps": steps}
     evidence = {"ddp_timing": {str(k): t for k, t in ddp_timing.items()}}
     if named[0] is not None and len(set(named)) == 1:
+        unsteady = _unsteady_rounds(compute or [], named[0])
+        if unsteady:
+            metrics["per_step_extra_quartiles_s"] = unsteady
+            return Outcome.inconclusive(
+                f"rank {named[0]} was named in all {len(verdicts)} rounds, but the machine was too noisy to tell: "
+                f"its per-step extra compute was not steady (interquartile range "
+                + ", ".join(f"round {i}: {lo * 1e3:.1f} to {hi * 1e3:.1f} ms" for i, lo, hi in unsteady)
+                + ", reaching 0 ms: in some steps its peers computed as long)", metrics=metrics, evidence=evidence,
+                recommendation="Re-run straggler on an idle machine (or the production node).")
         cost = statistics.median(x.cost_s for x in verdicts)
         scores = ", ".join(f"{t['score']:.2f}" for t in tops)
         return Outcome.failed(
@@ -250,3 +304,17 @@ def judge_target(verdicts: list[StragglerVerdict], timeline: list[dict[str, Any]
     return Outcome.passed(f"no persistent straggler in {len(verdicts)} rounds: per-rank imbalance at most "
                           f"{worst['score']:.2f} of a {v.step_s * 1e3:.1f} ms step (threshold "
                           f"{STRAGGLER_THRESHOLD}){transient}", metrics=metrics, evidence=evidence)
+
+
+def _unsteady_rounds(compute: list[dict[int, list[float]]], rank: int) -> list[tuple[int, float, float]]:
+    """The rounds (index, lower and upper quartile of the per-step extra compute) in which
+    ``rank``'s extra compute over its peers was not above zero in three steps out of four."""
+    out = []
+    for i, per_rank in enumerate(compute):
+        diffs = step_differences(per_rank, rank)
+        if len(diffs) < 2:
+            continue
+        q = statistics.quantiles(diffs, n=4)
+        if q[0] <= 0:
+            out.append((i, q[0], q[2]))
+    return out

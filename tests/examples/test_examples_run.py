@@ -10,6 +10,7 @@ are tested in test_amp_join.py, test_example_bugs.py and tests/checks."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -30,9 +31,16 @@ SKIPS = {"train_gpt.py": {"sampler-coverage": "sampling with replacement"},
          "train_amp_join.py": {"sampler-coverage": "defines no epoch_batches"}}
 
 
+#: The checks that time steps. On a loaded host (measured: pace above LOADED) one of them may
+#: say it was too noisy to tell -- inconclusive, never failed -- and the run is then
+#: inconclusive, not ready (issue 24). On a quiet host every check must pass or skip.
+TIMING_CHECKS = {"straggler", "bucket-config", "allreduce-bandwidth"}
+LOADED = 1.5
+
+
 @pytest.mark.parametrize("example,suite", [*((e, "full") for e in EXAMPLE_FILES),
                                            *((e, "ci") for e in CI_SUBSET_FILES)])
-def test_example_run_is_ready(tmp_path, example, suite):
+def test_example_run_is_ready(tmp_path, example, suite, pace):
     report_dir = tmp_path / "report"
     proc = subprocess.run([sys.executable, "-m", "conformance", "run", "--target", str(EXAMPLES / example),
                            "--suite", suite, "--report-dir", str(report_dir)],
@@ -40,9 +48,14 @@ def test_example_run_is_ready(tmp_path, example, suite):
     report = json.loads((report_dir / "report.json").read_text())
     statuses = {c["id"]: (c["status"], c["message"]) for c in report["checks"]}
     alarms = {k: v for k, v in statuses.items() if v[0] not in ("passed", "skipped")}
+    noisy = {k for k, (status, message) in alarms.items()
+             if status == "inconclusive" and k in TIMING_CHECKS and re.search(r"nois", message)}
+    if noisy and pace.measure() > LOADED:
+        alarms = {k: v for k, v in alarms.items() if k not in noisy}
     assert not alarms, "\n".join(f"{k}: {status}: {message}" for k, (status, message) in alarms.items())
-    assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-2000:])
-    assert report["verdict"] == "ready"
+    expected = (3, "inconclusive") if noisy else (0, "ready")
+    assert proc.returncode == expected[0], (proc.stdout[-4000:], proc.stderr[-2000:])
+    assert report["verdict"] == expected[1]
     assert all(message.strip() for _, message in statuses.values()), statuses  # a skip says why
     assert sum(status == "passed" for status, _ in statuses.values()) >= (5 if suite == "full" else 4), statuses
     for check_id, reason in SKIPS[example].items():

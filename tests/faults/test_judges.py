@@ -306,27 +306,28 @@ def test_unused_judge_fails_on_a_wrong_diagnosis_and_names_it(
 
 # -- straggler -------------------------------------------------------------------------------------
 
-def _segment(fault: Any, culprit: int, extra_s: float, fired: bool = True) -> dict[str, Any]:
+def _segment(fault: Any, culprit: int, extra_s: float, fired: bool = True,
+             jitter: tuple[float, ...] = (0.0,) * 5) -> dict[str, Any]:
     """One segment of straggler.measure: 5 steps per rank, ``culprit`` computing ``extra_s``
-    more per step and the other rank waiting for it."""
+    (plus ``jitter``, per step: a noisy host) more per step and the other rank waiting for it."""
     base = 0.004
-    compute = {r: [base + (extra_s if r == culprit else 0.0)] * 5 for r in (0, 1)}
+    compute = {r: [base + (extra_s + j if r == culprit else 0.0) for j in jitter] for r in (0, 1)}
     wait = {r: [0.0005 if r == culprit else extra_s] * 5 for r in (0, 1)}
     step = {r: [base + extra_s + 0.0005] * 5 for r in (0, 1)}
     injections = [] if fault is None or not fired else \
         [_injection(fault.name, fault.rank, s, fault.phase, delay_s=fault.delay_s) for s in range(5)]
     return {"fault": fault, "verdict": score_stragglers(compute, wait, step), "timeline": [],
-            "injections": injections, "ddp_timing": {0: {}, 1: {}}}
+            "injections": injections, "ddp_timing": {0: {}, 1: {}}, "compute": compute}
 
 
-def _segments(**spoil: tuple[int, float, bool]) -> list[dict[str, Any]]:
+def _segments(jitter: tuple[float, ...] = (0.0,) * 5, **spoil: tuple[int, float, bool]) -> list[dict[str, Any]]:
     out = []
     for fault in straggler.injected_faults():
         if fault is None:
             out.append(_segment(None, 0, 0.0))
             continue
         culprit, extra, fired = spoil.get(fault.phase, (fault.rank, fault.delay_s, True))
-        out.append(_segment(fault, culprit, extra, fired))
+        out.append(_segment(fault, culprit, extra, fired, jitter if fault.phase in spoil else (0.0,) * 5))
     return out
 
 
@@ -349,6 +350,23 @@ def test_straggler_judge_fails_on_a_wrong_diagnosis_and_names_it(spoil: dict[str
     assert re.search(message, outcome.message), outcome.message
 
 
+# A loaded host (issue 24): the victim's per-step extra compute spreads over 0-200 ms around the
+# injected 50 ms (its median x3, out of band). Its own samples say the host could not resolve the
+# delay: inconclusive, never a failure. The same wrong cost on steady samples fails (above), and a
+# delay that never fired fails whatever the noise.
+NOISY = (0.0, 0.1, 0.2, 0.15, 0.0)
+
+
+def test_straggler_judge_is_inconclusive_when_its_own_samples_are_too_noisy() -> None:
+    outcome = straggler.judge_injected(_segments(NOISY, optimizer=(1, 0.05, True)))
+    assert outcome.status == "inconclusive", outcome.message
+    assert re.search(r"too noisy to tell: .* spread over \d+\.\d ms .* optimizer: measured cost 150.0 ms",
+                     outcome.message), outcome.message
+    assert outcome.metrics["noise_s"] > straggler.NOISE_SHARE * straggler.INJECTED_DELAY_S
+    unfired = straggler.judge_injected(_segments(NOISY, optimizer=(1, 0.05, True), data=(1, 0.05, False)))
+    assert unfired.status == "failed" and "data: the delay never fired" in unfired.message
+
+
 # -- straggler, target mode: only a persistent culprit is a straggler ------------------------------
 
 def _round(culprit: int | None, score: float) -> Any:
@@ -369,5 +387,20 @@ def _round(culprit: int | None, score: float) -> Any:
 def test_straggler_target_judge_needs_the_same_culprit_every_round(
         rounds: list[tuple[int | None, float]], status: str, message: str) -> None:
     outcome = straggler.judge_target([_round(c, s) for c, s in rounds], [], {}, steps=5)
+    assert outcome.status == status, outcome.message
+    assert re.search(message, outcome.message), outcome.message
+
+
+@pytest.mark.parametrize(("extra", "status", "message"), [
+    # A real straggler: 6 ms more in every step of every round.
+    ((0.006, 0.005, 0.007, 0.006, 0.006), "failed", r"rank 1 is a straggler in all 3 rounds"),
+    # Named in every round by a few preempted steps; in the others its peer computed as long.
+    ((0.012, -0.001, 0.015, 0.0, -0.002), "inconclusive",
+     r"rank 1 was named in all 3 rounds, but the machine was too noisy to tell: .*round 0: -?\d"),
+])
+def test_straggler_target_judge_needs_extra_compute_step_after_step(
+        extra: tuple[float, ...], status: str, message: str) -> None:
+    compute = [{0: [0.010] * 5, 1: [0.010 + e for e in extra]}] * 3
+    outcome = straggler.judge_target([_round(1, 0.4)] * 3, [], {}, steps=5, compute=compute)
     assert outcome.status == status, outcome.message
     assert re.search(message, outcome.message), outcome.message

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..conftest import Pace
+
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = Path(__file__).resolve().parent / "targets"
 CLI = [sys.executable, "-m", "conformance"]
@@ -35,6 +37,12 @@ class Finished:
     stdout: str
     stderr: str
     elapsed_s: float
+    #: The host's contention measured over the run (tests/conftest.py, Pace): 1.0 when quiet.
+    pace: float = 1.0
+
+    def bound(self, seconds: float) -> float:
+        """A time bound of ``seconds`` on a quiet host, scaled by this run's measured contention."""
+        return seconds * self.pace
 
     @property
     def error_lines(self) -> list[str]:
@@ -59,6 +67,7 @@ class Run:
                     TAG: self.tag, "TMPDIR": str(self.tmp),
                     # The session's memory-backed folder too, where leftovers() looks.
                     "DDP_CONFORMANCE_SHM": str(self.tmp), **(env or {})}
+        self.pace = Pace()  # measured again when the run ends (wait)
         self.started = time.monotonic()
         self.proc = subprocess.Popen([*command, *args], cwd=cwd, env=full_env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -73,13 +82,15 @@ class Run:
         return time.monotonic()
 
     def wait(self, timeout: float = HARD_LIMIT_S) -> Finished:
+        timeout = self.pace.bound(timeout)  # a safety net, as loose on a loaded host as the bounds
         try:
             out, err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill_everything()
             out, err = self.proc.communicate()
             raise AssertionError(f"ddp-conformance did not exit within {timeout:g} s:\n{err[-3000:]}") from None
-        return Finished(self.proc.returncode, out, err, time.monotonic() - self.started)
+        elapsed = time.monotonic() - self.started
+        return Finished(self.proc.returncode, out, err, elapsed, self.pace.measure())
 
     def kill_everything(self) -> None:
         """The test's own safety net (never what a test asserts on)."""
@@ -92,7 +103,7 @@ class Run:
     def leftovers(self, *, within_s: float = 5.0) -> tuple[list[str], list[str]]:
         """(live processes carrying the tag, temp dirs left) once ``within_s`` has passed
         without them all going away."""
-        until = time.monotonic() + within_s
+        until = time.monotonic() + self.pace.bound(within_s)
         while True:
             procs = [describe(pid) for pid in tagged(self.tag)]
             dirs = sorted(p.name for p in self.tmp.iterdir() if p.name.startswith("ddp-"))

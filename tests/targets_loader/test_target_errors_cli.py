@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,23 +67,56 @@ WHERE = {"type_error_in_step": "bad_train_step_type_error.py:12",
          "evaluate_returns_a_list": "bad_evaluate.py:19) returned a list, not a dict of metric name -> float"}
 
 
+#: One worker runs them all (pytest-xdist, --dist loadgroup): the module's fixture starts every
+#: run, and split over two workers it ran twice.
+pytestmark = pytest.mark.xdist_group("target-errors-cli")
+#: How many of the runs go at once. All fifteen at once (45 processes importing torch on 2
+#: cores) thrashed: on a loaded host a loader child missed its deadline and a bad target read
+#: as "did not finish loading" instead of its own error (issue 24). Four keep both cores busy.
+PARALLEL = 4
+#: The cases found inside a rank start a 2-rank world: the longest, started first.
+IN_A_RANK = {c for c, (name, _) in CASES.items() if isinstance(name, Path)} - {"step_signature"}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    from ..conftest import Pace
+
     tmp = tmp_path_factory.mktemp("bad-targets")
     syntax = tmp / "bad_syntax.py"
     syntax.write_text('"""BAD TARGET: a syntax error."""\n\ndef build_model(:\n    pass\n')
-    procs = {}
-    for case, (name, _) in CASES.items():
-        target = syntax if name is None else name if isinstance(name, Path) else TARGETS / f"{name}.py"
-        report = tmp / case
-        procs[case] = (report, subprocess.Popen(
-            [sys.executable, "-m", "conformance", "run", "--target", str(target),
-             "--checks", CHECKS.get(case, "gradient-equivalence"), "--report-dir", str(report)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    todo = sorted(CASES, key=lambda c: c not in IN_A_RANK)
+    running: dict[str, tuple[Path, subprocess.Popen[str], float]] = {}
     out = {}
-    for case, (report, proc) in procs.items():
-        stdout, stderr = proc.communicate(timeout=120)
-        out[case] = (proc.returncode, stdout, stderr, report)
+    try:
+        while todo or running:
+            while todo and len(running) < PARALLEL:
+                case = todo.pop(0)
+                name = CASES[case][0]
+                target = syntax if name is None else name if isinstance(name, Path) else TARGETS / f"{name}.py"
+                report = tmp / case
+                # Output to files, not pipes: a pipe nobody reads until the end can fill and block.
+                with open(tmp / f"{case}.out", "w") as stdout, open(tmp / f"{case}.err", "w") as stderr:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", "conformance", "run", "--target", str(target),
+                         "--checks", CHECKS.get(case, "gradient-equivalence"), "--report-dir", str(report)],
+                        stdout=stdout, stderr=stderr, text=True)
+                # A safety net, not an assertion: 120 s a run on a quiet host, scaled by its load.
+                running[case] = (report, proc, time.monotonic() + Pace().bound(120))
+            case = next((c for c, (_, proc, _) in running.items() if proc.poll() is not None), None)
+            if case is None:
+                for _, proc, until in running.values():
+                    if time.monotonic() > until:
+                        proc.kill()
+                time.sleep(0.05)
+                continue
+            report, proc, _ = running.pop(case)
+            out[case] = (proc.returncode, (tmp / f"{case}.out").read_text(), (tmp / f"{case}.err").read_text(),
+                         report)
+    finally:  # nothing left behind, whatever ended the loop
+        for _, proc, _ in running.values():
+            proc.kill()
+            proc.wait()
     return out
 
 
