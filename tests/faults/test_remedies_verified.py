@@ -86,3 +86,41 @@ def test_a_remedy_that_only_hides_the_error_is_not_a_verified_fix(suite_session)
     assert "the error is gone, but tower.0.bias" in record.message and "still never train" in record.message
     assert record.recommendation is not None and "verified fix" not in record.recommendation
     assert "only silences DDP's error" in record.recommendation
+
+
+class _FailingWorld:
+    """A world whose re-run ends with these per-rank errors (no processes: the rule alone)."""
+
+    def __init__(self, *messages: str) -> None:
+        self.messages = messages
+
+    def run(self, *args: object, **kwargs: object) -> None:
+        from conformance.harness.world import RankFailure, RankError, RankResult
+
+        raise RankFailure("a rank failed", results=[
+            RankResult(r, error=RankError(kind="exception", message=m, exc_type="RuntimeError"))
+            for r, m in enumerate(self.messages)])
+
+
+GLOO_PEER_GONE = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                  "[127.0.0.1]:41234. Check the logs of the remote worker before reporting an error. GLHF!")
+DDP_REDUCTION = ("Expected to have finished reduction in the prior iteration before starting a new one. This error "
+                 "indicates that your module has parameters that were not used in producing loss.")
+
+
+@pytest.mark.parametrize(("messages", "status"), [
+    # Seen under load: the reproduction's barrier left a peer gone; the re-run's ranks only
+    # lost their connection. Before: "did not fix", naming the wrong cause.
+    ((GLOO_PEER_GONE, GLOO_PEER_GONE), NOT_VERIFIED),
+    (("Rank 1 failed to pass monitoredBarrier in 3000 ms", GLOO_PEER_GONE), NOT_VERIFIED),
+    # DDP's own error on any rank: the change did not remove the failure.
+    ((DDP_REDUCTION, GLOO_PEER_GONE), DID_NOT_FIX),
+    ((DDP_REDUCTION, DDP_REDUCTION), DID_NOT_FIX),
+])
+def test_a_rerun_that_only_lost_a_peer_proves_nothing(messages: tuple[str, ...], status: str) -> None:
+    remedy = verify_change(_FailingWorld(*messages), fault_target("branchy_unused"), steps=2, per_rank=4,
+                           deadline=5.0)
+    assert remedy.status == status, remedy
+    assert remedy.evidence["completed"] is False
+    if status == NOT_VERIFIED:
+        assert "lost a peer connection" in remedy.evidence["reason"]
