@@ -1,0 +1,308 @@
+"""Fresh CPU worlds fork their ranks from a zygote that has already imported torch.
+
+A rank's start is mostly its imports: a fresh interpreter importing torch, torch.distributed
+and the suite's warm-up (``torch._dynamo``) takes 3-4 s of one core on a quiet 2-core host and
+10-20 s under load, once per rank, for every fresh world (the test suite starts hundreds; the
+resume-equivalence check five). A zygote is a fork server (multiprocessing's own ``forkserver``
+loop) that did those imports once, and then forks each rank: a new pid, a new process group,
+the process group initialised after the fork, the user's code imported after the fork, so a
+rank (and a restart) is still a fresh start of the user's code.
+
+What keeps it sound (each held by a test in tests/world/test_zygote.py):
+- **No torch op, no CUDA, ever, in the zygote**: it only imports. A fork after torch ran an
+  op with its OpenMP pool active makes the child's first parallel op hang (world/validate.py);
+  a forked CUDA context is unusable. So only gloo worlds without devices use it (``usable``);
+  any world with GPUs or NCCL spawns its ranks, as before.
+- **One zygote per world, started with that world's cookie** (``_containment.py``): a forked
+  process shows its parent's exec-time environment in /proc/PID/environ, so every rank (and
+  everything a rank starts) carries the world's cookie, and ``reap(cookie)`` kills the zygote,
+  its ranks and their children together. A zygote is registered with the guardian from its
+  start, so a SIGKILLed supervisor leaves none behind.
+- **Die with the parent, both links**: the zygote dies with the supervisor (PDEATHSIG, set
+  before its imports), a rank with its zygote (``RankConfig.parent_pid`` is the zygote's pid).
+- **Randomness as a fresh process has it**: Python's ``random`` reseeds itself in a forked
+  child; NumPy's global generator and torch's default CPU generator (which this torch seeds
+  from the OS at import) do not, so the child reseeds them from the OS. What a fork cannot
+  give is a str hash seed per rank: the ranks of one world share their zygote's (each world
+  has its own). ``DDP_CONFORMANCE_START=spawn`` spawns every rank, for a target whose
+  behaviour depends on it.
+- **Started ahead**: ``take`` hands out a zygote started earlier (a *spare*), and once its
+  ranks are forked ``replenish`` starts the next, so the next fresh world's ranks fork at
+  once; the spare's imports overlap whatever the supervisor does meanwhile. A spare whose environment no longer matches the supervisor's is
+  replaced, so a rank's environment is what a spawned rank's would be.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from multiprocessing import connection, forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
+from multiprocessing.context import set_spawning_popen
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable
+
+from ._containment import COOKIE_VAR, cookie_in_environment, guardian, new_cookie, reap
+
+#: ``DDP_CONFORMANCE_START=spawn``: every rank spawned (a fresh interpreter each), no zygote.
+START_ENV = "DDP_CONFORMANCE_START"
+#: What every zygote imports before it forks a rank (plus the world's own ``preload``).
+BASE_MODULES = ("torch", "torch.distributed", "conformance.harness.world._rank")
+#: How long a fork request may wait for the zygote's answer once it said it was ready.
+FORK_TIMEOUT_S = 30.0
+
+
+def usable(backend: str, devices: list[int] | None) -> bool:
+    """A zygote serves CPU worlds only: gloo with no device (ranks that touch CUDA are spawned)."""
+    return backend == "gloo" and not devices and os.environ.get(START_ENV, "").strip().lower() != "spawn"
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != COOKIE_VAR}
+
+
+class ZygoteFailed(RuntimeError):
+    """The zygote died or did not answer: the world fails to start, like a rank that cannot."""
+
+
+class Zygote:
+    """One fork server for one world: started with the world's cookie, killed with it."""
+
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
+        self.preload = tuple(preload)
+        self.environment = _environment()
+        self.cookie = new_cookie()
+        # Started before the cookie is set (World.launch does the same): the tracker is the
+        # supervisor's, shared by every world, and must not be reaped with this one.
+        resource_tracker.ensure_running()
+        guardian().watch(cookie=self.cookie)
+        modules = [*BASE_MODULES, *(m for m in self.preload if m not in BASE_MODULES)]
+        self._address: str = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(self._address)
+            os.chmod(self._address, 0o600)
+            listener.listen()
+            alive_r, self._alive_w = os.pipe()
+            self._ready_r, ready_w = os.pipe()
+            code = (f"from conformance.harness.world._zygote import zygote_main; zygote_main({os.getpid()}, "
+                    f"{listener.fileno()}, {alive_r}, {ready_w}, {modules!r}, {sys.path!r})")
+            exe = spawn.get_executable()
+            try:
+                with cookie_in_environment(self.cookie):
+                    flags = util._args_from_interpreter_flags()  # type: ignore[attr-defined]
+                    self.pid = util.spawnv_passfds(exe, [exe, *flags, "-c", code],  # type: ignore[arg-type]
+                                                   [listener.fileno(), alive_r, ready_w])
+            finally:
+                os.close(alive_r)
+                os.close(ready_w)
+        self._ready: bool | None = None  # None: not known yet; False: died before it was ready
+        self._closed = False
+
+    def __reduce__(self) -> tuple[Callable[[], None], tuple[()]]:
+        # A rank's process object refers to its zygote; the rank has no use for it.
+        return (_nothing, ())
+
+    def wait_ready(self, timeout: float) -> bool:
+        """True once the zygote finished its imports (False: not within ``timeout``).
+        Raises ZygoteFailed when it died first."""
+        if self._ready is None:
+            if not select.select([self._ready_r], [], [], max(0.0, timeout))[0]:
+                return False
+            self._ready = os.read(self._ready_r, 1) == b"1"
+        if not self._ready:
+            raise ZygoteFailed("the zygote that forks the ranks exited during its imports")
+        return True
+
+    def process(self, target: Callable[..., Any], args: tuple[Any, ...], name: str) -> BaseProcess:
+        """A (not yet started) process that ``start()`` forks from this zygote."""
+        proc = ZygoteProcess(target=target, args=args, name=name, daemon=False)
+        proc._zygote = self
+        return proc
+
+    def connect(self, fds: list[int]) -> tuple[int, int]:
+        """multiprocessing's ``ForkServer.connect_to_new_process``, for this zygote."""
+        if self._closed:
+            raise ZygoteFailed("the world's zygote was already closed")
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(self._address)
+            parent_r, child_w = os.pipe()
+            child_r, parent_w = os.pipe()
+            try:
+                tracker = resource_tracker.getfd()
+                assert tracker is not None, "started in __init__"
+                reduction.sendfds(client, [child_r, child_w, self._alive_w, tracker, *fds])
+                return parent_r, parent_w
+            except BaseException:
+                os.close(parent_r)
+                os.close(parent_w)
+                raise
+            finally:
+                os.close(child_r)
+                os.close(child_w)
+
+    def close(self) -> None:
+        """Kill the zygote and everything forked from it (the cookie); safe twice."""
+        if self._closed:
+            return
+        self._closed = True
+        reap(self.cookie)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        for fd in (self._alive_w, self._ready_r):
+            os.close(fd)
+        try:
+            os.unlink(self._address)
+        except OSError:
+            pass
+        guardian().forget(cookie=self.cookie)
+
+
+def _nothing() -> None:
+    return None
+
+
+class _Popen(popen_forkserver.Popen):
+    """multiprocessing's forkserver Popen, asking this process's zygote instead of the global
+    fork server (whose environment, and so cookie, would be the first world's)."""
+
+    def _launch(self, process_obj: Any) -> None:
+        zygote: Zygote = process_obj._zygote
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        buf = io.BytesIO()
+        set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            set_spawning_popen(None)
+        self.sentinel, w = zygote.connect(self._fds)  # type: ignore[attr-defined]  # (the stub lacks it)
+        _parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))  # type: ignore[attr-defined]
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        if not select.select([self.sentinel], [], [], FORK_TIMEOUT_S)[0]:
+            raise ZygoteFailed(f"the zygote did not fork a rank within {FORK_TIMEOUT_S:g} s")
+        try:
+            self.pid = forkserver.read_signed(self.sentinel)
+        except EOFError:
+            raise ZygoteFailed("the zygote exited instead of forking a rank") from None
+
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The exit code, once the process is really gone. The zygote reports a death when it
+        reaps the rank, or 255 at once when the zygote itself was killed first: then wait for
+        the kernel to finish tearing the rank down, as a waitpid on a spawned rank does."""
+        code = super().wait(timeout)
+        if code is not None and self.pid is not None:
+            until = time.monotonic() + (5.0 if timeout is None else timeout)
+            while _running(self.pid) and time.monotonic() < until:
+                time.sleep(0.005)
+        return code
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+class ZygoteProcess(BaseProcess):
+    _start_method = "forkserver"
+    _zygote: Zygote
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        return _Popen(process_obj)
+
+
+# -- the spares ----------------------------------------------------------------------------
+
+_spares: dict[tuple[str, ...], Zygote] = {}
+_spares_pid: int | None = None
+
+
+def _own_spares() -> None:
+    global _spares_pid
+    if _spares_pid != os.getpid():  # a forked supervisor does not own its parent's spares
+        _spares.clear()
+        _spares_pid = os.getpid()
+
+
+def take(preload: tuple[str, ...] = ()) -> Zygote:
+    """A zygote for one world: the spare started earlier when there is one (its imports may
+    still be under way), else a new one."""
+    _own_spares()
+    zygote = _spares.pop(tuple(preload), None)
+    if zygote is not None and zygote.environment != _environment():
+        zygote.close()
+        zygote = None
+    return zygote if zygote is not None else Zygote(tuple(preload))
+
+
+def replenish(preload: tuple[str, ...] = ()) -> None:
+    """Start the spare for the next world with this preload, unless there is one. Called once
+    a world's ranks are forked, so the spare's imports do not slow the zygote they wait for."""
+    _own_spares()
+    if tuple(preload) not in _spares:
+        _spares[tuple(preload)] = Zygote(tuple(preload))
+
+
+def spare_pids() -> list[int]:
+    """The pids of this process's spare zygotes (started ahead, serving no world yet)."""
+    return [z.pid for z in _spares.values()] if _spares_pid == os.getpid() else []
+
+
+@atexit.register
+def close_spares() -> None:
+    """Kill the spares (the guardian would, once this process is gone; this is sooner)."""
+    if _spares_pid != os.getpid():
+        return
+    while _spares:
+        _, zygote = _spares.popitem()
+        zygote.close()
+
+
+# -- the zygote process --------------------------------------------------------------------
+
+def zygote_main(supervisor_pid: int, listener_fd: int, alive_r: int, ready_w: int, modules: list[str],
+                path: list[str]) -> None:
+    """The zygote: die with the supervisor, import, say ready, then serve fork requests
+    (multiprocessing's forkserver loop) until the supervisor is gone or the world is reaped."""
+    from ._rank import _die_with_parent
+
+    _die_with_parent(supervisor_pid)
+    sys.path[:] = path
+    for module in modules:
+        try:
+            __import__(module)
+        except Exception:  # noqa: BLE001 - the rank imports it again and reports the error
+            pass
+    os.register_at_fork(after_in_child=_reseed)
+    os.write(ready_w, b"1")
+    os.close(ready_w)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    forkserver.main(listener_fd, alive_r, [])
+
+
+def _reseed() -> None:
+    """In a forked rank: what an exec'd process would have seeded afresh. ``random`` reseeds
+    itself at fork; NumPy's global generator and torch's default CPU generator (seeded from
+    the OS at import in this torch) were seeded in the zygote, and are reseeded from the OS."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        try:
+            numpy.random.seed()
+        except Exception:  # noqa: BLE001 - a broken numpy is the rank's to report
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()  # the CPU generator only: nothing touches CUDA here

@@ -1,0 +1,109 @@
+"""CPU worlds fork their ranks from a per-world zygote (conformance/harness/world/_zygote.py):
+contained by the world's cookie, dying with their parents, seeded as fresh processes, and a
+parallel op works in them. GPU/NCCL worlds keep spawning (tests/world/test_world.py's NCCL test)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance.harness.world import RankFailure, World
+from conformance.harness.world import _zygote
+from conformance.harness.world._containment import marked_pids
+from conformance.harness.world.local import process_running
+
+from . import _work
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    until = time.monotonic() + seconds
+    while any(process_running(p) for p in pids) and time.monotonic() < until:
+        time.sleep(0.05)
+    return not any(process_running(p) for p in pids)
+
+
+def test_a_cpu_world_forks_fresh_ranks_from_its_own_zygote_and_reaps_them_all(monkeypatch) -> None:
+    monkeypatch.setenv("DDP_ZYGOTE_TEST", "seen")  # a spare started before this would be replaced
+    world = World(2, "gloo", deadline=60.0, threads=2)
+    try:
+        facts = [r.value for r in world.run(_work.start_facts)]
+        zygote = world._zygote
+        assert zygote is not None and _zygote.usable("gloo", None)
+        assert {f["ppid"] for f in facts} == {zygote.pid}, "ranks are forked by the world's zygote"
+        assert {f["cookie"] for f in facts} == {world._cookie}, "the world's cookie in their exec-time environ"
+        assert set(marked_pids(world._cookie)) >= {zygote.pid, *world.pids}
+        assert [f["env"] for f in facts] == ["seen", "seen"], "the supervisor's environment at launch"
+        # A fresh process's randomness: Python's, NumPy's and torch's (seeded from the OS at
+        # import in this torch) differ per rank, as in spawned ranks.
+        for stream in ("random", "numpy", "torch_seed"):
+            assert facts[0][stream] != facts[1][stream], stream
+        # The zygote ran no torch op: a parallel op does not hang in a forked rank.
+        assert [r.value for r in world.run(_work.parallel_matmul, 2, deadline=30.0)] == [512.0 ** 3] * 2
+        pids = [zygote.pid, *world.pids]
+        second = World(2, "gloo", deadline=60.0)
+        try:
+            other = [r.value for r in second.run(_work.start_facts)]
+            assert {f["cookie"] for f in other} == {second._cookie} != {world._cookie}
+            assert second._zygote is not None and second._zygote.pid != zygote.pid
+            assert facts[0]["numpy"] not in {f["numpy"] for f in other}
+        finally:
+            second.close()
+    finally:
+        world.close()
+    assert _gone_within(pids, 5.0), "the zygote and its ranks are killed with the world"
+
+
+def test_spawn_is_kept_for_gpu_worlds_and_on_request(monkeypatch) -> None:
+    assert not _zygote.usable("nccl", [0, 1]) and not _zygote.usable("gloo", [0])
+    monkeypatch.setenv(_zygote.START_ENV, "spawn")
+    assert not _zygote.usable("gloo", None)
+    with World(1, "gloo", deadline=60.0) as world:
+        assert world._zygote is None
+        assert world.run(_work.start_facts)[0].value["ppid"] == os.getpid()
+
+
+def test_a_zygote_that_dies_before_it_forks_fails_the_start() -> None:
+    world = World(1, "gloo", deadline=30.0, start_timeout=30.0, preload=("tests.world._work",))
+    try:
+        world.launch()
+        assert world._zygote is not None
+        os.kill(world._zygote.pid, signal.SIGKILL)
+        with pytest.raises(RankFailure, match="failed to start"):
+            world.run(_work.rank_and_pid)
+        assert [r.value[0] for r in world.run(_work.rank_and_pid)] == [0], "the next call starts afresh"
+    finally:
+        world.close()
+
+
+def test_zygotes_spares_and_ranks_die_with_a_killed_supervisor() -> None:
+    script = ("import sys, time\n"
+              f"sys.path.insert(0, {str(ROOT)!r})\n"
+              "from conformance.harness.world import World, _zygote\n"
+              "from tests.world import _work\n"
+              "if __name__ == '__main__':\n"
+              "    w = World(2, 'gloo', deadline=60)\n"
+              "    w.run(_work.allreduce_sum, 1.0)\n"
+              "    print(w._zygote.pid, *w.pids, *_zygote.spare_pids(), flush=True)\n"
+              "    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 4 and all(process_running(p) for p in pids), pids
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert _gone_within(pids, 5.0), "zygote, spare or rank outlived the supervisor"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
