@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conformance.checks._resume import UNINTERRUPTED, KillPlan, Lives  # noqa: E402
 from conformance.checks.resume_equivalence import EVERY, STEPS  # noqa: E402
 from conformance.harness.registry import BY_ID  # noqa: E402
-from conformance.harness.session import Session, Settings  # noqa: E402
+from conformance.harness.session import PERSISTENT_PRELOAD, Session, Settings  # noqa: E402
 from conformance.harness.timing import MIDRUN_PG_TIMEOUT_S  # noqa: E402
 from conformance.harness.world import World  # noqa: E402
 
@@ -32,9 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def uninterrupted(spec: str, world_size: int, deadline: float) -> float:
-    """One fresh world and one uninterrupted life, as the check's first life runs it."""
+    """One fresh world and one uninterrupted life, as the check's first life runs it (the same
+    world: the suite's preload, and its ranks forked from the same zygote)."""
     def world() -> World:
-        return World(world_size, "gloo", deadline=deadline, pg_timeout=MIDRUN_PG_TIMEOUT_S)
+        return World(world_size, "gloo", deadline=deadline, pg_timeout=MIDRUN_PG_TIMEOUT_S,
+                     preload=PERSISTENT_PRELOAD)
 
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()

@@ -1,6 +1,6 @@
-"""CPU worlds fork their ranks from a per-world zygote (conformance/harness/world/_zygote.py):
-contained by the world's cookie, dying with their parents, seeded as fresh processes, and a
-parallel op works in them. GPU/NCCL worlds keep spawning (tests/world/test_world.py's NCCL test)."""
+"""CPU worlds fork their ranks from this process's zygote (conformance/harness/world/_zygote.py):
+each rank contained by its own world's cookie, dying with its parents, seeded as a fresh
+process, and a parallel op works in it. GPU/NCCL worlds keep spawning."""
 
 from __future__ import annotations
 
@@ -30,16 +30,17 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
     return not any(process_running(p) for p in pids)
 
 
-def test_a_cpu_world_forks_fresh_ranks_from_its_own_zygote_and_reaps_them_all(monkeypatch) -> None:
-    monkeypatch.setenv("DDP_ZYGOTE_TEST", "seen")  # a spare started before this would be replaced
+def test_cpu_worlds_fork_fresh_ranks_from_one_zygote_each_world_contained_by_its_own_cookie(monkeypatch) -> None:
+    monkeypatch.setenv("DDP_ZYGOTE_TEST", "seen")  # a zygote started before this is replaced
     world = World(2, "gloo", deadline=60.0, threads=2)
     try:
         facts = [r.value for r in world.run(_work.start_facts)]
         zygote = world._zygote
         assert zygote is not None and _zygote.usable("gloo", None)
-        assert {f["ppid"] for f in facts} == {zygote.pid}, "ranks are forked by the world's zygote"
-        assert {f["cookie"] for f in facts} == {world._cookie}, "the world's cookie in their exec-time environ"
-        assert set(marked_pids(world._cookie)) >= {zygote.pid, *world.pids}
+        assert {f["ppid"] for f in facts} == {zygote.pid}, "ranks are forked by the zygote"
+        assert {f["cookie"] for f in facts} == {world._cookie}, "the world's cookie in their environ block"
+        assert sorted(marked_pids(world._cookie)) == sorted(world.pids), "the world's cookie marks its ranks only"
+        assert marked_pids(zygote.cookie) == [zygote.pid]
         assert [f["env"] for f in facts] == ["seen", "seen"], "the supervisor's environment at launch"
         # A fresh process's randomness: Python's, NumPy's and torch's (seeded from the OS at
         # import in this torch) differ per rank, as in spawned ranks.
@@ -47,18 +48,20 @@ def test_a_cpu_world_forks_fresh_ranks_from_its_own_zygote_and_reaps_them_all(mo
             assert facts[0][stream] != facts[1][stream], stream
         # The zygote ran no torch op: a parallel op does not hang in a forked rank.
         assert [r.value for r in world.run(_work.parallel_matmul, 2, deadline=30.0)] == [512.0 ** 3] * 2
-        pids = [zygote.pid, *world.pids]
+        ranks = world.pids
         second = World(2, "gloo", deadline=60.0)
         try:
             other = [r.value for r in second.run(_work.start_facts)]
+            assert second._zygote is zygote, "one zygote serves every CPU world of this process"
             assert {f["cookie"] for f in other} == {second._cookie} != {world._cookie}
-            assert second._zygote is not None and second._zygote.pid != zygote.pid
             assert facts[0]["numpy"] not in {f["numpy"] for f in other}
         finally:
             second.close()
+        assert all(process_running(p) for p in ranks), "closing one world leaves the other's ranks"
     finally:
         world.close()
-    assert _gone_within(pids, 5.0), "the zygote and its ranks are killed with the world"
+    assert _gone_within(ranks, 5.0), "the ranks are killed with their world"
+    assert process_running(zygote.pid), "the zygote outlives the worlds it served"
 
 
 def test_spawn_is_kept_for_gpu_worlds_and_on_request(monkeypatch) -> None:
@@ -71,10 +74,11 @@ def test_spawn_is_kept_for_gpu_worlds_and_on_request(monkeypatch) -> None:
 
 
 def test_a_zygote_that_dies_before_it_forks_fails_the_start() -> None:
-    world = World(1, "gloo", deadline=30.0, start_timeout=30.0, preload=("tests.world._work",))
+    _zygote.close_all()  # a zygote still importing: the world's ranks wait for it
+    world = World(1, "gloo", deadline=30.0, start_timeout=30.0)
     try:
         world.launch()
-        assert world._zygote is not None
+        assert world._zygote is not None and world._deferred
         os.kill(world._zygote.pid, signal.SIGKILL)
         with pytest.raises(RankFailure, match="failed to start"):
             world.run(_work.rank_and_pid)
@@ -83,7 +87,7 @@ def test_a_zygote_that_dies_before_it_forks_fails_the_start() -> None:
         world.close()
 
 
-def test_zygotes_spares_and_ranks_die_with_a_killed_supervisor() -> None:
+def test_the_zygote_and_the_ranks_die_with_a_killed_supervisor() -> None:
     script = ("import sys, time\n"
               f"sys.path.insert(0, {str(ROOT)!r})\n"
               "from conformance.harness.world import World, _zygote\n"
@@ -91,17 +95,17 @@ def test_zygotes_spares_and_ranks_die_with_a_killed_supervisor() -> None:
               "if __name__ == '__main__':\n"
               "    w = World(2, 'gloo', deadline=60)\n"
               "    w.run(_work.allreduce_sum, 1.0)\n"
-              "    print(w._zygote.pid, *w.pids, *_zygote.spare_pids(), flush=True)\n"
+              "    print(w._zygote.pid, *w.pids, flush=True)\n"
               "    time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT,
                             start_new_session=True)
     try:
         assert proc.stdout is not None
         pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 4 and all(process_running(p) for p in pids), pids
+        assert len(pids) == 3 and all(process_running(p) for p in pids), pids
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        assert _gone_within(pids, 5.0), "zygote, spare or rank outlived the supervisor"
+        assert _gone_within(pids, 5.0), "the zygote or a rank outlived the supervisor"
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -2,34 +2,35 @@
 
 A rank's start is mostly its imports: a fresh interpreter importing torch, torch.distributed
 and the suite's warm-up (``torch._dynamo``) takes 3-4 s of one core on a quiet 2-core host and
-10-20 s under load, once per rank, for every fresh world (the test suite starts hundreds; the
+10-25 s under load, once per rank, for every fresh world (the test suite starts hundreds; the
 resume-equivalence check five). A zygote is a fork server (multiprocessing's own ``forkserver``
-loop) that did those imports once, and then forks each rank: a new pid, a new process group,
-the process group initialised after the fork, the user's code imported after the fork, so a
-rank (and a restart) is still a fresh start of the user's code.
+loop) that did those imports once per supervisor process and then forks every rank of every
+CPU world: a new pid, a new process group, the process group initialised after the fork, the
+user's code imported after the fork, so a rank (and a restart) is still a fresh start of the
+user's code; only the imports are shared.
 
 What keeps it sound (each held by a test in tests/world/test_zygote.py):
 - **No torch op, no CUDA, ever, in the zygote**: it only imports. A fork after torch ran an
   op with its OpenMP pool active makes the child's first parallel op hang (world/validate.py);
   a forked CUDA context is unusable. So only gloo worlds without devices use it (``usable``);
   any world with GPUs or NCCL spawns its ranks, as before.
-- **One zygote per world, started with that world's cookie** (``_containment.py``): a forked
-  process shows its parent's exec-time environment in /proc/PID/environ, so every rank (and
-  everything a rank starts) carries the world's cookie, and ``reap(cookie)`` kills the zygote,
-  its ranks and their children together. A zygote is registered with the guardian from its
-  start, so a SIGKILLed supervisor leaves none behind.
+- **Each rank carries its own world's cookie** (``_containment.py``): /proc/PID/environ shows
+  a process's exec-time environment block, which a forked rank copies from the zygote. The
+  zygote is started with a cookie of its own, padded to ``COOKIE_ROOM`` characters; a forked
+  rank first overwrites it in place, in its own copy of that block, with its world's cookie
+  (``adopt``, as setproctitle rewrites argv), and in ``os.environ`` for what it execs. Every
+  rank and every process it starts then carries the world's cookie, and ``reap(cookie)`` kills
+  the world's tree and nothing else; the zygote's own cookie is the guardian's (and ``close``'s)
+  to reap with whatever was forked but not yet adopted.
 - **Die with the parent, both links**: the zygote dies with the supervisor (PDEATHSIG, set
   before its imports), a rank with its zygote (``RankConfig.parent_pid`` is the zygote's pid).
 - **Randomness as a fresh process has it**: Python's ``random`` reseeds itself in a forked
   child; NumPy's global generator and torch's default CPU generator (which this torch seeds
   from the OS at import) do not, so the child reseeds them from the OS. What a fork cannot
-  give is a str hash seed per rank: the ranks of one world share their zygote's (each world
-  has its own). ``DDP_CONFORMANCE_START=spawn`` spawns every rank, for a target whose
-  behaviour depends on it.
-- **Started ahead**: ``take`` hands out a zygote started earlier (a *spare*), and once its
-  ranks are forked ``replenish`` starts the next, so the next fresh world's ranks fork at
-  once; the spare's imports overlap whatever the supervisor does meanwhile. A spare whose environment no longer matches the supervisor's is
-  replaced, so a rank's environment is what a spawned rank's would be.
+  give is a str hash seed per rank: every rank forked from one zygote shares its hash seed.
+  ``DDP_CONFORMANCE_START=spawn`` spawns every rank, for a target whose behaviour depends on it.
+- **The supervisor's environment**: a zygote whose exec-time environment no longer matches the
+  supervisor's is replaced, so a rank's environment is what a spawned rank's would be.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ from ._containment import COOKIE_VAR, cookie_in_environment, guardian, new_cooki
 START_ENV = "DDP_CONFORMANCE_START"
 #: What every zygote imports before it forks a rank (plus the world's own ``preload``).
 BASE_MODULES = ("torch", "torch.distributed", "conformance.harness.world._rank")
+#: The characters a zygote's cookie occupies in its environment block: room for any world's.
+COOKIE_ROOM = 64
 #: How long a fork request may wait for the zygote's answer once it said it was ready.
 FORK_TIMEOUT_S = 30.0
 
@@ -71,12 +74,12 @@ class ZygoteFailed(RuntimeError):
 
 
 class Zygote:
-    """One fork server for one world: started with the world's cookie, killed with it."""
+    """One fork server: the imports done once, every CPU world's ranks forked from it."""
 
     def __init__(self, preload: tuple[str, ...] = ()) -> None:
         self.preload = tuple(preload)
         self.environment = _environment()
-        self.cookie = new_cookie()
+        self.cookie = f"{new_cookie()}-zygote-".ljust(COOKIE_ROOM, "z")
         # Started before the cookie is set (World.launch does the same): the tracker is the
         # supervisor's, shared by every world, and must not be reaped with this one.
         resource_tracker.ensure_running()
@@ -124,6 +127,12 @@ class Zygote:
         proc._zygote = self
         return proc
 
+    def alive(self) -> bool:
+        try:
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
+
     def connect(self, fds: list[int]) -> tuple[int, int]:
         """multiprocessing's ``ForkServer.connect_to_new_process``, for this zygote."""
         if self._closed:
@@ -146,7 +155,7 @@ class Zygote:
                 os.close(child_w)
 
     def close(self) -> None:
-        """Kill the zygote and everything forked from it (the cookie); safe twice."""
+        """Kill the zygote and whatever it forked that has not adopted a world's cookie yet; safe twice."""
         if self._closed:
             return
         self._closed = True
@@ -224,51 +233,67 @@ class ZygoteProcess(BaseProcess):
         return _Popen(process_obj)
 
 
-# -- the spares ----------------------------------------------------------------------------
+# -- this process's zygotes ----------------------------------------------------------------
 
-_spares: dict[tuple[str, ...], Zygote] = {}
-_spares_pid: int | None = None
-
-
-def _own_spares() -> None:
-    global _spares_pid
-    if _spares_pid != os.getpid():  # a forked supervisor does not own its parent's spares
-        _spares.clear()
-        _spares_pid = os.getpid()
+_zygotes: dict[tuple[str, ...], Zygote] = {}
+_owner: int | None = None
 
 
 def take(preload: tuple[str, ...] = ()) -> Zygote:
-    """A zygote for one world: the spare started earlier when there is one (its imports may
-    still be under way), else a new one."""
-    _own_spares()
-    zygote = _spares.pop(tuple(preload), None)
-    if zygote is not None and zygote.environment != _environment():
+    """This process's zygote for ``preload`` (started now on first use: its imports may still
+    be under way), replaced when it died or the environment changed since it started."""
+    global _owner
+    if _owner != os.getpid():  # a forked supervisor does not own its parent's zygotes
+        _zygotes.clear()
+        _owner = os.getpid()
+    key = tuple(preload)
+    zygote = _zygotes.get(key)
+    if zygote is not None and (zygote.environment != _environment() or not zygote.alive()):
         zygote.close()
         zygote = None
-    return zygote if zygote is not None else Zygote(tuple(preload))
+    if zygote is None:
+        zygote = _zygotes[key] = Zygote(key)
+    return zygote
 
 
-def replenish(preload: tuple[str, ...] = ()) -> None:
-    """Start the spare for the next world with this preload, unless there is one. Called once
-    a world's ranks are forked, so the spare's imports do not slow the zygote they wait for."""
-    _own_spares()
-    if tuple(preload) not in _spares:
-        _spares[tuple(preload)] = Zygote(tuple(preload))
-
-
-def spare_pids() -> list[int]:
-    """The pids of this process's spare zygotes (started ahead, serving no world yet)."""
-    return [z.pid for z in _spares.values()] if _spares_pid == os.getpid() else []
+def zygote_pids() -> list[int]:
+    """The pids of this process's zygotes (they outlive every world: not a leak)."""
+    return [z.pid for z in _zygotes.values()] if _owner == os.getpid() else []
 
 
 @atexit.register
-def close_spares() -> None:
-    """Kill the spares (the guardian would, once this process is gone; this is sooner)."""
-    if _spares_pid != os.getpid():
+def close_all() -> None:
+    """Kill this process's zygotes (the guardian would, once this process is gone; sooner)."""
+    if _owner != os.getpid():
         return
-    while _spares:
-        _, zygote = _spares.popitem()
+    while _zygotes:
+        _, zygote = _zygotes.popitem()
         zygote.close()
+
+
+def adopt(cookie: str) -> None:
+    """In a rank just forked from a zygote: carry ``cookie`` instead of the zygote's, in the
+    environment block /proc/PID/environ shows (and forked children copy) and in os.environ
+    (what exec'd children get). Raises if the block has no room: the rank must not run
+    uncontained."""
+    import ctypes
+
+    needle = f"{COOKIE_VAR}=".encode()
+    with open("/proc/self/environ", "rb") as f:
+        block = b"\0" + f.read()  # every entry, the first included, now follows a NUL
+    entry = block.find(b"\0" + needle)  # the entry's offset in the real block
+    end = block.find(b"\0", entry + 1) - 1 if entry >= 0 else -1
+    room = end - entry - len(needle)
+    value = cookie.encode() + b"\0"
+    if entry < 0 or room < len(value) - 1:
+        raise RuntimeError(f"no room for the world's cookie in this rank's environment block ({room} characters)")
+    with open("/proc/self/stat") as f:
+        env_start = int(f.read().rsplit(")", 1)[1].split()[47])  # field 50: env_start
+    ctypes.memmove(env_start + entry + len(needle), value, len(value))
+    os.environ[COOKIE_VAR] = cookie
+    with open("/proc/self/environ", "rb") as f:
+        if f"{COOKIE_VAR}={cookie}\0".encode() not in f.read():
+            raise RuntimeError("the world's cookie did not land in this rank's environment block")
 
 
 # -- the zygote process --------------------------------------------------------------------

@@ -220,9 +220,9 @@ class World:
 
         _LIVE.add(self)
         self.generation += 1
-        # A zygote carries its own cookie (its ranks inherit its exec-time environment).
+        # The zygote is shared by this process's CPU worlds; its ranks adopt this world's cookie.
         self._zygote = _zygote.take(self.preload) if _zygote.usable(self.backend, self.devices) else None
-        self._cookie = self._zygote.cookie if self._zygote is not None else new_cookie()
+        self._cookie = new_cookie()
         self._tmpdir = tempfile.mkdtemp(prefix=f"ddp-world-g{self.generation}-")
         # Registered before any rank exists: if this supervisor is SIGKILLed from here on,
         # the guardian kills everything carrying the cookie and removes the temp dir.
@@ -247,7 +247,8 @@ class World:
                               store_file=store_file, netns=self._network.path if self._network else None,
                               generation=self.generation, pg_timeout_s=self.pg_timeout,
                               device_index=self.devices[r] if self.devices else None, env=env,
-                              threads=self.threads, parent_pid=parent_pid, preload=self.preload)
+                              threads=self.threads, parent_pid=parent_pid, preload=self.preload,
+                              cookie=self._cookie if self._zygote is not None else None)
                    for r in range(self.world_size)]
         if self._zygote is not None and not self._zygote.wait_ready(0):
             self._deferred = configs  # forked by start() (or pids) once the zygote is ready
@@ -277,8 +278,6 @@ class World:
                 child.close()
                 self._procs.append(proc)
                 self._conns.append(parent)
-        if self._zygote is not None:
-            _zygote.replenish(self.preload)  # the next fresh world's, importing meanwhile
 
     def _fork_deferred(self) -> None:
         """Fork the ranks that launch left for the zygote, once it is ready (within the start
@@ -402,9 +401,7 @@ class World:
         self._ready = False
         self._store = None
         self._deferred = []
-        if self._zygote is not None:  # reaped with the cookie above; waited for here
-            self._zygote.close()
-            self._zygote = None
+        self._zygote = None  # shared: it serves the next world
         if self._network is not None:
             # After the ranks: the namespace (its lo, its qdisc) goes with its last process.
             self._network.close()
