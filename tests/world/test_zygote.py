@@ -74,8 +74,8 @@ def test_spawn_is_kept_for_gpu_worlds_and_on_request(monkeypatch) -> None:
 
 
 def test_a_zygote_that_dies_before_it_forks_fails_the_start() -> None:
-    _zygote.close_all()  # a zygote still importing: the world's ranks wait for it
-    world = World(1, "gloo", deadline=30.0, start_timeout=30.0)
+    # A preload of its own: a zygote of its own, still importing when the world launches.
+    world = World(1, "gloo", deadline=30.0, start_timeout=30.0, preload=("tests.world._work",))
     try:
         world.launch()
         assert world._zygote is not None and world._deferred

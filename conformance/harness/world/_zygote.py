@@ -39,11 +39,13 @@ import atexit
 import io
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
-from multiprocessing import connection, forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
+from multiprocessing import forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
 from multiprocessing.context import set_spawning_popen
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable
@@ -65,8 +67,18 @@ def usable(backend: str, devices: list[int] | None) -> bool:
     return backend == "gloo" and not devices and os.environ.get(START_ENV, "").strip().lower() != "spawn"
 
 
-def _environment() -> dict[str, str]:
+#: What changes between two worlds of one supervisor without changing what a rank imports:
+#: not a reason to replace the zygote (a rank gets the supervisor's value: ``environment``).
+VOLATILE = (COOKIE_VAR, "PYTEST_CURRENT_TEST")
+
+
+def environment() -> dict[str, str]:
+    """The supervisor's environment as a rank forked now must see it (less the cookie)."""
     return {k: v for k, v in os.environ.items() if k != COOKIE_VAR}
+
+
+def _stable() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in VOLATILE}
 
 
 class ZygoteFailed(RuntimeError):
@@ -78,17 +90,22 @@ class Zygote:
 
     def __init__(self, preload: tuple[str, ...] = ()) -> None:
         self.preload = tuple(preload)
-        self.environment = _environment()
+        self.environment = _stable()
+        self.forked: list[int] = []  # pids of the ranks forked, for retiring it (``take``)
         self.cookie = f"{new_cookie()}-zygote-".ljust(COOKIE_ROOM, "z")
         # Started before the cookie is set (World.launch does the same): the tracker is the
         # supervisor's, shared by every world, and must not be reaped with this one.
         resource_tracker.ensure_running()
         guardian().watch(cookie=self.cookie)
         modules = [*BASE_MODULES, *(m for m in self.preload if m not in BASE_MODULES)]
-        self._address: str = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+        # The fork requests' socket, in a private folder (removed by close, or by the guardian),
+        # named through the folder's descriptor: a deep TMPDIR would exceed AF_UNIX's 108 bytes.
+        self._folder = tempfile.mkdtemp(prefix="ddp-zygote-")
+        guardian().watch(path=self._folder)
+        self._folder_fd = os.open(self._folder, os.O_RDONLY)
+        self._address = f"/proc/self/fd/{self._folder_fd}/socket"
         with socket.socket(socket.AF_UNIX) as listener:
             listener.bind(self._address)
-            os.chmod(self._address, 0o600)
             listener.listen()
             alive_r, self._alive_w = os.pipe()
             self._ready_r, ready_w = os.pipe()
@@ -164,13 +181,10 @@ class Zygote:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
-        for fd in (self._alive_w, self._ready_r):
+        for fd in (self._alive_w, self._ready_r, self._folder_fd):
             os.close(fd)
-        try:
-            os.unlink(self._address)
-        except OSError:
-            pass
-        guardian().forget(cookie=self.cookie)
+        shutil.rmtree(self._folder, ignore_errors=True)
+        guardian().forget(cookie=self.cookie, path=self._folder)
 
 
 def _nothing() -> None:
@@ -202,6 +216,7 @@ class _Popen(popen_forkserver.Popen):
             self.pid = forkserver.read_signed(self.sentinel)
         except EOFError:
             raise ZygoteFailed("the zygote exited instead of forking a rank") from None
+        zygote.forked.append(self.pid)
 
 
     def wait(self, timeout: float | None = None) -> int | None:
@@ -236,6 +251,9 @@ class ZygoteProcess(BaseProcess):
 # -- this process's zygotes ----------------------------------------------------------------
 
 _zygotes: dict[tuple[str, ...], Zygote] = {}
+#: Replaced zygotes whose ranks may still serve a world: a rank dies with its zygote, so one
+#: is closed only once everything it forked is gone (or at exit).
+_retired: list[Zygote] = []
 _owner: int | None = None
 
 
@@ -245,11 +263,15 @@ def take(preload: tuple[str, ...] = ()) -> Zygote:
     global _owner
     if _owner != os.getpid():  # a forked supervisor does not own its parent's zygotes
         _zygotes.clear()
+        _retired.clear()
         _owner = os.getpid()
+    for old in [z for z in _retired if not any(_running(pid) for pid in z.forked)]:
+        _retired.remove(old)
+        old.close()
     key = tuple(preload)
     zygote = _zygotes.get(key)
-    if zygote is not None and (zygote.environment != _environment() or not zygote.alive()):
-        zygote.close()
+    if zygote is not None and (zygote.environment != _stable() or not zygote.alive()):
+        _retired.append(_zygotes.pop(key))
         zygote = None
     if zygote is None:
         zygote = _zygotes[key] = Zygote(key)
@@ -257,8 +279,8 @@ def take(preload: tuple[str, ...] = ()) -> Zygote:
 
 
 def zygote_pids() -> list[int]:
-    """The pids of this process's zygotes (they outlive every world: not a leak)."""
-    return [z.pid for z in _zygotes.values()] if _owner == os.getpid() else []
+    """The pids of this process's zygotes (they outlive the worlds they serve: not a leak)."""
+    return [z.pid for z in [*_zygotes.values(), *_retired]] if _owner == os.getpid() else []
 
 
 @atexit.register
@@ -269,6 +291,8 @@ def close_all() -> None:
     while _zygotes:
         _, zygote = _zygotes.popitem()
         zygote.close()
+    while _retired:
+        _retired.pop().close()
 
 
 def adopt(cookie: str) -> None:

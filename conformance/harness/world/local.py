@@ -220,8 +220,6 @@ class World:
 
         _LIVE.add(self)
         self.generation += 1
-        # The zygote is shared by this process's CPU worlds; its ranks adopt this world's cookie.
-        self._zygote = _zygote.take(self.preload) if _zygote.usable(self.backend, self.devices) else None
         self._cookie = new_cookie()
         self._tmpdir = tempfile.mkdtemp(prefix=f"ddp-world-g{self.generation}-")
         # Registered before any rank exists: if this supervisor is SIGKILLed from here on,
@@ -241,6 +239,11 @@ class World:
         # gloo picks its interface from the hostname unless told; pin it to loopback so the
         # ranks' own listening sockets are on 127.0.0.1 whatever /etc/hosts says.
         env = {"GLOO_SOCKET_IFNAME": loopback_interface(), **self.env}
+        # The zygote is shared by this process's CPU worlds; its ranks adopt this world's cookie
+        # and the supervisor's environment (theirs is the zygote's).
+        self._zygote = _zygote.take(self.preload) if _zygote.usable(self.backend, self.devices) else None
+        if self._zygote is not None:
+            env = {**_zygote.environment(), **env}
         parent_pid = self._zygote.pid if self._zygote is not None else os.getpid()  # ranks die with it
         configs = [RankConfig(rank=r, world_size=self.world_size, backend=self.backend, store_host=LOOPBACK_HOST,
                               store_port=port, store_prefix=f"g{self.generation}", tmpdir=self._tmpdir,
