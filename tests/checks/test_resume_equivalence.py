@@ -115,6 +115,24 @@ def test_every_rank_writing_in_place_is_torn_by_a_kill_during_the_save(tmp_path:
     assert "checkpoint.pt was written in place" in first.cause
 
 
+def test_a_checkpoint_refused_by_weights_only_is_named_not_called_torn(tmp_path: Path, uninterrupted: Any) -> None:
+    """Seen in facebookresearch/mae's save_model (its argparse args pickled in the checkpoint):
+    torch >= 2.6 loads with weights_only=True and refuses it; the file is whole, so the atomic
+    save is not the fix to recommend."""
+    from conformance.checks._resume import KILLED_BETWEEN, KillPlan, judge_run
+
+    folder, lives_a = uninterrupted
+    spec = variant(tmp_path, EXAMPLE, "pickled-args",
+                   ('"position": position}', '"position": position, "args": __import__("argparse").Namespace(lr=LR)}'))
+    run = _killed(folder, spec, KillPlan("after-step", step=3), f"{KILLED_BETWEEN}-pickled-args")
+    first = judge_run(lives_a, run, folder).findings[0]
+    assert first.what == "raised" and "train_resume.py:" in first.message, first
+    assert first.cause is not None and re.search(
+        r"torch.load refused the checkpoint .*checkpoint.pt under weights_only=True .* it holds a pickled "
+        r"argparse.Namespace; the file itself is whole", first.cause), first
+    assert "weights_only=False" in first.recommendation and "rename" not in first.recommendation
+
+
 def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run = Run(["run", "--target", str(EXAMPLES / EXAMPLE), "--checks", "resume-equivalence",
