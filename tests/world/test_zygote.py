@@ -23,6 +23,12 @@ from . import _work
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _zygote_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the zygote: on even where the run spawns (DDP_CONFORMANCE_START)."""
+    monkeypatch.delenv(_zygote.START_ENV, raising=False)
+
+
 def _gone_within(pids: list[int], seconds: float) -> bool:
     until = time.monotonic() + seconds
     while any(process_running(p) for p in pids) and time.monotonic() < until:
@@ -30,7 +36,8 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
     return not any(process_running(p) for p in pids)
 
 
-def test_cpu_worlds_fork_fresh_ranks_from_one_zygote_each_world_contained_by_its_own_cookie(monkeypatch) -> None:
+def test_cpu_worlds_fork_fresh_ranks_from_one_zygote_each_contained_by_its_own_cookie(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDP_ZYGOTE_TEST", "seen")  # a zygote started before this is replaced
     world = World(2, "gloo", deadline=60.0, threads=2)
     try:
@@ -64,7 +71,7 @@ def test_cpu_worlds_fork_fresh_ranks_from_one_zygote_each_world_contained_by_its
     assert process_running(zygote.pid), "the zygote outlives the worlds it served"
 
 
-def test_spawn_is_kept_for_gpu_worlds_and_on_request(monkeypatch) -> None:
+def test_spawn_is_kept_for_gpu_worlds_and_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not _zygote.usable("nccl", [0, 1]) and not _zygote.usable("gloo", [0])
     monkeypatch.setenv(_zygote.START_ENV, "spawn")
     assert not _zygote.usable("gloo", None)
@@ -98,7 +105,7 @@ def test_the_zygote_and_the_ranks_die_with_a_killed_supervisor() -> None:
               "    print(w._zygote.pid, *w.pids, flush=True)\n"
               "    time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ})
     try:
         assert proc.stdout is not None
         pids = [int(p) for p in proc.stdout.readline().split()]
