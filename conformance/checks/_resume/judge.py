@@ -275,7 +275,8 @@ def _refused_cause(restart: Life) -> str | None:
     for load in restart.loads:
         if load.what == "torch.load" and load.error and "Weights only load failed" in load.error:
             refused = re.search(r"\[refused global: ([\w.]+)\]", load.error)
-            what = f"a pickled {refused.group(1)}" if refused else "a pickled object other than tensors and plain values"
+            what = (f"a pickled {refused.group(1)}" if refused
+                    else "a pickled object other than tensors and plain values")
             return (f"torch.load refused the checkpoint {load.owner} under weights_only=True (the default since torch "
                     f"2.6): it holds {what}; the file itself is whole")
     return None
