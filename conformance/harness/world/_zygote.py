@@ -4,10 +4,10 @@ A rank's start is mostly its imports: a fresh interpreter importing torch, torch
 and the suite's warm-up (``torch._dynamo``) takes 3-4 s of one core on a quiet 2-core host and
 10-25 s under load, once per rank, for every fresh world (the test suite starts hundreds; the
 resume-equivalence check five). A zygote is a fork server (multiprocessing's own ``forkserver``
-loop) that did those imports once per supervisor process and then forks every rank of every
-CPU world: a new pid, a new process group, the process group initialised after the fork, the
-user's code imported after the fork, so a rank (and a restart) is still a fresh start of the
-user's code; only the imports are shared.
+loop) that did those imports once; a supervisor process keeps one per rank slot and forks rank
+r of every CPU world from zygote r: a new pid, a new process group, the process group
+initialised after the fork, the user's code imported after the fork, so a rank (and a restart)
+is still a fresh start of the user's code; only the imports are shared.
 
 What keeps it sound (each held by a test in tests/world/test_zygote.py):
 - **No torch op, no CUDA, ever, in the zygote**: it only imports. A fork after torch ran an
@@ -26,9 +26,11 @@ What keeps it sound (each held by a test in tests/world/test_zygote.py):
   before its imports), a rank with its zygote (``RankConfig.parent_pid`` is the zygote's pid).
 - **Randomness as a fresh process has it**: Python's ``random`` reseeds itself in a forked
   child; NumPy's global generator and torch's default CPU generator (which this torch seeds
-  from the OS at import) do not, so the child reseeds them from the OS. What a fork cannot
-  give is a str hash seed per rank: every rank forked from one zygote shares its hash seed.
-  ``DDP_CONFORMANCE_START=spawn`` spawns every rank, for a target whose behaviour depends on it.
+  from the OS at import) do not, so the child reseeds them from the OS. The str hash seed is
+  fixed at an interpreter's start: one zygote per rank slot gives the ranks of a world
+  different ones, as spawned or torchrun-started ranks have (a set of names iterated in a
+  different order per rank stays visible to the checks); rank r of two worlds shares one.
+  ``DDP_CONFORMANCE_START=spawn`` spawns every rank, for a target that needs more.
 - **The supervisor's environment**: a zygote whose exec-time environment no longer matches the
   supervisor's is replaced, so a rank's environment is what a spawned rank's would be.
 """
@@ -250,16 +252,16 @@ class ZygoteProcess(BaseProcess):
 
 # -- this process's zygotes ----------------------------------------------------------------
 
-_zygotes: dict[tuple[str, ...], Zygote] = {}
+_zygotes: dict[tuple[tuple[str, ...], int], Zygote] = {}
 #: Replaced zygotes whose ranks may still serve a world: a rank dies with its zygote, so one
 #: is closed only once everything it forked is gone (or at exit).
 _retired: list[Zygote] = []
 _owner: int | None = None
 
 
-def take(preload: tuple[str, ...] = ()) -> Zygote:
-    """This process's zygote for ``preload`` (started now on first use: its imports may still
-    be under way), replaced when it died or the environment changed since it started."""
+def take(preload: tuple[str, ...] = (), slot: int = 0) -> Zygote:
+    """This process's zygote for rank ``slot`` with ``preload`` (started now on first use: its
+    imports may still be under way), replaced when it died or the environment changed since."""
     global _owner
     if _owner != os.getpid():  # a forked supervisor does not own its parent's zygotes
         _zygotes.clear()
@@ -268,13 +270,13 @@ def take(preload: tuple[str, ...] = ()) -> Zygote:
     for old in [z for z in _retired if not any(_running(pid) for pid in z.forked)]:
         _retired.remove(old)
         old.close()
-    key = tuple(preload)
+    key = (tuple(preload), slot)
     zygote = _zygotes.get(key)
     if zygote is not None and (zygote.environment != _stable() or not zygote.alive()):
         _retired.append(_zygotes.pop(key))
         zygote = None
     if zygote is None:
-        zygote = _zygotes[key] = Zygote(key)
+        zygote = _zygotes[key] = Zygote(key[0])
     return zygote
 
 

@@ -153,9 +153,9 @@ class World:
         self._store: Any = None
         self._tmpdir: str | None = None
         self._cookie: str | None = None
-        # CPU worlds fork their ranks from a zygote (_zygote.py); until it has finished its
+        # CPU worlds fork rank r from zygote r (_zygote.py); until they have finished their
         # imports, the ranks' configs wait here (``_fork_deferred``), so launch never blocks.
-        self._zygote: _zygote.Zygote | None = None
+        self._zygotes: list[_zygote.Zygote] = []
         self._deferred: list[RankConfig] = []
         self._calls = itertools.count()
 
@@ -239,22 +239,23 @@ class World:
         # gloo picks its interface from the hostname unless told; pin it to loopback so the
         # ranks' own listening sockets are on 127.0.0.1 whatever /etc/hosts says.
         env = {"GLOO_SOCKET_IFNAME": loopback_interface(), **self.env}
-        # The zygote is shared by this process's CPU worlds; its ranks adopt this world's cookie
-        # and the supervisor's environment (theirs is the zygote's).
-        self._zygote = _zygote.take(self.preload) if _zygote.usable(self.backend, self.devices) else None
-        if self._zygote is not None:
+        # Zygotes are shared by this process's CPU worlds (one per rank slot); their ranks adopt
+        # this world's cookie and the supervisor's environment (theirs is the zygote's).
+        usable = _zygote.usable(self.backend, self.devices)
+        self._zygotes = [_zygote.take(self.preload, r) for r in range(self.world_size)] if usable else []
+        if self._zygotes:
             env = {**_zygote.environment(), **env}
-        parent_pid = self._zygote.pid if self._zygote is not None else os.getpid()  # ranks die with it
+        parents = [z.pid for z in self._zygotes] or [os.getpid()] * self.world_size  # ranks die with it
         configs = [RankConfig(rank=r, world_size=self.world_size, backend=self.backend, store_host=LOOPBACK_HOST,
                               store_port=port, store_prefix=f"g{self.generation}", tmpdir=self._tmpdir,
                               store_file=store_file, netns=self._network.path if self._network else None,
                               generation=self.generation, pg_timeout_s=self.pg_timeout,
                               device_index=self.devices[r] if self.devices else None, env=env,
-                              threads=self.threads, parent_pid=parent_pid, preload=self.preload,
-                              cookie=self._cookie if self._zygote is not None else None)
+                              threads=self.threads, parent_pid=parents[r], preload=self.preload,
+                              cookie=self._cookie if self._zygotes else None)
                    for r in range(self.world_size)]
-        if self._zygote is not None and not self._zygote.wait_ready(0):
-            self._deferred = configs  # forked by start() (or pids) once the zygote is ready
+        if not all(z.wait_ready(0) for z in self._zygotes):
+            self._deferred = configs  # forked by start() (or pids) once the zygotes are ready
         else:
             self._start_ranks(configs)
         return self
@@ -275,7 +276,7 @@ class World:
                 # normal code does (DataLoader(num_workers=2), multiprocessing.Pool). They stay
                 # contained: die-with-parent, the rank's process group, the cookie, _LIVE.
                 name = f"ddp-rank{cfg.rank}"
-                proc = (self._zygote.process(rank_main, (cfg, child), name) if self._zygote is not None
+                proc = (self._zygotes[cfg.rank].process(rank_main, (cfg, child), name) if self._zygotes
                         else ctx.Process(target=rank_main, args=(cfg, child), name=name, daemon=False))
                 proc.start()
                 child.close()
@@ -288,9 +289,9 @@ class World:
         if not self._deferred:
             return
         configs, self._deferred = self._deferred, []
-        assert self._zygote is not None
+        until = time.monotonic() + self.start_timeout
         try:
-            if not self._zygote.wait_ready(self.start_timeout):
+            if not all(z.wait_ready(until - time.monotonic()) for z in self._zygotes):
                 raise _zygote.ZygoteFailed(f"its zygote did not import torch within {self.start_timeout:.0f} s")
             self._start_ranks(configs)
         except _zygote.ZygoteFailed as exc:
@@ -404,7 +405,7 @@ class World:
         self._ready = False
         self._store = None
         self._deferred = []
-        self._zygote = None  # shared: it serves the next world
+        self._zygotes = []  # shared: they serve the next world
         if self._network is not None:
             # After the ranks: the namespace (its lo, its qdisc) goes with its last process.
             self._network.close()
