@@ -38,6 +38,7 @@ What keeps it sound (each held by a test in tests/world/test_zygote.py):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import os
 import select
@@ -173,20 +174,25 @@ class Zygote:
                 os.close(child_r)
                 os.close(child_w)
 
-    def close(self) -> None:
-        """Kill the zygote and whatever it forked that has not adopted a world's cookie yet; safe twice."""
+    def close(self, *, sweep: bool = True) -> None:
+        """Kill the zygote and whatever it forked that has not adopted a world's cookie yet; safe
+        twice. ``sweep=False`` (at exit, every zygote killed first): kill and wait for the zygote
+        only; a fork it had not handed over dies with it (PDEATHSIG), and the guardian, still
+        watching the cookie, sweeps once this process is gone."""
         if self._closed:
             return
         self._closed = True
-        reap(self.cookie)
-        try:
+        if sweep:
+            reap(self.cookie)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
         for fd in (self._alive_w, self._ready_r, self._folder_fd):
             os.close(fd)
         shutil.rmtree(self._folder, ignore_errors=True)
-        guardian().forget(cookie=self.cookie, path=self._folder)
+        guardian().forget(cookie=self.cookie if sweep else None, path=self._folder)
 
 
 def _nothing() -> None:
@@ -287,14 +293,18 @@ def zygote_pids() -> list[int]:
 
 @atexit.register
 def close_all() -> None:
-    """Kill this process's zygotes (the guardian would, once this process is gone; sooner)."""
+    """Kill this process's zygotes at exit, all at once (an interrupted run must exit within its
+    budget: no sweep per zygote; the guardian sweeps their cookies after this process)."""
     if _owner != os.getpid():
         return
-    while _zygotes:
-        _, zygote = _zygotes.popitem()
-        zygote.close()
-    while _retired:
-        _retired.pop().close()
+    zygotes = [*_zygotes.values(), *_retired]
+    _zygotes.clear()
+    _retired.clear()
+    for zygote in zygotes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(zygote.pid, signal.SIGKILL)
+    for zygote in zygotes:
+        zygote.close(sweep=False)
 
 
 def adopt(cookie: str) -> None:
