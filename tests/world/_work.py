@@ -188,7 +188,8 @@ def start_facts(ctx: Any) -> dict[str, Any]:
     cookie = environ.get(b"DDP_CONFORMANCE_COOKIE", b"").decode()
     return {"ppid": os.getppid(), "pid": os.getpid(), "cookie": cookie, "random": random.random(),
             "numpy": float(numpy.random.random()), "torch_seed": torch.initial_seed(),
-            "env": os.environ.get("DDP_ZYGOTE_TEST", ""), "hash": hash("ddp-conformance")}
+            "env": os.environ.get("DDP_ZYGOTE_TEST", ""), "hash": hash("ddp-conformance"),
+            "address": id(object())}
 
 
 def parallel_matmul(ctx: Any, threads: int) -> float:

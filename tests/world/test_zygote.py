@@ -51,7 +51,11 @@ def test_cpu_worlds_fork_fresh_ranks_from_one_zygote_each_contained_by_its_own_c
         assert [f["env"] for f in facts] == ["seen", "seen"], "the supervisor's environment at launch"
         # A fresh process's randomness: Python's, NumPy's and torch's (seeded from the OS at
         # import in this torch) differ per rank, as in spawned ranks.
+        # And each rank its own str hash seed and address layout (rank r forks from zygote r,
+        # exec'd on its own), as spawned ranks: a set iterated in rank-dependent order shows.
         streams = ["random", "numpy", "torch_seed"] + ([] if os.environ.get("PYTHONHASHSEED") else ["hash"])
+        if Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0":
+            streams.append("address")
         for stream in streams:
             assert facts[0][stream] != facts[1][stream], stream
         # The zygote ran no torch op: a parallel op does not hang in a forked rank.

@@ -26,10 +26,11 @@ What keeps it sound (each held by a test in tests/world/test_zygote.py):
   before its imports), a rank with its zygote (``RankConfig.parent_pid`` is the zygote's pid).
 - **Randomness as a fresh process has it**: Python's ``random`` reseeds itself in a forked
   child; NumPy's global generator and torch's default CPU generator (which this torch seeds
-  from the OS at import) do not, so the child reseeds them from the OS. The str hash seed is
-  fixed at an interpreter's start: one zygote per rank slot gives the ranks of a world
-  different ones, as spawned or torchrun-started ranks have (a set of names iterated in a
-  different order per rank stays visible to the checks); rank r of two worlds shares one.
+  from the OS at import) do not, so the child reseeds them from the OS. The str hash seed and
+  the address layout (ASLR) are fixed at an interpreter's exec: one exec'd zygote per rank slot
+  gives the ranks of a world different ones, as spawned or torchrun-started ranks have, so a
+  set of names (hash order) or of parameters/modules (address order) iterated in a different
+  order per rank stays visible to the checks; rank r of two worlds shares one.
   ``DDP_CONFORMANCE_START=spawn`` spawns every rank, for a target that needs more.
 - **The supervisor's environment**: a zygote whose exec-time environment no longer matches the
   supervisor's is replaced, so a rank's environment is what a spawned rank's would be.
