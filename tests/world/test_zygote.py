@@ -123,3 +123,26 @@ def test_the_zygote_and_the_ranks_die_with_a_killed_supervisor() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@pytest.mark.parametrize("start", ["zygote", "spawn"])
+def test_a_model_built_in_set_order_differs_across_ranks_as_under_spawn(start: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank its own str hash seed: rank-consistency sees a registration order that depends
+    on it (tests/targets/set_order_build.py), with forked ranks as with spawned ones."""
+    if os.environ.get("PYTHONHASHSEED"):
+        pytest.skip("PYTHONHASHSEED is set: every process, spawned or forked, shares one hash seed")
+    from conformance.harness.session import Session, Settings
+    from tests.checks._check_helpers import run_check
+
+    if start == "spawn":
+        monkeypatch.setenv(_zygote.START_ENV, "spawn")
+    session = Session(Settings(world_size=2, deadline=60.0))
+    try:
+        record = run_check(session, "rank-consistency", "set_order_build")
+        assert isinstance(session.world(), World)
+        assert bool(session.world()._zygotes) == (start == "zygote")  # type: ignore[union-attr]
+    finally:
+        session.close()
+    assert record.status == "failed", record.message
+    assert "same names registered in a different order" in record.message, record.message
