@@ -56,9 +56,12 @@ TORN = [("    if ctx.rank == 0:\n        state = {", "    if True:  # bug: every
 
 @contextlib.contextmanager
 def _worlds() -> Iterator[Any]:
+    from conformance.harness.session import PERSISTENT_PRELOAD
     from conformance.harness.world import World
 
-    world = World(2, "gloo", deadline=DEADLINE_S, pg_timeout=10.0)
+    # The check's own kind of world: torch._dynamo (DDP's constructor imports it) already in
+    # the zygotes the ranks fork from, not imported again by every life.
+    world = World(2, "gloo", deadline=DEADLINE_S, pg_timeout=10.0, preload=PERSISTENT_PRELOAD)
     try:
         yield world
     finally:
