@@ -136,6 +136,25 @@ def test_a_checkpoint_refused_by_weights_only_is_named_not_called_torn(tmp_path:
     assert "weights_only=False" in first.recommendation and "rename" not in first.recommendation
 
 
+def test_a_loop_with_dropout_and_no_rng_state_saved_is_compared_with_dropout_off(tmp_path: Path) -> None:
+    """Most real loops (pytorch/examples mnist) train with dropout and do not save torch's RNG
+    state: every life runs with dropout off, so the resumed steps compare (before: 0 compared,
+    and the check said passed)."""
+    from conformance.checks._resume import KILLED_BETWEEN, UNINTERRUPTED, KillPlan, Lives, judge_run
+
+    spec = variant(tmp_path, EXAMPLE, "dropout",
+                   ("nn.Linear(FEATURES, HIDDEN), nn.ReLU(),", "nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Dropout(0.5),"))
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
+        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2)
+    assert failure is None
+    run = _killed(folder, spec, KillPlan("after-step", step=3), KILLED_BETWEEN)
+    verdict = judge_run(lives_a, run, folder)
+    assert not verdict.findings and not verdict.warnings, verdict
+    assert verdict.steps_compared == 8, verdict  # steps 3-6 (resumed from the save after step 2), 2 ranks
+
+
 def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run = Run(["run", "--target", str(EXAMPLES / EXAMPLE), "--checks", "resume-equivalence",
