@@ -7,12 +7,17 @@ uninterrupted run's time (a fresh world started and the target's run_loop run to
 The check runs five lives (uninterrupted; killed between steps + restart; killed during a
 save + restart), each in a fresh world whose start is the floor of a restart; the world for
 the next life is launched while one runs. Both sides are timed in one session, alternating,
-and the medians compared. The last line is ``ratio: <check / uninterrupted>`` (want <= 3).
+and the medians compared. The uninterrupted side runs in the same kind of world as the check's
+lives (CPU: ranks forked from the zygote, conformance/harness/world/_zygote.py); it is also
+timed in a spawned world (``DDP_CONFORMANCE_START=spawn``: every rank a fresh interpreter, as a
+production launcher starts them), printed as ``ratio vs spawned``. The last line is
+``ratio: <check / uninterrupted>`` (want <= 3).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -24,17 +29,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conformance.checks._resume import UNINTERRUPTED, KillPlan, Lives  # noqa: E402
 from conformance.checks.resume_equivalence import EVERY, STEPS  # noqa: E402
 from conformance.harness.registry import BY_ID  # noqa: E402
-from conformance.harness.session import Session, Settings  # noqa: E402
+from conformance.harness.session import PERSISTENT_PRELOAD, Session, Settings  # noqa: E402
 from conformance.harness.timing import MIDRUN_PG_TIMEOUT_S  # noqa: E402
 from conformance.harness.world import World  # noqa: E402
+from conformance.harness.world._zygote import START_ENV  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def uninterrupted(spec: str, world_size: int, deadline: float) -> float:
-    """One fresh world and one uninterrupted life, as the check's first life runs it."""
+    """One fresh world and one uninterrupted life, as the check's first life runs it (the same
+    world: the suite's preload, and its ranks forked from the same zygote)."""
     def world() -> World:
-        return World(world_size, "gloo", deadline=deadline, pg_timeout=MIDRUN_PG_TIMEOUT_S)
+        return World(world_size, "gloo", deadline=deadline, pg_timeout=MIDRUN_PG_TIMEOUT_S,
+                     preload=PERSISTENT_PRELOAD)
 
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
@@ -54,21 +62,27 @@ def main() -> None:
     args = parser.parse_args()
     deadline = 120.0
     session = Session(Settings(backend="gloo", world_size=args.world_size, deadline=deadline))
-    checks, plain = [], []
+    checks, plain, spawned = [], [], []
     try:
         for i in range(args.repeats):
             plain.append(uninterrupted(args.target, args.world_size, deadline))
+            os.environ[START_ENV] = "spawn"
+            try:
+                spawned.append(uninterrupted(args.target, args.world_size, deadline))
+            finally:
+                del os.environ[START_ENV]
             started = time.perf_counter()
             record, _ = session.run_check(BY_ID["resume-equivalence"], args.target)
             checks.append(time.perf_counter() - started)
-            print(f"repeat {i + 1}: uninterrupted {plain[-1]:.2f} s, check {checks[-1]:.2f} s ({record.status})",
-                  flush=True)
+            print(f"repeat {i + 1}: uninterrupted {plain[-1]:.2f} s (spawned world {spawned[-1]:.2f} s), "
+                  f"check {checks[-1]:.2f} s ({record.status})", flush=True)
             if record.status != "passed":
                 print(f"  {record.message[:300]}")
     finally:
         session.close()
     check, base = statistics.median(checks), statistics.median(plain)
-    print(f"median: uninterrupted {base:.2f} s, check {check:.2f} s")
+    print(f"median: uninterrupted {base:.2f} s (spawned world {statistics.median(spawned):.2f} s), check {check:.2f} s")
+    print(f"ratio vs spawned: {check / statistics.median(spawned):.2f}")
     print(f"ratio: {check / base:.2f}")
 
 

@@ -16,7 +16,9 @@ What runs, each life in a fresh world (``_resume``): the target's own ``run_loop
 first step by which a checkpoint was complete, then a fresh world on the same folder resuming
 to ``ctx.steps``; (c) the highest rank that saves SIGKILLed half-way through a ``torch.save``
 into the folder (the second save round; the others torn down), then restarted the same way.
-Kill points are keyed by steps and saves, never by time. On every rank and every resumed step
+Kill points are keyed by steps and saves, never by time. Every life's model runs with dropout
+off (as the equivalence checks compare): a loop need not save torch's RNG state to resume; a
+restart that no step could be compared for is inconclusive, never passed. On every rank and every resumed step
 the judge compares the restored state at the step's entry, the samples, and the state where
 ``optimizer.step()`` returned with the uninterrupted run; the whole run's samples as a multiset.
 
@@ -161,6 +163,10 @@ def _outcome(verdicts: list[Verdict], skipped: dict[str, str], written: list[str
                        first_divergence=first.as_dict())
         return Outcome.failed("restart not equivalent to the uninterrupted run: " + " | ".join(parts),
                               metrics=metrics, evidence=evidence, recommendation=first.recommendation)
+    if compared == 0:  # e.g. randomness other than dropout not restored: nothing was compared
+        why = "; ".join(evidence[WARNINGS]) or "every restart ended before a resumed step"
+        return Outcome.inconclusive(f"no resumed step could be compared with the uninterrupted run: {why}",
+                                    metrics=metrics, evidence=evidence)
     said = []
     for v in verdicts:
         start = min(v.resumed_at.values(), default=steps + 1)

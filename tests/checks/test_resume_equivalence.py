@@ -56,9 +56,12 @@ TORN = [("    if ctx.rank == 0:\n        state = {", "    if True:  # bug: every
 
 @contextlib.contextmanager
 def _worlds() -> Iterator[Any]:
+    from conformance.harness.session import PERSISTENT_PRELOAD
     from conformance.harness.world import World
 
-    world = World(2, "gloo", deadline=DEADLINE_S, pg_timeout=10.0)
+    # The check's own kind of world: torch._dynamo (DDP's constructor imports it) already in
+    # the zygotes the ranks fork from, not imported again by every life.
+    world = World(2, "gloo", deadline=DEADLINE_S, pg_timeout=10.0, preload=PERSISTENT_PRELOAD)
     try:
         yield world
     finally:
@@ -113,6 +116,43 @@ def test_every_rank_writing_in_place_is_torn_by_a_kill_during_the_save(tmp_path:
     assert first.cause and first.cause.startswith(
         "the restart could not read the checkpoint written when rank 1 was killed during the save"), first
     assert "checkpoint.pt was written in place" in first.cause
+
+
+def test_a_checkpoint_refused_by_weights_only_is_named_not_called_torn(tmp_path: Path, uninterrupted: Any) -> None:
+    """Seen in facebookresearch/mae's save_model (its argparse args pickled in the checkpoint):
+    torch >= 2.6 loads with weights_only=True and refuses it; the file is whole, so the atomic
+    save is not the fix to recommend."""
+    from conformance.checks._resume import KILLED_BETWEEN, KillPlan, judge_run
+
+    folder, lives_a = uninterrupted
+    spec = variant(tmp_path, EXAMPLE, "pickled-args",
+                   ('"position": position}', '"position": position, "args": __import__("argparse").Namespace(lr=LR)}'))
+    run = _killed(folder, spec, KillPlan("after-step", step=3), f"{KILLED_BETWEEN}-pickled-args")
+    first = judge_run(lives_a, run, folder).findings[0]
+    assert first.what == "raised" and "train_resume.py:" in first.message, first
+    assert first.cause is not None and re.search(
+        r"torch.load refused the checkpoint .*checkpoint.pt under weights_only=True .* it holds a pickled "
+        r"argparse.Namespace; the file itself is whole", first.cause), first
+    assert "weights_only=False" in first.recommendation and "rename" not in first.recommendation
+
+
+def test_a_loop_with_dropout_and_no_rng_state_saved_is_compared_with_dropout_off(tmp_path: Path) -> None:
+    """Most real loops (pytorch/examples mnist) train with dropout and do not save torch's RNG
+    state: every life runs with dropout off, so the resumed steps compare (before: 0 compared,
+    and the check said passed)."""
+    from conformance.checks._resume import KILLED_BETWEEN, UNINTERRUPTED, KillPlan, Lives, judge_run
+
+    spec = variant(tmp_path, EXAMPLE, "dropout",
+                   ("nn.Linear(FEATURES, HIDDEN), nn.ReLU(),", "nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Dropout(0.5),"))
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
+        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2)
+    assert failure is None
+    run = _killed(folder, spec, KillPlan("after-step", step=3), KILLED_BETWEEN)
+    verdict = judge_run(lives_a, run, folder)
+    assert not verdict.findings and not verdict.warnings, verdict
+    assert verdict.steps_compared == 8, verdict  # steps 3-6 (resumed from the save after step 2), 2 ranks
 
 
 def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) -> None:

@@ -14,7 +14,10 @@ def fault_target(name: str) -> str:
 
 
 def child_pids() -> set[int]:
-    """Live processes whose parent is this process (from /proc, no psutil)."""
+    """Live processes whose parent is this process (from /proc, no psutil), less the zygote
+    that forks every CPU world's ranks and outlives them (conformance/harness/world/_zygote.py)."""
+    from conformance.harness.world._zygote import zygote_pids
+
     me, out = os.getpid(), set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -25,4 +28,4 @@ def child_pids() -> set[int]:
             continue
         if int(fields[1]) == me and fields[0] != "Z":
             out.add(int(entry.name))
-    return out
+    return out - set(zygote_pids())

@@ -173,3 +173,30 @@ def network_view(ctx: Any) -> dict[str, Any]:
         interfaces = sorted(line.split(":")[0].strip() for line in f.readlines()[2:])
     return {"netns": os.readlink("/proc/self/ns/net"), "interfaces": interfaces,
             "qdisc": qdisc}
+
+
+def start_facts(ctx: Any) -> dict[str, Any]:
+    """How this rank was started: its parent, the cookie in its exec-time environment, and
+    what its random generators draw (the zygote test compares ranks)."""
+    import random
+
+    import numpy
+    import torch
+
+    with open("/proc/self/environ", "rb") as f:
+        environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    cookie = environ.get(b"DDP_CONFORMANCE_COOKIE", b"").decode()
+    return {"ppid": os.getppid(), "pid": os.getpid(), "cookie": cookie, "random": random.random(),
+            "numpy": float(numpy.random.random()), "torch_seed": torch.initial_seed(),
+            "env": os.environ.get("DDP_ZYGOTE_TEST", ""), "hash": hash("ddp-conformance"),
+            "address": id(object())}
+
+
+def parallel_matmul(ctx: Any, threads: int) -> float:
+    """A parallel op on ``threads`` intra-op threads (hangs in a child forked after its parent's
+    OpenMP pool ran: the zygote must never have run one)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.ones(512, 512)
+    return float((a @ a).sum().item())

@@ -15,6 +15,8 @@ noise in DDP's bucketed all-reduce, which the tolerance absorbs.
 
 from __future__ import annotations
 
+import re
+
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,6 +269,19 @@ def _torn_cause(run: Run, restart: Life) -> str | None:
     return None
 
 
+def _refused_cause(restart: Life) -> str | None:
+    """The restart's torch.load refused a whole checkpoint under ``weights_only`` (torch's default
+    since 2.6): it holds a pickled object other than tensors and plain containers."""
+    for load in restart.loads:
+        if load.what == "torch.load" and load.error and "Weights only load failed" in load.error:
+            refused = re.search(r"\[refused global: ([\w.]+)\]", load.error)
+            what = (f"a pickled {refused.group(1)}" if refused
+                    else "a pickled object other than tensors and plain values")
+            return (f"torch.load refused the checkpoint {load.owner} under weights_only=True (the default since torch "
+                    f"2.6): it holds {what}; the file itself is whole")
+    return None
+
+
 def _restored_point(run: Run, first: Life) -> int:
     """The latest step a checkpoint the restart could use was complete at (0: none was)."""
     if run.plan.kind == "after-step":
@@ -300,6 +315,19 @@ def _steps_finding(rank: int, n: int, s: int, run: Run, first: Life, restart: Li
     return None
 
 
+def _raised_finding(run: Run, rank: int, restart: Life) -> Finding:
+    """The restart raised: a torn checkpoint, a refused one, or no known cause (then the fix is
+    the line the message points at; an atomic save is recommended only for a torn file)."""
+    torn, refused = _torn_cause(run, restart), _refused_cause(restart)
+    fix = ("write the checkpoint to a temporary file and rename it (os.replace) on one rank, then a barrier, so a "
+           "kill during the save leaves the previous one whole" if torn else
+           "save only state_dict()s and plain values (numbers, strings, lists, dicts) in the checkpoint, or load "
+           "your own job's checkpoints with torch.load(..., weights_only=False)" if refused else
+           "fix what the restart raised at the line shown: the first start ran the same code without it")
+    return Finding("raised", rank, None, f"run_loop raised on restart on rank {rank}: {restart.raised}",
+                   torn or refused, fix)
+
+
 def judge_run(a: list[Life], run: Run, folder: Path) -> Verdict:
     """The killed scenario ``run`` against the uninterrupted lives ``a``, on every rank."""
     kill = (f"whole world SIGKILLed after step {run.plan.step}" if run.plan.kind == "after-step" else
@@ -316,10 +344,7 @@ def judge_run(a: list[Life], run: Run, folder: Path) -> Verdict:
         if raised and restart.ended != "raised":
             continue  # torn down because a peer raised: that peer is the finding
         if restart.ended == "raised":
-            findings.append(Finding("raised", rank, None, f"run_loop raised on restart on rank {rank}: "
-                                    f"{restart.raised}", _torn_cause(run, restart),
-                                    "write the checkpoint to a temporary file and rename it (os.replace) on one "
-                                    "rank, then a barrier, so a kill during the save leaves the previous one whole"))
+            findings.append(_raised_finding(run, rank, restart))
             continue
         s = n - len(restart.steps)
         resumed_at[rank] = s + 1

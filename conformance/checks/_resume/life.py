@@ -172,7 +172,8 @@ def live(rank_ctx: Any, target_spec: str, *, folder: str, checkpoints: str, scen
     samples = Samples()
     loop = LoopContext(rank=rank, world_size=rank_ctx.world_size, device=rank_ctx.device, steps=steps,
                        tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target), target=target,
-                       on_wrap=samples.watch, checkpoint_dir=Path(checkpoints), checkpoint_every=every,
+                       on_wrap=lambda model: _watched(model, samples), checkpoint_dir=Path(checkpoints),
+                       checkpoint_every=every,
                        restarts=life - 1)
     stepper = Steps(journal, loop.models, [samples, Listing(Path(checkpoints))], plan, rank,
                     rank_ctx.world_size, markers)
@@ -194,6 +195,16 @@ def live(rank_ctx: Any, target_spec: str, *, folder: str, checkpoints: str, scen
     finally:
         journal.close()
     return stepper.index
+
+
+def _watched(model: Any, samples: Samples) -> None:
+    """Every life's model with dropout off, as the equivalence checks compare (issue 21: "dropout
+    off, the noise floor"): a loop that does not save torch's RNG state (most do not) resumes an
+    equally valid but different dropout stream, and the steps would not compare at all."""
+    from .._randomness import disable_dropout
+
+    disable_dropout(model)
+    samples.watch(model)
 
 
 def _user_line(target: Any, exc: BaseException) -> str:

@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -305,8 +306,11 @@ class Loads:
             try:
                 return original(f, *args, **kwargs)
             except Exception as exc:
+                # weights_only's refusal names the global it refused far into a long message.
+                refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+                named = f" [refused global: {refused.group(1)}]" if refused else ""
                 journal.write("load", LoadRecord("torch.load", where,
-                                                 error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+                                                 error=f"{type(exc).__name__}: {str(exc)[:300]}{named}"))
                 raise
 
         return load

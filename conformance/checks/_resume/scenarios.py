@@ -81,14 +81,19 @@ class Lives:
     def _take(self, more: int) -> contextlib.AbstractContextManager[Any]:
         """The world for this life (a spare when one was launched), and spares launched for up
         to ``more`` lives that follow."""
-        taken = self._spares.pop(0) if self._spares else self.world()
+        # This life's world is launched first: it takes the warm zygote (world/_zygote.py) when
+        # there is one, and the spares launched next start behind it, not ahead of it.
+        taken = self._spares.pop(0) if self._spares else self._launched()
         while len(self._spares) < min(more, self.ahead):
-            world = self._stack.enter_context(_Deferred(self.world()))
-            launch = getattr(world, "launch", None)
-            if launch is not None:
-                launch()
-            self._spares.append(_Entered(world))
+            self._spares.append(self._launched())
         return taken
+
+    def _launched(self) -> _Entered:
+        world = self._stack.enter_context(_Deferred(self.world()))
+        launch = getattr(world, "launch", None)
+        if launch is not None:
+            launch()
+        return _Entered(world)
 
     def one(self, scenario: str, life: int, plan: KillPlan, size: int, *,
             more: int = 0) -> tuple[list[Life], RankFailure | None]:

@@ -84,6 +84,9 @@ class RankConfig:
     # namespace the rank joins first (a World with ``private_network``: _netns.py).
     store_file: str | None = None
     netns: str | None = None
+    # The world's containment cookie, for a rank forked from a zygote (world/_zygote.py): it
+    # is written into the rank's own environment block before anything else runs.
+    cookie: str | None = None
 
 
 def stack_file(tmpdir: str | Path, rank: int) -> Path:
@@ -148,7 +151,11 @@ def _error(exc: BaseException) -> RankError:
 
 
 def rank_main(cfg: RankConfig, conn: Any) -> None:
-    """Entry point of a rank process (the target of multiprocessing's spawn)."""
+    """Entry point of a rank process (the target of multiprocessing's spawn, or of a zygote's fork)."""
+    if cfg.cookie is not None:
+        from ._zygote import adopt
+
+        adopt(cfg.cookie)
     _die_with_parent(cfg.parent_pid)
     try:
         os.setpgid(0, 0)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..timing import CLOSE_GRACE_S, DEFAULT_DEADLINE_S, WORLD_START_S, pg_timeout_for
+from . import _zygote
 from ._containment import cookie_in_environment, guardian, new_cookie, reap
 from ._loopback import LOOPBACK_HOST, loopback_interface
 from ._netns import PrivateNetwork
@@ -157,6 +158,10 @@ class World:
         self._store: Any = None
         self._tmpdir: str | None = None
         self._cookie: str | None = None
+        # CPU worlds fork rank r from zygote r (_zygote.py); until they have finished their
+        # imports, the ranks' configs wait here (``_fork_deferred``), so launch never blocks.
+        self._zygotes: list[_zygote.Zygote] = []
+        self._deferred: list[RankConfig] = []
         self._calls = itertools.count()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -172,6 +177,7 @@ class World:
 
     @property
     def pids(self) -> list[int]:
+        self._fork_deferred()
         return [p.pid for p in self._procs]
 
     @property
@@ -185,10 +191,11 @@ class World:
 
     def start(self) -> World:
         """The ranks spawned (unless ``launch`` already did) and joined: ready for calls."""
-        if not self._procs or (self._ready and not self.alive):
+        if not (self._procs or self._deferred) or (self._ready and not self.alive):
             self.launch()
         if not self._ready:
             try:
+                self._fork_deferred()
                 self._await_ready()
             except BaseException:
                 # Ctrl-C/SIGTERM while the ranks are still joining: they would not read a stop
@@ -206,7 +213,7 @@ class World:
         and its first call (``start``) then waits only for what is left. Nothing can be lost
         by it: a rank that fails to start is reported by that first call, like any start.
         """
-        if self._procs and self.alive:
+        if (self._procs and self.alive) or self._deferred:
             return self
         if self._procs:
             # A rank died between calls (seen rarely: gloo aborting in a rank's teardown after
@@ -237,34 +244,66 @@ class World:
         # gloo picks its interface from the hostname unless told; pin it to loopback so the
         # ranks' own listening sockets are on 127.0.0.1 whatever /etc/hosts says.
         env = {"GLOO_SOCKET_IFNAME": loopback_interface(), **self.env}
-        ctx = mp.get_context("spawn")  # never fork: a forked CUDA context is unusable
+        # Zygotes are shared by this process's CPU worlds (one per rank slot); their ranks adopt
+        # this world's cookie and the supervisor's environment (theirs is the zygote's).
+        usable = _zygote.usable(self.backend, self.devices)
+        self._zygotes = [_zygote.take(self.preload, r) for r in range(self.world_size)] if usable else []
+        if self._zygotes:
+            env = {**_zygote.environment(), **env}
+        parents = [z.pid for z in self._zygotes] or [os.getpid()] * self.world_size  # ranks die with it
+        configs = [RankConfig(rank=r, world_size=self.world_size, backend=self.backend, store_host=LOOPBACK_HOST,
+                              store_port=port, store_prefix=f"g{self.generation}", tmpdir=self._tmpdir,
+                              store_file=store_file, netns=self._network.path if self._network else None,
+                              generation=self.generation, pg_timeout_s=self.pg_timeout,
+                              device_index=self.devices[r] if self.devices else None, env=env,
+                              threads=self.threads, parent_pid=parents[r], preload=self.preload,
+                              cookie=self._cookie if self._zygotes else None)
+                   for r in range(self.world_size)]
+        if not all(z.wait_ready(0) for z in self._zygotes):
+            self._deferred = configs  # forked by start() (or pids) once the zygotes are ready
+        else:
+            self._start_ranks(configs)
+        return self
+
+    def _start_ranks(self, configs: list[RankConfig]) -> None:
+        # Spawn (a fresh interpreter) unless a zygote forks them: never fork a process that
+        # touched CUDA or ran a torch op (_zygote.py says why the zygote is neither).
+        ctx = mp.get_context("spawn")
         # spawn starts the supervisor's resource tracker with the first rank; start it before
         # the cookie is set, or it would carry the cookie and be killed with this world.
         from multiprocessing import resource_tracker
 
         resource_tracker.ensure_running()
-        with cookie_in_environment(self._cookie):
-            for rank in range(self.world_size):
+        with cookie_in_environment(self._cookie or ""):
+            for cfg in configs:
                 parent, child = ctx.Pipe(duplex=True)
-                cfg = RankConfig(
-                    rank=rank, world_size=self.world_size, backend=self.backend,
-                    store_host=LOOPBACK_HOST, store_port=port,
-                    store_prefix=f"g{self.generation}", tmpdir=self._tmpdir,
-                    store_file=store_file,
-                    netns=self._network.path if self._network is not None else None,
-                    generation=self.generation, pg_timeout_s=self.pg_timeout,
-                    device_index=self.devices[rank] if self.devices else None,
-                    env=env, threads=self.threads, parent_pid=os.getpid(), preload=self.preload)
                 # Not daemonic: a daemonic process may not start children, and the user's
                 # normal code does (DataLoader(num_workers=2), multiprocessing.Pool). They stay
                 # contained: die-with-parent, the rank's process group, the cookie, _LIVE.
-                proc = ctx.Process(target=rank_main, args=(cfg, child), name=f"ddp-rank{rank}",
-                                   daemon=False)
+                name = f"ddp-rank{cfg.rank}"
+                proc = (self._zygotes[cfg.rank].process(rank_main, (cfg, child), name) if self._zygotes
+                        else ctx.Process(target=rank_main, args=(cfg, child), name=name, daemon=False))
                 proc.start()
                 child.close()
                 self._procs.append(proc)
                 self._conns.append(parent)
-        return self
+
+    def _fork_deferred(self) -> None:
+        """Fork the ranks that launch left for the zygote, once it is ready (within the start
+        timeout; a zygote that died or never got ready fails the start as a rank would)."""
+        if not self._deferred:
+            return
+        configs, self._deferred = self._deferred, []
+        until = time.monotonic() + self.start_timeout
+        try:
+            if not all(z.wait_ready(until - time.monotonic()) for z in self._zygotes):
+                raise _zygote.ZygoteFailed(f"its zygote did not import torch within {self.start_timeout:.0f} s")
+            self._start_ranks(configs)
+        except _zygote.ZygoteFailed as exc:
+            self._kill()
+            raise RankFailure(f"{self.backend} world of {self.world_size} failed to start: {exc}",
+                              results=[RankResult(c.rank, error=RankError(kind="died", message=str(exc)))
+                                       for c in configs]) from None
 
     def _serve_store(self, dist: Any) -> int:
         """The rendezvous store served by the supervisor; returns its port."""
@@ -370,6 +409,8 @@ class World:
         self._procs, self._conns = [], []
         self._ready = False
         self._store = None
+        self._deferred = []
+        self._zygotes = []  # shared: they serve the next world
         if self._network is not None:
             # After the ranks: the namespace (its lo, its qdisc) goes with its last process.
             self._network.close()
