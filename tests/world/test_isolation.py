@@ -19,7 +19,7 @@ from conformance.harness.timing import CLOSE_GRACE_S, INTERRUPT_BUDGET_S
 from conformance.harness.world import RankFailure, World, WorldLike
 from conformance.harness.world._protocol import encode
 from conformance.harness.world.attach import AttachedWorld, RankZeroLocalWorld
-from conformance.harness.world.local import process_running
+from conformance.harness.world import process_running
 
 from . import _work
 

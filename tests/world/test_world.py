@@ -8,7 +8,7 @@ import time
 import pytest
 
 from conformance.harness.world import RankFailure, World, WorldHang, WorldUnavailable
-from conformance.harness.world.local import process_running
+from conformance.harness.world import process_running
 
 from ..conftest import Pace
 from . import _work

@@ -201,7 +201,7 @@ def _watched(model: Any, samples: Samples) -> None:
     """Every life's model with dropout off, as the equivalence checks compare (issue 21: "dropout
     off, the noise floor"): a loop that does not save torch's RNG state (most do not) resumes an
     equally valid but different dropout stream, and the steps would not compare at all."""
-    from .._randomness import disable_dropout
+    from ..equivalence import disable_dropout
 
     disable_dropout(model)
     samples.watch(model)

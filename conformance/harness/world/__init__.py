@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._containment import guardian
+from ._containment import guardian, process_running
 from ._netns import LinkShape, NetworkUnavailable, PrivateNetwork, unavailable_reason
 from ._rank import RankContext
 from ._results import (
@@ -34,5 +34,6 @@ __all__ = [
     "WorldUnavailable",
     "first_line",
     "guardian",
+    "process_running",
     "unavailable_reason",
 ]

@@ -182,5 +182,38 @@ def _guardian_main() -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def proc_state(pid: int) -> str:
+    """The one-letter state of a process from /proc (R, S, D, T, Z...), or "" if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def process_running(pid: int) -> bool:
+    """True when ``pid`` is a live process; a zombie counts as gone (it runs nothing, it only
+    waits for its parent to reap it). What "no process left behind" is checked with."""
+    return proc_state(pid) not in ("", "Z")
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies (Linux), and exit now if it already has."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except OSError:  # not Linux: the supervisor's kill path still covers us
+        pass
+    # The parent may have died before prctl took effect; then nobody would ever kill us.
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 if __name__ == "__main__":
     _guardian_main()
+

@@ -10,7 +10,6 @@ supervisor owns time. It only makes itself killable and inspectable:
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import importlib
 import multiprocessing
@@ -25,22 +24,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ._containment import die_with_parent
 from ._netns import join
 from ._protocol import NO_CALL, ProtocolError, decode, encode
 from ._results import RankError, RankResult
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except OSError:  # not Linux: the supervisor's kill path still covers us
-        pass
-    # The parent may have died before prctl took effect; then nobody would ever kill us.
-    if os.getppid() != parent_pid:
-        os._exit(1)
 
 
 @dataclass
@@ -156,7 +143,7 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
         from ._zygote import adopt
 
         adopt(cfg.cookie)
-    _die_with_parent(cfg.parent_pid)
+    die_with_parent(cfg.parent_pid)
     try:
         os.setpgid(0, 0)
     except OSError:

@@ -54,7 +54,7 @@ from multiprocessing.context import set_spawning_popen
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
-from ._containment import COOKIE_VAR, cookie_in_environment, guardian, new_cookie, reap
+from ._containment import COOKIE_VAR, cookie_in_environment, die_with_parent, guardian, new_cookie, reap
 
 #: ``DDP_CONFORMANCE_START=spawn``: every rank spawned (a fresh interpreter each), no zygote.
 START_ENV = "DDP_CONFORMANCE_START"
@@ -339,9 +339,7 @@ def zygote_main(supervisor_pid: int, listener_fd: int, alive_r: int, ready_w: in
                 path: list[str]) -> None:
     """The zygote: die with the supervisor, import, say ready, then serve fork requests
     (multiprocessing's forkserver loop) until the supervisor is gone or the world is reaped."""
-    from ._rank import _die_with_parent
-
-    _die_with_parent(supervisor_pid)
+    die_with_parent(supervisor_pid)
     sys.path[:] = path
     for module in modules:
         try:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from ..timing import CLOSE_GRACE_S, DEFAULT_DEADLINE_S, WORLD_START_S, pg_timeout_for
 from . import _zygote
-from ._containment import cookie_in_environment, guardian, new_cookie, reap
+from ._containment import cookie_in_environment, guardian, new_cookie, proc_state, reap
 from ._loopback import LOOPBACK_HOST, loopback_interface
 from ._netns import PrivateNetwork
 from ._protocol import ProtocolError, decode, encode
@@ -53,21 +53,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
-
-
-def _proc_state(pid: int) -> str:
-    """The one-letter state of a process from /proc (R, S, D, T, Z...), or "" if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-def process_running(pid: int) -> bool:
-    """True when ``pid`` is a live process; a zombie counts as gone (it runs nothing, it only
-    waits for its parent to reap it). What "no process left behind" is checked with."""
-    return _proc_state(pid) not in ("", "Z")
 
 
 def _rank_of_cause(error: RankError | None) -> int:
@@ -584,7 +569,7 @@ class World:
                     pass
         # A stopped process (SIGSTOP, a frozen driver call traced by a debugger) runs no
         # handler until it is continued: waiting for its dump would only add latency.
-        stopped = [r for r in signalled if _proc_state(self._procs[r].pid) in ("T", "t")]
+        stopped = [r for r in signalled if proc_state(self._procs[r].pid) in ("T", "t")]
         signalled = [r for r in signalled if r not in stopped]
         # Wait for the dumps themselves (each file grows once its handler ran), not a fixed time.
         until = time.monotonic() + STACK_WAIT_S
