@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conformance.harness.world.local import process_running
+from conformance.harness.world import process_running
 
 TAG = "DDP_BENCH_TAG"
 

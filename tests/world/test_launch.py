@@ -9,7 +9,7 @@ import pytest
 
 from conformance.harness.session import Session, Settings
 from conformance.harness.world import RankFailure, World
-from conformance.harness.world.local import process_running
+from conformance.harness.world import process_running
 
 from . import _work
 

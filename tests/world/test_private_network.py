@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conformance.harness.world import LinkShape, NetworkUnavailable, World, unavailable_reason
-from conformance.harness.world.local import process_running
+from conformance.harness.world import process_running
 
 from . import _work
 

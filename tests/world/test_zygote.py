@@ -16,7 +16,7 @@ import pytest
 from conformance.harness.world import RankFailure, World
 from conformance.harness.world import _zygote
 from conformance.harness.world._containment import marked_pids
-from conformance.harness.world.local import process_running
+from conformance.harness.world import process_running
 
 from . import _work
 
