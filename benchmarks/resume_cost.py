@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from conformance.checks._resume import UNINTERRUPTED, KillPlan, Lives  # noqa: E402
+from conformance.checks.resume import UNINTERRUPTED, KillPlan, Lives  # noqa: E402
 from conformance.checks.resume_equivalence import EVERY, STEPS  # noqa: E402
 from conformance.harness.registry import BY_ID  # noqa: E402
 from conformance.harness.session import PERSISTENT_PRELOAD, Session, Settings  # noqa: E402

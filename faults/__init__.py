@@ -10,7 +10,7 @@ the checks import it when a world runs them.
 
 from __future__ import annotations
 
-from ._log import Injection, InjectionLog
+from ._log import Injection, InjectionLog, read_injections, record_injections
 from .diagnosis import (
     HangDiagnosis,
     RankState,
@@ -51,5 +51,7 @@ __all__ = [
     "UnevenBatches",
     "diagnose_hang",
     "score_stragglers",
+    "read_injections",
+    "record_injections",
     "unused_from_error",
 ]

@@ -17,9 +17,9 @@ What runs: the target's ``evaluate(model, ctx)`` on the DDP model built from the
 on N ranks in a fresh world with a short process-group timeout (an evaluation that hangs
 releases its ranks by that timeout and dies with that world), then one training step on every
 rank; and the same ``evaluate`` in the 1-rank world, the reference. Observers on each rank
-(``_eval.observers``) record the sample indices the DataLoaders fetched, the forward's calls,
+(``evaluation.observers``) record the sample indices the DataLoaders fetched, the forward's calls,
 rows, mode and autograd state, the collectives with their small inputs and outputs, the buffers
-before and after, the gradients. The judge (``_eval.judge``) compares every metric with the
+before and after, the gradients. The judge (``evaluation.judge``) compares every metric with the
 1-rank value within sqrt(n) float32 epsilons (docs/numerics.md) and across ranks, and names a
 cause only where the records measure it.
 
@@ -37,7 +37,7 @@ from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.timing import EVAL_PG_TIMEOUT_S
 from ..harness.world import RankFailure, WorldHang
-from ._eval import EvalRank, evaluate_on_rank, failed_world, verdict
+from .evaluation import EvalRank, evaluate_on_rank, failed_world, verdict
 
 
 def _n_ranks(ctx: CheckContext) -> list[EvalRank]:

@@ -27,7 +27,7 @@ and rank: NaN weights are bit-identical on every rank, and that is divergence, n
 
 (3) For a target that defines ``run_loop``: the loop itself, in a fresh world, with the
 parameters and every GradScaler's state (scale, growth tracker) digested on every rank at every
-optimizer step and at each ``Join``'s exit (``_midrun``). ``Join`` re-syncs the model from the
+optimizer step and at each ``Join``'s exit (``midrun``). ``Join`` re-syncs the model from the
 last rank to finish when it exits, so drift *during* a loop over uneven inputs — the classic one:
 loss scales updated only on the ranks still training in Join's tail — is invisible at the end;
 the first step where ranks differ is named, with the scales per rank and whether the end agreed.
@@ -62,10 +62,10 @@ from ..harness.ddp import (
 from ..harness.outcome import Outcome
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
 from ..harness.world import RankContext, RankFailure, WorldHang
-from ._midrun import NO_STEPS, watch_loop
-from ._midrun import describe as describe_midrun
-from ._midrun import features as midrun_features
-from ._midrun import judge as judge_midrun
+from .midrun import NO_STEPS, watch_loop
+from .midrun import describe as describe_midrun
+from .midrun import features as midrun_features
+from .midrun import judge as judge_midrun
 
 STEPS = 3
 #: ``ctx.steps`` of the mid-run look's run_loop: as many as hang-detection gives it.
@@ -247,7 +247,7 @@ def run(ctx: CheckContext) -> Outcome:
 
 def _with_midrun(ctx: CheckContext, message: str, metrics: dict[str, Any],
                  evidence: dict[str, Any]) -> Outcome:
-    """The target's run_loop, digested at every optimizer step on every rank (``_midrun``).
+    """The target's run_loop, digested at every optimizer step on every rank (``midrun``).
 
     In a fresh world with a short process-group timeout when the supervisor can start one: a
     loop is the user's own code, it may hang (uneven inputs) or leave collectives pending in

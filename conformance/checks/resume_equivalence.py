@@ -10,7 +10,7 @@ scheduler or scaler state not saved or not loaded; the data order restarting at 
 beginning; ``load_state_dict(strict=False)`` matching no key because of DDP's ``module.``
 prefix; every rank writing one file in place, torn by a kill during the write.
 
-What runs, each life in a fresh world (``_resume``): the target's own ``run_loop`` with
+What runs, each life in a fresh world (``resume``): the target's own ``run_loop`` with
 ``ctx.checkpoint_dir`` (empty at first), ``ctx.checkpoint_every`` and ``ctx.restarts``:
 (a) uninterrupted for ``ctx.steps`` optimizer steps; (b) the whole world SIGKILLed after the
 first step by which a checkpoint was complete, then a fresh world on the same folder resuming
@@ -44,7 +44,7 @@ from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
 from ..harness.world import WorldHang
-from ._resume import (
+from .resume import (
     KILLED_BETWEEN,
     KILLED_DURING_SAVE,
     UNINTERRUPTED,

@@ -17,7 +17,7 @@ against the documented padding and dropping exactly; then, when the target defin
 ``epoch_batches(rank, world_size, epoch)``, its pipeline on every rank *in that rank's
 process* over 3 epochs (module-level state that differs per process shows, as in
 production). Samples are identified by index where the pipeline allows it, else by content
-(see ``_pipeline``). Allowed: up to N-1 padding duplicates and up to N-1 + N·(batch-1)
+(see ``sampling.pipeline``). Allowed: up to N-1 padding duplicates and up to N-1 + N·(batch-1)
 samples dropped (drop_last in the sampler or the loader). A duplicate-and-missing pattern is
 blamed on a cause only when measured: rank r's dataset differs from rank 0's (length, Subset
 indices), the sampler seeds differ, the epochs passed to set_epoch differ; otherwise "no known
@@ -29,12 +29,12 @@ design (a token stream, ``shuffle=False``) passes with "sequential order, no shu
 whose order cannot be read (content identity) is inconclusive. One rank seeing a sample twice
 within an epoch looks like sampling with replacement: inconclusive, saying how to declare it.
 Ranks whose datasets build the same samples from different indices (epoch 0's first samples
-compared by content, ``_order.same_built``) fail with that cause. See ``_order``.
+compared by content, ``sampling.order.same_built``) fail with that cause. See ``sampling.order``.
 
 Skipped with the reason: a target that declares ``sampling = "with-replacement"`` (no epoch to
 cover), a target file without ``epoch_batches`` (its pipeline cannot be checked), a pipeline
 that yields no sample, an epoch that does not end (an endless stream: each epoch is read within
-its share of half the deadline and at most ``_pipeline.MAX_EPOCH_BATCHES`` batches). A batch
+its share of half the deadline and at most ``sampling.pipeline.MAX_EPOCH_BATCHES`` batches). A batch
 that never comes is inconclusive, naming the data pipeline: no collective runs while epochs are
 read, so neither is a DDP hang.
 
@@ -58,7 +58,7 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.world import RankContext, RankFailure, WorldHang
-from ._order import Order, order_of, repeats_within_rank, same_built, same_built_problem, wraps
+from .sampling import Order, order_of, repeats_within_rank, same_built, same_built_problem, wraps
 
 EPOCHS = 3
 WORLD_SIZES = (2, 3, 4)
@@ -167,7 +167,7 @@ def collect_epochs(rank_ctx: RankContext, target_spec: str, identity: str, epoch
     too, which one process calling ``epoch_batches`` for every rank would never show.
     """
     from ..harness.targets import call_target, load_target
-    from ._pipeline import read_epoch
+    from .sampling import read_epoch
 
     target = load_target(target_spec)
     return [call_target(target, "epoch_batches", read_epoch, target.epoch_batches, rank_ctx.rank,
@@ -178,7 +178,7 @@ def collect_epochs(rank_ctx: RankContext, target_spec: str, identity: str, epoch
 def check_epoch_batches(epoch_batches: Any, world_size: int, *,
                         identity: str = "content") -> tuple[list[str], dict[str, Any]]:
     """Run the target's pipeline for every rank and epoch in this process, and judge it."""
-    from ._pipeline import read_epoch
+    from .sampling import read_epoch
 
     per_rank = [[read_epoch(epoch_batches, rank, world_size, epoch, identity=identity)
                  for epoch in range(EPOCHS)] for rank in range(world_size)]
@@ -265,7 +265,7 @@ def judge_epochs(per_rank: list[list[Any]]) -> tuple[list[str], dict[str, Any]]:
 
 
 def _not_ending(exc: RankFailure | WorldHang) -> str | None:
-    """The first rank's "epoch did not end" (``_pipeline.EpochNotEnding``), or None."""
+    """The first rank's "epoch did not end" (``sampling.pipeline.EpochNotEnding``), or None."""
     for result in exc.results:
         error = result.error
         if error is not None and error.exc_type == "EpochNotEnding":

@@ -102,7 +102,7 @@ MISMATCH_PG_TIMEOUT_S = 5.0
 MISMATCH_DEADLINE_CAP_S = 30.0
 
 #: The process-group timeout of the fresh world in which rank-consistency runs a target's
-#: run_loop with its mid-run digests (conformance/checks/_midrun.py): a loop that hangs (uneven
+#: run_loop with its mid-run digests (conformance/checks/midrun.py): a loop that hangs (uneven
 #: inputs without Join) releases its ranks after this long instead of a deadline's share, and
 #: hang-detection is the check that diagnoses it. Ten seconds: a healthy loop's collective waits
 #: at most for a peer's step, milliseconds to a few seconds on a loaded CPU host.

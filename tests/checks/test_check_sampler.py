@@ -136,8 +136,8 @@ def test_ranks_building_the_same_samples_from_different_indices_fail(suite_sessi
 
 
 def test_values_alike_by_chance_are_not_ranks_building_alike():
-    from conformance.checks._order import same_built
-    from conformance.checks._pipeline import RankEpoch
+    from conformance.checks.sampling import same_built
+    from conformance.checks.sampling import RankEpoch
 
     def epoch(rank, contents):
         return RankEpoch(list(range(rank, 2 * len(contents), 2)), 2, contents=contents)
@@ -155,7 +155,7 @@ def test_values_alike_by_chance_are_not_ranks_building_alike():
 
 
 def test_a_dataset_that_cannot_build_outside_its_loader_is_not_compared():
-    from conformance.checks._pipeline import built_contents
+    from conformance.checks.sampling import built_contents
 
     class OpensInWorkers:
         def __getitem__(self, index):

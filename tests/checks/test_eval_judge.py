@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.checks._eval import tolerance, verdict
-from conformance.checks._eval.records import (
+from conformance.checks.evaluation import tolerance, verdict
+from conformance.checks.evaluation.records import (
     BufferSlice,
     CollectiveCall,
     CollectiveSlice,

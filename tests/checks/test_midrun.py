@@ -1,4 +1,4 @@
-"""rank-consistency's mid-run judge (``conformance/checks/_midrun.py``) on hand-made checkpoints,
+"""rank-consistency's mid-run judge (``conformance/checks/midrun.py``) on hand-made checkpoints,
 no world: aligned per Join block (a rank's tail after its peers left Join is never compared
 with their next block), scalers not compared at Join's exit (the loop re-syncs them after it),
 and a difference named with its step, rank, parameter and scales."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.checks._midrun import describe, judge
+from conformance.checks.midrun import describe, judge
 
 
 def point(kind: str, block: int, index: int | None, rank_step: int, w: str = "a", *, scale: float | None = 2.0 ** 16,
@@ -104,11 +104,11 @@ def test_the_watch_records_each_step_once_and_a_skipped_scaler_step_and_leaves_t
     from torch.amp.grad_scaler import GradScaler
     from torch.distributed.algorithms.join import Join
 
-    from conformance.checks._midrun import _Recorder, watching
+    from conformance.checks.midrun import Recorder, watching
 
     originals = (GradScaler.__dict__["step"], Join.__dict__["__enter__"], Join.__dict__["__exit__"])
     model = torch.nn.Linear(2, 1)
-    recorder = _Recorder([model])
+    recorder = Recorder([model])
     with watching(recorder):
         plain = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.ones(1, 2)).sum().backward()

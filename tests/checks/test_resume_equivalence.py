@@ -71,7 +71,7 @@ def _worlds() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[Any]]]:
     """The correct loop's uninterrupted lives (journals kept in the folder for the judge)."""
-    from conformance.checks._resume import UNINTERRUPTED, KillPlan, Lives
+    from conformance.checks.resume import UNINTERRUPTED, KillPlan, Lives
 
     folder = tmp_path_factory.mktemp("resume")
     with Lives(_worlds, str(EXAMPLES / EXAMPLE), folder, 6, 2, DEADLINE_S) as lives:
@@ -81,7 +81,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pa
 
 
 def _killed(folder: Path, spec: str, plan: Any, scenario: str) -> Any:
-    from conformance.checks._resume import Lives
+    from conformance.checks.resume import Lives
 
     with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
         run = lives.killed(scenario, plan, 2)
@@ -91,7 +91,7 @@ def _killed(folder: Path, spec: str, plan: Any, scenario: str) -> Any:
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_bug_variant_fails_naming_its_cause(name: str, tmp_path: Path, uninterrupted: Any) -> None:
-    from conformance.checks._resume import KILLED_BETWEEN, KillPlan, judge_run
+    from conformance.checks.resume import KILLED_BETWEEN, KillPlan, judge_run
 
     folder, lives_a = uninterrupted
     edits, cause = VARIANTS[name]
@@ -105,7 +105,7 @@ def test_bug_variant_fails_naming_its_cause(name: str, tmp_path: Path, uninterru
 
 
 def test_every_rank_writing_in_place_is_torn_by_a_kill_during_the_save(tmp_path: Path, uninterrupted: Any) -> None:
-    from conformance.checks._resume import KILLED_DURING_SAVE, KillPlan, judge_run
+    from conformance.checks.resume import KILLED_DURING_SAVE, KillPlan, judge_run
 
     folder, lives_a = uninterrupted
     spec = variant(tmp_path, EXAMPLE, "torn", *TORN)
@@ -122,7 +122,7 @@ def test_a_checkpoint_refused_by_weights_only_is_named_not_called_torn(tmp_path:
     """Seen in facebookresearch/mae's save_model (its argparse args pickled in the checkpoint):
     torch >= 2.6 loads with weights_only=True and refuses it; the file is whole, so the atomic
     save is not the fix to recommend."""
-    from conformance.checks._resume import KILLED_BETWEEN, KillPlan, judge_run
+    from conformance.checks.resume import KILLED_BETWEEN, KillPlan, judge_run
 
     folder, lives_a = uninterrupted
     spec = variant(tmp_path, EXAMPLE, "pickled-args",
@@ -140,7 +140,7 @@ def test_a_loop_with_dropout_and_no_rng_state_saved_is_compared_with_dropout_off
     """Most real loops (pytorch/examples mnist) train with dropout and do not save torch's RNG
     state: every life runs with dropout off, so the resumed steps compare (before: 0 compared,
     and the check said passed)."""
-    from conformance.checks._resume import KILLED_BETWEEN, UNINTERRUPTED, KillPlan, Lives, judge_run
+    from conformance.checks.resume import KILLED_BETWEEN, UNINTERRUPTED, KillPlan, Lives, judge_run
 
     spec = variant(tmp_path, EXAMPLE, "dropout",
                    ("nn.Linear(FEATURES, HIDDEN), nn.ReLU(),", "nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Dropout(0.5),"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conformance.checks._resume import KILLED_BETWEEN, KillPlan, Life, Run, judge_run
-from conformance.checks._resume.records import Snapshot, StepRecord
+from conformance.checks.resume import KILLED_BETWEEN, KillPlan, Life, Run, judge_run
+from conformance.checks.resume.records import Snapshot, StepRecord
 
 N = 6
 

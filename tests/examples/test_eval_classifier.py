@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from conformance.checks._eval import evaluate_on_rank, failed_world, verdict
+from conformance.checks.evaluation import evaluate_on_rank, failed_world, verdict
 from conformance.harness.registry import BY_ID
 from conformance.harness.timing import EVAL_PG_TIMEOUT_S
 from conformance.harness.world import RankFailure

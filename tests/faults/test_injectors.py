@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_conformance.faults._log import InjectionLog, read_injections
+from ddp_conformance.faults import InjectionLog, read_injections
 from ddp_conformance.faults.injectors import (
     BucketConfig,
     ConditionalBranch,

@@ -29,7 +29,7 @@ from ddp_conformance.faults import (
     UnevenBatches,
 )
 from ddp_conformance.faults import injectors as injectors_module
-from ddp_conformance.faults._log import read_injections, record_injections
+from ddp_conformance.faults import read_injections, record_injections
 from ddp_conformance.faults.scenarios import Scenario
 from ddp_conformance.faults.sites import NO_FAULT, faulted_step
 from ddp_conformance.reports.schema import Event

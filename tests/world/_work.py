@@ -108,7 +108,7 @@ def stale_reply_then_return(ctx: Any, bad_rank: int) -> int:
     """``bad_rank`` first answers a call that is not running (an old call id)."""
     if ctx.rank == bad_rank:
         from conformance.harness.world._protocol import encode
-        from conformance.harness.world._results import RankResult
+        from conformance.harness.world import RankResult
 
         _supervisor_pipe().send_bytes(encode("result", 10_000, RankResult(ctx.rank, "stale")))
     return ctx.rank

@@ -132,7 +132,7 @@ def test_every_world_kind_is_world_like() -> None:
     ({"MASTER_ADDR": "203.0.113.9"}, False),
 ])
 def test_attach_mode_pins_gloo_to_loopback_only_for_a_local_rendezvous(monkeypatch, env, pinned) -> None:
-    from conformance.harness.world._loopback import loopback_interface
+    from conformance.harness.world import loopback_interface
     from conformance.harness.world.attach import pin_loopback_if_local
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)

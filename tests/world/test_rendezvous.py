@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.harness.world._loopback import loopback_interface
+from conformance.harness.world import loopback_interface
 from conformance.harness.world._rank import RankConfig, _init_process_group
 
 PG_TIMEOUT_S = 1.0

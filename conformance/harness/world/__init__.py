@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._containment import guardian, process_running
+from ._loopback import loopback_interface
 from ._netns import LinkShape, NetworkUnavailable, PrivateNetwork, unavailable_reason
 from ._rank import RankContext
 from ._results import (
@@ -34,6 +35,7 @@ __all__ = [
     "WorldUnavailable",
     "first_line",
     "guardian",
+    "loopback_interface",
     "process_running",
     "unavailable_reason",
 ]

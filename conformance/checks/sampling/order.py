@@ -13,7 +13,7 @@ Three questions the coverage counts alone cannot answer, each from what the pipe
 - **Does one rank see a sample twice in one epoch?** No epoch sampler does (its padding puts
   the repeated head on another rank); random draws with replacement do.
 - **Do the ranks build the same samples from different indices?** Epoch 0's first samples,
-  built by the dataset on each rank (``_pipeline.built_contents``), field by field, against
+  built by the dataset on each rank (``sampling.pipeline.built_contents``), field by field, against
   rank 0's: a dataset that draws its samples from a random generator seeded alike on every
   rank builds the same values everywhere, whatever the sampler hands it. Judged against
   chance: how often a field's values collide *within* a rank (a dataset that repeats its
@@ -77,7 +77,7 @@ def _chance_ascending(m: int) -> float:
 
 
 def order_of(epoch0: list[Any], identity: str) -> Order:
-    """Epoch 0's order over all ranks (``epoch0[rank]``: a ``_pipeline.RankEpoch``)."""
+    """Epoch 0's order over all ranks (``epoch0[rank]``: a ``sampling.pipeline.RankEpoch``)."""
     flags = [e.built.get("shuffles") for e in epoch0]
     samplers = sorted({e.built.get("sampler", "") for e in epoch0} - {""})
     if any(flags):

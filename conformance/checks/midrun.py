@@ -55,7 +55,7 @@ def _clean(name: str) -> str:
     return name
 
 
-class _Recorder:
+class Recorder:
     """This rank's checkpoints, in order. Mutable by nature: the hooks append as the loop runs."""
 
     def __init__(self, models: list[Any]) -> None:
@@ -172,7 +172,7 @@ class _Recorder:
 
 
 @contextlib.contextmanager
-def watching(recorder: _Recorder) -> Iterator[None]:
+def watching(recorder: Recorder) -> Iterator[None]:
     """The recorder's hooks installed for the block: a global optimizer step post-hook,
     GradScaler.step and Join's enter/exit wrapped (at class level: the loop creates its own)."""
     from torch.amp.grad_scaler import GradScaler
@@ -192,7 +192,7 @@ def watching(recorder: _Recorder) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _hookless_optimizers(module: Any, recorder: _Recorder) -> Iterator[None]:
+def _hookless_optimizers(module: Any, recorder: Recorder) -> Iterator[None]:
     """The target module's ``build_optimizer`` wrapped for the loop: an optimizer it returns
     without step hooks (a hand-written object with ``step()``) gets its ``step`` wrapped on
     the instance, so the global hooks' checkpoints reach it too. A loop that builds such an
@@ -246,7 +246,7 @@ def watch_loop(rank_ctx: RankContext, target_spec: str, steps: int) -> dict[str,
                        steps=steps, tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target), target=target)
     if target.run_loop is None:
         raise ValueError(f"target {target.name!r} defines no run_loop: there is no loop to watch")
-    recorder = _Recorder(loop.models)
+    recorder = Recorder(loop.models)
     error = None
     try:
         with watching(recorder), _hookless_optimizers(target.module, recorder):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ...harness.world import RankContext
 from .observers import KILL_BARRIER_S, VALUES_CAP, Instrument, Journal, Listing, Loads, Samples, Saves, _clean, die
 from .records import KillPlan, Snapshot, StepRecord, journal_path, marker, values_path
 
@@ -145,7 +146,7 @@ class Steps:
             post.remove()
 
 
-def live(rank_ctx: Any, target_spec: str, *, folder: str, checkpoints: str, scenario: str, life: int,
+def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: str, scenario: str, life: int,
          plan: KillPlan, steps: int, every: int) -> int:
     """Run the target's ``run_loop`` on this rank as life ``life`` of ``scenario``; returns the
     optimizer steps taken (everything else is in the journal, which survives a kill).
