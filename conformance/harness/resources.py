@@ -53,7 +53,10 @@ if TYPE_CHECKING:
 SAMPLE_INTERVAL_S = 0.2
 #: The first progress line comes after this long, then one per this long: a check of a few
 #: seconds stays silent, a long one says it is alive well before anyone wonders.
+#: ``DDP_CONFORMANCE_PROGRESS_S`` sets another interval (a CI log that wants fewer lines, a
+#: test that wants one sooner).
 PROGRESS_EVERY_S = 10.0
+PROGRESS_ENV = "DDP_CONFORMANCE_PROGRESS_S"
 
 _PROC = Path("/proc")
 
@@ -138,6 +141,16 @@ class Cost:
         return {SUPERVISOR_PEAK_RSS: self.supervisor_peak_rss, TREE_PEAK_RSS: self.tree_peak_rss}
 
 
+def progress_interval() -> float:
+    """:data:`PROGRESS_EVERY_S`, or the positive number of seconds in ``DDP_CONFORMANCE_PROGRESS_S``
+    (anything else there is ignored: a progress line is never worth failing a run)."""
+    try:
+        value = float(os.environ.get(PROGRESS_ENV, ""))
+    except ValueError:
+        return PROGRESS_EVERY_S
+    return value if value > 0 else PROGRESS_EVERY_S
+
+
 class CostMeter:
     """``with CostMeter(label=...) as meter: ...`` then ``meter.cost``: time and peak memory of the
     block, with a progress line through ``progress`` every ``progress_every_s`` while it runs."""
@@ -147,7 +160,7 @@ class CostMeter:
         self._label, self._progress = label, progress
         # Read when built, not when defined: a test may shorten the module's intervals.
         self._interval = SAMPLE_INTERVAL_S if interval_s is None else interval_s
-        self._every = PROGRESS_EVERY_S if progress_every_s is None else progress_every_s
+        self._every = progress_interval() if progress_every_s is None else progress_every_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0

@@ -1,5 +1,5 @@
-"""A target whose every loss takes 0.7 s: gradient-equivalence on it runs past the suite's
-10 s progress interval (tests/perf/test_progress_cli.py).
+"""A target whose every loss takes 0.3 s: gradient-equivalence on it runs past a 1 s progress
+interval (tests/perf/test_progress_cli.py sets ``DDP_CONFORMANCE_PROGRESS_S=1``).
 
     ddp-conformance run --target tests/perf/slow_step_target.py --checks gradient-equivalence
 """
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 IN, OUT = 8, 2
-SLEEP_S = 0.7
+SLEEP_S = 0.3
 
 ddp_kwargs = {"find_unused_parameters": False}
 
