@@ -75,14 +75,14 @@ def batch_error(batch: tuple[Any, Any], dims: Any, batch_size: int) -> str | Non
 def _dim_error(path: str, shape: tuple[int, ...], dim: int, batch_size: int, *, declared: bool) -> str | None:
     holds = [d for d, size in enumerate(shape) if size == batch_size]
     hint = f" (its dim {holds[0]} has size {batch_size}: declare batch_dim = {holds[0]} if that is the batch)" \
-        if holds else ""
+        if holds else _flat_hint(shape, batch_size)
     if not declared:
         if shape and shape[0] == batch_size:
             return None
         # The undeclared contract's own words (tests hold them); the measured hint only when a
         # dimension of the batch's size exists (a time-major tensor), never a guess.
         hint = (f"; its dim {holds[0]} has size {batch_size}: if the batch is on dim {holds[0]} "
-                f"(time-major), declare batch_dim = {holds[0]}") if holds else ""
+                f"(time-major), declare batch_dim = {holds[0]}") if holds else _flat_hint(shape, batch_size)
         return (f"returned {path.split('[')[0]} with a tensor of shape {shape}; dim 0 of every tensor "
                 f"must be the batch size {batch_size}{hint}")
     if not -len(shape) <= dim < len(shape):
@@ -93,3 +93,12 @@ def _dim_error(path: str, shape: tuple[int, ...], dim: int, batch_size: int, *, 
                 f"{shape[dim]}, not the batch size {batch_size}{hint}; declare the dimension "
                 f"that holds the batch, or None to pass it whole to every microbatch")
     return None
+
+
+def _flat_hint(shape: tuple[int, ...], batch_size: int) -> str:
+    """A 1-D tensor of a multiple of the batch size (a ``(T, B)`` target flattened with
+    ``view(-1)``, as RNN trainers feed ``NLLLoss``): the measured sizes, and the fix if it is."""
+    if len(shape) != 1 or shape[0] <= batch_size or shape[0] % batch_size:
+        return ""
+    return (f" (its {shape[0]} elements are {shape[0] // batch_size} × the batch size {batch_size}: if it is "
+            f"a (T, B) tensor flattened, return it unflattened and flatten it in forward_loss)")

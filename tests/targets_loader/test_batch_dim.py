@@ -100,3 +100,12 @@ def test_a_time_major_loss_not_divided_by_k_is_named(suite_session):
     record = run_check(suite_session, "no-sync-equivalence", "time_major_lstm_k_not_divided")
     assert record.status == "failed"
     assert "the loss is not divided by the K=4 accumulation steps" in record.message
+
+
+def test_a_flattened_time_major_target_is_told_by_its_sizes(tmp_path):
+    # word_language_model's get_batch flattens its (T, B) target with view(-1) for NLLLoss.
+    target = _target(tmp_path, "batch_dim = 1", batch="(tokens, hidden), tokens.reshape(-1)")
+    with pytest.raises(TargetError, match=r"returned targets of shape \(40,\), but batch_dim declares dim 1 for "
+                                          r"it, which it does not have \(its 40 elements are 5 × the batch size 8: "
+                                          r"if it is a \(T, B\) tensor flattened, return it unflattened"):
+        make_batch_checked(target, torch.Generator().manual_seed(0), B)
