@@ -16,7 +16,7 @@ from conformance.harness.batches import take_rows
 from conformance.harness.ddp import shard
 from conformance.harness.targets import TargetError, load_target, make_batch_checked
 
-from ..checks._check_helpers import run_check
+from ..checks._check_helpers import run_check, target_spec
 
 B = 8
 
@@ -109,3 +109,13 @@ def test_a_flattened_time_major_target_is_told_by_its_sizes(tmp_path):
                                           r"it, which it does not have \(its 40 elements are 5 × the batch size 8: "
                                           r"if it is a \(T, B\) tensor flattened, return it unflattened"):
         make_batch_checked(target, torch.Generator().manual_seed(0), B)
+
+
+def test_the_lstm_without_its_declaration_is_told_to_declare_it():
+    # Through the edge every run passes first (the CLI's validation child calls the same
+    # make_batch_checked, exit 2): measured, dim 1 of the (T, B) tokens has the batch size.
+    target = load_target(target_spec("time_major_lstm_undeclared"))
+    with pytest.raises(TargetError, match=r"make_batch\(generator, 16\) returned inputs with a tensor of shape "
+                                          r"\(5, 16\); dim 0 of every tensor must be the batch size 16; its dim 1 "
+                                          r"has size 16: if the batch is on dim 1 \(time-major\), declare batch_dim = 1"):
+        make_batch_checked(target, torch.Generator().manual_seed(0), target.batch_size_for(2))

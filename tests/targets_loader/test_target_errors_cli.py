@@ -25,9 +25,6 @@ CASES = {
     "build_raises": ("bad_build_raises", "build_model() raised RuntimeError: checkpoint weights.pt not found"),
     "batch_not_tensors": ("bad_batch_not_tensor", "inputs of type list; inputs and targets must each be a tensor, or a tuple/list/dict of tensors"),
     "batch_not_divisible": ("bad_batch_size", "global_batch_size=7 is not divisible by world_size=2"),
-    "batch_dim_undeclared": ("time_major_lstm_undeclared", "returned inputs with a tensor of shape (5, 16); dim 0 "
-                             "of every tensor must be the batch size 16; its dim 1 has size 16: if the "
-                             "batch is on dim 1 (time-major), declare batch_dim = 1"),
     "step_signature": (MINE / "bad_step_signature.py",
                        "train_step must be callable as train_step(model, optimizer, microbatches, "
                        "loss_fn)"),
