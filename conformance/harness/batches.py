@@ -122,7 +122,11 @@ def rows(value: Any, dims: Any = 0) -> int:
 def take_rows(value: Any, start: int, stop: int, dims: Any = 0) -> Any:
     """Samples ``[start, stop)`` of every batched tensor along its batch dimension (dim 0
     unless ``dims`` says otherwise); a tensor declared not batched (None) is passed whole."""
-    return _map(value, lambda t, d: t if d is None else t.narrow(d, start, stop - start), dims)
+    def cut(t: Any, d: int | None) -> Any:
+        # Python slicing along dimension d (negative counts from the end), as t[start:stop] is on dim 0.
+        return t if d is None else t[(slice(None),) * (d % t.dim()) + (slice(start, stop),)]
+
+    return _map(value, cut, dims)
 
 
 def first_dim(dims: Any) -> int:

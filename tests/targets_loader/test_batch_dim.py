@@ -37,6 +37,7 @@ def test_every_tensor_is_split_on_its_declared_dimension():
     (tokens, whole), _ = shard(((_time_major()[0][0], mask), torch.arange(B)), 0, 2, dims=((1, None), 0))[0]
     assert tokens.shape == (5, 4) and whole is mask
     assert take_rows({"x": torch.zeros(2, B)}, 0, 3, {"x": 1})["x"].shape == (2, 3)
+    assert take_rows(torch.arange(2 * B).reshape(2, B), 6, 8, -1).tolist() == [[6, 7], [14, 15]]
 
 
 def _target(tmp_path, declaration: str, batch: str = "(tokens, hidden), tokens"):
