@@ -132,13 +132,15 @@ def take_rows(value: Any, start: int, stop: int, dims: Any = 0) -> Any:
 def first_dim(dims: Any) -> int:
     """The batch dimension of the first tensor ``dims`` declares batched (0 when undeclared): for
     a model's own inputs, whose structure the declaration does not describe."""
+    found = _first_declared(dims)
+    return 0 if found is None else found
+
+
+def _first_declared(dims: Any) -> int | None:
     if isinstance(dims, int) and not isinstance(dims, bool):
         return dims
     items = dims.values() if isinstance(dims, dict) else dims if isinstance(dims, (tuple, list)) else ()
-    for item in items:
-        if item is not None:
-            return first_dim(item)
-    return 0
+    return next((d for d in map(_first_declared, items) if d is not None), None)
 
 
 def sample_rows(tensor: Any, dim: int) -> Any:

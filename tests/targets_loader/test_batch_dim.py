@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conformance.checks.sampling import read_epoch
-from conformance.harness.batches import take_rows
+from conformance.harness.batches import first_dim, take_rows
 from conformance.harness.ddp import shard
 from conformance.harness.targets import TargetError, load_target, make_batch_checked
 
@@ -38,6 +38,8 @@ def test_every_tensor_is_split_on_its_declared_dimension():
     assert tokens.shape == (5, 4) and whole is mask
     assert take_rows({"x": torch.zeros(2, B)}, 0, 3, {"x": 1})["x"].shape == (2, 3)
     assert take_rows(torch.arange(2 * B).reshape(2, B), 6, 8, -1).tolist() == [[6, 7], [14, 15]]
+    # A model's own inputs (resume's and eval's row counts) take the first declared batched dim.
+    assert (first_dim(None), first_dim(((None, None), 1)), first_dim(({"m": None, "x": 2}, 0))) == (0, 1, 2)
 
 
 def _target(tmp_path, declaration: str, batch: str = "(tokens, hidden), tokens"):
