@@ -49,6 +49,7 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.ddp import (
     MODEL_SEED,
+    batch_dims,
     build_model,
     disable_tf32,
     effective_ddp_kwargs,
@@ -129,7 +130,7 @@ def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) 
         for step in range(steps):
             current["step"] = step
             micro = to_device(shard(global_batch(target, batch_size, seed=MODEL_SEED + step), rank_ctx.rank,
-                                    rank_ctx.world_size, 1), rank_ctx.device)
+                                    rank_ctx.world_size, 1, dims=batch_dims(target)), rank_ctx.device)
             target.run_step(ddp, optimizer, micro, step=step)
             checkpoints.append({"when": f"after step {step}", "step": step, "kind": "parameter",
                                 "digests": _snapshot(unwrap(ddp).named_parameters())})

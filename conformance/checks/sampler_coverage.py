@@ -171,7 +171,8 @@ def collect_epochs(rank_ctx: RankContext, target_spec: str, identity: str, epoch
 
     target = load_target(target_spec)
     return [call_target(target, "epoch_batches", read_epoch, target.epoch_batches, rank_ctx.rank,
-                        rank_ctx.world_size, epoch, identity=identity, budget_s=budget_s)
+                        rank_ctx.world_size, epoch, identity=identity, budget_s=budget_s,
+                        dims=target.batch_dim)
             for epoch in range(epochs)]
 
 

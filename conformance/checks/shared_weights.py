@@ -51,6 +51,7 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.ddp import (
     MODEL_SEED,
+    batch_dims,
     build_model,
     disable_tf32,
     effective_ddp_kwargs,
@@ -186,7 +187,8 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
     groups = _alias_groups(model)
     # Counted on the discovery model itself: it is dropped right after (never trained), so a
     # BatchNorm statistic its no_grad forward moves reaches nothing.
-    calls = _count_calls(model, to_device(shard(batches[0], rank, n, 1), device)[0], target.compute_loss)
+    calls = _count_calls(model, to_device(shard(batches[0], rank, n, 1, dims=batch_dims(target)), device)[0],
+                         target.compute_loss)
     shared = sorted({name for g in groups for name in g[:1]}
                     | {f"{m}.{p}" if m else p for m, c in calls.items() if c > 1
                        for p, _ in model.get_submodule(m).named_parameters(recurse=False)})
@@ -223,7 +225,7 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
         grads = []
         for step, batch in enumerate(batches):
             ddp.zero_grad(set_to_none=True)
-            x, y = to_device(shard(batch, rank, n, 1), device)[0]
+            x, y = to_device(shard(batch, rank, n, 1, dims=batch_dims(target)), device)[0]
             # A synchronising backward on every rank: each variant runs the same iterations
             # everywhere, so the reducer's all-reduces pair up.
             target.compute_loss(ddp, x, y).backward()

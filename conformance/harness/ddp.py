@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .batches import move, rows, take_rows
+from .batches import move, part_dims, rows, take_rows
 
 # -- seeds --------------------------------------------------------------------------------
 # Named, because two sides of one experiment must agree on them by value: an N-rank run and
@@ -206,20 +206,27 @@ def global_batch(target: Any, batch_size: int, *, seed: int) -> tuple[Any, Any]:
     return inputs, targets
 
 
+def batch_dims(target: Any) -> Any:
+    """The target's declared batch dimensions (``batch_dim``; None: dim 0 everywhere)."""
+    return getattr(target, "batch_dim", None)
+
+
 def shard(batch: tuple[Any, Any], rank: int, world_size: int,
-          microbatches: int = 1) -> list[tuple[Any, Any]]:
-    """Rank r's contiguous rows [r·B/N, (r+1)·B/N), split into K contiguous microbatches
-    (every tensor of inputs and targets sliced alike along dim 0: ``harness.batches``)."""
+          microbatches: int = 1, *, dims: Any = None) -> list[tuple[Any, Any]]:
+    """Rank r's contiguous samples [r·B/N, (r+1)·B/N), split into K contiguous microbatches
+    (every tensor of inputs and targets sliced alike along its batch dimension: dim 0, or what
+    ``dims``, the target's ``batch_dim``, declares: ``harness.batches``)."""
     inputs, targets = batch
-    size = rows(inputs)
+    in_dims, out_dims = part_dims(dims, 0), part_dims(dims, 1)
+    size = rows(inputs, in_dims) or rows(targets, out_dims)
     if size % (world_size * microbatches):
         raise ValueError(f"global batch {size} is not divisible by world_size={world_size} x "
                          f"microbatches={microbatches}")
     per_rank = size // world_size
     per_micro = per_rank // microbatches
     start = rank * per_rank
-    return [(take_rows(inputs, start + i * per_micro, start + (i + 1) * per_micro),
-             take_rows(targets, start + i * per_micro, start + (i + 1) * per_micro))
+    return [(take_rows(inputs, start + i * per_micro, start + (i + 1) * per_micro, in_dims),
+             take_rows(targets, start + i * per_micro, start + (i + 1) * per_micro, out_dims))
             for i in range(microbatches)]
 
 
@@ -232,7 +239,7 @@ def rank_batch(target: Any, rank: int, world_size: int, *, seed: int, per_rank: 
     """This rank's contiguous chunk of a seeded global batch of ``batch_size`` rows
     (default ``per_rank`` rows per rank), on ``device`` when given."""
     batch = global_batch(target, batch_size or per_rank * world_size, seed=seed)
-    (inputs, targets), = shard(batch, rank, world_size)
+    (inputs, targets), = shard(batch, rank, world_size, dims=batch_dims(target))
     if device is not None:
         inputs, targets = move(inputs, device), move(targets, device)
     return inputs, targets

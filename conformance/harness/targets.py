@@ -28,7 +28,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
-from .batches import call_model, is_batch_part, tensors
+from ._layout import batch_error, declaration_error
+from .batches import call_model, is_batch_part
 from .target_calls import (
     binds,
     blame,
@@ -253,6 +254,8 @@ class Target(TargetCalls):
     global_batch_size: int | None = None  # optional extension: the production global batch
     sampling: str = "epochs"  # one of SAMPLING_MODES
     sample_identity: str = "content"  # one of SAMPLE_IDENTITIES
+    # Where make_batch's tensors hold the batch (harness.batches): None is dim 0 everywhere.
+    batch_dim: Any = None
     # Where the user's code lives, for telling their exceptions from DDP's (target_calls.blame).
     user_files: frozenset[str] = frozenset()
     user_dir: str | None = None
@@ -434,9 +437,13 @@ def load_target(spec: str) -> Target:
                           f"({SEE})")
     sampling = _choice(module, name, "sampling", SAMPLING_MODES)
     identity = _choice(module, name, "sample_identity", SAMPLE_IDENTITIES)
+    batch_dim = getattr(module, "batch_dim", None)
+    wrong = declaration_error(batch_dim)
+    if wrong is not None:
+        raise TargetError(f"target {name!r}: {wrong} ({SEE})")
     target = Target(name=name, spec=spec, module=module, ddp_kwargs=dict(ddp_kwargs),
                     builtin=builtin, global_batch_size=batch_size, sampling=sampling,
-                    sample_identity=identity, user_files=_user_files(module, found),
+                    sample_identity=identity, batch_dim=batch_dim, user_files=_user_files(module, found),
                     user_dir=_user_dir(module), **found)
     _CACHE[spec] = target
     return target
@@ -515,7 +522,8 @@ def build_model_checked(target: Target) -> Any:
 
 def make_batch_checked(target: Target, generator: Any, batch_size: int) -> tuple[Any, Any]:
     """``target.make_batch(generator, batch_size)``, checked: (inputs, targets), each a tensor
-    or a tuple/list/dict of tensors (``harness.batches``), every tensor of batch_size rows."""
+    or a tuple/list/dict of tensors (``harness.batches``), every tensor holding batch_size
+    samples on dim 0, or on the dimension the target's ``batch_dim`` declares for it."""
     try:
         batch = target.make_batch(generator, batch_size)
     except Exception as exc:
@@ -529,9 +537,7 @@ def make_batch_checked(target: Target, generator: Any, batch_size: int) -> tuple
             raise TargetError(f"target {target.name!r}: make_batch returned {part} of type "
                               f"{type(value).__name__}; inputs and targets must each be a tensor, or "
                               f"a tuple/list/dict of tensors ({SEE})")
-        for tensor in tensors(value):
-            if tensor.dim() == 0 or tensor.shape[0] != batch_size:
-                raise TargetError(f"target {target.name!r}: make_batch(generator, {batch_size}) "
-                                  f"returned {part} with a tensor of shape {tuple(tensor.shape)}; "
-                                  f"dim 0 of every tensor must be the batch size {batch_size} ({SEE})")
+    wrong = batch_error((batch[0], batch[1]), target.batch_dim, batch_size)
+    if wrong is not None:
+        raise TargetError(f"target {target.name!r}: make_batch(generator, {batch_size}) {wrong} ({SEE})")
     return batch[0], batch[1]

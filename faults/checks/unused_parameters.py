@@ -156,7 +156,7 @@ def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str
     target's accumulation path: no_sync, where its train_step uses it)."""
     import torch
 
-    from conformance.harness.ddp import PROBE_SEED, rank_batch, shard, unwrap, wrap
+    from conformance.harness.ddp import PROBE_SEED, batch_dims, rank_batch, shard, unwrap, wrap
 
     target = resolve(source, ctx.rank, InjectionLog())
     torch.manual_seed(PROBE_SEED)
@@ -177,7 +177,7 @@ def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str
     for step in range(steps):
         batch = rank_batch(target, ctx.rank, ctx.world_size, seed=DATA_SEED + step, per_rank=per_rank,
                            device=ctx.device)
-        target.run_step(model, optimizer, shard(batch, 0, 1, microbatches), step=step)
+        target.run_step(model, optimizer, shard(batch, 0, 1, microbatches, dims=batch_dims(target)), step=step)
     handle.remove()
     return {"steps": steps, "without_gradient": sorted(set(names.values()) - trained)}
 

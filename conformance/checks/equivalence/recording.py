@@ -45,9 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from ...harness.batches import take_rows
+from ...harness.batches import part_dims, take_rows
 from ...harness.ddp import (
     MODEL_SEED,
+    batch_dims,
     build_model,
     disable_tf32,
     effective_ddp_kwargs,
@@ -405,14 +406,16 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     disable_tf32()
     target = load_target(plan.target_spec)
     model = build_model(target, rank_ctx.device, seed=plan.seed)
+    dims = batch_dims(target)
     first = to_device(shard(global_batch(target, plan.global_batch, seed=plan.seed), rank, n,
-                            plan.microbatches), rank_ctx.device)[0]
+                            plan.microbatches, dims=dims), rank_ctx.device)[0]
     dropout = disable_dropout(model)
     # After switching dropout off: what randomness is left cannot be made equal on both sides.
     # The reference probes a slice of its one microbatch of the N-rank run's microbatch size
     # (norm_group): a size the target's forward runs at on the ranks, at 1/N of the whole
     # batch's cost; the ranks probe their first microbatch.
-    probe = ((take_rows(first[0], 0, plan.norm_group), take_rows(first[1], 0, plan.norm_group))
+    probe = ((take_rows(first[0], 0, plan.norm_group, part_dims(dims, 0)),
+              take_rows(first[1], 0, plan.norm_group, part_dims(dims, 1)))
              if writes and plan.norm_group else first)
     with run_eagerly():  # a compile here would be thrown away (``watch_compile`` starts cold)
         rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device)
@@ -467,8 +470,8 @@ def run_recorded(rank_ctx: RankContext, plan: RunPlan) -> RankRecord:
             instrument.attach(stack)
         for step in range(plan.steps):
             batch = global_batch(run.target, plan.global_batch, seed=plan.seed + step)
-            micro = to_device(shard(batch, rank_ctx.rank, rank_ctx.world_size, plan.microbatches),
-                              rank_ctx.device)
+            micro = to_device(shard(batch, rank_ctx.rank, rank_ctx.world_size, plan.microbatches,
+                                    dims=batch_dims(run.target)), rank_ctx.device)
             for instrument in instruments:
                 instrument.begin(step, batch)
             # train_step runs forward/backward on every rank: each backward that is not under

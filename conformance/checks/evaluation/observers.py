@@ -62,12 +62,12 @@ def _mode_dependent(module: Any) -> bool:
     return isinstance(module, kinds)
 
 
-def _rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+def _rows(args: tuple[Any, ...], kwargs: dict[str, Any], dim: int = 0) -> int:
     import torch
 
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor) and value.dim() > 0:
-            return int(value.shape[0])
+            return int(value.shape[dim if -value.dim() <= dim < value.dim() else 0])
     return 0
 
 
@@ -75,7 +75,8 @@ class Forward:
     """A forward pre-hook on the inner module (reached through DDP or around it): calls, rows,
     autograd on or off, modules in train mode; and the parameters' gradients before and after."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, dim: int = 0) -> None:
+        self.dim = dim  # the batch dimension of a forward's first tensor (``batches.first_dim``)
         self.calls = self.rows = self.grad_enabled = 0
         self.train_mode: dict[str, None] = {}
         self._handle: Any = None
@@ -94,7 +95,7 @@ class Forward:
         import torch
 
         self.calls += 1
-        self.rows += _rows(args, kwargs)
+        self.rows += _rows(args, kwargs, self.dim)
         self.grad_enabled += torch.is_grad_enabled()
         for name, sub in self._watched:
             if sub.training:

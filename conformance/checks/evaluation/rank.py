@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ...harness.batches import first_dim
 from ...harness.world import RankContext
 from .observers import Buffers, Collectives, Forward, Instrument, SampleIndices, UnevenGather
 from .records import BufferSlice, CollectiveSlice, EvalRank, ForwardSlice, SamplesSlice, StepSlice
@@ -62,14 +63,15 @@ def _train_step(target: Any, model: Any, rank_ctx: RankContext) -> StepSlice:
     """One step of the target's ``train_step`` after ``model.train()``, as a loop resumes
     training after evaluating. An error of DDP (the reducer's "Expected to have finished
     reduction in the prior iteration" after an eval forward with autograd on) is data."""
-    from ...harness.ddp import global_batch, shard, to_device
+    from ...harness.ddp import batch_dims, global_batch, shard, to_device
     from ...harness.target_calls import one_line
     from ...harness.targets import TargetError
 
     model.train()
     optimizer = target.make_optimizer(model)
     batch = global_batch(target, target.batch_size_for(rank_ctx.world_size, 1), seed=STEP_SEED)
-    micro = to_device(shard(batch, rank_ctx.rank, rank_ctx.world_size, 1), rank_ctx.device)
+    micro = to_device(shard(batch, rank_ctx.rank, rank_ctx.world_size, 1, dims=batch_dims(target)),
+                      rank_ctx.device)
     try:
         target.run_step(model, optimizer, micro, step=0)
     except TargetError:
@@ -95,7 +97,7 @@ def evaluate_on_rank(rank_ctx: RankContext, target_spec: str, *, train_after: bo
     # Construction broadcasts rank 0's parameters and buffers: a collective on every rank.
     ddp = wrap(model, rank_ctx.device, effective_ddp_kwargs(target), target=target)
     digest = _params_digest(ddp)
-    forward, samples, buffers = Forward(), SampleIndices(), Buffers()
+    forward, samples, buffers = Forward(dim=first_dim(target.batch_dim)), SampleIndices(), Buffers()
     collectives = Collectives(side_group=rank_ctx.side_group, world_size=rank_ctx.world_size)
     # The two that replace torch attributes come first, so they are put back first: in a
     # persistent world a patch left behind would reach the next check.

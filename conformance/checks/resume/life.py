@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ...harness.batches import first_dim
 from ...harness.world import RankContext
 from .observers import KILL_BARRIER_S, VALUES_CAP, Instrument, Journal, Listing, Loads, Samples, Saves, _clean, die
 from .records import KillPlan, Snapshot, StepRecord, journal_path, marker, values_path
@@ -170,7 +171,7 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
     scratch = Path(rank_ctx.tmpdir) / f"resume-rank{rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     journal = Journal(journal_path(record_dir, scenario, life, rank), values_path(record_dir, scenario, life, rank))
-    samples = Samples()
+    samples = Samples(dim=first_dim(target.batch_dim))
     loop = LoopContext(rank=rank, world_size=rank_ctx.world_size, device=rank_ctx.device, steps=steps,
                        tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target), target=target,
                        on_wrap=lambda model: _watched(model, samples), checkpoint_dir=Path(checkpoints),

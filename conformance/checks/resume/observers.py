@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from ...harness.batches import sample_rows
 from ...harness.patching import replaced as _replaced
 
 from .records import KillPlan, LoadRecord, SaveRecord, to_line
@@ -97,9 +98,11 @@ def die(peers: Sequence[int] = ()) -> None:
 class Samples:
     """The input rows each step trained on (a digest per row of the first tensor a training
     forward got), torch's RNG state at the step's first training forward, and whether a
-    dropout was active there. Eval forwards (no grad or eval mode) are not counted."""
+    dropout was active there. Eval forwards (no grad or eval mode) are not counted. ``dim``:
+    the batch dimension of that tensor (the target's ``batch_dim``, ``batches.first_dim``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, dim: int = 0) -> None:
+        self.dim = dim
         self.rows: list[str] = []
         self.rng: str | None = None
         self.dropout = False
@@ -124,7 +127,7 @@ class Samples:
         first = _first_tensor((args, kwargs))
         if first is None or first.dim() == 0:
             return
-        rows = first.detach().cpu().contiguous().reshape(first.shape[0], -1)
+        rows = sample_rows(first, self.dim if -first.dim() <= self.dim < first.dim() else 0)
         as_bytes = rows.view(_uint8()).numpy() if rows.numel() else None
         for i in range(rows.shape[0]):
             self.rows.append(hashlib.sha1(b"" if as_bytes is None else as_bytes[i].tobytes()).hexdigest()[:12])

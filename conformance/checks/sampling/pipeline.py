@@ -9,8 +9,9 @@ windows repeats windows), and content identity would call that a duplicate. In o
 2. ``epoch_batches`` returns a map-style ``DataLoader``: its batch sampler gives the indices it
    would load, mapped through any ``Subset`` chain to indices of the underlying dataset (so
    two ranks holding different ``random_split`` subsets are told apart) — nothing is loaded;
-3. otherwise (a generator, an ``IterableDataset``) a hash of each input row; a value that
-   occurs c times in *every* epoch is counted as c samples, not c-1 duplicates.
+3. otherwise (a generator, an ``IterableDataset``) a hash of each input sample (the rows of
+   the first batched tensor along its batch dimension: dim 0, or the target's ``batch_dim``);
+   a value that occurs c times in *every* epoch is counted as c samples, not c-1 duplicates.
 
 For a ``DataLoader``, what each rank built is recorded too (dataset length and Subset indices
 digest, the sampler's kind, the ``DistributedSampler``'s seed, epoch, shuffle and drop_last):
@@ -32,6 +33,8 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from ...harness.batches import DimsMismatch, first_dim, sample_rows, walk
 
 #: The most batches one rank's epoch may yield before it is taken for an endless stream (an
 #: IterableDataset over a live source has no epoch to cover). Far above the check's datasets
@@ -215,21 +218,32 @@ def _first_tensor(batch: Any) -> Any:
     return None
 
 
-def _content_ids(batch: Any) -> list[Any]:
-    """One content hash per sample (row) of the batch's inputs."""
-    inputs = _first_tensor(batch)
+def _first_batched(batch: Any, dims: Any) -> tuple[Any, int]:
+    """The batch's first batched tensor and its batch dimension: as the declared ``batch_dim``
+    gives it when the batch has make_batch's structure, else the first tensor and the dimension
+    the declaration gives its first batched tensor (dim 0 undeclared)."""
+    try:
+        for _, tensor, dim in walk(batch, 0 if dims is None else dims):
+            if dim is not None:
+                return tensor, dim
+    except DimsMismatch:
+        pass
+    return _first_tensor(batch), first_dim(dims)
+
+
+def _content_ids(batch: Any, dims: Any = None) -> list[Any]:
+    """One content hash per sample of the batch's inputs (``_first_batched``)."""
+    inputs, dim = _first_batched(batch, dims)
     if inputs is None:
         raise TypeError(f"epoch_batches yielded a {type(batch).__name__} without a tensor; "
-                        f"yield (inputs, targets) tensors whose dim 0 is the batch, or declare "
-                        f"sample_identity = 'index' and yield sample indices")
-    if inputs.dim() == 0:
-        inputs = inputs.reshape(1)
-    rows = inputs.detach().cpu().contiguous().reshape(inputs.shape[0], -1)
+                        f"yield (inputs, targets) tensors whose batch dimension is the batch, or "
+                        f"declare sample_identity = 'index' and yield sample indices")
+    rows = sample_rows(inputs, dim if inputs.dim() else 0)
     return [hashlib.sha1(row.numpy().tobytes()).hexdigest()[:16] for row in rows]
 
 
 def read_epoch(epoch_batches: Any, rank: int, world_size: int, epoch: int, *,
-               identity: str, budget_s: float | None = None) -> tuple[RankEpoch, str]:
+               identity: str, budget_s: float | None = None, dims: Any = None) -> tuple[RankEpoch, str]:
     """One rank's epoch: (what it yielded, how samples were identified). Raises EpochNotEnding
     past MAX_EPOCH_BATCHES batches or ``budget_s`` seconds."""
     pipeline = epoch_batches(rank, world_size, epoch)
@@ -257,7 +271,7 @@ def read_epoch(epoch_batches: Any, rank: int, world_size: int, epoch: int, *,
                 "index (from the DataLoader's sampler)")
     ids, count, loader = [], 0, None
     for batch in _bounded(pipeline, epoch, budget_s):
-        ids += _content_ids(batch)
+        ids += _content_ids(batch, dims)
         count += 1
         if count == 1:
             loader = _loader_inside(pipeline)
