@@ -54,7 +54,9 @@ def _free_port() -> int:
 
 
 def _launch(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # TMPDIR: torchrun's agent leaves its log folder (/tmp/torchelastic_*) behind; in the
+    # test's own folder it goes with the test's other files.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TMPDIR": str(log.parent)}
     env.pop("PYTEST_XDIST_WORKER", None)  # the launched suite is not an xdist worker
     return subprocess.Popen([str(TORCHRUN), *args], cwd=ROOT, env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
