@@ -44,3 +44,26 @@ def test_fused_and_foreach_adamw_match_the_reference(suite_session, tmp_path, im
     path.write_text(source)
     record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], str(path))
     assert record.status == "passed", record.message
+
+
+def test_hand_written_update_is_judged_from_grad_and_parameters(suite_session):
+    # No optimizer object: p -= lr * p.grad inside train_step. The parameters changed with no
+    # optimizer step, so the gradients left in .grad are judged, and the record says so.
+    record = run_check(suite_session, "no-sync-equivalence", "manual_sgd")
+    assert record.status == "passed", record.message
+    assert "gradients as train_step left them in .grad for its hand-written update" in record.message
+    compared = record.evidence["compared"]
+    steps = list(range(compared["steps"]))
+    assert compared["hand_written_update_steps"] == {"ranks": [steps, steps], "reference": steps}
+    assert compared["optimizer_steps_per_step"] == [[1] * len(steps)] * 2
+
+
+@pytest.mark.parametrize(("check", "target", "factor", "named"), [
+    ("gradient-equivalence", "manual_sgd_times_world", 2.0, "multiplied by the world size"),
+    ("no-sync-equivalence", "manual_sgd_k_not_divided", 4.0, "not divided by the K=4 accumulation steps"),
+])
+def test_hand_written_update_bugs_are_caught_with_their_cause(suite_session, check, target, factor, named):
+    record = run_check(suite_session, check, target)
+    assert record.status == "failed", record.message
+    assert record.metrics["gradient_factor"] == pytest.approx(factor, rel=1e-3)
+    assert named in record.message and "as train_step left it in .grad" in record.message

@@ -78,6 +78,12 @@ def scaler_skips_differ(eq: Equivalence) -> str | None:
 
 def empty_reason(eq: Equivalence) -> str | None:
     """Why nothing could be compared, or None."""
+    if eq.by_hand and not eq.nonzero_gradients:
+        return ("train_step updated the parameters by hand (no optimizer step) and left no "
+                "non-zero gradient in .grad when it returned, so the gradients its update used "
+                "cannot be judged: zero the gradients at the start of train_step rather than "
+                "after the update, or update through an object with step() returned by "
+                "build_optimizer (the suite observes its step)")
     if eq.grad_diffs and not eq.nonzero_gradients:
         # 0 == 0 proves nothing: a loss multiplied by 0 matches any reference "exactly".
         return (f"every gradient optimizer.step() consumed is exactly zero, under DDP and in "
@@ -93,7 +99,8 @@ def empty_reason(eq: Equivalence) -> str | None:
                 "gradients at its loss scale); for the check, start it from a lower init_scale")
     if not any(steps):
         return ("no gradient reached the optimizer: train_step never called optimizer.step() "
-                "(an optimizer step pre-hook saw no call)")
+                "(an optimizer step pre-hook saw no call) and left the parameters unchanged "
+                "(no hand-written update either)")
     return (f"no gradient reached the optimizer: at optimizer.step() none of the "
             f"{len(eq.no_gradient)} parameters had a gradient, under DDP or in the "
             f"single-process reference")

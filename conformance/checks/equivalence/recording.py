@@ -263,7 +263,11 @@ class Gradients:
     found: dict[str, Any] = field(default_factory=dict)  # "grads", "grads_digest" at the first step
     bad: str | None = None  # the first non-finite gradient at this step's optimizer.step()
     out: GradientSlice = field(default_factory=lambda: GradientSlice(
-        optimizer_steps=[], params=[], digests=[], nonfinite=None))
+        optimizer_steps=[], params=[], digests=[], nonfinite=None, manual_update=[]))
+    #: The parameters' digests when this step began, taken until an optimizer step is seen: a
+    #: train_step that changes them with no optimizer step updates them by hand (``_by_hand``).
+    before: list[tuple[str, str | None]] | None = None
+    stepped: bool = False  # some optimizer.step() ran in an earlier step
 
     def attach(self, stack: contextlib.ExitStack) -> None:
         self.recorder = StepRecorder.attach(self.inner, self.optimizer, observe=self._at_step)
@@ -293,11 +297,16 @@ class Gradients:
         self.bad = None
         if "grads0" not in self.out:
             self.found.clear()
+        self.before = None if self.stepped else named_digests(
+            (name, p.detach()) for name, p in self.inner.named_parameters())
 
     def end(self, step: int) -> None:
         assert self.recorder is not None
-        self.out["optimizer_steps"].append(self.recorder.steps)
         live = [(name, p.detach()) for name, p in self.inner.named_parameters()]
+        self.stepped = self.stepped or self.recorder.steps > 0
+        by_hand = self._by_hand(live)
+        # A hand-written update counts as this step's one optimizer step (``manual_update``).
+        self.out["optimizer_steps"].append(self.recorder.steps or int(by_hand))
         if self.out["nonfinite"] is None:
             # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
             # the loss computed on them, or from the backward.
@@ -315,6 +324,19 @@ class Gradients:
         elif self.to.record and self.to.sees:
             self.out["params"].append(compare_snapshot(live, self.to.folder, f"{PARAMS}{step}",
                                                        self.to.device, grad=False))
+
+    def _by_hand(self, live: list[tuple[str, Any]]) -> bool:
+        """train_step changed the parameters while no optimizer step ran (``p -= lr * p.grad``
+        under no_grad, as tutorials write it): the update happened by hand, so what train_step
+        left in ``.grad`` is judged as the gradients that update consumed (recorded in
+        ``manual_update``). A step a GradScaler skipped leaves the parameters as they were."""
+        assert self.recorder is not None
+        if self.recorder.steps or self.before is None or named_digests(live) == self.before:
+            return False
+        self._at_step([(name, None if p.grad is None else p.grad.detach())
+                       for name, p in self.inner.named_parameters()])
+        self.out["manual_update"].append(self.step)
+        return True
 
     def _first_step(self, step: int) -> None:
         # The first step whose optimizer.step() ran (a GradScaler skips steps with inf
