@@ -67,3 +67,11 @@ def test_hand_written_update_bugs_are_caught_with_their_cause(suite_session, che
     assert record.status == "failed", record.message
     assert record.metrics["gradient_factor"] == pytest.approx(factor, rel=1e-3)
     assert named in record.message and "as train_step left it in .grad" in record.message
+
+
+def test_hand_written_update_per_microbatch_is_no_accumulation(suite_session):
+    # K updates by hand in one train_step (counted between forwards): skipped as no
+    # accumulation, never judged against one large-batch step.
+    record = run_check(suite_session, "no-sync-equivalence", "manual_sgd_per_microbatch")
+    assert record.status == "skipped", record.message
+    assert "4 forward(s) and 4 optimizer step(s) per call" in record.message

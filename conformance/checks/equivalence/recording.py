@@ -264,15 +264,38 @@ class Gradients:
     bad: str | None = None  # the first non-finite gradient at this step's optimizer.step()
     out: GradientSlice = field(default_factory=lambda: GradientSlice(
         optimizer_steps=[], params=[], digests=[], nonfinite=None, manual_update=[]))
-    #: The parameters' digests when this step began, taken until an optimizer step is seen: a
-    #: train_step that changes them with no optimizer step updates them by hand (``_by_hand``).
-    before: list[tuple[str, str | None]] | None = None
+    #: The parameters' fingerprint (``_fingerprint``) at this step's start and at each forward
+    #: since, taken until an optimizer step is seen: a train_step that changes them with no
+    #: optimizer step updates them by hand (``_by_hand``), ``hand_updates`` times so far.
+    last: list[float] | None = None
+    hand_updates: int = 0
     stepped: bool = False  # some optimizer.step() ran in an earlier step
 
     def attach(self, stack: contextlib.ExitStack) -> None:
         self.recorder = StepRecorder.attach(self.inner, self.optimizer, observe=self._at_step)
         stack.callback(self.recorder.close)
         stack.callback(output_site(self.ddp, self.inner).register_forward_hook(self._watch_output).remove)
+        stack.callback(self.inner.register_forward_pre_hook(self._at_forward).remove)
+
+    def _fingerprint(self) -> list[float] | None:
+        """Each parameter's float64 sum: changed by any update that changes a parameter (a
+        sum left bit-identical by a real update is not met in practice), one pass, no copy.
+        None once an optimizer step has been seen: then nothing is updated by hand."""
+        import torch
+
+        assert self.recorder is not None
+        if self.stepped or self.recorder.steps:
+            return None
+        with torch.no_grad():
+            return [float(p.detach().sum(dtype=torch.float64)) for p in self.inner.parameters()]
+
+    def _at_forward(self, module: Any, args: Any) -> None:
+        # An update by hand between two forwards of one train_step (one per microbatch):
+        # counted, so such a step is not mistaken for one that accumulates.
+        now = self._fingerprint()
+        if now is not None and self.last is not None and now != self.last:
+            self.hand_updates += 1
+        self.last = now
 
     def _watch_output(self, module: Any, args: Any, output: Any) -> None:
         if self.out["nonfinite"] is None and _nonfinite_output(output):
@@ -297,16 +320,15 @@ class Gradients:
         self.bad = None
         if "grads0" not in self.out:
             self.found.clear()
-        self.before = None if self.stepped else named_digests(
-            (name, p.detach()) for name, p in self.inner.named_parameters())
+        self.last, self.hand_updates = self._fingerprint(), 0
 
     def end(self, step: int) -> None:
         assert self.recorder is not None
         live = [(name, p.detach()) for name, p in self.inner.named_parameters()]
         self.stepped = self.stepped or self.recorder.steps > 0
-        by_hand = self._by_hand(live)
-        # A hand-written update counts as this step's one optimizer step (``manual_update``).
-        self.out["optimizer_steps"].append(self.recorder.steps or int(by_hand))
+        by_hand = self._by_hand()
+        # Hand-written updates count as this step's optimizer steps (``manual_update``).
+        self.out["optimizer_steps"].append(self.recorder.steps or self.hand_updates)
         if self.out["nonfinite"] is None:
             # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
             # the loss computed on them, or from the backward.
@@ -325,13 +347,16 @@ class Gradients:
             self.out["params"].append(compare_snapshot(live, self.to.folder, f"{PARAMS}{step}",
                                                        self.to.device, grad=False))
 
-    def _by_hand(self, live: list[tuple[str, Any]]) -> bool:
+    def _by_hand(self) -> bool:
         """train_step changed the parameters while no optimizer step ran (``p -= lr * p.grad``
         under no_grad, as tutorials write it): the update happened by hand, so what train_step
         left in ``.grad`` is judged as the gradients that update consumed (recorded in
         ``manual_update``). A step a GradScaler skipped leaves the parameters as they were."""
         assert self.recorder is not None
-        if self.recorder.steps or self.before is None or named_digests(live) == self.before:
+        now = self._fingerprint()
+        if now is not None and self.last is not None and now != self.last:
+            self.hand_updates += 1
+        if not self.hand_updates:
             return False
         self._at_step([(name, None if p.grad is None else p.grad.detach())
                        for name, p in self.inner.named_parameters()])
