@@ -51,7 +51,7 @@ def test_hand_written_update_is_judged_from_grad_and_parameters(suite_session):
     # optimizer step, so the gradients left in .grad are judged, and the record says so.
     record = run_check(suite_session, "no-sync-equivalence", "manual_sgd")
     assert record.status == "passed", record.message
-    assert "gradients as train_step left them in .grad for its hand-written update" in record.message
+    assert "gradients in .grad as its hand-written update read them" in record.message
     compared = record.evidence["compared"]
     steps = list(range(compared["steps"]))
     assert compared["hand_written_update_steps"] == {"ranks": [steps, steps], "reference": steps}
@@ -66,7 +66,7 @@ def test_hand_written_update_bugs_are_caught_with_their_cause(suite_session, che
     record = run_check(suite_session, check, target)
     assert record.status == "failed", record.message
     assert record.metrics["gradient_factor"] == pytest.approx(factor, rel=1e-3)
-    assert named in record.message and "as train_step left it in .grad" in record.message
+    assert named in record.message and "in .grad as the hand-written update read it" in record.message
 
 
 def test_hand_written_update_per_microbatch_is_no_accumulation(suite_session):
@@ -75,3 +75,22 @@ def test_hand_written_update_per_microbatch_is_no_accumulation(suite_session):
     record = run_check(suite_session, "no-sync-equivalence", "manual_sgd_per_microbatch")
     assert record.status == "skipped", record.message
     assert "4 forward(s) and 4 optimizer step(s) per call" in record.message
+
+
+def test_hand_written_update_zeroed_after_is_read_at_zero_grad(suite_session):
+    # The nn tutorial's loop: p -= p.grad * lr; model.zero_grad() after it. Nothing is left in
+    # .grad at the end; the gradients are read where zero_grad is about to wipe them.
+    record = run_check(suite_session, "gradient-equivalence", "manual_sgd_zeroed_after")
+    assert record.status == "passed", record.message
+    assert "6 gradients in .grad as its hand-written update read them" in record.message
+
+
+def test_hand_written_update_that_wipes_its_gradients_says_what_to_do(suite_session, tmp_path):
+    source = (TARGETS / "manual_sgd_zeroed_after.py").read_text()
+    wiped = tmp_path / "manual_sgd_grad_none.py"
+    wiped.write_text(source.replace("            model.zero_grad()\n",
+                                    "            for p in model.parameters():\n                p.grad = None\n"))
+    record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], str(wiped))
+    assert record.status == "skipped", record.message
+    assert record.message.startswith("train_step updated the parameters by hand (no optimizer step)")
+    assert "zero them with model.zero_grad()" in record.message

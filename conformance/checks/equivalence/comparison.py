@@ -141,8 +141,9 @@ class Equivalence:
     def consumed(self) -> str:
         """How the judged gradients were taken, for messages."""
         if self.by_hand:
-            return ("gradients as train_step left them in .grad for its hand-written update (no "
-                    "optimizer step: the parameters changed inside train_step)")
+            return ("gradients in .grad as its hand-written update read them (no optimizer step: the "
+                    "parameters changed inside train_step; read at a model.zero_grad() after the update, "
+                    "else when train_step returned)")
         return "gradients as optimizer.step() consumed them"
 
     @property

@@ -188,7 +188,7 @@ def mismatch_message(eq: Equivalence) -> str:
                      f"{eq.factor:.3g} (within the tolerance only because the gradients are "
                      f"{fmt(wg.ref_max if wg else 0.0)} in size)")
     if wg is not None and not wg.ok:
-        how = ("as train_step left it in .grad for its hand-written update" if eq.by_hand
+        how = ("in .grad as the hand-written update read it" if eq.by_hand
                else "as optimizer.step() consumed it")
         parts.append(f"first-step gradient of {wg.name!r} ({how}) "
                      f"differs from the single-process reference by {fmt(wg.max_abs)} (rel {fmt(wg.max_rel)}) on "

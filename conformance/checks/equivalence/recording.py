@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ...harness.batches import take_rows
+from ...harness.patching import replaced
 from ...harness.ddp import (
     MODEL_SEED,
     build_model,
@@ -272,10 +273,13 @@ class Gradients:
     stepped: bool = False  # some optimizer.step() ran in an earlier step
 
     def attach(self, stack: contextlib.ExitStack) -> None:
+        import torch
+
         self.recorder = StepRecorder.attach(self.inner, self.optimizer, observe=self._at_step)
         stack.callback(self.recorder.close)
         stack.callback(output_site(self.ddp, self.inner).register_forward_hook(self._watch_output).remove)
         stack.callback(self.inner.register_forward_pre_hook(self._at_forward).remove)
+        stack.enter_context(replaced(torch.nn.Module, "zero_grad", self._zeroing))
 
     def _fingerprint(self) -> list[float] | None:
         """Each parameter's float64 sum: changed by any update that changes a parameter (a
@@ -288,6 +292,25 @@ class Gradients:
             return None
         with torch.no_grad():
             return [float(p.detach().sum(dtype=torch.float64)) for p in self.inner.parameters()]
+
+    def _zeroing(self, original: Any) -> Any:
+        """``Module.zero_grad`` observed: called on the model after its parameters changed by
+        hand (``p -= lr * p.grad; model.zero_grad()``, as the PyTorch nn tutorial writes it),
+        the gradients it is about to wipe are the ones that update consumed: judged here, as an
+        optimizer step pre-hook would."""
+        gradients = self
+
+        def zero_grad(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if module is gradients.ddp or module is gradients.inner:
+                now = gradients._fingerprint()
+                if now is not None and gradients.last is not None and now != gradients.last:
+                    gradients.hand_updates += 1
+                    gradients.last = now
+                    gradients._at_step([(name, None if p.grad is None else p.grad.detach())
+                                        for name, p in gradients.inner.named_parameters()])
+            return original(module, *args, **kwargs)
+
+        return zero_grad
 
     def _at_forward(self, module: Any, args: Any) -> None:
         # An update by hand between two forwards of one train_step (one per microbatch):
@@ -358,6 +381,7 @@ class Gradients:
             self.hand_updates += 1
         if not self.hand_updates:
             return False
+        # The gradients left in .grad (unless a zero_grad after the update read them already).
         self._at_step([(name, None if p.grad is None else p.grad.detach())
                        for name, p in self.inner.named_parameters()])
         self.out["manual_update"].append(self.step)
