@@ -77,6 +77,7 @@ class Recorder:
         self.step_depth = 0  # optimizer steps in progress: >1 inside a wrapping optimizer's step
         self.counts = Counts()  # forwards and torch.distributed collectives so far (loop_calls)
         self.forwards = 0  # "forward" checkpoints taken
+        self.last_forward: dict[str, str] | None = None  # the parameters at the last one
 
     def _params(self) -> dict[str, str]:
         from ..harness.ddp import tensor_digest
@@ -99,10 +100,10 @@ class Recorder:
         return [{"scale": float(s.get_scale()), "growth_tracker": int(s._get_growth_tracker())}
                 for s in self.scalers if s.is_enabled()]
 
-    def record(self, kind: str, *, skipped: bool | None = None) -> None:
+    def record(self, kind: str, *, skipped: bool | None = None, params: dict[str, str] | None = None) -> None:
         index = self.in_block if kind == "step" else self.forwards if kind == "forward" else None
-        point = {"kind": kind, "block": self.block, "index": index,
-                 "rank_step": self.rank_step, "params": self._params(), "scalers": self._scaler_states(),
+        point = {"kind": kind, "block": self.block, "index": index, "rank_step": self.rank_step,
+                 "params": self._params() if params is None else params, "scalers": self._scaler_states(),
                  "skipped": skipped, "calls": dict(self.counts)}
         self.points.append(point)
         if kind == "step":
@@ -113,10 +114,17 @@ class Recorder:
 
     def training_forward(self) -> None:
         """A training forward of a wrapped model starts: a checkpoint while no optimizer step
-        has been seen (the judge compares these only in a loop that never steps an optimizer:
-        a hand-written update, ``p -= lr * p.grad``, leaves nothing else to compare at)."""
-        if not self.optimizers and not self.scalers and not self.step_depth:
-            self.record("forward")
+        has been seen, if the parameters changed since the last one (the judge compares these
+        only in a loop that never steps an optimizer: a hand-written update, ``p -= lr *
+        p.grad``, leaves nothing else to compare at). Checkpoint i is then "after i updates"
+        on every rank, whatever forwards a rank ran in between (accumulation, a rank's extra
+        forward for its logs)."""
+        if self.optimizers or self.scalers or self.step_depth:
+            return
+        params = self._params()
+        if self.last_forward != params:
+            self.last_forward = params
+            self.record("forward", params=params)
 
     def _new_block(self) -> None:
         self.block += 1
@@ -355,9 +363,9 @@ def _block_label(block: int, has_join: bool) -> str:
 def _label(point: dict[str, Any], has_join: bool) -> str:
     where = _block_label(point["block"], has_join)
     if point["kind"] in STEPS:
-        what = "optimizer step" if point["kind"] == "step" else "the start of training forward"
-        return f"{what} {point['index']}" + (f" of {where}" if where.startswith("Join")
-                                             else f" ({where})" if where else "")
+        what = (f"optimizer step {point['index']}" if point["kind"] == "step" else
+                f"the first training forward after {point['index']} hand-written update(s)")
+        return what + (f" of {where}" if where.startswith("Join") else f" ({where})" if where else "")
     if point["kind"] == "join-exit":
         return f"the exit of {where} (after its re-sync)"
     return "the end of run_loop"

@@ -31,10 +31,10 @@ optimizer step and at each ``Join``'s exit (``midrun``). ``Join`` re-syncs the m
 last rank to finish when it exits, so drift *during* a loop over uneven inputs — the classic one:
 loss scales updated only on the ranks still training in Join's tail — is invisible at the end;
 the first step where ranks differ is named, with the scales per rank and whether the end agreed.
-A loop that never steps an optimizer (a hand-written update) is compared at the start of every
-training forward instead. Where ranks differ (or the loop did not complete), what some ranks did
-that the others did not is named from counts taken on every rank (``loop_calls``): forwards
-outside training (an evaluation on rank 0 only) and ``torch.distributed`` collectives.
+A loop that never steps an optimizer (a hand-written update) is compared at the first training
+forward after each update instead. Where ranks differ (or the loop did not complete), what some
+ranks did that the others did not is named from counts taken on every rank (``loop_calls``):
+forwards outside training (an evaluation on rank 0 only) and ``torch.distributed`` collectives.
 
 Evidence: ``structure`` (per rank: counts and the first differing entry), ``nonfinite``, ``first_divergence``
 (tensor name, kind, rank, step, |Δsum|), ``tensors_compared``, ``checkpoints``; with a run_loop,
@@ -300,8 +300,8 @@ def _with_midrun(ctx: CheckContext, message: str, metrics: dict[str, Any],
                               evidence=evidence)
     steps = ", ".join(f"rank {r} {n}" for r, n in sorted(found.steps_per_rank.items()))
     joins = f" in {found.join_blocks} Join block(s)" if found.join_blocks else ""
-    at = ("the start of every training forward: no optimizer step observed, the loop updates the "
-          "parameters itself" if found.by_forward else "every optimizer step")
+    at = ("the first training forward after every update: no optimizer step observed, the loop "
+          "updates the parameters itself" if found.by_forward else "every optimizer step")
     return Outcome.passed(
         f"{message}; run_loop: parameters{' and GradScaler state' if found.scaled else ''} bit-identical "
         f"across ranks at "

@@ -67,7 +67,8 @@ def test_rank0_only_evaluation_that_anneals_the_lr_is_named(suite_session):
     record = run_check(suite_session, "rank-consistency", "eval_on_rank0_anneals")
     assert record.status == "failed", record.message
     assert record.message == (
-        "mid-run drift across ranks in run_loop: at the start of training forward 3 parameter '0.weight' "
+        "mid-run drift across ranks in run_loop: at the first training forward after 3 hand-written update(s) "
+        "parameter '0.weight' "
         "differs between rank 0 and rank 1; before that checkpoint rank 0 ran 9 forward passes outside "
         "training (no_grad or eval mode: an evaluation) that rank 1 did not")
     assert record.recommendation.startswith("an evaluation on some ranks only may log, never change what trains")
@@ -78,6 +79,6 @@ def test_rank0_only_evaluation_that_changes_nothing_is_no_false_alarm(suite_sess
     # Rank 0 runs 12 forwards outside training that rank 1 does not, and nothing parts: pass.
     record = run_check(suite_session, "rank-consistency", "eval_on_rank0_logged")
     assert record.status == "passed", record.message
-    assert "at 5 checkpoints (the start of every training forward: no optimizer step observed" in record.message
+    assert "at 5 checkpoints (the first training forward after every update: no optimizer step" in record.message
     assert record.evidence["midrun"]["calls"] == {"0": {"forward outside training": 12, "training forward": 4},
                                                   "1": {"training forward": 4}}

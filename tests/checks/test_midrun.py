@@ -143,7 +143,8 @@ def calls_run(calls1: dict[str, int], *, w1: str = "b1", error: str | None = Non
 
 def test_forwards_outside_training_and_collectives_on_some_ranks_are_named() -> None:
     found = judge(calls_run({}, w1="b1-drifted"))
-    assert found.by_forward and found.first is not None and found.first.label == "the start of training forward 1"
+    assert found.by_forward and found.first is not None and found.first.label == (
+        "the first training forward after 1 hand-written update(s)")
     message, rec = describe(found)
     assert message.endswith(
         "before that checkpoint rank 0 ran 3 forward passes outside training (no_grad or eval mode: an "
@@ -179,3 +180,20 @@ def test_a_rank_further_along_is_not_a_collective_on_some_ranks_only() -> None:
     assert message.endswith("before that checkpoint the ranks ran different numbers of training forwards "
                             "(rank 0 2, rank 1 3), so what else each did is not compared")
     assert "all_reduce" not in message and rec.startswith("every backward that ends")
+
+
+def test_forward_checkpoints_are_taken_once_per_update() -> None:
+    # A rank's extra training forward with no update in between (accumulation, a forward for
+    # its logs) takes no checkpoint: checkpoint i is "after i updates" on every rank.
+    import torch
+
+    from conformance.checks.midrun import Recorder
+
+    model = torch.nn.Linear(2, 1)
+    recorder = Recorder([model])
+    recorder.training_forward()
+    recorder.training_forward()  # the same parameters: no new checkpoint
+    with torch.no_grad():
+        model.weight -= 0.1
+    recorder.training_forward()
+    assert [p["index"] for p in recorder.points] == [0, 1]
