@@ -100,11 +100,16 @@ class Recorder:
         return [{"scale": float(s.get_scale()), "growth_tracker": int(s._get_growth_tracker())}
                 for s in self.scalers if s.is_enabled()]
 
+    def _learning_rates(self) -> list[float]:
+        """Every param group's ``lr`` of the optimizers seen, in order (a float or a tensor)."""
+        return [float(group["lr"]) for opt in self.optimizers for group in getattr(opt, "param_groups", None) or []
+                if isinstance(group, dict) and "lr" in group]
+
     def record(self, kind: str, *, skipped: bool | None = None, params: dict[str, str] | None = None) -> None:
         index = self.in_block if kind == "step" else self.forwards if kind == "forward" else None
         point = {"kind": kind, "block": self.block, "index": index, "rank_step": self.rank_step,
                  "params": self._params() if params is None else params, "scalers": self._scaler_states(),
-                 "skipped": skipped, "calls": dict(self.counts)}
+                 "skipped": skipped, "calls": dict(self.counts), "lrs": self._learning_rates()}
         self.points.append(point)
         if kind == "step":
             self.in_block += 1
@@ -306,9 +311,11 @@ class Difference:
     rank_steps: dict[int, int]
     #: Per rank, what it had done by this checkpoint besides training (``loop_calls``).
     calls: dict[int, dict[str, int]] = field(default_factory=dict)
+    #: Per rank, its optimizers' learning rates here, when they differ across ranks.
+    lrs: dict[int, list[float]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"when": self.label, "kind": self.kind, "rank": self.rank,
+        return {"when": self.label, "kind": self.kind, "rank": self.rank, "learning_rates": _keyed(self.lrs),
                 "reference_rank": self.reference_rank, "parameter": self.parameter,
                 "scales": _keyed(self.scales), "growth_trackers": _keyed(self.growth_trackers),
                 "skipped": _keyed(self.skipped), "rank_steps": _keyed(self.rank_steps),
@@ -393,8 +400,13 @@ def _compare(points: dict[int, dict[str, Any]], has_join: bool) -> Difference | 
                    if any(p["skipped"] is not None for p in points.values()) else None)
         return Difference(_label(ref, has_join), ref["kind"], rank, ref_rank, parameter, scales, trackers,
                           skipped, {r: p["rank_step"] for r, p in points.items()},
-                          {r: p.get("calls") or {} for r, p in points.items()})
+                          {r: p.get("calls") or {} for r, p in points.items()}, _lrs_if_differ(points))
     return None
+
+
+def _lrs_if_differ(points: dict[int, dict[str, Any]]) -> dict[int, list[float]] | None:
+    lrs = {r: list(p.get("lrs") or []) for r, p in points.items()}
+    return lrs if len({tuple(v) for v in lrs.values()}) > 1 else None
 
 
 def _aligned(per_rank: dict[int, list[dict[str, Any]]]) -> Iterator[dict[int, dict[str, Any]]]:
@@ -517,10 +529,17 @@ def describe(found: MidRun) -> tuple[str, str]:
     measured = [] if found.join_blocks else uneven(shown.calls)
     if measured:
         parts.append("before that checkpoint " + "; ".join(measured))
+    if shown.lrs:
+        parts.append("the learning rates differ there: " + ", ".join(
+            f"rank {r} {'/'.join(f'{lr:g}' for lr in v)}" for r, v in sorted(shown.lrs.items())))
     message = "mid-run drift across ranks in run_loop: " + "; ".join(parts)
     scaler_cause = d.parameter is None or (shown.scales is not None and len(set(shown.scales.values())) > 1)
     if measured and not scaler_cause and calls_advice(shown.calls):
         rec = str(calls_advice(shown.calls))
+    elif shown.lrs and not scaler_cause:
+        rec = ("the learning rate changed on some ranks only (a scheduler stepped on a metric each rank "
+               "computed from its own data, or on rank 0's evaluation alone): decide it from a value that is "
+               "the same on every rank (all_reduce the metric first), or broadcast rank 0's decision")
     elif scaler_cause:
         rec = ("Keep the GradScaler state identical on every rank: with Join over uneven inputs only the "
                "ranks still training in Join's tail update their loss scale; after each Join load on every "

@@ -82,3 +82,13 @@ def test_rank0_only_evaluation_that_changes_nothing_is_no_false_alarm(suite_sess
     assert "at 5 checkpoints (the first training forward after every update: no optimizer step" in record.message
     assert record.evidence["midrun"]["calls"] == {"0": {"forward outside training": 12, "training forward": 4},
                                                   "1": {"training forward": 4}}
+
+
+def test_learning_rates_that_differ_per_rank_are_named(suite_session):
+    # Every rank evaluates on its own shard and anneals on its own loss: same forwards, same
+    # collectives; the optimizers' learning rates at the first differing step are the cause.
+    record = run_check(suite_session, "rank-consistency", "lr_from_local_metric")
+    assert record.status == "failed", record.message
+    assert record.message.endswith("at optimizer step 2 parameter '0.weight' differs between rank 0 and rank 1; "
+                                   "the learning rates differ there: rank 0 0.125, rank 1 0.5")
+    assert record.recommendation.startswith("the learning rate changed on some ranks only")
