@@ -14,7 +14,8 @@ while the loop runs, and cheap to count:
   rank 0 alone).
 
 Rank side: :class:`Counts` (what the recorder puts in every checkpoint, cumulative) filled by
-:func:`counting_collectives` and :func:`watch_forwards`. Supervisor side: :func:`uneven` says
+:func:`counting_collectives` and :func:`watch_forwards` (forwards traced into a compiled graph
+are not counted: the hook stays out of the user's graph). Supervisor side: :func:`uneven` says
 which counts differ across ranks at a checkpoint, and :func:`advice` what to do about it. The
 judge names these only where the ranks' parameters differ: counts that differ by design (rank 0
 logging an evaluation that changes nothing) are no finding on their own.
@@ -77,6 +78,8 @@ def watch_forwards(model: Any, counts: Counts, on_training: Callable[[], None]) 
     inner = getattr(model, "module", model)
 
     def pre(module: Any, args: Any) -> None:
+        if torch.compiler.is_compiling():
+            return  # traced into a compiled forward, it would be a graph break of the suite's own
         training = torch.is_grad_enabled() and module.training
         counts.add(TRAINING if training else OUTSIDE)
         if training:

@@ -314,7 +314,13 @@ class Gradients:
 
     def _at_forward(self, module: Any, args: Any) -> None:
         # An update by hand between two forwards of one train_step (one per microbatch):
-        # counted, so such a step is not mistaken for one that accumulates.
+        # counted, so such a step is not mistaken for one that accumulates. Not inside a
+        # compiled forward: traced, the hook would be a graph break of the suite's own (a
+        # compiled step's updates are counted at zero_grad and at its end only).
+        import torch
+
+        if torch.compiler.is_compiling():
+            return
         now = self._fingerprint()
         if now is not None and self.last is not None and now != self.last:
             self.hand_updates += 1
