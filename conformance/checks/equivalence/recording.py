@@ -268,7 +268,7 @@ class Gradients:
     #: The parameters' fingerprint (``_fingerprint``) at this step's start and at each forward
     #: since, taken until an optimizer step is seen: a train_step that changes them with no
     #: optimizer step updates them by hand (``_by_hand``), ``hand_updates`` times so far.
-    last: list[float] | None = None
+    last: list[str] | None = None
     hand_updates: int = 0
     stepped: bool = False  # some optimizer.step() ran in an earlier step
 
@@ -281,17 +281,18 @@ class Gradients:
         stack.callback(self.inner.register_forward_pre_hook(self._at_forward).remove)
         stack.enter_context(replaced(torch.nn.Module, "zero_grad", self._zeroing))
 
-    def _fingerprint(self) -> list[float] | None:
-        """Each parameter's float64 sum: changed by any update that changes a parameter (a
-        sum left bit-identical by a real update is not met in practice), one pass, no copy.
-        None once an optimizer step has been seen: then nothing is updated by hand."""
+    def _fingerprint(self) -> list[str] | None:
+        """Each parameter's float64 sum, exactly (``float.hex``: a NaN equals itself): changed
+        by any update that changes a parameter (a sum left bit-identical by a real update is not
+        met in practice), one pass, no copy. None once an optimizer step has been seen: then
+        nothing is updated by hand."""
         import torch
 
         assert self.recorder is not None
         if self.stepped or self.recorder.steps:
             return None
         with torch.no_grad():
-            return [float(p.detach().sum(dtype=torch.float64)) for p in self.inner.parameters()]
+            return [float(p.detach().sum(dtype=torch.float64)).hex() for p in self.inner.parameters()]
 
     def _zeroing(self, original: Any) -> Any:
         """``Module.zero_grad`` observed: called on the model after its parameters changed by
