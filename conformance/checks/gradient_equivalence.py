@@ -62,6 +62,6 @@ def run(ctx: CheckContext) -> Outcome:
     return Outcome.passed(
         f"{ctx.world_size}-rank DDP matches the single-process step on batch "
         f"{eq.plan.global_batch} over {STEPS} steps: {len(eq.grad_diffs)} "
-        f"gradients as optimizer.step() consumed them ({figure})"
+        f"{eq.consumed} ({figure})"
         + (f"; no gradient on {len(eq.no_gradient)} parameter(s) in either run" if eq.no_gradient else ""),
         metrics={**equivalence.metrics(eq), "key_figure": figure}, evidence=equivalence.evidence(eq))

@@ -40,9 +40,14 @@ from typing import Any
 
 from ..harness.patching import replaced as _replaced
 from ..harness.world import RankContext
+from .loop_calls import Counts, counting_collectives, uneven, watch_forwards
+from .loop_calls import advice as calls_advice
 
 #: What a loop that never creates a checkpoint is told (nothing mid-run was compared).
 NO_STEPS = "run_loop took no optimizer step"
+#: The kinds of checkpoint compared step by step: optimizer steps, or (in a loop that never
+#: steps an optimizer) the starts of its training forwards.
+STEPS = ("step", "forward")
 
 
 # -- rank side --------------------------------------------------------------------------------
@@ -70,6 +75,9 @@ class Recorder:
         self.scaler_depth = 0
         self.scaler_stepped = False
         self.step_depth = 0  # optimizer steps in progress: >1 inside a wrapping optimizer's step
+        self.counts = Counts()  # forwards and torch.distributed collectives so far (loop_calls)
+        self.forwards = 0  # "forward" checkpoints taken
+        self.last_forward: dict[str, str] | None = None  # the parameters at the last one
 
     def _params(self) -> dict[str, str]:
         from ..harness.ddp import tensor_digest
@@ -92,14 +100,36 @@ class Recorder:
         return [{"scale": float(s.get_scale()), "growth_tracker": int(s._get_growth_tracker())}
                 for s in self.scalers if s.is_enabled()]
 
-    def record(self, kind: str, *, skipped: bool | None = None) -> None:
-        point = {"kind": kind, "block": self.block, "index": self.in_block if kind == "step" else None,
-                 "rank_step": self.rank_step, "params": self._params(), "scalers": self._scaler_states(),
-                 "skipped": skipped}
+    def _learning_rates(self) -> list[float]:
+        """Every param group's ``lr`` of the optimizers seen, in order (a float or a tensor)."""
+        return [float(group["lr"]) for opt in self.optimizers for group in getattr(opt, "param_groups", None) or []
+                if isinstance(group, dict) and "lr" in group]
+
+    def record(self, kind: str, *, skipped: bool | None = None, params: dict[str, str] | None = None) -> None:
+        index = self.in_block if kind == "step" else self.forwards if kind == "forward" else None
+        point = {"kind": kind, "block": self.block, "index": index, "rank_step": self.rank_step,
+                 "params": self._params() if params is None else params, "scalers": self._scaler_states(),
+                 "skipped": skipped, "calls": dict(self.counts), "lrs": self._learning_rates()}
         self.points.append(point)
         if kind == "step":
             self.in_block += 1
             self.rank_step += 1
+        elif kind == "forward":
+            self.forwards += 1
+
+    def training_forward(self) -> None:
+        """A training forward of a wrapped model starts: a checkpoint while no optimizer step
+        has been seen, if the parameters changed since the last one (the judge compares these
+        only in a loop that never steps an optimizer: a hand-written update, ``p -= lr *
+        p.grad``, leaves nothing else to compare at). Checkpoint i is then "after i updates"
+        on every rank, whatever forwards a rank ran in between (accumulation, a rank's extra
+        forward for its logs)."""
+        if self.optimizers or self.scalers or self.step_depth:
+            return
+        params = self._params()
+        if self.last_forward != params:
+            self.last_forward = params
+            self.record("forward", params=params)
 
     def _new_block(self) -> None:
         self.block += 1
@@ -247,9 +277,13 @@ def watch_loop(rank_ctx: RankContext, target_spec: str, steps: int) -> dict[str,
     if target.run_loop is None:
         raise ValueError(f"target {target.name!r} defines no run_loop: there is no loop to watch")
     recorder = Recorder(loop.models)
+    # Every model the loop wraps: its forwards counted (training or not), and a checkpoint at
+    # each training forward's start while no optimizer step has been seen.
+    loop.on_wrap = lambda model: watch_forwards(model, recorder.counts, recorder.training_forward)
     error = None
     try:
-        with watching(recorder), _hookless_optimizers(target.module, recorder):
+        with watching(recorder), _hookless_optimizers(target.module, recorder), \
+                counting_collectives(recorder.counts):
             call_target(target, "run_loop", target.run_loop, loop)
     except TargetError:
         raise
@@ -257,7 +291,7 @@ def watch_loop(rank_ctx: RankContext, target_spec: str, steps: int) -> dict[str,
         error = one_line(exc)[:400]
     else:
         recorder.record("end")
-    return {"points": recorder.points, "error": error}
+    return {"points": recorder.points, "error": error, "calls": dict(recorder.counts)}
 
 
 # -- supervisor side --------------------------------------------------------------------------
@@ -275,12 +309,17 @@ class Difference:
     growth_trackers: dict[int, int] | None
     skipped: dict[int, bool] | None  # per rank, for a scaler's step
     rank_steps: dict[int, int]
+    #: Per rank, what it had done by this checkpoint besides training (``loop_calls``).
+    calls: dict[int, dict[str, int]] = field(default_factory=dict)
+    #: Per rank, its optimizers' learning rates here, when they differ across ranks.
+    lrs: dict[int, list[float]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"when": self.label, "kind": self.kind, "rank": self.rank,
+        return {"when": self.label, "kind": self.kind, "rank": self.rank, "learning_rates": _keyed(self.lrs),
                 "reference_rank": self.reference_rank, "parameter": self.parameter,
                 "scales": _keyed(self.scales), "growth_trackers": _keyed(self.growth_trackers),
-                "skipped": _keyed(self.skipped), "rank_steps": _keyed(self.rank_steps)}
+                "skipped": _keyed(self.skipped), "rank_steps": _keyed(self.rank_steps),
+                "calls": _keyed(self.calls) or {}}
 
 
 def _keyed(values: dict[int, Any] | None) -> dict[str, Any] | None:
@@ -302,6 +341,10 @@ class MidRun:
     #: Per rank, the checkpoints at which its GradScaler skipped the step (inf/NaN gradients).
     skipped: dict[int, list[str]] = field(default_factory=dict)
     scaled: bool = False  # a GradScaler (enabled) was seen on some rank
+    #: No optimizer step anywhere: the checkpoints are the starts of the training forwards.
+    by_forward: bool = False
+    #: Per rank, its counts when run_loop returned or raised (``loop_calls``).
+    calls: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"checkpoints_compared": self.checkpoints, "join_blocks": self.join_blocks,
@@ -311,7 +354,9 @@ class MidRun:
                                                else self.first_parameter.as_dict()),
                 "end_parameters_agree": self.end_params_agree,
                 "end_scalers_agree": self.end_scalers_agree, "errors": _keyed(self.errors) or {},
-                "skipped_steps": _keyed(self.skipped) or {}, "grad_scaler": self.scaled}
+                "skipped_steps": _keyed(self.skipped) or {}, "grad_scaler": self.scaled,
+                "checkpoints_at": "training forwards" if self.by_forward else "optimizer steps",
+                "calls": _keyed(self.calls) or {}}
 
 
 def _block_label(block: int, has_join: bool) -> str:
@@ -324,9 +369,10 @@ def _block_label(block: int, has_join: bool) -> str:
 
 def _label(point: dict[str, Any], has_join: bool) -> str:
     where = _block_label(point["block"], has_join)
-    if point["kind"] == "step":
-        return f"optimizer step {point['index']}" + (f" of {where}" if where.startswith("Join")
-                                                     else f" ({where})" if where else "")
+    if point["kind"] in STEPS:
+        what = (f"optimizer step {point['index']}" if point["kind"] == "step" else
+                f"the first training forward after {point['index']} hand-written update(s)")
+        return what + (f" of {where}" if where.startswith("Join") else f" ({where})" if where else "")
     if point["kind"] == "join-exit":
         return f"the exit of {where} (after its re-sync)"
     return "the end of run_loop"
@@ -353,8 +399,14 @@ def _compare(points: dict[int, dict[str, Any]], has_join: bool) -> Difference | 
         skipped = ({r: bool(p["skipped"]) for r, p in points.items()}
                    if any(p["skipped"] is not None for p in points.values()) else None)
         return Difference(_label(ref, has_join), ref["kind"], rank, ref_rank, parameter, scales, trackers,
-                          skipped, {r: p["rank_step"] for r, p in points.items()})
+                          skipped, {r: p["rank_step"] for r, p in points.items()},
+                          {r: p.get("calls") or {} for r, p in points.items()}, _lrs_if_differ(points))
     return None
+
+
+def _lrs_if_differ(points: dict[int, dict[str, Any]]) -> dict[int, list[float]] | None:
+    lrs = {r: list(p.get("lrs") or []) for r, p in points.items()}
+    return lrs if len({tuple(v) for v in lrs.values()}) > 1 else None
 
 
 def _aligned(per_rank: dict[int, list[dict[str, Any]]]) -> Iterator[dict[int, dict[str, Any]]]:
@@ -363,7 +415,7 @@ def _aligned(per_rank: dict[int, list[dict[str, Any]]]) -> Iterator[dict[int, di
     compared among the ranks that ran them."""
     blocks = max((p["block"] for pts in per_rank.values() for p in pts), default=0)
     for block in range(blocks + 1):
-        steps = {r: [p for p in pts if p["block"] == block and p["kind"] == "step"]
+        steps = {r: [p for p in pts if p["block"] == block and p["kind"] in STEPS]
                  for r, pts in per_rank.items()}
         for i in range(max((len(s) for s in steps.values()), default=0)):
             yield {r: s[i] for r, s in steps.items() if i < len(s)}
@@ -375,6 +427,10 @@ def _aligned(per_rank: dict[int, list[dict[str, Any]]]) -> Iterator[dict[int, di
 def judge(results: list[dict[str, Any]]) -> MidRun:
     """Compare the ranks' checkpoints (``watch_loop``'s answers, in rank order)."""
     per_rank = {r: res["points"] for r, res in enumerate(results)}
+    # The starts of training forwards are compared only where no rank stepped an optimizer.
+    by_forward = not any(p["kind"] == "step" for pts in per_rank.values() for p in pts)
+    if not by_forward:
+        per_rank = {r: [p for p in pts if p["kind"] != "forward"] for r, pts in per_rank.items()}
     errors = {r: res["error"] for r, res in enumerate(results) if res.get("error")}
     has_join = any(p["kind"] == "join-exit" or p["block"] for pts in per_rank.values() for p in pts)
     compared = 0
@@ -394,12 +450,13 @@ def judge(results: list[dict[str, Any]]) -> MidRun:
             ends = list(group.values())
             end_params = all(p["params"] == ends[0]["params"] for p in ends)
             end_scalers = all(p["scalers"] == ends[0]["scalers"] for p in ends)
-    steps = {r: sum(p["kind"] == "step" for p in pts) for r, pts in per_rank.items()}
+    steps = {r: sum(p["kind"] in STEPS for p in pts) for r, pts in per_rank.items()}
     blocks = max((p["block"] for pts in per_rank.values() for p in pts), default=0)
     skipped = {r: [_label(p, has_join) for p in pts if p["skipped"]] for r, pts in per_rank.items()}
     return MidRun(compared, steps, (blocks + 1) // 2, first, first_parameter, end_params, end_scalers,
                   errors, {r: s for r, s in skipped.items() if s},
-                  any(p["scalers"] for pts in per_rank.values() for p in pts))
+                  any(p["scalers"] for pts in per_rank.values() for p in pts), by_forward,
+                  {r: res.get("calls") or {} for r, res in enumerate(results)})
 
 
 def features(found: MidRun) -> dict[str, dict[str, Any]]:
@@ -467,9 +524,23 @@ def describe(found: MidRun) -> tuple[str, str]:
         parts.append("at the end of run_loop the parameters agree again on every rank"
                      + (" (Join re-synced the model at exit)" if found.join_blocks else "")
                      + ", so a look at the model after the loop sees nothing")
+    # What some ranks did and others did not before the ranks parted (not under Join, whose
+    # joined ranks shadow their peers' collectives and forwards by design).
+    measured = [] if found.join_blocks else uneven(shown.calls)
+    if measured:
+        parts.append("before that checkpoint " + "; ".join(measured))
+    if shown.lrs:
+        parts.append("the learning rates differ there: " + ", ".join(
+            f"rank {r} {'/'.join(f'{lr:g}' for lr in v)}" for r, v in sorted(shown.lrs.items())))
     message = "mid-run drift across ranks in run_loop: " + "; ".join(parts)
     scaler_cause = d.parameter is None or (shown.scales is not None and len(set(shown.scales.values())) > 1)
-    if scaler_cause:
+    if measured and not scaler_cause and calls_advice(shown.calls):
+        rec = str(calls_advice(shown.calls))
+    elif shown.lrs and not scaler_cause:
+        rec = ("the learning rate changed on some ranks only (a scheduler stepped on a metric each rank "
+               "computed from its own data, or on rank 0's evaluation alone): decide it from a value that is "
+               "the same on every rank (all_reduce the metric first), or broadcast rank 0's decision")
+    elif scaler_cause:
         rec = ("Keep the GradScaler state identical on every rank: with Join over uneven inputs only the "
                "ranks still training in Join's tail update their loss scale; after each Join load on every "
                "rank the scaler state of the rank that ran the most batches (the one Join takes the model "

@@ -103,5 +103,6 @@ def run(ctx: CheckContext) -> Outcome:
     metrics["key_figure"] = f"1 round ({buckets} buckets)/step for K={k}; {equivalence.key_figure(eq)}"
     return Outcome.passed(
         f"K={k} microbatches with no_sync match the single-process step ({equivalence.key_figure(eq)}) with "
-        f"1 all-reduce round of {buckets} bucket(s) per optimizer step",
+        f"1 all-reduce round of {buckets} bucket(s) per optimizer step"
+        + ("; the update is hand-written: " + eq.consumed if eq.by_hand else ""),
         metrics=metrics, evidence=evidence)

@@ -31,11 +31,16 @@ optimizer step and at each ``Join``'s exit (``midrun``). ``Join`` re-syncs the m
 last rank to finish when it exits, so drift *during* a loop over uneven inputs — the classic one:
 loss scales updated only on the ranks still training in Join's tail — is invisible at the end;
 the first step where ranks differ is named, with the scales per rank and whether the end agreed.
+A loop that never steps an optimizer (a hand-written update) is compared at the first training
+forward after each update instead. Where ranks differ (or the loop did not complete), what some
+ranks did that the others did not is named from counts taken on every rank (``loop_calls``):
+forwards outside training (an evaluation on rank 0 only) and ``torch.distributed`` collectives.
 
 Evidence: ``structure`` (per rank: counts and the first differing entry), ``nonfinite``, ``first_divergence``
 (tensor name, kind, rank, step, |Δsum|), ``tensors_compared``, ``checkpoints``; with a run_loop,
 ``midrun`` (checkpoints compared, steps per rank, Join blocks, the first difference and the first
-parameter difference with scales per rank, steps skipped on inf/NaN, whether the end agreed).
+parameter difference with scales per rank, steps skipped on inf/NaN, whether the end agreed,
+``checkpoints_at``, and per rank its forwards and collectives, ``calls``).
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ from .midrun import NO_STEPS, watch_loop
 from .midrun import describe as describe_midrun
 from .midrun import features as midrun_features
 from .midrun import judge as judge_midrun
+from .loop_calls import advice as calls_advice
+from .loop_calls import uneven
 
 STEPS = 3
 #: ``ctx.steps`` of the mid-run look's run_loop: as many as hang-detection gives it.
@@ -279,20 +286,26 @@ def _with_midrun(ctx: CheckContext, message: str, metrics: dict[str, Any],
             evidence=evidence, recommendation=rec)
     if found.errors:
         rank, error = next(iter(sorted(found.errors.items())))
+        measured = "; ".join(uneven(found.calls)) if not found.join_blocks else ""
         return Outcome.inconclusive(
             f"{message}; run_loop did not complete on rank {rank} ({error}): its ranks agreed at the "
             f"{found.checkpoints} checkpoints before that, the rest was not compared (hang-detection "
-            f"diagnoses a loop that hangs)", metrics=metrics, evidence=evidence,
-            recommendation="Make run_loop complete on every rank (run hang-detection on this target: it names "
-                           "the rank and the collective a hang waits in; uneven inputs need Join), then the "
-                           "mid-run comparison covers the whole loop")
+            f"diagnoses a loop that hangs)" + (f"; measured in run_loop: {measured}" if measured else ""),
+            metrics=metrics, evidence=evidence,
+            recommendation=(f"{calls_advice(found.calls)}; then " if calls_advice(found.calls) else "")
+            + "Make run_loop complete on every rank (run hang-detection on this target: it names "
+              "the rank and the collective a hang waits in; uneven inputs need Join), then the "
+              "mid-run comparison covers the whole loop")
     if not any(found.steps_per_rank.values()):
         return Outcome.passed(f"{message}; run_loop: {NO_STEPS} to compare mid-run", metrics=metrics,
                               evidence=evidence)
     steps = ", ".join(f"rank {r} {n}" for r, n in sorted(found.steps_per_rank.items()))
     joins = f" in {found.join_blocks} Join block(s)" if found.join_blocks else ""
+    at = ("the first training forward after every update: no optimizer step observed, the loop "
+          "updates the parameters itself" if found.by_forward else "every optimizer step")
     return Outcome.passed(
         f"{message}; run_loop: parameters{' and GradScaler state' if found.scaled else ''} bit-identical "
         f"across ranks at "
-        f"{found.checkpoints} checkpoints (every optimizer step{joins}; steps per rank: {steps})",
+        f"{found.checkpoints} checkpoints ({at}{joins}; {'forwards' if found.by_forward else 'steps'} "
+        f"per rank: {steps})",
         metrics=metrics, evidence=evidence)

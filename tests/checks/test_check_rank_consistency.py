@@ -57,3 +57,38 @@ def test_mid_run_look_runs_the_loop_as_production_wraps_it(suite_session):
     assert record.evidence["midrun"]["steps_per_rank"] == {"0": 4, "1": 4}
     assert record.message.endswith("run_loop: parameters bit-identical across ranks at 5 checkpoints (every "
                                    "optimizer step; steps per rank: rank 0 4, rank 1 4)")
+
+
+def test_rank0_only_evaluation_that_anneals_the_lr_is_named(suite_session):
+    # The word-language-model loop under DDP: a hand-written SGD update (no optimizer step, so the
+    # checkpoints are the training forwards' starts) and an evaluation on rank 0 alone that
+    # anneals rank 0's learning rate. Before loop_calls: "at the end of run_loop parameter
+    # '0.weight' differs", with the generic advice.
+    record = run_check(suite_session, "rank-consistency", "eval_on_rank0_anneals")
+    assert record.status == "failed", record.message
+    assert record.message == (
+        "mid-run drift across ranks in run_loop: at the first training forward after 3 hand-written update(s) "
+        "parameter '0.weight' "
+        "differs between rank 0 and rank 1; before that checkpoint rank 0 ran 9 forward passes outside "
+        "training (no_grad or eval mode: an evaluation) that rank 1 did not")
+    assert record.recommendation.startswith("an evaluation on some ranks only may log, never change what trains")
+    assert record.evidence["midrun"]["checkpoints_at"] == "training forwards"
+
+
+def test_rank0_only_evaluation_that_changes_nothing_is_no_false_alarm(suite_session):
+    # Rank 0 runs 12 forwards outside training that rank 1 does not, and nothing parts: pass.
+    record = run_check(suite_session, "rank-consistency", "eval_on_rank0_logged")
+    assert record.status == "passed", record.message
+    assert "at 5 checkpoints (the first training forward after every update: no optimizer step" in record.message
+    assert record.evidence["midrun"]["calls"] == {"0": {"forward outside training": 12, "training forward": 4},
+                                                  "1": {"training forward": 4}}
+
+
+def test_learning_rates_that_differ_per_rank_are_named(suite_session):
+    # Every rank evaluates on its own shard and anneals on its own loss: same forwards, same
+    # collectives; the optimizers' learning rates at the first differing step are the cause.
+    record = run_check(suite_session, "rank-consistency", "lr_from_local_metric")
+    assert record.status == "failed", record.message
+    assert record.message.endswith("at optimizer step 2 parameter '0.weight' differs between rank 0 and rank 1; "
+                                   "the learning rates differ there: rank 0 0.125, rank 1 0.5")
+    assert record.recommendation.startswith("the learning rate changed on some ranks only")

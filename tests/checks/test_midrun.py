@@ -127,3 +127,73 @@ def test_the_watch_records_each_step_once_and_a_skipped_scaler_step_and_leaves_t
         [], [{"scale": 65536.0, "growth_tracker": 0}], [{"scale": 131072.0, "growth_tracker": 0}]]
     assert recorder.points[0]["params"].keys() == {"weight", "bias"}
     assert (GradScaler.__dict__["step"], Join.__dict__["__enter__"], Join.__dict__["__exit__"]) == originals
+
+
+def calls_run(calls1: dict[str, int], *, w1: str = "b1", error: str | None = None) -> list[dict[str, Any]]:
+    """Two ranks of a loop without an optimizer step: checkpoints at training forwards' starts."""
+    def fwd(index: int, w: str, calls: dict[str, int]) -> dict[str, Any]:
+        return {**point("forward", 0, index, 0, w, scale=None), "calls": calls}
+
+    both = {"training forward": 2}
+    rank0 = [fwd(0, "a", {}), fwd(1, "b1", {**both, "forward outside training": 3, "all_reduce": 1})]
+    rank1 = [fwd(0, "a", {}), fwd(1, w1, {**both, **calls1})]
+    return [{"points": rank0, "error": error, "calls": rank0[-1]["calls"]},
+            {"points": rank1, "error": None, "calls": rank1[-1]["calls"]}]
+
+
+def test_forwards_outside_training_and_collectives_on_some_ranks_are_named() -> None:
+    found = judge(calls_run({}, w1="b1-drifted"))
+    assert found.by_forward and found.first is not None and found.first.label == (
+        "the first training forward after 1 hand-written update(s)")
+    message, rec = describe(found)
+    assert message.endswith(
+        "before that checkpoint rank 0 ran 3 forward passes outside training (no_grad or eval mode: an "
+        "evaluation) that rank 1 did not; rank 1 issued 1 fewer torch.distributed.all_reduce call than rank 0: "
+        "a collective called on some ranks only")
+    assert "all_reduce its loss before acting on it" in rec and "in the same order" in rec
+
+
+def test_counts_that_differ_without_drift_are_no_finding() -> None:
+    found = judge(calls_run({}))
+    assert found.first is None and found.steps_per_rank == {0: 2, 1: 2}
+
+
+def test_counts_that_agree_add_nothing_to_the_generic_message() -> None:
+    found = judge(calls_run({"forward outside training": 3, "all_reduce": 1}, w1="b1-drifted"))
+    message, rec = describe(found)
+    assert "before that checkpoint" not in message and rec.startswith("every backward that ends")
+
+
+def test_forward_checkpoints_are_ignored_where_an_optimizer_stepped() -> None:
+    runs = calls_run({}, w1="b1-drifted")
+    for run in runs:
+        run["points"].append(point("step", 0, 0, 0, "s"))
+    found = judge(runs)
+    assert not found.by_forward and found.first is None and found.steps_per_rank == {0: 1, 1: 1}
+
+
+def test_a_rank_further_along_is_not_a_collective_on_some_ranks_only() -> None:
+    # Rank 1 ran one more training forward (uneven inputs, or stopped elsewhere): the rank that
+    # is ahead issued more of everything, so only the training forwards are said.
+    found = judge(calls_run({"training forward": 3}, w1="b1-drifted"))
+    message, rec = describe(found)
+    assert message.endswith("before that checkpoint the ranks ran different numbers of training forwards "
+                            "(rank 0 2, rank 1 3), so what else each did is not compared")
+    assert "all_reduce" not in message and rec.startswith("every backward that ends")
+
+
+def test_forward_checkpoints_are_taken_once_per_update() -> None:
+    # A rank's extra training forward with no update in between (accumulation, a forward for
+    # its logs) takes no checkpoint: checkpoint i is "after i updates" on every rank.
+    import torch
+
+    from conformance.checks.midrun import Recorder
+
+    model = torch.nn.Linear(2, 1)
+    recorder = Recorder([model])
+    recorder.training_forward()
+    recorder.training_forward()  # the same parameters: no new checkpoint
+    with torch.no_grad():
+        model.weight -= 0.1
+    recorder.training_forward()
+    assert [p["index"] for p in recorder.points] == [0, 1]

@@ -25,7 +25,7 @@ from .tensors import TensorDiff, fmt, worst
 
 #: The record keys read rank by rank (``Equivalence.per_rank``).
 PerRank = Literal["allreduce_rounds", "batch_digests", "batchnorm_sizes_seen", "ddp_forwards", "grads0_step",
-                  "inner_forwards", "optimizer_steps", "rng_in_forward"]
+                  "inner_forwards", "manual_update", "optimizer_steps", "rng_in_forward"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +130,21 @@ class Equivalence:
 
     def per_rank(self, key: PerRank) -> list[Any]:
         return [r.get(key) for r in self.ranks]
+
+    @property
+    def by_hand(self) -> bool:
+        """train_step updated the parameters itself, with no optimizer step (``manual_update``):
+        the gradients judged are the ones it left in ``.grad``."""
+        return any(r.get("manual_update") for r in [*self.ranks, self.reference])
+
+    @property
+    def consumed(self) -> str:
+        """How the judged gradients were taken, for messages."""
+        if self.by_hand:
+            return ("gradients in .grad as its hand-written update read them (no optimizer step: the "
+                    "parameters changed inside train_step; read at a model.zero_grad() after the update, "
+                    "else when train_step returned)")
+        return "gradients as optimizer.step() consumed them"
 
     @property
     def clip_engaged(self) -> bool:

@@ -78,6 +78,14 @@ def scaler_skips_differ(eq: Equivalence) -> str | None:
 
 def empty_reason(eq: Equivalence) -> str | None:
     """Why nothing could be compared, or None."""
+    if eq.by_hand and not eq.nonzero_gradients:
+        return ("train_step changed the parameters with no optimizer step observed (a hand-written "
+                "update, or an optimizer train_step builds itself) and no non-zero gradient was "
+                "left in .grad at a model.zero_grad() after the update nor when it returned, so the "
+                "gradients its update used cannot be judged: zero them with model.zero_grad() (at "
+                "the start of train_step, or after the update), not p.grad.zero_() or p.grad = "
+                "None, or update through an object with step() returned by build_optimizer (the "
+                "suite observes its step)")
     if eq.grad_diffs and not eq.nonzero_gradients:
         # 0 == 0 proves nothing: a loss multiplied by 0 matches any reference "exactly".
         return (f"every gradient optimizer.step() consumed is exactly zero, under DDP and in "
@@ -93,7 +101,8 @@ def empty_reason(eq: Equivalence) -> str | None:
                 "gradients at its loss scale); for the check, start it from a lower init_scale")
     if not any(steps):
         return ("no gradient reached the optimizer: train_step never called optimizer.step() "
-                "(an optimizer step pre-hook saw no call)")
+                "(an optimizer step pre-hook saw no call) and left the parameters unchanged "
+                "(no hand-written update either)")
     return (f"no gradient reached the optimizer: at optimizer.step() none of the "
             f"{len(eq.no_gradient)} parameters had a gradient, under DDP or in the "
             f"single-process reference")

@@ -40,6 +40,9 @@ def compared(eq: Equivalence) -> dict[str, Any]:
         "module_forwards_per_step": eq.per_rank("inner_forwards"),
         "allreduce_rounds_per_step": eq.per_rank("allreduce_rounds"),
         "reference_optimizer_steps_per_step": eq.reference.get("optimizer_steps"),
+        # Steps updated by hand in train_step (no optimizer step), counted as its one step above.
+        "hand_written_update_steps": {"ranks": eq.per_rank("manual_update"),
+                                      "reference": eq.reference.get("manual_update")},
         "gradients_compared_at_step": {"ranks": eq.per_rank("grads0_step"),
                                        "reference": eq.reference.get("grads0_step")},
         "gradients_before_clipping_compared": len(eq.pre_clip_diffs),
@@ -185,7 +188,9 @@ def mismatch_message(eq: Equivalence) -> str:
                      f"{eq.factor:.3g} (within the tolerance only because the gradients are "
                      f"{fmt(wg.ref_max if wg else 0.0)} in size)")
     if wg is not None and not wg.ok:
-        parts.append(f"first-step gradient of {wg.name!r} (as optimizer.step() consumed it) "
+        how = ("in .grad as the hand-written update read it" if eq.by_hand
+               else "as optimizer.step() consumed it")
+        parts.append(f"first-step gradient of {wg.name!r} ({how}) "
                      f"differs from the single-process reference by {fmt(wg.max_abs)} (rel {fmt(wg.max_rel)}) on "
                      f"rank {eq.grad_worst_rank.get(wg.name)}, tolerance {wg.describe_bound()}"
                      + (f" ({wg.note})" if wg.note else ""))

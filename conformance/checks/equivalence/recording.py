@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ...harness.batches import part_dims, take_rows
+from ...harness.patching import replaced
 from ...harness.ddp import (
     MODEL_SEED,
     batch_dims,
@@ -264,12 +265,68 @@ class Gradients:
     found: dict[str, Any] = field(default_factory=dict)  # "grads", "grads_digest" at the first step
     bad: str | None = None  # the first non-finite gradient at this step's optimizer.step()
     out: GradientSlice = field(default_factory=lambda: GradientSlice(
-        optimizer_steps=[], params=[], digests=[], nonfinite=None))
+        optimizer_steps=[], params=[], digests=[], nonfinite=None, manual_update=[]))
+    #: The parameters' fingerprint (``_fingerprint``) at this step's start and at each forward
+    #: since, taken until an optimizer step is seen: a train_step that changes them with no
+    #: optimizer step updates them by hand (``_by_hand``), ``hand_updates`` times so far.
+    last: list[str] | None = None
+    hand_updates: int = 0
+    stepped: bool = False  # some optimizer.step() ran in an earlier step
 
     def attach(self, stack: contextlib.ExitStack) -> None:
+        import torch
+
         self.recorder = StepRecorder.attach(self.inner, self.optimizer, observe=self._at_step)
         stack.callback(self.recorder.close)
         stack.callback(output_site(self.ddp, self.inner).register_forward_hook(self._watch_output).remove)
+        stack.callback(self.inner.register_forward_pre_hook(self._at_forward).remove)
+        stack.enter_context(replaced(torch.nn.Module, "zero_grad", self._zeroing))
+
+    def _fingerprint(self) -> list[str] | None:
+        """Each parameter's float64 sum, exactly (``float.hex``: a NaN equals itself): changed
+        by any update that changes a parameter (a sum left bit-identical by a real update is not
+        met in practice), one pass, no copy. None once an optimizer step has been seen: then
+        nothing is updated by hand."""
+        import torch
+
+        assert self.recorder is not None
+        if self.stepped or self.recorder.steps:
+            return None
+        with torch.no_grad():
+            return [float(p.detach().sum(dtype=torch.float64)).hex() for p in self.inner.parameters()]
+
+    def _zeroing(self, original: Any) -> Any:
+        """``Module.zero_grad`` observed: called on the model after its parameters changed by
+        hand (``p -= lr * p.grad; model.zero_grad()``, as the PyTorch nn tutorial writes it),
+        the gradients it is about to wipe are the ones that update consumed: judged here, as an
+        optimizer step pre-hook would."""
+        gradients = self
+
+        def zero_grad(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if module is gradients.ddp or module is gradients.inner:
+                now = gradients._fingerprint()
+                if now is not None and gradients.last is not None and now != gradients.last:
+                    gradients.hand_updates += 1
+                    gradients.last = now
+                    gradients._at_step([(name, None if p.grad is None else p.grad.detach())
+                                        for name, p in gradients.inner.named_parameters()])
+            return original(module, *args, **kwargs)
+
+        return zero_grad
+
+    def _at_forward(self, module: Any, args: Any) -> None:
+        # An update by hand between two forwards of one train_step (one per microbatch):
+        # counted, so such a step is not mistaken for one that accumulates. Not inside a
+        # compiled forward: traced, the hook would be a graph break of the suite's own (a
+        # compiled step's updates are counted at zero_grad and at its end only).
+        import torch
+
+        if torch.compiler.is_compiling():
+            return
+        now = self._fingerprint()
+        if now is not None and self.last is not None and now != self.last:
+            self.hand_updates += 1
+        self.last = now
 
     def _watch_output(self, module: Any, args: Any, output: Any) -> None:
         if self.out["nonfinite"] is None and _nonfinite_output(output):
@@ -294,11 +351,15 @@ class Gradients:
         self.bad = None
         if "grads0" not in self.out:
             self.found.clear()
+        self.last, self.hand_updates = self._fingerprint(), 0
 
     def end(self, step: int) -> None:
         assert self.recorder is not None
-        self.out["optimizer_steps"].append(self.recorder.steps)
         live = [(name, p.detach()) for name, p in self.inner.named_parameters()]
+        self.stepped = self.stepped or self.recorder.steps > 0
+        by_hand = self._by_hand()
+        # Hand-written updates count as this step's optimizer steps (``manual_update``).
+        self.out["optimizer_steps"].append(self.recorder.steps or self.hand_updates)
         if self.out["nonfinite"] is None:
             # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
             # the loss computed on them, or from the backward.
@@ -316,6 +377,23 @@ class Gradients:
         elif self.to.record and self.to.sees:
             self.out["params"].append(compare_snapshot(live, self.to.folder, f"{PARAMS}{step}",
                                                        self.to.device, grad=False))
+
+    def _by_hand(self) -> bool:
+        """train_step changed the parameters while no optimizer step ran (``p -= lr * p.grad``
+        under no_grad, as tutorials write it): the update happened by hand, so what train_step
+        left in ``.grad`` is judged as the gradients that update consumed (recorded in
+        ``manual_update``). A step a GradScaler skipped leaves the parameters as they were."""
+        assert self.recorder is not None
+        now = self._fingerprint()
+        if now is not None and self.last is not None and now != self.last:
+            self.hand_updates += 1
+        if not self.hand_updates:
+            return False
+        # The gradients left in .grad (unless a zero_grad after the update read them already).
+        self._at_step([(name, None if p.grad is None else p.grad.detach())
+                       for name, p in self.inner.named_parameters()])
+        self.out["manual_update"].append(self.step)
+        return True
 
     def _first_step(self, step: int) -> None:
         # The first step whose optimizer.step() ran (a GradScaler skips steps with inf

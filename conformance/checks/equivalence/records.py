@@ -123,6 +123,9 @@ class GradientSlice(TypedDict, total=False):
     params: list[list[Compared]]
     digests: list[Digested]
     nonfinite: dict[str, Any] | None
+    #: Steps whose train_step changed the parameters with no optimizer step (a hand-written
+    #: update): judged on what it left in ``.grad`` and the parameters after it.
+    manual_update: list[int]
 
 
 class RankRecord(SetupSlice, AllReduceSlice, ForwardSlice, DataSlice, RoutingSlice, CompileSlice,
