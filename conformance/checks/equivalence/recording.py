@@ -357,7 +357,7 @@ class Gradients:
         assert self.recorder is not None
         live = [(name, p.detach()) for name, p in self.inner.named_parameters()]
         self.stepped = self.stepped or self.recorder.steps > 0
-        by_hand = self._by_hand()
+        self._by_hand()  # counts this step's hand-written updates and reads their gradients
         # Hand-written updates count as this step's optimizer steps (``manual_update``).
         self.out["optimizer_steps"].append(self.recorder.steps or self.hand_updates)
         if self.out["nonfinite"] is None:
