@@ -42,7 +42,11 @@ measure the noise of *this* target in *this* configuration before judging DDP:
   moves a projection by far less). Otherwise the split changes what the step computes (a loss
   not divided by the number of microbatches, clipping inside the accumulation window, a step
   per microbatch): the floor is "not measured", said with the reason, and the fixed tolerances
-  judge alone — exactly the suite's behaviour before the floor existed.
+  judge alone — exactly the suite's behaviour before the floor existed. The same holds when
+  the loss is not a mean over samples (``hypotheses.split_weighting``: the twin measured the
+  whole batch's loss apart from the mean of its microbatches' losses): the twin then carries
+  the N-rank run's weighting of the microbatches, and its difference is that weighting. No
+  other twin measures this floor (the reordered one has the same pieces), so there is none.
 - **Too wide to judge.** When ``MARGIN × floor`` of the gradients reaches the relative error of
   the smallest scaling bug the check names (a loss scaled by N or K, or divided by them: a
   gradient factor f differs from the reference by ``|f - 1|`` of its scale), a passing
@@ -57,7 +61,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .tensors import Compared, TensorDiff, fmt
-from .hypotheses import NEGLIGIBLE, scale_from
+from .hypotheses import NEGLIGIBLE, scale_from, split_weighting
+from .records import LossSplit
 from .routing import NOT_NOISE
 
 #: DDP difference allowed per unit of measured floor. The twin and the N-rank run round the
@@ -88,6 +93,8 @@ class Floor:
     # The twin in rank order was bit-identical to the reference (the step joins its
     # microbatches), so the floor comes from the twin with its microbatches reversed (``twin``).
     reordered: bool = False
+    # Whether the loss decomposes as a mean over samples, measured by the twin (``hypotheses``).
+    loss_split: LossSplit | None = None
 
     @property
     def measured(self) -> bool:
@@ -137,6 +144,7 @@ class Floor:
                            + ", against the whole-batch reference"),
                 "reordered": self.reordered,
                 "twin_microbatches": self.twin_microbatches, "margin": self.margin,
+                "loss_split": dict(self.loss_split) if self.loss_split else None,
                 "twin_factor_range": list(self.twin_factors) if self.twin_factors else None,
                 "gradients": {"floor_rel": self.grad_rel, "tensor": self.grad_tensor,
                               "bound_rel": self.grad_bound},
@@ -188,6 +196,20 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
     if twin.get("failed"):
         return no(f"the same train_step on {twin_microbatches} microbatches in one process raised "
                   f"({twin['failed']}): the step does not take that split")
+    # Randomness left in forward moves the pieces' losses too: no measurement then.
+    split: LossSplit | None = None if twin.get("rng_in_forward") else twin.get("loss_split")
+    if split_weighting(split):
+        # The twin accumulates per-microbatch losses exactly as the ranks do, so it carries the
+        # same weighting of the microbatches: its difference from the reference is that
+        # weighting, a systematic error, and a floor set by it would pass the very deviation
+        # the check measures (and any bug smaller than it). The reordered twin (same pieces)
+        # carries it too: no floor, the fixed tolerances judge alone.
+        assert split is not None
+        return replace(no(
+            f"the loss is not a mean over samples: the whole batch's loss is {split['whole']:.4g}, the "
+            f"mean of its {split['parts']} microbatches' losses {split['parts_mean']:.4g} "
+            f"({split['rel_gap']:.2%} apart), so the run on {twin_microbatches} microbatches "
+            f"differs from the whole-batch run by the loss's weighting, not by rounding"), loss_split=split)
     if twin.get(NOT_NOISE):  # ``routing.trim_twin``: its top-k routing flipped
         return no(str(twin[NOT_NOISE]))
     if twin.get("nonfinite") or reference.get("nonfinite"):
@@ -230,4 +252,4 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
     top = max(params, key=lambda c: c.diff.max_abs, default=None)
     return Floor(grad_rel, top.diff.max_abs if top else 0.0, twin_microbatches, grad_tensor=grad_name,
                  param_tensor=top.name if top else None, twin_factors=factors,
-                 reordered=bool(twin.get(REORDERED)))
+                 reordered=bool(twin.get(REORDERED)), loss_split=split)

@@ -8,7 +8,10 @@ A cause is named only when a measurement in the record supports it:
   a loss not divided (or divided twice) by the accumulation steps;
 - 0 all-reduces observed, and forwards through the inner module only: DDP was bypassed;
 - randomness left in forward after dropout was switched off;
-- BatchNorm batches that could not be normalised in the reference's groups.
+- BatchNorm batches that could not be normalised in the reference's groups;
+- a loss that is not a mean over samples: the whole batch's loss is not the mean of its
+  microbatches' losses (``loss_split``, measured by the floor's twin: a mean over a count that
+  varies per microbatch, e.g. ``ignore_index``).
 
 Otherwise the message says that no known cause matched and shows the evidence.
 """
@@ -17,8 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from .records import LossSplit
 
 if TYPE_CHECKING:
     from .tensors import Compared
@@ -140,3 +145,83 @@ def unsynchronised_cause(ranks: Sequence[Mapping[str, Any]], *, step: int) -> st
                 f"synchronises: set require_backward_grad_sync before the last micro-step's forward "
                 f"(not after it), and use no_sync() on the first K-1 micro-steps only")
     return None
+
+
+#: How far the whole batch's loss may be from the mean of its microbatches' losses and still
+#: count as "a mean over samples", by the precision the forward computed in. In fp32 the two
+#: differ by summation order only: measured <= 1.7e-7 relative on every built-in, test and
+#: example target (2 and 8 pieces; docs/numerics.md), so 1e-5 leaves a factor of 60. With
+#: half-precision activations (autocast in ``forward_loss``) CPU bf16 measured the same ~1e-7,
+#: but another device may run a batch of another size through another kernel, which rounds
+#: the 8-bit logits otherwise: 1e-3 there. A weighting by a count that varies per microbatch
+#: moves the loss by far more unless every token's loss is alike (near log(vocabulary) at
+#: initial weights: 7.4e-3 on tests/targets/padded_lm_microbatch_mean.py).
+SPLIT_GAP = 1e-5
+SPLIT_GAP_HALF = 1e-3
+
+
+def loss_split(model: Any, loss: Callable[[Any, Any, Any], Any], whole: tuple[Any, Any],
+               parts: list[tuple[Any, Any]], *, device: Any = None) -> LossSplit:
+    """Does the target's loss decompose as a mean over samples? ``loss(model, inputs,
+    targets)`` on the whole batch and on each of its equal ``parts``, under ``no_grad`` and
+    ``fork_rng`` with the buffers put back (``randomness.forward_is_random`` does the same):
+    the real run's state and generators do not move. Rank side (the floor's twin)."""
+    import torch
+
+    saved = [(buf, buf.detach().clone()) for buf in model.buffers()]
+    cuda = [device.index] if getattr(device, "type", "cpu") == "cuda" else []
+    half: set[str] = set()  # the half-precision dtypes a module's output had (autocast)
+
+    def watch(module: Any, args: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.dtype in (torch.float16, torch.bfloat16):
+            half.add(str(output.dtype))
+
+    hook = torch.nn.modules.module.register_module_forward_hook(watch)
+    try:
+        with torch.random.fork_rng(devices=cuda), torch.no_grad():
+            full = loss(model, *whole).detach()
+            pieces = [float(loss(model, *p).detach().double()) for p in parts]
+    finally:
+        hook.remove()
+        with torch.no_grad():
+            for buf, value in saved:
+                buf.copy_(value)
+    value, mean = float(full.double()), sum(pieces) / len(pieces)
+    gap = abs(value - mean) / abs(value) if value else abs(mean)
+    if full.dtype in (torch.float16, torch.bfloat16):
+        half.add(str(full.dtype))
+    return LossSplit(whole=value, parts_mean=mean, parts=len(pieces), rel_gap=gap,
+                     half=sorted(half), threshold=SPLIT_GAP_HALF if half else SPLIT_GAP)
+
+
+def split_weighting(split: LossSplit | None) -> str | None:
+    """Measured: the loss is not a mean over samples (its whole-batch value is neither the
+    mean nor the sum of its equal microbatches' values), or None.
+
+    A loss that is a mean over a count that varies per microbatch (tokens not ignored by
+    ``ignore_index``, a mask's sum) weighs each microbatch's tokens by 1/(its own count): DDP
+    averages the ranks' means, accumulation the microbatches' means, and the tokens of short
+    microbatches weigh more than in the large-batch step. A summed loss is not this (its
+    whole is the sum of its parts: the uniform factor 1/(N·K) of ``scale_causes``)."""
+    if split is None or not math.isfinite(split["rel_gap"]) or split["rel_gap"] <= split["threshold"]:
+        return None
+    whole, mean, m = split["whole"], split["parts_mean"], split["parts"]
+    if mean and abs(whole / (mean * m) - 1) <= split["threshold"]:
+        return None
+    return (f"the loss of the whole batch is {whole:.4g} but the mean of its {m} microbatches' "
+            f"losses is {mean:.4g} ({split['rel_gap']:.2%} apart, measured forward-only at the "
+            f"initial weights): the loss is not a mean over samples — a mean over a count that "
+            f"varies per microbatch (ignore_index, a padding mask's sum) or a batch-level term; "
+            f"DDP averages the ranks' means and accumulation the microbatches' means, so the "
+            f"samples of microbatches with fewer counted targets weigh more than in the "
+            f"large-batch step")
+
+
+#: What to do about ``split_weighting``: normalise by the global count.
+GLOBAL_COUNT = ("sum the per-token loss and divide by the count of counted targets of the whole "
+                "optimizer step, summed over the K microbatches and all-reduced over the ranks "
+                "(times the world size, since DDP divides by it): `n = sum((y != PAD).sum() for _, y "
+                "in microbatches); dist.all_reduce(n)`, then per microbatch `loss = "
+                "F.cross_entropy(logits, y, ignore_index=PAD, reduction='sum') * world_size / n` "
+                "(what Hugging Face transformers does since 2024); or accept the deviation, which "
+                "production DDP training with per-microbatch means has, knowing its size")

@@ -15,6 +15,11 @@ microbatches in *reverse* order: the same microbatches (each one intact, so Batc
 and per-microbatch losses are unchanged), the same sum, another summation order — the
 rounding of a reordered reduction, which is what DDP's all-reduce is (docs/numerics.md,
 "The noise floor").
+
+Before its first step the twin also measures whether the loss decomposes as a mean over
+samples (``hypotheses.loss_split``: one forward of the global batch and one of each of its
+N·K microbatches, no backward): a loss that does not carries the N-rank run's weighting of
+the microbatches into the twin, and its difference is that weighting, not noise (``floor``).
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ def run_twin(ctx: CheckContext, plan: RunPlan, group: int, folder: Path) -> dict
     them). A call of its own: in the reference's it would double that call's time, and a
     --deadline fitted to the N-rank step would fire on a correct large model."""
     twin_plan = replace(plan, microbatches=ctx.world_size * plan.microbatches, count_allreduce=False,
-                        norm_group=group, snapshots=str(folder), uncompressed=True)
+                        norm_group=group, snapshots=str(folder), uncompressed=True,
+                        measure_loss_split=True)
     twin = _run_twin(ctx, twin_plan)
     if twin.get("failed") or not bit_identical(twin):
         return twin
