@@ -30,29 +30,38 @@ def test_the_measurement_tells_a_per_microbatch_count_from_a_per_sample_mean():
     import torch.nn.functional as F
 
     masked = _split(lambda out, y: F.cross_entropy(out, y, ignore_index=0))
-    assert masked["parts"] == 4 and masked["rel_gap"] > 1e-3 and masked["half"] == []
+    assert masked["parts"] == 4 and masked["rel_gap"] > 1e-3 and masked["grad_gap"] > 0.1 and masked["half"] == []
     assert split_weighting(masked) is not None
+    # The gradient tells the weighting even where the values cannot: every token's loss alike.
+    alike = _split(lambda out, y: F.cross_entropy(out - out.detach(), y, ignore_index=0))
+    assert alike["rel_gap"] < 1e-6 and alike["grad_gap"] > 0.1 and split_weighting(alike) is not None
     # Every sample with the same number of tokens: a per-sample mean, equal to rounding.
-    assert _split(lambda out, y: F.cross_entropy(out, y), lengths=(12,) * 4)["rel_gap"] < 1e-6
+    plain = _split(lambda out, y: F.cross_entropy(out, y), lengths=(12,) * 4)
+    assert plain["rel_gap"] < 1e-6 and plain["grad_gap"] < 1e-6 and split_weighting(plain) is None
     same = _split(lambda out, y: F.cross_entropy(out, y, ignore_index=0), lengths=(6,) * 4)
-    assert same["rel_gap"] < 1e-6 and split_weighting(same) is None
+    assert same["rel_gap"] < 1e-6 and same["grad_gap"] < 1e-6 and split_weighting(same) is None
     # A summed loss is the sum of its pieces: the factor 1/(N·K) of scale_causes, not this cause.
     summed = _split(lambda out, y: F.cross_entropy(out, y, reduction="sum"))
     assert summed["rel_gap"] == pytest.approx(0.75) and split_weighting(summed) is None
 
 
 def test_a_twin_of_a_loss_that_does_not_decompose_is_no_floor():
-    split = {"whole": 2.31, "parts_mean": 2.44, "parts": 4, "rel_gap": 0.0563, "half": [], "threshold": 1e-5}
+    split = {"whole": 2.31, "parts_mean": 2.44, "parts": 4, "rel_gap": 0.0563, "grad_gap": 0.041, "half": [],
+             "threshold": 1e-5}
     ref, twin = _runs([_c("w", 0.05, 1.0)], loss_split=split)
     floor = twin_floor(ref, twin, twin_microbatches=4)
     assert not floor.measured and floor.loss_split == split
-    assert floor.reason == ("the loss is not a mean over samples: the whole batch's loss is 2.31, the mean "
-                            "of its 4 microbatches' losses 2.44 (5.63% apart), so the run on 4 microbatches "
-                            "differs from the whole-batch run by the loss's weighting, not by rounding")
+    assert floor.reason == ("the loss is not a mean over samples: the loss of the whole batch is 2.31 but the "
+                            "mean of its 4 microbatches' losses is 2.44 (5.6 % apart); its gradient with "
+                            "respect to the model's outputs weighs the samples otherwise: Σ|∂L/∂out|² of the "
+                            "whole batch differs by 4.1 % from its microbatches' (each loss divided by 4) "
+                            "(measured at the initial weights, with no backward through the model); so the "
+                            "run on 4 microbatches differs from the whole-batch run by the loss's weighting, "
+                            "not by rounding")
     assert floor.to_json()["loss_split"] == split
     # Within the threshold, or with randomness left in forward (the pieces draw other numbers):
     # the twin is a floor as before.
-    for overrides in ({"loss_split": {**split, "rel_gap": 1e-7}}, {"loss_split": split, "rng_in_forward": True}):
+    for overrides in ({"loss_split": {**split, "rel_gap": 1e-7, "grad_gap": 1e-9}}, {"loss_split": split, "rng_in_forward": True}):
         ref, twin = _runs([_c("w", 3e-3, 1.0)], **overrides)
         assert twin_floor(ref, twin, twin_microbatches=4).grad_rel == pytest.approx(3e-3)
 
@@ -67,7 +76,7 @@ def test_a_per_microbatch_mean_fails_naming_the_weighting_and_the_global_count_p
     assert "no known cause matched" not in record.message
     assert (f"the mean of its {2 * k} microbatches' losses is" in record.message
             and "the loss is not a mean over samples" in record.message), record.message
-    assert not floor["measured"] and floor["loss_split"]["rel_gap"] > 1e-3, floor
+    assert not floor["measured"] and floor["loss_split"]["grad_gap"] > 1e-3, floor
     assert floor["reason"].startswith("the loss is not a mean over samples"), floor["reason"]
     assert "dist.all_reduce(n)" in (record.recommendation or "")
     fixed = run_check(suite_session, check, "padded_lm_global_count")

@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .tensors import Compared, TensorDiff, fmt
-from .hypotheses import NEGLIGIBLE, scale_from, split_weighting
+from .hypotheses import NEGLIGIBLE, measured_split, scale_from, split_weighting
 from .records import LossSplit
 from .routing import NOT_NOISE
 
@@ -206,10 +206,9 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
         # carries it too: no floor, the fixed tolerances judge alone.
         assert split is not None
         return replace(no(
-            f"the loss is not a mean over samples: the whole batch's loss is {split['whole']:.4g}, the "
-            f"mean of its {split['parts']} microbatches' losses {split['parts_mean']:.4g} "
-            f"({split['rel_gap']:.2%} apart), so the run on {twin_microbatches} microbatches "
-            f"differs from the whole-batch run by the loss's weighting, not by rounding"), loss_split=split)
+            f"the loss is not a mean over samples: {measured_split(split)}; so the run on "
+            f"{twin_microbatches} microbatches differs from the whole-batch run by the loss's weighting, "
+            f"not by rounding"), loss_split=split)
     if twin.get(NOT_NOISE):  # ``routing.trim_twin``: its top-k routing flipped
         return no(str(twin[NOT_NOISE]))
     if twin.get("nonfinite") or reference.get("nonfinite"):

@@ -52,6 +52,8 @@ class LossSplit(TypedDict):
     parts_mean: float
     parts: int  # the number of equal microbatches (the N-rank run's N·K)
     rel_gap: float  # |whole - parts_mean| / |whole|
+    # |Σ|∂L/∂out|² - Σ_i |∂L_i/∂out_i / parts|²| / Σ|∂L/∂out|² (None: no floating output)
+    grad_gap: float | None
     half: list[str]  # half-precision dtypes seen in forward (autocast): the noisier threshold
     threshold: float  # the largest rel_gap that still counts as a mean over samples
 
