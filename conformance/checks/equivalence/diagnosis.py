@@ -140,7 +140,7 @@ def hints(eq: Equivalence) -> tuple[list[str], bool]:
         causes.append(f"clip_grad_norm_ ran {clips} times in one optimizer step under DDP "
                       f"(reference: {ref_clips}): clipping inside the accumulation window "
                       f"rescales rank-local partial sums before they are synchronised")
-    weighting = split_weighting(eq.floor.loss_split)
+    weighting = split_weighting(eq.floor.loss_split) if eq.floor.weighting else None
     if weighting:
         causes.append(weighting)
     factor = eq.factor

@@ -93,8 +93,10 @@ class Floor:
     # The twin in rank order was bit-identical to the reference (the step joins its
     # microbatches), so the floor comes from the twin with its microbatches reversed (``twin``).
     reordered: bool = False
-    # Whether the loss decomposes as a mean over samples, measured by the twin (``hypotheses``).
+    # Whether the loss decomposes as a mean over samples, measured by the twin (``hypotheses``),
+    # and whether the twin carried that weighting (then the floor is not measured).
     loss_split: LossSplit | None = None
+    weighting: bool = False
 
     @property
     def measured(self) -> bool:
@@ -145,6 +147,7 @@ class Floor:
                 "reordered": self.reordered,
                 "twin_microbatches": self.twin_microbatches, "margin": self.margin,
                 "loss_split": dict(self.loss_split) if self.loss_split else None,
+                "loss_weighting": self.weighting,
                 "twin_factor_range": list(self.twin_factors) if self.twin_factors else None,
                 "gradients": {"floor_rel": self.grad_rel, "tensor": self.grad_tensor,
                               "bound_rel": self.grad_bound},
@@ -184,6 +187,31 @@ NOT_NEEDED = ("not needed: every tensor matched the single-process reference wit
               "dtype tolerance, which already tells the smallest scaling bug from rounding")
 
 
+def _carries_weighting(twin: dict[str, Any], split: LossSplit | None) -> str | None:
+    """Does the twin carry a per-microbatch weighting of the loss? Measured twice: the loss does
+    not decompose as a mean over samples (``hypotheses.split_weighting``), and the twin's
+    gradients differ from the reference's beyond their fixed tolerances (its worst one, in
+    words), or None.
+
+    The twin accumulates per-microbatch losses exactly as the ranks do, so it carries the same
+    weighting: its difference from the reference is that weighting, a systematic error, and a
+    floor set by it would pass the very deviation the check measures (and any bug smaller than
+    it). The reordered twin (same pieces) carries it too: no floor, the fixed tolerances judge
+    alone. The gradients decide because the measurement is of ``forward_loss``/``loss_fn``: a
+    ``train_step`` that renormalises by the global count computes the reference's gradients
+    from the same per-microbatch losses, and its twin is a floor like any other (AdamW's
+    last-bit parameter noise needs it: pytorch/examples' language_translation, normalised by
+    the global count, differs by 7e-5 in its parameters after a step)."""
+    if not split_weighting(split):
+        return None
+    compared: list[Compared] = [*(twin.get("grads0") or []), *(twin.get("pre_clip0") or [])]
+    beyond = [c.diff for c in compared if c.got_present and c.ref_present and not c.diff.ratio <= 1.0]
+    if not beyond:
+        return None
+    top = max(beyond, key=lambda d: d.max_rel)
+    return f"gradient of {top.name!r} by {fmt(top.max_rel)} of its scale"
+
+
 def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
                twin_microbatches: int) -> Floor:
     """The floor from the twin's summaries, or why the twin is no measurement of noise (None:
@@ -198,17 +226,14 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
                   f"({twin['failed']}): the step does not take that split")
     # Randomness left in forward moves the pieces' losses too: no measurement then.
     split: LossSplit | None = None if twin.get("rng_in_forward") else twin.get("loss_split")
-    if split_weighting(split):
-        # The twin accumulates per-microbatch losses exactly as the ranks do, so it carries the
-        # same weighting of the microbatches: its difference from the reference is that
-        # weighting, a systematic error, and a floor set by it would pass the very deviation
-        # the check measures (and any bug smaller than it). The reordered twin (same pieces)
-        # carries it too: no floor, the fixed tolerances judge alone.
+    weighted = _carries_weighting(twin, split)
+    if weighted is not None:
         assert split is not None
         return replace(no(
-            f"the loss is not a mean over samples: {measured_split(split)}; so the run on "
-            f"{twin_microbatches} microbatches differs from the whole-batch run by the loss's weighting, "
-            f"not by rounding"), loss_split=split)
+            f"the loss is not a mean over samples: {measured_split(split)}; and the run on "
+            f"{twin_microbatches} microbatches differs from the whole-batch run beyond the fixed "
+            f"tolerances ({weighted}): by the loss's weighting of the microbatches, not by rounding"),
+            loss_split=split, weighting=True)
     if twin.get(NOT_NOISE):  # ``routing.trim_twin``: its top-k routing flipped
         return no(str(twin[NOT_NOISE]))
     if twin.get("nonfinite") or reference.get("nonfinite"):
