@@ -5,7 +5,8 @@ GradScaler that skipped other steps on each side (``scaler_skips_differ``), why 
 be compared (``empty_reason``), and the causes a measurement supports (``hints``: other data
 per rank, a bypassed wrapper, an unsynchronised backward, randomness left in forward,
 per-rank BatchNorm statistics, clipping inside the accumulation window, a loss that is not a
-mean over samples, a uniform factor of N or K); otherwise "no known cause matched" with the evidence (``no_known_cause``).
+mean over samples, a uniform factor of N or K); otherwise "no known cause matched" with the
+evidence (``no_known_cause``).
 """
 
 from __future__ import annotations

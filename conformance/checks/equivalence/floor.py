@@ -44,9 +44,11 @@ measure the noise of *this* target in *this* configuration before judging DDP:
   per microbatch): the floor is "not measured", said with the reason, and the fixed tolerances
   judge alone — exactly the suite's behaviour before the floor existed. The same holds when
   the loss is not a mean over samples (``hypotheses.split_weighting``: the twin measured the
-  whole batch's loss apart from the mean of its microbatches' losses): the twin then carries
-  the N-rank run's weighting of the microbatches, and its difference is that weighting. No
-  other twin measures this floor (the reordered one has the same pieces), so there is none.
+  whole batch's loss, or its gradient with respect to the outputs, apart from its
+  microbatches') and the twin's gradients differ from the reference's beyond their fixed
+  tolerances: the twin then carries the N-rank run's weighting of the microbatches, and its
+  difference is that weighting. No other twin measures this floor (the reordered one has the
+  same pieces), so there is none (``_carries_weighting``).
 - **Too wide to judge.** When ``MARGIN × floor`` of the gradients reaches the relative error of
   the smallest scaling bug the check names (a loss scaled by N or K, or divided by them: a
   gradient factor f differs from the reference by ``|f - 1|`` of its scale), a passing

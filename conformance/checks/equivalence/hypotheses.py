@@ -147,15 +147,17 @@ def unsynchronised_cause(ranks: Sequence[Mapping[str, Any]], *, step: int) -> st
     return None
 
 
-#: How far the whole batch's loss may be from the mean of its microbatches' losses and still
-#: count as "a mean over samples", by the precision the forward computed in. In fp32 the two
-#: differ by summation order only: measured <= 1.7e-7 relative on every built-in, test and
-#: example target (2 and 8 pieces; docs/numerics.md), so 1e-5 leaves a factor of 60. With
+#: How far the whole batch's loss (and its gradient with respect to the outputs, ``loss_split``)
+#: may be from its microbatches' and still count as "a mean over samples", by the precision the
+#: forward computed in. In fp32 the two differ by summation order only: measured <= 1.7e-7
+#: relative in the values and <= 1.2e-9 in the gradients on every built-in, test and example
+#: target (2 and 8 pieces; docs/numerics.md), so 1e-5 leaves a factor of 60. With
 #: half-precision activations (autocast in ``forward_loss``) CPU bf16 measured the same ~1e-7,
-#: but another device may run a batch of another size through another kernel, which rounds
-#: the 8-bit logits otherwise: 1e-3 there. A weighting by a count that varies per microbatch
-#: moves the loss by far more unless every token's loss is alike (near log(vocabulary) at
-#: initial weights: 7.4e-3 on tests/targets/padded_lm_microbatch_mean.py).
+#: but another device may run a batch of another size through another kernel, which rounds the
+#: 8-bit logits otherwise: 1e-3 there. A weighting by a count that varies per microbatch moves
+#: the gradient by far more (4.8e-3 on 8 pieces of tests/targets/padded_lm_microbatch_mean.py,
+#: 2.1e-2 on pytorch/examples' language_translation), the values less (9.4e-5, 2.7e-4: at
+#: initial weights every token's loss is near log(vocabulary)).
 SPLIT_GAP = 1e-5
 SPLIT_GAP_HALF = 1e-3
 

@@ -45,8 +45,9 @@ class Instrument(Protocol):
 
 
 class LossSplit(TypedDict):
-    """The loss of the whole global batch against its equal microbatches' (``loss_split``):
-    forward only, the target's own loss, at the initial weights, dropout off."""
+    """The loss of the whole global batch against its equal microbatches' (``loss_split``): the
+    target's own loss, at the initial weights, dropout off; forwards, and a backward through
+    the loss alone."""
 
     whole: float
     parts_mean: float
@@ -55,7 +56,7 @@ class LossSplit(TypedDict):
     # |Σ|∂L/∂out|² - Σ_i |∂L_i/∂out_i / parts|²| / Σ|∂L/∂out|² (None: no floating output)
     grad_gap: float | None
     half: list[str]  # half-precision dtypes seen in forward (autocast): the noisier threshold
-    threshold: float  # the largest rel_gap that still counts as a mean over samples
+    threshold: float  # the largest rel_gap / grad_gap that still counts as a mean over samples
 
 
 class SetupSlice(TypedDict, total=False):
