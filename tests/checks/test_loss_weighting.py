@@ -73,6 +73,13 @@ def test_a_twin_of_a_loss_that_does_not_decompose_is_no_floor():
     ref, twin = _runs([_c("w", 1e-7, 1.0)], loss_split=split)
     floor = twin_floor(ref, twin, twin_microbatches=4)
     assert floor.measured and not floor.weighting and floor.loss_split == split
+    # Under autocast the twin's rounding alone (bf16: ~4e-3) is beyond the fixed tolerances:
+    # only a difference beyond what that rounding reaches is the weighting.
+    autocast = {"features": {"autocast": {"value": "torch.bfloat16 (cpu)"}}}
+    ref, twin = _runs([_c("w", 4e-3, 1.0)], loss_split=split, **autocast)
+    assert twin_floor(ref, twin, twin_microbatches=4).grad_rel == pytest.approx(4e-3)
+    ref, twin = _runs([_c("w", 0.05, 1.0)], loss_split=split, **autocast)
+    assert twin_floor(ref, twin, twin_microbatches=4).weighting
 
 
 @pytest.mark.parametrize("check, k", [("gradient-equivalence", 1), ("no-sync-equivalence", 4)])

@@ -78,6 +78,11 @@ MARGIN = 4.0
 FACTOR_SLACK = 0.05
 #: The record key of a twin that ran with its microbatches reversed (``twin``).
 REORDERED = "reordered"
+#: How far a half-precision step's own rounding moves the twin's gradients from the reference's:
+#: bf16 autocast floors measured 3.7e-3 of a gradient's scale (docs/numerics.md), times MARGIN.
+#: Below it a twin under autocast stays the floor even when the loss does not decompose
+#: (``_carries_weighting``): a correct step normalised by the global count differs by that much.
+HALF_ROUNDING = MARGIN * 3.7e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +208,17 @@ def _carries_weighting(twin: dict[str, Any], split: LossSplit | None) -> str | N
     ``train_step`` that renormalises by the global count computes the reference's gradients
     from the same per-microbatch losses, and its twin is a floor like any other (AdamW's
     last-bit parameter noise needs it: pytorch/examples' language_translation, normalised by
-    the global count, differs by 7e-5 in its parameters after a step)."""
+    the global count, differs by 7e-5 in its parameters after a step). Under autocast the
+    twin's rounding reaches ``HALF_ROUNDING`` of the gradients' scale whatever the loss: only a
+    difference beyond it is taken for the weighting."""
     if not split_weighting(split):
         return None
+    assert split is not None
+    # Under autocast the twin's rounding alone goes beyond the fixed tolerances.
+    least = HALF_ROUNDING if "autocast" in (twin.get("features") or {}) or split["half"] else 0.0
     compared: list[Compared] = [*(twin.get("grads0") or []), *(twin.get("pre_clip0") or [])]
-    beyond = [c.diff for c in compared if c.got_present and c.ref_present and not c.diff.ratio <= 1.0]
+    beyond = [c.diff for c in compared if c.got_present and c.ref_present
+              and not (c.diff.ratio <= 1.0 or c.diff.max_rel <= least)]
     if not beyond:
         return None
     top = max(beyond, key=lambda d: d.max_rel)
