@@ -4,8 +4,9 @@ Functions of a :class:`comparison.Equivalence`: the first NaN/Inf (``nonfinite``
 GradScaler that skipped other steps on each side (``scaler_skips_differ``), why nothing could
 be compared (``empty_reason``), and the causes a measurement supports (``hints``: other data
 per rank, a bypassed wrapper, an unsynchronised backward, randomness left in forward,
-per-rank BatchNorm statistics, clipping inside the accumulation window, a uniform factor of N
-or K); otherwise "no known cause matched" with the evidence (``no_known_cause``).
+per-rank BatchNorm statistics, clipping inside the accumulation window, a loss that is not a
+mean over samples, a uniform factor of N or K); otherwise "no known cause matched" with the
+evidence (``no_known_cause``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .comparison import Equivalence
-from .hypotheses import scale_causes, unsynchronised_cause
+from .hypotheses import scale_causes, split_weighting, unsynchronised_cause
 
 
 def nonfinite(eq: Equivalence) -> tuple[str, dict[str, Any]] | None:
@@ -149,6 +150,9 @@ def hints(eq: Equivalence) -> tuple[list[str], bool]:
         causes.append(f"clip_grad_norm_ ran {clips} times in one optimizer step under DDP "
                       f"(reference: {ref_clips}): clipping inside the accumulation window "
                       f"rescales rank-local partial sums before they are synchronised")
+    weighting = split_weighting(eq.floor.loss_split) if eq.floor.weighting else None
+    if weighting:
+        causes.append(weighting)
     factor = eq.factor
     if factor is not None and not bypass:
         causes += scale_causes(factor, world_size=eq.world_size,

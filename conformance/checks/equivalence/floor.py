@@ -42,7 +42,13 @@ measure the noise of *this* target in *this* configuration before judging DDP:
   moves a projection by far less). Otherwise the split changes what the step computes (a loss
   not divided by the number of microbatches, clipping inside the accumulation window, a step
   per microbatch): the floor is "not measured", said with the reason, and the fixed tolerances
-  judge alone — exactly the suite's behaviour before the floor existed.
+  judge alone — exactly the suite's behaviour before the floor existed. The same holds when
+  the loss is not a mean over samples (``hypotheses.split_weighting``: the twin measured the
+  whole batch's loss, or its gradient with respect to the outputs, apart from its
+  microbatches') and the twin's gradients differ from the reference's beyond their fixed
+  tolerances: the twin then carries the N-rank run's weighting of the microbatches, and its
+  difference is that weighting. No other twin measures this floor (the reordered one has the
+  same pieces), so there is none (``_carries_weighting``).
 - **Too wide to judge.** When ``MARGIN × floor`` of the gradients reaches the relative error of
   the smallest scaling bug the check names (a loss scaled by N or K, or divided by them: a
   gradient factor f differs from the reference by ``|f - 1|`` of its scale), a passing
@@ -57,7 +63,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .tensors import Compared, TensorDiff, fmt
-from .hypotheses import NEGLIGIBLE, scale_from
+from .hypotheses import NEGLIGIBLE, measured_split, scale_from, split_weighting
+from .records import LossSplit
 from .routing import NOT_NOISE
 
 #: DDP difference allowed per unit of measured floor. The twin and the N-rank run round the
@@ -71,6 +78,11 @@ MARGIN = 4.0
 FACTOR_SLACK = 0.05
 #: The record key of a twin that ran with its microbatches reversed (``twin``).
 REORDERED = "reordered"
+#: How far a half-precision step's own rounding moves the twin's gradients from the reference's:
+#: bf16 autocast floors measured 3.7e-3 of a gradient's scale (docs/numerics.md), times MARGIN.
+#: Below it a twin under autocast stays the floor even when the loss does not decompose
+#: (``_carries_weighting``): a correct step normalised by the global count differs by that much.
+HALF_ROUNDING = MARGIN * 3.7e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +100,10 @@ class Floor:
     # The twin in rank order was bit-identical to the reference (the step joins its
     # microbatches), so the floor comes from the twin with its microbatches reversed (``twin``).
     reordered: bool = False
+    # Whether the loss decomposes as a mean over samples, measured by the twin (``hypotheses``),
+    # and whether the twin carried that weighting (then the floor is not measured).
+    loss_split: LossSplit | None = None
+    weighting: bool = False
 
     @property
     def measured(self) -> bool:
@@ -137,6 +153,8 @@ class Floor:
                            + ", against the whole-batch reference"),
                 "reordered": self.reordered,
                 "twin_microbatches": self.twin_microbatches, "margin": self.margin,
+                "loss_split": dict(self.loss_split) if self.loss_split else None,
+                "loss_weighting": self.weighting,
                 "twin_factor_range": list(self.twin_factors) if self.twin_factors else None,
                 "gradients": {"floor_rel": self.grad_rel, "tensor": self.grad_tensor,
                               "bound_rel": self.grad_bound},
@@ -176,6 +194,37 @@ NOT_NEEDED = ("not needed: every tensor matched the single-process reference wit
               "dtype tolerance, which already tells the smallest scaling bug from rounding")
 
 
+def _carries_weighting(twin: dict[str, Any], split: LossSplit | None) -> str | None:
+    """Does the twin carry a per-microbatch weighting of the loss? Measured twice: the loss does
+    not decompose as a mean over samples (``hypotheses.split_weighting``), and the twin's
+    gradients differ from the reference's beyond their fixed tolerances (its worst one, in
+    words), or None.
+
+    The twin accumulates per-microbatch losses exactly as the ranks do, so it carries the same
+    weighting: its difference from the reference is that weighting, a systematic error, and a
+    floor set by it would pass the very deviation the check measures (and any bug smaller than
+    it). The reordered twin (same pieces) carries it too: no floor, the fixed tolerances judge
+    alone. The gradients decide because the measurement is of ``forward_loss``/``loss_fn``: a
+    ``train_step`` that renormalises by the global count computes the reference's gradients
+    from the same per-microbatch losses, and its twin is a floor like any other (AdamW's
+    last-bit parameter noise needs it: pytorch/examples' language_translation, normalised by
+    the global count, differs by 7e-5 in its parameters after a step). Under autocast the
+    twin's rounding reaches ``HALF_ROUNDING`` of the gradients' scale whatever the loss: only a
+    difference beyond it is taken for the weighting."""
+    if not split_weighting(split):
+        return None
+    assert split is not None
+    # Under autocast the twin's rounding alone goes beyond the fixed tolerances.
+    least = HALF_ROUNDING if "autocast" in (twin.get("features") or {}) or split["half"] else 0.0
+    compared: list[Compared] = [*(twin.get("grads0") or []), *(twin.get("pre_clip0") or [])]
+    beyond = [c.diff for c in compared if c.got_present and c.ref_present
+              and not (c.diff.ratio <= 1.0 or c.diff.max_rel <= least)]
+    if not beyond:
+        return None
+    top = max(beyond, key=lambda d: d.max_rel)
+    return f"gradient of {top.name!r} by {fmt(top.max_rel)} of its scale"
+
+
 def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
                twin_microbatches: int) -> Floor:
     """The floor from the twin's summaries, or why the twin is no measurement of noise (None:
@@ -188,6 +237,16 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
     if twin.get("failed"):
         return no(f"the same train_step on {twin_microbatches} microbatches in one process raised "
                   f"({twin['failed']}): the step does not take that split")
+    # Randomness left in forward moves the pieces' losses too: no measurement then.
+    split: LossSplit | None = None if twin.get("rng_in_forward") else twin.get("loss_split")
+    weighted = _carries_weighting(twin, split)
+    if weighted is not None:
+        assert split is not None
+        return replace(no(
+            f"the loss is not a mean over samples: {measured_split(split)}; and the run on "
+            f"{twin_microbatches} microbatches differs from the whole-batch run beyond the fixed "
+            f"tolerances ({weighted}): by the loss's weighting of the microbatches, not by rounding"),
+            loss_split=split, weighting=True)
     if twin.get(NOT_NOISE):  # ``routing.trim_twin``: its top-k routing flipped
         return no(str(twin[NOT_NOISE]))
     if twin.get("nonfinite") or reference.get("nonfinite"):
@@ -230,4 +289,4 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
     top = max(params, key=lambda c: c.diff.max_abs, default=None)
     return Floor(grad_rel, top.diff.max_abs if top else 0.0, twin_microbatches, grad_tensor=grad_name,
                  param_tensor=top.name if top else None, twin_factors=factors,
-                 reordered=bool(twin.get(REORDERED)))
+                 reordered=bool(twin.get(REORDERED)), loss_split=split)

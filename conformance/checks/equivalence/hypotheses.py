@@ -8,7 +8,10 @@ A cause is named only when a measurement in the record supports it:
   a loss not divided (or divided twice) by the accumulation steps;
 - 0 all-reduces observed, and forwards through the inner module only: DDP was bypassed;
 - randomness left in forward after dropout was switched off;
-- BatchNorm batches that could not be normalised in the reference's groups.
+- BatchNorm batches that could not be normalised in the reference's groups;
+- a loss that is not a mean over samples: the whole batch's loss is not the mean of its
+  microbatches' losses (``loss_split``, measured by the floor's twin: a mean over a count that
+  varies per microbatch, e.g. ``ignore_index``).
 
 Otherwise the message says that no known cause matched and shows the evidence.
 """
@@ -17,8 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from .records import LossSplit
 
 if TYPE_CHECKING:
     from .tensors import Compared
@@ -140,3 +145,138 @@ def unsynchronised_cause(ranks: Sequence[Mapping[str, Any]], *, step: int) -> st
                 f"synchronises: set require_backward_grad_sync before the last micro-step's forward "
                 f"(not after it), and use no_sync() on the first K-1 micro-steps only")
     return None
+
+
+#: How far the whole batch's loss (and its gradient with respect to the outputs, ``loss_split``)
+#: may be from its microbatches' and still count as "a mean over samples", by the precision the
+#: forward computed in. In fp32 the two differ by summation order only: measured <= 1.7e-7
+#: relative in the values and <= 1.2e-9 in the gradients on every built-in, test and example
+#: target (2 and 8 pieces; docs/numerics.md), so 1e-5 leaves a factor of 60. With
+#: half-precision activations (autocast in ``forward_loss``) CPU bf16 measured the same ~1e-7,
+#: but another device may run a batch of another size through another kernel, which rounds the
+#: 8-bit logits otherwise: 1e-3 there. A weighting by a count that varies per microbatch moves
+#: the gradient by far more (4.8e-3 on 8 pieces of tests/targets/padded_lm_microbatch_mean.py,
+#: 2.1e-2 on pytorch/examples' language_translation), the values less (9.4e-5, 2.7e-4: at
+#: initial weights every token's loss is near log(vocabulary)).
+SPLIT_GAP = 1e-5
+SPLIT_GAP_HALF = 1e-3
+
+
+def loss_split(model: Any, loss: Callable[[Any, Any, Any], Any], whole: tuple[Any, Any],
+               parts: list[tuple[Any, Any]], *, device: Any = None) -> LossSplit:
+    """Does the target's loss decompose as a mean over samples? ``loss(model, inputs,
+    targets)`` on the whole batch and on each of its equal ``parts``, compared two ways:
+
+    - the values: the whole batch's loss against the mean of the parts' losses;
+    - the loss's gradient with respect to the model's outputs (a zero added to every floating
+      output of ``model``'s forward, differentiated: a backward through the loss alone, never
+      the model): Σ|∂L/∂out|² of the whole batch against Σ over the parts of |∂L_i/∂out_i / M|².
+      For a per-sample mean both are Σ_s|∂l_s/∂out_s|²/B²; for a mean over a count that varies
+      per part, (1/M²)·Σ_i Σ_{t∈i}|∂l_t|²/C_i² ≠ Σ_t|∂l_t|²/C² even when every token's loss is
+      alike — the values cannot tell then (at initial weights every token's loss is near
+      log(vocabulary)), the weights of the tokens in the gradient can.
+
+    ``fork_rng`` with the buffers put back (``randomness.forward_is_random`` does the same): the
+    real run's state and generators do not move. Rank side (the floor's twin)."""
+    import torch
+
+    saved = [(buf, buf.detach().clone()) for buf in model.buffers()]
+    cuda = [device.index] if getattr(device, "type", "cpu") == "cuda" else []
+    half: set[str] = set()  # the half-precision dtypes a module's output had (autocast)
+    zeros: list[Any] = []  # the zeros added to this call's outputs
+
+    def watch(module: Any, args: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.dtype in (torch.float16, torch.bfloat16):
+            half.add(str(output.dtype))
+
+    def plus_zero(module: Any, args: Any, output: Any) -> Any:
+        # Per-sample outputs only: a scalar (a loss the model computes itself) is the batch's.
+        if isinstance(output, torch.Tensor) and output.is_floating_point() and output.dim() > 0:
+            zeros.append(torch.zeros_like(output, requires_grad=True))
+            return output + zeros[-1]
+        if type(output) in (tuple, list):
+            return type(output)(plus_zero(module, args, o) for o in output)
+        if type(output) is dict:
+            return {k: plus_zero(module, args, v) for k, v in output.items()}
+        return output
+
+    def measure(inputs: Any, targets: Any, scale: float) -> tuple[float, float | None]:
+        zeros.clear()
+        value = loss(model, inputs, targets)
+        if not (zeros and value.requires_grad):
+            return float(value.detach().double()), None
+        grads = torch.autograd.grad(value, zeros, allow_unused=True)
+        return float(value.detach().double()), sum(float((g.double() * scale).pow(2).sum())
+                                                   for g in grads if g is not None)
+
+    hooks = [torch.nn.modules.module.register_module_forward_hook(watch), model.register_forward_hook(plus_zero)]
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            full, full_sq = measure(*whole, 1.0)
+            pieces = [measure(*p, 1.0 / len(parts)) for p in parts]
+    finally:
+        for hook in hooks:
+            hook.remove()
+        with torch.no_grad():
+            for buf, value in saved:
+                buf.copy_(value)
+    mean = sum(v for v, _ in pieces) / len(pieces)
+    gap = abs(full - mean) / abs(full) if full else abs(mean)
+    squares = [q for _, q in pieces]
+    grad_gap = None
+    if full_sq is not None and None not in squares:
+        parts_sq = sum(q for q in squares if q is not None)
+        grad_gap = abs(full_sq - parts_sq) / full_sq if full_sq else None
+    return LossSplit(whole=full, parts_mean=mean, parts=len(pieces), rel_gap=gap, grad_gap=grad_gap,
+                     half=sorted(half), threshold=SPLIT_GAP_HALF if half else SPLIT_GAP)
+
+
+def split_weighting(split: LossSplit | None) -> str | None:
+    """Measured: the loss is not a mean over samples (its whole-batch value, or its gradient
+    with respect to the outputs, is not its equal microbatches' mean, nor a sum), or None.
+
+    A loss that is a mean over a count that varies per microbatch (tokens not ignored by
+    ``ignore_index``, a mask's sum) weighs each microbatch's tokens by 1/(its own count): DDP
+    averages the ranks' means, accumulation the microbatches' means, and the tokens of short
+    microbatches weigh more than in the large-batch step. A summed loss is not this (its
+    whole is the sum of its parts: the uniform factor 1/(N·K) of ``scale_causes``)."""
+    if split is None:
+        return None
+    whole, mean, m, limit = split["whole"], split["parts_mean"], split["parts"], split["threshold"]
+    if mean and abs(whole / (mean * m) - 1) <= limit:
+        return None  # a summed loss
+    grad_gap = split.get("grad_gap")
+    off = [g for g in (split["rel_gap"], grad_gap) if g is not None and math.isfinite(g) and g > limit]
+    if not off:
+        return None
+    return (f"{measured_split(split)}: the loss is not a mean over samples — a mean over a count "
+            f"that varies per microbatch (ignore_index, a padding mask's sum) or a batch-level term; "
+            f"DDP averages the ranks' means and accumulation the microbatches' means, so the "
+            f"samples of microbatches with fewer counted targets weigh more than in the "
+            f"large-batch step")
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.2g} %"
+
+
+def measured_split(split: LossSplit) -> str:
+    """``loss_split``'s figures in words."""
+    m, grad_gap = split["parts"], split.get("grad_gap")
+    text = (f"the loss of the whole batch is {split['whole']:.4g} but the mean of its {m} "
+            f"microbatches' losses is {split['parts_mean']:.4g} ({_percent(split['rel_gap'])} apart)")
+    if grad_gap is not None:
+        text += (f"; its gradient with respect to the model's outputs weighs the samples otherwise: "
+                 f"Σ|∂L/∂out|² of the whole batch differs by {_percent(grad_gap)} from its "
+                 f"microbatches' (each loss divided by {m})")
+    return text + " (measured at the initial weights, with no backward through the model)"
+
+
+#: What to do about ``split_weighting``: normalise by the global count.
+GLOBAL_COUNT = ("sum the per-token loss and divide by the count of counted targets of the whole "
+                "optimizer step, summed over the K microbatches and all-reduced over the ranks "
+                "(times the world size, since DDP divides by it): `n = sum((y != PAD).sum() for _, y "
+                "in microbatches); dist.all_reduce(n)`, then per microbatch `loss = "
+                "F.cross_entropy(logits, y, ignore_index=PAD, reduction='sum') * world_size / n` "
+                "(what Hugging Face transformers does since 2024); or accept the deviation, which "
+                "production DDP training with per-microbatch means has, knowing its size")

@@ -74,9 +74,10 @@ from .instruments import (
     StepRecorder,
     first_nonfinite,
 )
+from .hypotheses import loss_split
 from .normalisation import group_batchnorm, sizes_seen
 from .randomness import disable_dropout, forward_is_random
-from .records import Batch, ClipSlice, GradientSlice, Instrument, RankRecord, SetupSlice
+from .records import Batch, ClipSlice, GradientSlice, Instrument, LossSplit, RankRecord, SetupSlice
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 from .tensors import Compared
 
@@ -121,6 +122,9 @@ class RunPlan:
     # The microbatches handed to train_step in reverse order: the same sum in another order
     # (the reordered twin of ``twin``, for a step that joins its microbatches again).
     reverse_microbatches: bool = False
+    # Measure whether the loss decomposes as a mean over samples (``hypotheses.loss_split``):
+    # the floor's twin, on the global batch and its N·K microbatches, before its first step.
+    measure_loss_split: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -474,6 +478,20 @@ def _destination(rank_ctx: RankContext, plan: RunPlan) -> Destination:
                        record=writes or rank == 0 or plan.record_all_ranks)
 
 
+def _loss_split(target: Any, model: Any, plan: RunPlan, rank_ctx: RankContext) -> LossSplit | None:
+    """``hypotheses.loss_split`` on this run's global batch and its microbatches (the twin's
+    N·K), or None when the whole batch does not go through one forward (memory)."""
+    whole = global_batch(target, plan.global_batch, seed=plan.seed)
+    parts = to_device(shard(whole, rank_ctx.rank, rank_ctx.world_size, plan.microbatches,
+                            dims=batch_dims(target)), rank_ctx.device)
+    try:
+        with run_eagerly():
+            return loss_split(model, target.compute_loss, to_device([whole], rank_ctx.device)[0], parts,
+                              device=rank_ctx.device)
+    except Exception:  # noqa: BLE001 - no measurement, and no cause named from it
+        return None
+
+
 def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     """The target's model built from the suite's seed, dropout off, BatchNorm grouped, started
     from the reference's initial weights, wrapped in DDP with the target's ``ddp_kwargs``."""
@@ -499,6 +517,8 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
         rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device)
     group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
     grouped = group_batchnorm(model, group)
+    # After grouping BatchNorm: the whole batch then normalises in the pieces' groups.
+    split = _loss_split(target, model, plan, rank_ctx) if plan.measure_loss_split else None
     kwargs = effective_ddp_kwargs(target, plan.ddp_overrides)
     # Before wrapping, on rank 0 only: DDP's construction broadcast then carries rank 0's
     # (reference-checked) weights to every rank, including ranks that cannot read the files.
@@ -508,6 +528,8 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
                        comm_hook=comm_hook_of(ddp, uncompressed=plan.uncompressed),
                        dropout_disabled=dropout, rng_in_forward=rng_left, batchnorm_grouped=grouped,
                        batchnorm_group=group if grouped else None)
+    if split is not None:
+        setup["loss_split"] = split
     inner = unwrap(ddp)
     optimizer = target.make_optimizer(ddp)
     if to.writer is not None:

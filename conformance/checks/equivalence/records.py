@@ -44,6 +44,21 @@ class Instrument(Protocol):
         ...
 
 
+class LossSplit(TypedDict):
+    """The loss of the whole global batch against its equal microbatches' (``loss_split``): the
+    target's own loss, at the initial weights, dropout off; forwards, and a backward through
+    the loss alone."""
+
+    whole: float
+    parts_mean: float
+    parts: int  # the number of equal microbatches (the N-rank run's N·K)
+    rel_gap: float  # |whole - parts_mean| / |whole|
+    # |Σ|∂L/∂out|² - Σ_i |∂L_i/∂out_i / parts|²| / Σ|∂L/∂out|² (None: no floating output)
+    grad_gap: float | None
+    half: list[str]  # half-precision dtypes seen in forward (autocast): the noisier threshold
+    threshold: float  # the largest rel_gap / grad_gap that still counts as a mean over samples
+
+
 class SetupSlice(TypedDict, total=False):
     """How the run was set up on this rank (``recording.prepare``)."""
 
@@ -55,6 +70,8 @@ class SetupSlice(TypedDict, total=False):
     batchnorm_grouped: list[str]
     batchnorm_group: int | None
     batchnorm_sizes_seen: list[int]
+    # The floor's twin only: does the loss decompose as a mean over samples (``hypotheses``)?
+    loss_split: LossSplit
     # Compare role only: the first tensor whose initial value differed from the reference's
     # build (then copied in), and how this rank compared (``digests.REFERENCE`` | ``DIGEST``).
     initial_differs_from_reference: str | None

@@ -15,6 +15,12 @@ microbatches in *reverse* order: the same microbatches (each one intact, so Batc
 and per-microbatch losses are unchanged), the same sum, another summation order — the
 rounding of a reordered reduction, which is what DDP's all-reduce is (docs/numerics.md,
 "The noise floor").
+
+Before its first step the twin also measures whether the loss decomposes as a mean over
+samples (``hypotheses.loss_split``: one forward of the global batch and one of each of its
+N·K microbatches, each with a backward through the loss alone, not the model): a loss that
+does not carries the N-rank run's weighting of the microbatches into the twin, and its
+difference is then that weighting, not noise (``floor``).
 """
 
 from __future__ import annotations
@@ -60,9 +66,13 @@ def run_twin(ctx: CheckContext, plan: RunPlan, group: int, folder: Path) -> dict
     them). A call of its own: in the reference's it would double that call's time, and a
     --deadline fitted to the N-rank step would fire on a correct large model."""
     twin_plan = replace(plan, microbatches=ctx.world_size * plan.microbatches, count_allreduce=False,
-                        norm_group=group, snapshots=str(folder), uncompressed=True)
+                        norm_group=group, snapshots=str(folder), uncompressed=True,
+                        measure_loss_split=True)
     twin = _run_twin(ctx, twin_plan)
     if twin.get("failed") or not bit_identical(twin):
         return twin
-    reordered = _run_twin(ctx, replace(twin_plan, reverse_microbatches=True))
-    return twin if reordered.get("failed") else {**reordered, REORDERED: True}
+    # The same pieces: the loss's decomposition is the first twin's (measured once).
+    reordered = _run_twin(ctx, replace(twin_plan, reverse_microbatches=True, measure_loss_split=False))
+    if reordered.get("failed"):
+        return twin
+    return {**reordered, REORDERED: True, **({"loss_split": twin["loss_split"]} if "loss_split" in twin else {})}
