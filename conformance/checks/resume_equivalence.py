@@ -12,11 +12,16 @@ prefix; every rank writing one file in place, torn by a kill during the write.
 
 What runs, each life in a fresh world (``resume``): the target's own ``run_loop`` with
 ``ctx.checkpoint_dir`` (empty at first), ``ctx.checkpoint_every`` and ``ctx.restarts``:
-(a) uninterrupted for ``ctx.steps`` optimizer steps; (b) the whole world SIGKILLed after the
+(a) uninterrupted for ``ctx.steps`` optimizer steps; (b) the whole world stopped after the
 first step by which a checkpoint was complete, then a fresh world on the same folder resuming
 to ``ctx.steps``; (c) the highest rank that saves SIGKILLed half-way through a ``torch.save``
 into the folder (the second save round; the others torn down), then restarted the same way.
-Kill points are keyed by steps and saves, never by time. Every life's model runs with dropout
+Kill points are keyed by steps and saves, never by time. (b)'s first life is (a) itself: its
+ranks wait at that point while the checkpoint folder is copied, which is what a SIGKILL there
+leaves on disk (``resume/life.py``, ``Steps._copy_here``), and the restart runs on the copy
+under the same path; when no copy was made (a rank never answered) the world is SIGKILLed
+there as (c)'s is. That saves a world and a life: the check costs about 3 uninterrupted runs
+(README, benchmarks/resume_cost.py). Every life's model runs with dropout
 off (as the equivalence checks compare): a loop need not save torch's RNG state to resume; a
 restart that no step could be compared for is inconclusive, never passed. On every rank and every resumed step
 the judge compares the restored state at the step's entry, the samples, and the state where
@@ -53,6 +58,7 @@ from .resume import (
     Run,
     Verdict,
     between_steps_plan,
+    copied_at,
     during_save_plan,
     files_in,
     judge_run,
@@ -95,7 +101,7 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     try:
         # A world for the next life starts while this loop runs, where spare cores make that
         # free: it is closed unused when the loop writes no checkpoint (the check then skips).
-        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=int(lives.ahead > 1))
+        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=int(lives.ahead > 1), copy=True)
     except WorldHang as exc:
         return world_error_outcome(exc, "the target's run_loop (uninterrupted)")
     if failure is not None:
@@ -117,7 +123,10 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
             continue
         later = 2 * sum(not isinstance(p, str) for _, p in plans[i + 1:])  # lives that follow these two
         try:
-            killed = lives.killed(scenario, plan, size, more=later)
+            # Killed between steps: the uninterrupted run stopped there is its first life, when
+            # its checkpoint folder was copied at that point (Lives.from_copy); else a real kill.
+            killed = (lives.from_copy(a, plan, size, more=later) if scenario == KILLED_BETWEEN and copied_at(a, plan)
+                      else lives.killed(scenario, plan, size, more=later))
         except WorldHang as exc:
             return world_error_outcome(exc, f"the target's run_loop ({scenario}, restarted)")
         if (problem := _unplanned(killed)) is not None:

@@ -18,7 +18,16 @@ from typing import Any
 
 from ...harness.world import RankFailure
 from .life import live
-from .records import KILLED_BETWEEN, KILLED_DURING_SAVE, UNINTERRUPTED, KillPlan, Life, journal_path, read_journal
+from .records import (
+    KILLED_BETWEEN,
+    KILLED_DURING_SAVE,
+    UNINTERRUPTED,
+    KillPlan,
+    Life,
+    journal_path,
+    read_journal,
+    stopped_at,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +39,9 @@ class Run:
     lives: list[list[Life]]  # [life 1, life 2], each in rank order; one life when uninterrupted
     failure: RankFailure | None = None  # how life 1 ended in the supervisor's eyes (killed: expected)
     kill_fired: bool = True  # the planned kill was carried out (a journal says "killed")
+    #: life 1 is the uninterrupted run up to the kill point, its checkpoint folder copied there
+    #: (``Lives.from_copy``), not a world of its own SIGKILLed
+    copied: bool = False
 
     @property
     def first(self) -> list[Life]:
@@ -95,17 +107,24 @@ class Lives:
             launch()
         return _Entered(world)
 
-    def one(self, scenario: str, life: int, plan: KillPlan, size: int, *,
-            more: int = 0) -> tuple[list[Life], RankFailure | None]:
+    def copy(self) -> Path:
+        """Where the uninterrupted life copies its checkpoint folder at the between-steps kill point."""
+        return self.folder / f"{KILLED_BETWEEN}-copy"
+
+    def one(self, scenario: str, life: int, plan: KillPlan, size: int, *, more: int = 0, copy: bool = False,
+            checkpoints: Path | None = None) -> tuple[list[Life], RankFailure | None]:
         """Life ``life`` of ``scenario``: the journals, and the RankFailure it ended in (None:
         every rank returned). A hang or another failure propagates to the caller. ``more``:
-        how many lives follow (their worlds are launched now)."""
+        how many lives follow (their worlds are launched now); ``copy``: the checkpoint folder
+        copied at the between-steps kill point (``copy()``, ``from_copy``); ``checkpoints``: the
+        folder (default: the scenario's own)."""
         failure = None
+        folder = checkpoints or self.checkpoints(scenario)
         with self._take(more) as world:
             try:
-                world.run(live, self.spec, folder=str(self.folder), checkpoints=str(self.checkpoints(scenario)),
+                world.run(live, self.spec, folder=str(self.folder), checkpoints=str(folder),
                           scenario=scenario, life=life, plan=plan, steps=self.steps, every=self.every,
-                          deadline=self.deadline)
+                          copy_to=str(self.copy()) if copy else None, deadline=self.deadline)
             except RankFailure as exc:
                 failure = exc
         return [read_journal(journal_path(self.folder, scenario, life, r), r) for r in range(size)], failure
@@ -121,6 +140,20 @@ class Lives:
             return Run(scenario, plan, [first], failure, kill_fired=False)
         second, failure2 = self.one(scenario, 2, KillPlan("none"), size, more=more)
         return Run(scenario, plan, [first, second], failure2)
+
+
+    def from_copy(self, uninterrupted: list[Life], plan: KillPlan, size: int, *, more: int = 0) -> Run:
+        """The killed-between-steps scenario with the uninterrupted run as its life 1: stopped
+        at the kill point, where its checkpoint folder was copied (``life.Steps._copy_here``
+        says why the copy is what a whole-world SIGKILL there leaves), then life 2 in a fresh
+        world on that copy, under the very path life 1 wrote to (a checkpoint that names its
+        own folder, a ``latest`` symlink, finds it as after a real kill)."""
+        first = [stopped_at(life, plan.step) for life in uninterrupted]
+        path = self.checkpoints(UNINTERRUPTED)
+        os.replace(path, self.folder / f"{UNINTERRUPTED}-checkpoints-at-the-end")
+        os.replace(self.copy(), path)
+        second, failure = self.one(KILLED_BETWEEN, 2, KillPlan("none"), size, more=more, checkpoints=path)
+        return Run(KILLED_BETWEEN, plan, [first, second], failure, copied=True)
 
 
 class _Deferred:
@@ -148,6 +181,13 @@ class _Entered:
 
     def __exit__(self, *exc: Any) -> None:
         self.world.close()
+
+
+def copied_at(uninterrupted: list[Life], plan: KillPlan | str) -> bool:
+    """The uninterrupted life copied its checkpoint folder at ``plan``'s kill point (rank 0
+    journals the copy; ``from_copy`` can stand in for a killed first life)."""
+    return (isinstance(plan, KillPlan) and plan.kind == "after-step" and bool(uninterrupted)
+            and uninterrupted[0].copied == plan.step)
 
 
 def between_steps_plan(uninterrupted: list[Life]) -> KillPlan | str:
