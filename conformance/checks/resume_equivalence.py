@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from .resume import (
     KILLED_DURING_SAVE,
     UNINTERRUPTED,
     KillPlan,
+    Life,
     Lives,
     Run,
     Verdict,
@@ -99,9 +101,9 @@ def _experiment(ctx: CheckContext, folder: Path) -> Outcome:
 def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     size = ctx.world_size
     try:
-        # A world for the next life starts while this loop runs, where spare cores make that
-        # free: it is closed unused when the loop writes no checkpoint (the check then skips).
-        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=int(lives.ahead > 1), copy=True)
+        # A world for the next life starts while this loop runs (closed unused when the loop
+        # writes no checkpoint: the check then skips).
+        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=1, copy=True)
     except WorldHang as exc:
         return world_error_outcome(exc, "the target's run_loop (uninterrupted)")
     if failure is not None:
@@ -114,21 +116,15 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
                                f"(ctx.checkpoint_every={EVERY}): there is no checkpoint to resume from; save there "
                                f"and resume from it at start-up (ctx.tmpdir is each rank's own and is not kept "
                                f"across a restart; see examples/train_resume.py)")
+    plans = {KILLED_BETWEEN: between_steps_plan(a), KILLED_DURING_SAVE: during_save_plan(a)}
+    skipped = {scenario: plan for scenario, plan in plans.items() if isinstance(plan, str)}
+    kills = {scenario: plan for scenario, plan in plans.items() if not isinstance(plan, str)}
+    runs = _killed(lives, a, kills, size)
     verdicts: list[Verdict] = []
-    skipped: dict[str, str] = {}
-    plans = [(KILLED_BETWEEN, between_steps_plan(a)), (KILLED_DURING_SAVE, during_save_plan(a))]
-    for i, (scenario, plan) in enumerate(plans):
-        if isinstance(plan, str):
-            skipped[scenario] = plan
-            continue
-        later = 2 * sum(not isinstance(p, str) for _, p in plans[i + 1:])  # lives that follow these two
-        try:
-            # Killed between steps: the uninterrupted run stopped there is its first life, when
-            # its checkpoint folder was copied at that point (Lives.from_copy); else a real kill.
-            killed = (lives.from_copy(a, plan, size, more=later) if scenario == KILLED_BETWEEN and copied_at(a, plan)
-                      else lives.killed(scenario, plan, size, more=later))
-        except WorldHang as exc:
-            return world_error_outcome(exc, f"the target's run_loop ({scenario}, restarted)")
+    for scenario, plan in kills.items():
+        killed = runs[scenario]
+        if isinstance(killed, WorldHang):
+            return world_error_outcome(killed, f"the target's run_loop ({scenario}, restarted)")
         if (problem := _unplanned(killed)) is not None:
             return problem
         if not killed.kill_fired:
@@ -136,6 +132,30 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
             continue
         verdicts.append(judge_run(a, killed, lives.folder))
     return _outcome(verdicts, skipped, written, len(a[0].steps))
+
+
+def _killed(lives: Lives, a: list[Life], kills: dict[str, KillPlan], size: int) -> dict[str, Run | WorldHang]:
+    """The kill scenarios' lives, side by side (independent once their plans are known: each
+    its own checkpoint folder). Killed between steps: the uninterrupted run stopped there is
+    its first life when its checkpoint folder was copied at that point (``Lives.from_copy``),
+    else a world SIGKILLed there as for the kill during a save."""
+    def scenario(name: str, plan: KillPlan) -> Callable[[], Run | WorldHang]:
+        def lives_of() -> Run | WorldHang:
+            try:
+                if name == KILLED_BETWEEN and copied_at(a, plan):
+                    return lives.from_copy(a, plan, size)
+                return lives.killed(name, plan, size)
+            except WorldHang as exc:
+                return exc
+
+        return lives_of
+
+    if not kills:
+        return {}
+    # Every life's world launched now, before the threads: the zygotes fork them one after the
+    # other while the first lives start (a killed first life launches its restart's as it runs).
+    lives.launch(min(len(kills), 2))
+    return lives.side_by_side({name: scenario(name, plan) for name, plan in kills.items()})
 
 
 def _unplanned(run: Run) -> Outcome | None:

@@ -227,3 +227,28 @@ def test_no_run_loop_and_attach_mode_skip_without_starting_a_world() -> None:
     assert outcome.status == "skipped"
     assert outcome.message.startswith("under --attach the launcher (torchrun, srun) owns the restart")
     assert "ddp-conformance run --target train.py --checks resume-equivalence" in outcome.message
+
+
+def test_scenarios_side_by_side_all_end_before_an_error_is_raised(tmp_path: Path) -> None:
+    """The kill scenarios run side by side (``Lives.side_by_side``): each its result, and an
+    error of one (a WorldHang) raised on the caller's thread only once every scenario ended."""
+    import threading
+    import time
+
+    from conformance.checks.resume import Lives
+
+    ended: list[str] = []
+
+    def slow() -> str:
+        time.sleep(0.2)
+        ended.append(threading.current_thread().name)
+        return "slow"
+
+    def failing() -> str:
+        raise TimeoutError("hung")
+
+    with Lives(lambda: None, "unused", tmp_path, 6, 2, DEADLINE_S) as lives:
+        assert lives.side_by_side({"a": slow, "b": lambda: "here"}) == {"a": "slow", "b": "here"}
+        with pytest.raises(TimeoutError, match="hung"):
+            lives.side_by_side({"a": slow, "b": failing})
+    assert ended == ["resume-a", "resume-a"]  # on its own thread, and waited for both times

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ...harness.world import RankFailure
 from .life import live
@@ -28,6 +29,9 @@ from .records import (
     read_journal,
     stopped_at,
 )
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +72,9 @@ class Lives:
     A restart's floor is a world's start (fresh interpreters, the torch import, the process
     group): while one life runs, the worlds for the next ones are launched (``World.launch``:
     spawned, not waited for; ``ahead`` at most), so their starts overlap the loop instead of
-    following it.
+    following it. Both the launches and the closing of a world whose life is over run on
+    threads of their own, off the lives' path (a launch is a tenth of a second of the
+    supervisor's, a close as much of waiting for the ranks to leave).
     """
 
     def __init__(self, world: Callable[[], Any], target_spec: str, folder: Path, steps: int, every: int,
@@ -78,11 +84,18 @@ class Lives:
         self.ahead = ahead
         self._stack = contextlib.ExitStack()
         self._spares: list[Any] = []
+        self._lock = threading.Lock()  # the spares and the stack: lives and launches on several threads
+        self._closing = False
+        self._behind: list[threading.Thread] = []
 
     def __enter__(self) -> Lives:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._closing = True  # a launch still under way ends first; none starts after it
+        for thread in self._behind:
+            thread.join()  # closes (within the world's close grace) and launches
         self._stack.close()  # spares launched for lives that did not come
 
     def checkpoints(self, scenario: str) -> Path:
@@ -90,22 +103,76 @@ class Lives:
         path.mkdir(exist_ok=True)
         return path
 
-    def _take(self, more: int) -> contextlib.AbstractContextManager[Any]:
-        """The world for this life (a spare when one was launched), and spares launched for up
-        to ``more`` lives that follow."""
+    def _take(self, more: int) -> Any:
+        """The world for this life (a spare when one was launched); spares for up to ``more``
+        lives that follow are launched behind it."""
         # This life's world is launched first: it takes the warm zygote (world/_zygote.py) when
         # there is one, and the spares launched next start behind it, not ahead of it.
-        taken = self._spares.pop(0) if self._spares else self._launched()
-        while len(self._spares) < min(more, self.ahead):
-            self._spares.append(self._launched())
+        with self._lock:
+            taken = self._spares.pop(0) if self._spares else self._launched()
+        if more:
+            self._in_background(lambda: self.launch(min(more, self.ahead)))
         return taken
 
-    def _launched(self) -> _Entered:
+    def _launched(self) -> Any:
+        if self._closing:
+            raise RuntimeError("no world is launched once the lives are over")
         world = self._stack.enter_context(_Deferred(self.world()))
         launch = getattr(world, "launch", None)
         if launch is not None:
             launch()
-        return _Entered(world)
+        return world
+
+    def _in_background(self, work: Callable[[], Any]) -> None:
+        """``work`` on a thread of its own (joined at the end). What fails there is not lost: a
+        spare that did not launch is launched again by the life that needs it, and a world
+        that did not close is killed with the stack."""
+        def run() -> None:
+            with contextlib.suppress(Exception):
+                work()
+
+        thread = threading.Thread(target=run, name="resume-behind", daemon=True)
+        self._behind.append(thread)
+        thread.start()
+
+    def launch(self, worlds: int) -> None:
+        """Launch up to ``worlds`` spares now (for lives about to run side by side)."""
+        with self._lock:
+            while len(self._spares) < worlds:
+                self._spares.append(self._launched())
+
+    def side_by_side(self, scenarios: dict[str, Callable[[], T]]) -> dict[str, T]:
+        """Each scenario's lives (``scenarios``: name -> what runs them), the scenarios side by
+        side: they share nothing but the worlds' launcher (each its own checkpoint folder and
+        journals), and a life is partly waiting (process starts, collectives, kills), so on
+        spare or idle cores they overlap. The last runs on this thread, the others on their
+        own; a WorldHang (or any error) of one is raised here once all have ended, and an
+        interrupt here kills every world first, so no thread is left waiting on one."""
+        names = list(scenarios)
+        done: dict[str, T] = {}
+        errors: dict[str, BaseException] = {}
+
+        def run(name: str) -> None:
+            try:
+                done[name] = scenarios[name]()
+            except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread below
+                errors[name] = exc
+
+        threads = [threading.Thread(target=run, args=(name,), name=f"resume-{name}", daemon=True)
+                   for name in names[:-1]]
+        for thread in threads:
+            thread.start()
+        try:
+            run(names[-1])
+        finally:
+            if isinstance(errors.get(names[-1]), (KeyboardInterrupt, SystemExit)):
+                self._stack.close()  # every world killed: the other threads' calls end at once
+            for thread in threads:
+                thread.join()
+        for name in names:
+            if name in errors:
+                raise errors[name]
+        return done
 
     def copy(self) -> Path:
         """Where the uninterrupted life copies its checkpoint folder at the between-steps kill point."""
@@ -120,13 +187,19 @@ class Lives:
         folder (default: the scenario's own)."""
         failure = None
         folder = checkpoints or self.checkpoints(scenario)
-        with self._take(more) as world:
-            try:
-                world.run(live, self.spec, folder=str(self.folder), checkpoints=str(folder),
-                          scenario=scenario, life=life, plan=plan, steps=self.steps, every=self.every,
-                          copy_to=str(self.copy()) if copy else None, deadline=self.deadline)
-            except RankFailure as exc:
-                failure = exc
+        world = self._take(more)
+        try:
+            world.run(live, self.spec, folder=str(self.folder), checkpoints=str(folder),
+                      scenario=scenario, life=life, plan=plan, steps=self.steps, every=self.every,
+                      copy_to=str(self.copy()) if copy else None, deadline=self.deadline)
+        except RankFailure as exc:
+            failure = exc  # its ranks are dead (killed as planned, or by the world on a failure)
+        except BaseException:
+            world.close()
+            raise
+        # Every rank returned (its journal closed) or is dead: the world is closed, and its ranks
+        # leave, while the next life runs.
+        self._in_background(world.close)
         return [read_journal(journal_path(self.folder, scenario, life, r), r) for r in range(size)], failure
 
     def killed(self, scenario: str, plan: KillPlan, size: int, *, more: int = 0) -> Run:
@@ -167,20 +240,6 @@ class _Deferred:
 
     def __exit__(self, *exc: Any) -> Any:
         return self.manager.__exit__(*exc)
-
-
-class _Entered:
-    """An already-entered world handed out as a context manager: closing it closes the world
-    (``close`` is safe twice, so the stack's own exit later is harmless)."""
-
-    def __init__(self, world: Any) -> None:
-        self.world = world
-
-    def __enter__(self) -> Any:
-        return self.world
-
-    def __exit__(self, *exc: Any) -> None:
-        self.world.close()
 
 
 def copied_at(uninterrupted: list[Life], plan: KillPlan | str) -> bool:
