@@ -37,6 +37,7 @@ parameter norm per step: the report's chart), ``steps_compared``.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
-from ..harness.world import WorldHang
+from ..harness.world import RankFailure, WorldHang
 from .resume import (
     KILLED_BETWEEN,
     KILLED_DURING_SAVE,
@@ -61,6 +62,7 @@ from .resume import (
     Verdict,
     between_steps_plan,
     copied_at,
+    during_save_guess,
     during_save_plan,
     files_in,
     judge_run,
@@ -100,6 +102,10 @@ def _experiment(ctx: CheckContext, folder: Path) -> Outcome:
 
 def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     size = ctx.world_size
+    # The kill during a save is planned from the uninterrupted run's journal, but it is nearly
+    # always the guess (rank 0 alone saves every ctx.checkpoint_every steps): its first life
+    # starts now, beside the uninterrupted one, and stands only if the plan is the same.
+    early = lives.early(KILLED_DURING_SAVE, during_save_guess(EVERY), size)
     try:
         # A world for the next life starts while this loop runs (closed unused when the loop
         # writes no checkpoint: the check then skips).
@@ -119,7 +125,7 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     plans = {KILLED_BETWEEN: between_steps_plan(a), KILLED_DURING_SAVE: during_save_plan(a)}
     skipped = {scenario: plan for scenario, plan in plans.items() if isinstance(plan, str)}
     kills = {scenario: plan for scenario, plan in plans.items() if not isinstance(plan, str)}
-    runs = _killed(lives, a, kills, size)
+    runs = _killed(lives, a, kills, size, early)
     verdicts: list[Verdict] = []
     for scenario, plan in kills.items():
         killed = runs[scenario]
@@ -134,33 +140,46 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     return _outcome(verdicts, skipped, written, len(a[0].steps))
 
 
-def _killed(lives: Lives, a: list[Life], kills: dict[str, KillPlan], size: int) -> dict[str, Run | WorldHang]:
+def _killed(lives: Lives, a: list[Life], kills: dict[str, KillPlan], size: int,
+            early: Callable[[], tuple[list[Life], RankFailure | None]]) -> dict[str, Run | WorldHang]:
     """The kill scenarios' lives, side by side (independent once their plans are known: each
     its own checkpoint folder). Killed between steps: the uninterrupted run stopped there is
     its first life when its checkpoint folder was copied at that point (``Lives.from_copy``),
-    else a world SIGKILLed there as for the kill during a save."""
+    else a world SIGKILLed there as for the kill during a save. Killed during a save: the
+    ``early`` first life when it ran with this very plan, else one run now."""
     def scenario(name: str, plan: KillPlan) -> Callable[[], Run | WorldHang]:
         def lives_of() -> Run | WorldHang:
             try:
                 if name == KILLED_BETWEEN and copied_at(a, plan):
                     return lives.from_copy(a, plan, size)
+                if name == KILLED_DURING_SAVE and plan == during_save_guess(EVERY):
+                    return lives.restarted(name, plan, *early(), size)
                 return lives.killed(name, plan, size)
             except WorldHang as exc:
                 return exc
 
         return lives_of
 
+    if kills.get(KILLED_DURING_SAVE) != during_save_guess(EVERY):
+        with contextlib.suppress(Exception):
+            early()  # a life planned otherwise: over before its folder and journals go
+        lives.forget(KILLED_DURING_SAVE)
+
     if not kills:
         return {}
-    # Every life's world launched now, before the threads: the zygotes fork them one after the
-    # other while the first lives start (a killed first life launches its restart's as it runs).
+    # The uninterrupted life and the early one each launched a world for the life after them
+    # (the restarts): one more for any first life that runs only now.
     lives.launch(min(len(kills), 2))
     return lives.side_by_side({name: scenario(name, plan) for name, plan in kills.items()})
 
 
 def _unplanned(run: Run) -> Outcome | None:
     """Life 1 failed otherwise than by the planned kill (its own exception or DDP's): the loop
-    does not run to its kill point, a finding of the first start, not of the restart."""
+    does not run to its kill point, a finding of the first start, not of the restart. A
+    restart whose ranks died without the loop raising (a world failure, not the loop's) is
+    not judged either: its journals stop where it died."""
+    if run.failure is not None and len(run.lives) > 1 and not any(life.ended == "raised" for life in run.restart):
+        return world_error_outcome(run.failure, f"the target's run_loop ({run.scenario}, restarted)")
     raised = [life for life in run.first if life.ended == "raised"]
     if not raised:
         return None
