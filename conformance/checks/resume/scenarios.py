@@ -241,7 +241,7 @@ class Lives:
             thread.join()
             if isinstance(answer[0], BaseException):
                 raise answer[0]
-            return answer[0]  # type: ignore[no-any-return]
+            return answer[0]
 
         return wait
 
