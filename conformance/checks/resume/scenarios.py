@@ -106,13 +106,13 @@ class Lives:
         path.mkdir(exist_ok=True)
         return path
 
-    def _take(self, more: int) -> Any:
-        """The world for this life (a spare when one was launched); spares for up to ``more``
-        lives that follow are launched behind it."""
+    def _take(self, more: int, given: Any = None) -> Any:
+        """The world for this life (``given``, else a spare when one was launched); spares for up
+        to ``more`` lives that follow are launched behind it."""
         # This life's world is launched first: it takes the warm zygote (world/_zygote.py) when
         # there is one, and the spares launched next start behind it, not ahead of it.
         with self._lock:
-            taken = self._spares.pop(0) if self._spares else self._launched()
+            taken = given if given is not None else self._spares.pop(0) if self._spares else self._launched()
         if more:
             self._in_background(lambda: self.launch(min(more, self.ahead), added=True))
         return taken
@@ -183,7 +183,7 @@ class Lives:
         return self.folder / f"{KILLED_BETWEEN}-copy"
 
     def one(self, scenario: str, life: int, plan: KillPlan, size: int, *, more: int = 0, copy: bool = False,
-            checkpoints: Path | None = None) -> tuple[list[Life], RankFailure | None]:
+            checkpoints: Path | None = None, world: Any = None) -> tuple[list[Life], RankFailure | None]:
         """Life ``life`` of ``scenario``: the journals, and the RankFailure it ended in (None:
         every rank returned). A hang or another failure propagates to the caller. ``more``:
         how many lives follow (their worlds are launched now); ``copy``: the checkpoint folder
@@ -191,12 +191,8 @@ class Lives:
         folder (default: the scenario's own)."""
         failure = None
         folder = checkpoints or self.checkpoints(scenario)
-        world = self._take(more)
+        world = self._take(more, world)
         try:
-            with self._lock:
-                # One world starts at a time (its ranks forked by the shared zygotes, which
-                # also serve the launches): lives on several threads only run side by side.
-                world.start()
             world.run(live, self.spec, folder=str(self.folder), checkpoints=str(folder),
                       scenario=scenario, life=life, plan=plan, steps=self.steps, every=self.every,
                       copy_to=str(self.copy()) if copy else None, deadline=self.deadline)
@@ -225,11 +221,12 @@ class Lives:
         # Its world launched here: the first launch of a session starts the zygotes, and a
         # process started by a thread dies with that thread (PR_SET_PDEATHSIG follows the
         # thread), so zygotes are only ever started on the caller's (main) thread.
-        self.launch(1)
+        with self._lock:
+            world = self._launched()
 
         def run() -> None:
             try:
-                answer.append(self.one(scenario, 1, plan, size, more=1))
+                answer.append(self.one(scenario, 1, plan, size, more=1, world=world))
             except BaseException as exc:  # noqa: BLE001 - raised by the waiter
                 answer.append(exc)
 
