@@ -20,8 +20,10 @@ Kill points are keyed by steps and saves, never by time. (b)'s first life is (a)
 ranks wait at that point while the checkpoint folder is copied, which is what a SIGKILL there
 leaves on disk (``resume/life.py``, ``Steps._copy_here``), and the restart runs on the copy
 under the same path; when no copy was made (a rank never answered) the world is SIGKILLed
-there as (c)'s is. That saves a world and a life: the check costs about 3 uninterrupted runs
-(README, benchmarks/resume_cost.py). Every life's model runs with dropout
+there as (c)'s is. That saves a world and a life; (b)'s restart and (c) then run side by side,
+(c)'s first life started beside (a) with the plan it nearly always gets (``Lives.early``; kept
+only when the plan is the same). What it costs against one uninterrupted run:
+benchmarks/resume_cost.py (README). Every life's model runs with dropout
 off (as the equivalence checks compare): a loop need not save torch's RNG state to resume; a
 restart that no step could be compared for is inconclusive, never passed. On every rank and every resumed step
 the judge compares the restored state at the step's entry, the samples, and the state where
