@@ -4,10 +4,12 @@ uninterrupted run's time (a fresh world started and the target's run_loop run to
     python benchmarks/resume_cost.py                                  # examples/train_resume.py, 3 repeats
     python benchmarks/resume_cost.py --target my_target.py --repeats 1
 
-The check runs five lives (uninterrupted; killed between steps + restart; killed during a
-save + restart), each in a fresh world whose start is the floor of a restart; the world for
-the next life is launched while one runs. Both sides are timed in one session, alternating,
-and the medians compared. The uninterrupted side runs in the same kind of world as the check's
+The check runs four lives (uninterrupted, which also gives the killed-between-steps scenario
+its first life: its checkpoint folder copied at the kill point; that scenario's restart;
+killed during a save + restart), each in a fresh world whose start is the floor of a restart;
+the world for the next life is launched while one runs. Both sides are timed in one session,
+alternating, and the medians compared, after one untimed round (the zygotes' start, which
+only a session's first worlds pay). The uninterrupted side runs in the same kind of world as the check's
 lives (CPU: ranks forked from the zygote, conformance/harness/world/_zygote.py); it is also
 timed in a spawned world (``DDP_CONFORMANCE_START=spawn``: every rank a fresh interpreter, as a
 production launcher starts them), printed as ``ratio vs spawned``. The last line is
@@ -64,6 +66,10 @@ def main() -> None:
     session = Session(Settings(backend="gloo", world_size=args.world_size, deadline=deadline))
     checks, plain, spawned = [], [], []
     try:
+        # Not timed: the session's first worlds start the zygotes (their torch import, seconds),
+        # which only a session's first world pays; in a timed repeat it would inflate one side.
+        uninterrupted(args.target, args.world_size, deadline)
+        session.run_check(BY_ID["resume-equivalence"], args.target)
         for i in range(args.repeats):
             plain.append(uninterrupted(args.target, args.world_size, deadline))
             os.environ[START_ENV] = "spawn"

@@ -12,11 +12,18 @@ prefix; every rank writing one file in place, torn by a kill during the write.
 
 What runs, each life in a fresh world (``resume``): the target's own ``run_loop`` with
 ``ctx.checkpoint_dir`` (empty at first), ``ctx.checkpoint_every`` and ``ctx.restarts``:
-(a) uninterrupted for ``ctx.steps`` optimizer steps; (b) the whole world SIGKILLed after the
+(a) uninterrupted for ``ctx.steps`` optimizer steps; (b) the whole world stopped after the
 first step by which a checkpoint was complete, then a fresh world on the same folder resuming
 to ``ctx.steps``; (c) the highest rank that saves SIGKILLed half-way through a ``torch.save``
 into the folder (the second save round; the others torn down), then restarted the same way.
-Kill points are keyed by steps and saves, never by time. Every life's model runs with dropout
+Kill points are keyed by steps and saves, never by time. (b)'s first life is (a) itself: its
+ranks wait at that point while the checkpoint folder is copied, which is what a SIGKILL there
+leaves on disk (``resume/life.py``, ``Steps._copy_here``), and the restart runs on the copy
+under the same path; when no copy was made (a rank never answered) the world is SIGKILLed
+there as (c)'s is. That saves a world and a life; (b)'s restart and (c) then run side by side,
+(c)'s first life started beside (a) with the plan it nearly always gets (``Lives.early``; kept
+only when the plan is the same). What it costs against one uninterrupted run:
+benchmarks/resume_cost.py (README). Every life's model runs with dropout
 off (as the equivalence checks compare): a loop need not save torch's RNG state to resume; a
 restart that no step could be compared for is inconclusive, never passed. On every rank and every resumed step
 the judge compares the restored state at the step's entry, the samples, and the state where
@@ -32,8 +39,10 @@ parameter norm per step: the report's chart), ``steps_compared``.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +52,19 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
-from ..harness.world import WorldHang
+from ..harness.world import RankFailure, WorldHang
 from .resume import (
     KILLED_BETWEEN,
     KILLED_DURING_SAVE,
     UNINTERRUPTED,
     KillPlan,
+    Life,
     Lives,
     Run,
     Verdict,
     between_steps_plan,
+    copied_at,
+    during_save_guess,
     during_save_plan,
     files_in,
     judge_run,
@@ -92,10 +104,14 @@ def _experiment(ctx: CheckContext, folder: Path) -> Outcome:
 
 def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     size = ctx.world_size
+    # The kill during a save is planned from the uninterrupted run's journal, but it is nearly
+    # always the guess (rank 0 alone saves every ctx.checkpoint_every steps): its first life
+    # starts now, beside the uninterrupted one, and stands only if the plan is the same.
+    early = lives.early(KILLED_DURING_SAVE, during_save_guess(EVERY), size)
     try:
-        # A world for the next life starts while this loop runs, where spare cores make that
-        # free: it is closed unused when the loop writes no checkpoint (the check then skips).
-        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=int(lives.ahead > 1))
+        # A world for the next life starts while this loop runs (closed unused when the loop
+        # writes no checkpoint: the check then skips).
+        a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=1, copy=True)
     except WorldHang as exc:
         return world_error_outcome(exc, "the target's run_loop (uninterrupted)")
     if failure is not None:
@@ -108,18 +124,15 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
                                f"(ctx.checkpoint_every={EVERY}): there is no checkpoint to resume from; save there "
                                f"and resume from it at start-up (ctx.tmpdir is each rank's own and is not kept "
                                f"across a restart; see examples/train_resume.py)")
+    plans = {KILLED_BETWEEN: between_steps_plan(a), KILLED_DURING_SAVE: during_save_plan(a)}
+    skipped = {scenario: plan for scenario, plan in plans.items() if isinstance(plan, str)}
+    kills = {scenario: plan for scenario, plan in plans.items() if not isinstance(plan, str)}
+    runs = _killed(lives, a, kills, size, early)
     verdicts: list[Verdict] = []
-    skipped: dict[str, str] = {}
-    plans = [(KILLED_BETWEEN, between_steps_plan(a)), (KILLED_DURING_SAVE, during_save_plan(a))]
-    for i, (scenario, plan) in enumerate(plans):
-        if isinstance(plan, str):
-            skipped[scenario] = plan
-            continue
-        later = 2 * sum(not isinstance(p, str) for _, p in plans[i + 1:])  # lives that follow these two
-        try:
-            killed = lives.killed(scenario, plan, size, more=later)
-        except WorldHang as exc:
-            return world_error_outcome(exc, f"the target's run_loop ({scenario}, restarted)")
+    for scenario, plan in kills.items():
+        killed = runs[scenario]
+        if isinstance(killed, WorldHang):
+            return world_error_outcome(killed, f"the target's run_loop ({scenario}, restarted)")
         if (problem := _unplanned(killed)) is not None:
             return problem
         if not killed.kill_fired:
@@ -129,9 +142,46 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     return _outcome(verdicts, skipped, written, len(a[0].steps))
 
 
+def _killed(lives: Lives, a: list[Life], kills: dict[str, KillPlan], size: int,
+            early: Callable[[], tuple[list[Life], RankFailure | None]]) -> dict[str, Run | WorldHang]:
+    """The kill scenarios' lives, side by side (independent once their plans are known: each
+    its own checkpoint folder). Killed between steps: the uninterrupted run stopped there is
+    its first life when its checkpoint folder was copied at that point (``Lives.from_copy``),
+    else a world SIGKILLed there as for the kill during a save. Killed during a save: the
+    ``early`` first life when it ran with this very plan, else one run now."""
+    def scenario(name: str, plan: KillPlan) -> Callable[[], Run | WorldHang]:
+        def lives_of() -> Run | WorldHang:
+            try:
+                if name == KILLED_BETWEEN and copied_at(a, plan):
+                    return lives.from_copy(a, plan, size)
+                if name == KILLED_DURING_SAVE and plan == during_save_guess(EVERY):
+                    return lives.restarted(name, plan, *early(), size)
+                return lives.killed(name, plan, size)
+            except WorldHang as exc:
+                return exc
+
+        return lives_of
+
+    if kills.get(KILLED_DURING_SAVE) != during_save_guess(EVERY):
+        with contextlib.suppress(Exception):
+            early()  # a life planned otherwise: over before its folder and journals go
+        lives.forget(KILLED_DURING_SAVE)
+
+    if not kills:
+        return {}
+    # The uninterrupted life and the early one each launched a world for the life after them
+    # (the restarts): one more for any first life that runs only now.
+    lives.launch(min(len(kills), 2))
+    return lives.side_by_side({name: scenario(name, plan) for name, plan in kills.items()})
+
+
 def _unplanned(run: Run) -> Outcome | None:
     """Life 1 failed otherwise than by the planned kill (its own exception or DDP's): the loop
-    does not run to its kill point, a finding of the first start, not of the restart."""
+    does not run to its kill point, a finding of the first start, not of the restart. A
+    restart whose ranks died without the loop raising (a world failure, not the loop's) is
+    not judged either: its journals stop where it died."""
+    if run.failure is not None and len(run.lives) > 1 and not any(life.ended == "raised" for life in run.restart):
+        return world_error_outcome(run.failure, f"the target's run_loop ({run.scenario}, restarted)")
     raised = [life for life in run.first if life.ended == "raised"]
     if not raised:
         return None

@@ -64,6 +64,25 @@ def disable_tf32() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
+def disable_dropout(model: Any) -> list[str]:
+    """Set every dropout probability in ``model`` to 0; the names of what was changed (the
+    equivalence checks' and resume-equivalence's rule: conformance/checks/equivalence/randomness.py)."""
+    from torch import nn
+
+    changed = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            if module.p > 0:
+                module.p = 0.0
+                changed.append(name or type(module).__name__)
+            continue
+        rate = getattr(module, "dropout", None)
+        if isinstance(rate, float) and not isinstance(rate, bool) and rate > 0:
+            module.dropout = 0.0
+            changed.append(f"{name}.dropout" if name else "dropout")
+    return changed
+
+
 def sync_device(device: Any) -> None:
     """Wait for the device to be idle. Kernels run asynchronously: a wall-clock reading is only
     meaningful after this (a no-op on CPU)."""

@@ -139,20 +139,51 @@ def test_a_checkpoint_refused_by_weights_only_is_named_not_called_torn(tmp_path:
 def test_a_loop_with_dropout_and_no_rng_state_saved_is_compared_with_dropout_off(tmp_path: Path) -> None:
     """Most real loops (pytorch/examples mnist) train with dropout and do not save torch's RNG
     state: every life runs with dropout off, so the resumed steps compare (before: 0 compared,
-    and the check said passed)."""
-    from conformance.checks.resume import KILLED_BETWEEN, UNINTERRUPTED, KillPlan, Lives, judge_run
+    and the check said passed). The first life is the uninterrupted one, its folder copied at
+    the kill point (as the check runs it)."""
+    from conformance.checks.resume import UNINTERRUPTED, KillPlan, Lives, between_steps_plan, copied_at, judge_run
 
     spec = variant(tmp_path, EXAMPLE, "dropout",
                    ("nn.Linear(FEATURES, HIDDEN), nn.ReLU(),", "nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Dropout(0.5),"))
     folder = tmp_path / "journals"
     folder.mkdir()
     with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
-        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2)
-    assert failure is None
-    run = _killed(folder, spec, KillPlan("after-step", step=3), KILLED_BETWEEN)
+        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2, copy=True)
+        assert failure is None
+        plan = between_steps_plan(lives_a)
+        assert plan == KillPlan("after-step", step=3) and copied_at(lives_a, plan), (plan, lives_a[0].copied)
+        run = lives.from_copy(lives_a, plan, 2)
     verdict = judge_run(lives_a, run, folder)
     assert not verdict.findings and not verdict.warnings, verdict
     assert verdict.steps_compared == 8, verdict  # steps 3-6 (resumed from the save after step 2), 2 ranks
+
+
+def test_the_copy_at_the_kill_point_is_what_a_kill_there_leaves_and_a_bug_shows_on_it(tmp_path: Path) -> None:
+    """The killed-between-steps scenario's first life is the uninterrupted one: its checkpoint
+    folder, copied while every rank waits after step 3, holds the checkpoint of step 2 (what a
+    whole-world SIGKILL after step 3 leaves), the uninterrupted run still ends at step 6, and a
+    restart on the copy that does not restore the optimizer is caught."""
+    import torch
+
+    from conformance.checks.resume import UNINTERRUPTED, KillPlan, Lives, between_steps_plan, judge_run
+
+    edits, cause = VARIANTS["optimizer-not-saved"]
+    spec = variant(tmp_path, EXAMPLE, "optimizer-not-saved", *edits)
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
+        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2, copy=True)
+        assert failure is None and [len(life.steps) for life in lives_a] == [6, 6]
+        assert [life.copied for life in lives_a] == [3, 0]  # rank 0 copied, after step 3
+        copied = torch.load(lives.copy() / "checkpoint.pt", weights_only=True)
+        at_end = torch.load(lives.checkpoints(UNINTERRUPTED) / "checkpoint.pt", weights_only=True)
+        assert (copied["step"], at_end["step"]) == (2, 6)
+        run = lives.from_copy(lives_a, between_steps_plan(lives_a), 2)
+    assert run.copied and [len(life.steps) for life in run.first] == [3, 3]
+    verdict = judge_run(lives_a, run, folder)
+    assert verdict.kill.startswith("whole world stopped after step 3, its checkpoint folder copied there")
+    first = verdict.findings[0]
+    assert first.cause is not None and re.search(cause, first.cause), first
 
 
 def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) -> None:
@@ -165,7 +196,9 @@ def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) 
     assert record["status"] == "passed"
     scenarios = record["evidence"]["scenarios"]
     assert set(scenarios) == {"killed-between-steps", "killed-during-save"}
-    assert scenarios["killed-between-steps"]["kill"] == "whole world SIGKILLed after step 3"
+    # Killed between steps: the uninterrupted run's checkpoint folder copied at the kill point.
+    assert scenarios["killed-between-steps"]["kill"].startswith("whole world stopped after step 3, its checkpoint "
+                                                              "folder copied there"), scenarios
     assert scenarios["killed-during-save"]["kill"].startswith("rank 0 SIGKILLed while writing")
     assert all(s["steps_compared"] == 8 for s in scenarios.values())
     assert "0 repeated, 0 missed" in record["message"]
@@ -194,3 +227,28 @@ def test_no_run_loop_and_attach_mode_skip_without_starting_a_world() -> None:
     assert outcome.status == "skipped"
     assert outcome.message.startswith("under --attach the launcher (torchrun, srun) owns the restart")
     assert "ddp-conformance run --target train.py --checks resume-equivalence" in outcome.message
+
+
+def test_scenarios_side_by_side_all_end_before_an_error_is_raised(tmp_path: Path) -> None:
+    """The kill scenarios run side by side (``Lives.side_by_side``): each its result, and an
+    error of one (a WorldHang) raised on the caller's thread only once every scenario ended."""
+    import threading
+    import time
+
+    from conformance.checks.resume import Lives
+
+    ended: list[str] = []
+
+    def slow() -> str:
+        time.sleep(0.2)
+        ended.append(threading.current_thread().name)
+        return "slow"
+
+    def failing() -> str:
+        raise TimeoutError("hung")
+
+    with Lives(lambda: None, "unused", tmp_path, 6, 2, DEADLINE_S) as lives:
+        assert lives.side_by_side({"a": slow, "b": lambda: "here"}) == {"a": "slow", "b": "here"}
+        with pytest.raises(TimeoutError, match="hung"):
+            lives.side_by_side({"a": slow, "b": failing})
+    assert ended == ["resume-a", "resume-a"]  # on its own thread, and waited for both times

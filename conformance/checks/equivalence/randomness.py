@@ -15,23 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+# Defined beside the harness's other numerics switches, so a rank that only needs it (a
+# resume-equivalence life, every life of it) does not import this whole package.
+from ...harness.ddp import disable_dropout
 
-def disable_dropout(model: Any) -> list[str]:
-    """Set every dropout probability in ``model`` to 0; the names of what was changed."""
-    from torch import nn
-
-    changed = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd):
-            if module.p > 0:
-                module.p = 0.0
-                changed.append(name or type(module).__name__)
-            continue
-        rate = getattr(module, "dropout", None)
-        if isinstance(rate, float) and not isinstance(rate, bool) and rate > 0:
-            module.dropout = 0.0
-            changed.append(f"{name}.dropout" if name else "dropout")
-    return changed
+__all__ = ["disable_dropout", "forward_is_random"]
 
 
 def forward_is_random(model: Any, run: Callable[[Any], Any], *, device: Any = None) -> bool:

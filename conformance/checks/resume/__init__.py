@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from .judge import Finding, Verdict, judge_run
 from .records import KILLED_BETWEEN, KILLED_DURING_SAVE, UNINTERRUPTED, KillPlan, Life
-from .scenarios import Lives, Run, between_steps_plan, during_save_plan, files_in, worlds_ahead
+from .scenarios import (
+    Lives,
+    Run,
+    between_steps_plan,
+    copied_at,
+    during_save_guess,
+    during_save_plan,
+    files_in,
+    worlds_ahead,
+)
 
 __all__ = ["KILLED_BETWEEN", "KILLED_DURING_SAVE", "UNINTERRUPTED", "Finding", "KillPlan", "Life", "Lives", "Run",
-           "Verdict", "between_steps_plan", "during_save_plan", "files_in", "judge_run", "worlds_ahead"]
+           "Verdict", "between_steps_plan", "copied_at", "during_save_guess",
+           "during_save_plan", "files_in", "judge_run", "worlds_ahead"]

@@ -330,7 +330,9 @@ def _raised_finding(run: Run, rank: int, restart: Life) -> Finding:
 
 def judge_run(a: list[Life], run: Run, folder: Path) -> Verdict:
     """The killed scenario ``run`` against the uninterrupted lives ``a``, on every rank."""
-    kill = (f"whole world SIGKILLed after step {run.plan.step}" if run.plan.kind == "after-step" else
+    kill = (f"whole world stopped after step {run.plan.step}, its checkpoint folder copied there (what a "
+            f"SIGKILL leaves), restarted on the copy" if run.copied else
+            f"whole world SIGKILLed after step {run.plan.step}" if run.plan.kind == "after-step" else
             f"rank {run.plan.rank} SIGKILLed while writing its checkpoint after step {run.plan.step}, "
             f"the other ranks torn down")
     findings: list[Finding] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,9 +28,11 @@ class Steps:
     step journaled, and the kill planned after this step (if any) carried out."""
 
     def __init__(self, journal: Journal, models: list[Any], others: list[Instrument], plan: KillPlan,
-                 rank: int, world_size: int, markers: Callable[[str], Path]) -> None:
+                 rank: int, world_size: int, markers: Callable[[str], Path],
+                 copy: tuple[Path, Path] | None = None) -> None:
         self.journal, self.models, self.others, self.plan = journal, models, others, plan
         self.rank, self.world_size, self.markers = rank, world_size, markers
+        self.copy = copy  # (the checkpoint folder, where to copy it): see ``_copy_here``
         self.optimizers: list[Any] = []
         self.scalers: list[Any] = []
         self.index = 0
@@ -105,6 +108,8 @@ class Steps:
                                               dropout=bool(fields.get("dropout")),
                                               listing=str(fields.get("listing", "")),
                                               files=int(fields.get("files", 0))))
+        if self.copy is not None:
+            self._copy_here(int(fields.get("files", 0)))
         if self.plan.kind == "after-step" and self.index == self.plan.step:
             self._kill_here()
 
@@ -118,6 +123,64 @@ class Steps:
             time.sleep(0.005)
         self.journal.write("end", {"how": "killed", "raised": None})
         die([])
+
+    def _copy_here(self, files: int) -> None:
+        """The killed-between-steps scenario's first life, taken from the uninterrupted one.
+
+        At the first step after which every rank's listing shows a checkpoint (the kill point
+        ``between_steps_plan`` picks from the same listings), every rank waits here while rank
+        0 copies the checkpoint folder, then the life goes on. The copy is what a SIGKILL of
+        the whole world at this point leaves on disk: the ranks are where ``_kill_here`` would
+        kill them, a kill loses nothing the kernel already has (what a rank wrote is in the
+        files, what it had not is in neither), and the restart is a fresh world on that folder
+        as in a real kill (scenarios.Lives.from_copy). Up to then the ranks wait for nothing: a
+        rank whose listing is empty says so (a marker) and goes on, so the uninterrupted run
+        pauses once, for the copy; the kill during a save stays a real SIGKILL.
+        """
+        i = self.index
+        self.markers(f"copy-{i}-rank{self.rank}-{'yes' if files else 'no'}").touch()
+        if not files:
+            return
+        folder, to = self.copy  # type: ignore[misc]
+        answers = self._answers(i)
+        if answers is None or set(answers) != {"yes"}:
+            if answers is None:
+                self.copy = None  # a peer never answered: no copy (the check kills a first life instead)
+            return
+        self.copy = None
+        if self.rank == 0:
+            try:
+                shutil.copytree(folder, to, symlinks=True)
+            except OSError:  # shutil.Error too: no copy, and the check kills a first life instead
+                copied = False
+            else:
+                copied = True
+            self.markers(f"copied-{i}").touch()
+            # A peer that stopped waiting went on during the copy: then it is no kill's folder.
+            if copied and not any(self.markers(f"copy-{i}-gave-up-rank{r}").exists() for r in range(self.world_size)):
+                self.journal.write("copied", {"step": i})
+            return
+        until = time.monotonic() + KILL_BARRIER_S
+        while time.monotonic() < until and not self.markers(f"copied-{i}").exists():
+            time.sleep(0.002)
+        if not self.markers(f"copied-{i}").exists():
+            self.markers(f"copy-{i}-gave-up-rank{self.rank}").touch()
+
+    def _answers(self, i: int) -> list[str] | None:
+        """Every rank's answer for step ``i`` ("yes": a checkpoint listed; "no", also for a rank
+        whose loop has ended), None when one did not come within the kill barrier's time."""
+        until = time.monotonic() + KILL_BARRIER_S
+        while time.monotonic() < until:
+            answers = []
+            for r in range(self.world_size):
+                if self.markers(f"copy-{i}-rank{r}-yes").exists():
+                    answers.append("yes")
+                elif self.markers(f"copy-{i}-rank{r}-no").exists() or self.markers(f"copy-end-rank{r}").exists():
+                    answers.append("no")
+            if len(answers) == self.world_size:
+                return answers
+            time.sleep(0.002)
+        return None
 
     def scaler_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -148,13 +211,15 @@ class Steps:
 
 
 def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: str, scenario: str, life: int,
-         plan: KillPlan, steps: int, every: int) -> int:
+         plan: KillPlan, steps: int, every: int, copy_to: str | None = None) -> int:
     """Run the target's ``run_loop`` on this rank as life ``life`` of ``scenario``; returns the
     optimizer steps taken (everything else is in the journal, which survives a kill).
 
     The user's exception on the first start is a TargetError (exit 2, as in every check); on a
     restart it is the check's finding (the first start ran fine), so it is journaled with its
     ``file:line`` and the rank fails with a plain error, which takes the world down at once.
+    ``copy_to``: copy the checkpoint folder there at the between-steps kill point
+    (``Steps._copy_here``).
     """
     from ...harness.ddp import LoopContext, disable_tf32, effective_ddp_kwargs
     from ...harness.target_calls import one_line
@@ -178,7 +243,7 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
                        checkpoint_every=every,
                        restarts=life - 1)
     stepper = Steps(journal, loop.models, [samples, Listing(Path(checkpoints))], plan, rank,
-                    rank_ctx.world_size, markers)
+                    rank_ctx.world_size, markers, (Path(checkpoints), Path(copy_to)) if copy_to else None)
     saves = Saves(journal, Path(checkpoints), plan, rank, stepper.count, markers, rank_ctx.world_size)
     instruments: list[Instrument] = [stepper, samples, saves, Loads(journal)]
     try:
@@ -196,6 +261,8 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
         journal.write("end", {"how": "completed", "raised": None})
     finally:
         journal.close()
+        if copy_to:
+            markers(f"copy-end-rank{rank}").touch()  # a peer waiting for this rank's answer: "no"
     return stepper.index
 
 
@@ -203,7 +270,7 @@ def _watched(model: Any, samples: Samples) -> None:
     """Every life's model with dropout off, as the equivalence checks compare (issue 21: "dropout
     off, the noise floor"): a loop that does not save torch's RNG state (most do not) resumes an
     equally valid but different dropout stream, and the steps would not compare at all."""
-    from ..equivalence import disable_dropout
+    from ...harness.ddp import disable_dropout  # not the equivalence package: 0.2 s of imports per rank and life
 
     disable_dropout(model)
     samples.watch(model)

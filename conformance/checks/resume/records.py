@@ -97,6 +97,8 @@ class Life:
     raised: str | None = None  # the loop's exception (one line, with its file:line when the user's)
     #: (name, dtype, shape) of each parameter in a values record, in order
     layout: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
+    #: the step after which this life's checkpoint folder was copied (``live``'s ``copy_to``; 0: never)
+    copied: int = 0
 
     @property
     def checkpoint_files(self) -> int:
@@ -149,6 +151,7 @@ def read_journal(path: Path, rank: int) -> Life:
     loads: list[LoadRecord] = []
     ended, raised = "", None
     layout: list[tuple[str, str, tuple[int, ...]]] = []
+    copied = 0
     text = path.read_text() if path.exists() else ""
     for line in text.splitlines():
         try:
@@ -166,4 +169,14 @@ def read_journal(path: Path, rank: int) -> Life:
             layout = [(str(n), str(d), tuple(int(x) for x in shape)) for n, d, shape in raw["params"]]
         elif kind == "end":
             ended, raised = raw["how"], raw.get("raised")
-    return Life(rank, steps, saves, loads, ended, raised, layout)
+        elif kind == "copied":
+            copied = int(raw["step"])
+    return Life(rank, steps, saves, loads, ended, raised, layout, copied)
+
+
+def stopped_at(life: Life, step: int) -> Life:
+    """``life`` as a whole-world kill after its step ``step`` would have left its journal: the
+    steps up to it and the saves begun before it (a save journaled with ``step`` s runs between
+    steps s and s + 1), ended by the kill."""
+    return Life(life.rank, life.steps[:step], [s for s in life.saves if s.step < step], list(life.loads),
+                "killed", None, life.layout)

@@ -11,14 +11,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ...harness.world import RankFailure
 from .life import live
-from .records import KILLED_BETWEEN, KILLED_DURING_SAVE, UNINTERRUPTED, KillPlan, Life, journal_path, read_journal
+from .records import (
+    KILLED_BETWEEN,
+    KILLED_DURING_SAVE,
+    UNINTERRUPTED,
+    KillPlan,
+    Life,
+    journal_path,
+    read_journal,
+    stopped_at,
+)
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +43,9 @@ class Run:
     lives: list[list[Life]]  # [life 1, life 2], each in rank order; one life when uninterrupted
     failure: RankFailure | None = None  # how life 1 ended in the supervisor's eyes (killed: expected)
     kill_fired: bool = True  # the planned kill was carried out (a journal says "killed")
+    #: life 1 is the uninterrupted run up to the kill point, its checkpoint folder copied there
+    #: (``Lives.from_copy``), not a world of its own SIGKILLed
+    copied: bool = False
 
     @property
     def first(self) -> list[Life]:
@@ -56,7 +72,9 @@ class Lives:
     A restart's floor is a world's start (fresh interpreters, the torch import, the process
     group): while one life runs, the worlds for the next ones are launched (``World.launch``:
     spawned, not waited for; ``ahead`` at most), so their starts overlap the loop instead of
-    following it.
+    following it. Both the launches and the closing of a world whose life is over run on
+    threads of their own, off the lives' path (a launch is a tenth of a second of the
+    supervisor's, a close as much of waiting for the ranks to leave).
     """
 
     def __init__(self, world: Callable[[], Any], target_spec: str, folder: Path, steps: int, every: int,
@@ -66,54 +84,178 @@ class Lives:
         self.ahead = ahead
         self._stack = contextlib.ExitStack()
         self._spares: list[Any] = []
+        self._lock = threading.Lock()  # the spares and the stack: lives and launches on several threads
+        self._closing = False
+        self._behind: list[threading.Thread] = []
+        self._early: list[threading.Thread] = []
 
     def __enter__(self) -> Lives:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()  # spares launched for lives that did not come
+        with self._lock:
+            self._closing = True  # a launch still under way ends first; none starts after it
+        for thread in self._behind:
+            thread.join()  # closes (within the world's close grace) and launches
+        self._stack.close()  # spares launched for lives that did not come, and any still running
+        for thread in self._early:
+            thread.join()  # its world is gone: its life ends now
 
     def checkpoints(self, scenario: str) -> Path:
         path = self.folder / f"{scenario}-checkpoints"
         path.mkdir(exist_ok=True)
         return path
 
-    def _take(self, more: int) -> contextlib.AbstractContextManager[Any]:
-        """The world for this life (a spare when one was launched), and spares launched for up
-        to ``more`` lives that follow."""
+    def _take(self, more: int, given: Any = None) -> Any:
+        """The world for this life (``given``, else a spare when one was launched); spares for up
+        to ``more`` lives that follow are launched behind it."""
         # This life's world is launched first: it takes the warm zygote (world/_zygote.py) when
         # there is one, and the spares launched next start behind it, not ahead of it.
-        taken = self._spares.pop(0) if self._spares else self._launched()
-        while len(self._spares) < min(more, self.ahead):
-            self._spares.append(self._launched())
+        with self._lock:
+            taken = given if given is not None else self._spares.pop(0) if self._spares else self._launched()
+        if more:
+            self._in_background(lambda: self.launch(min(more, self.ahead), added=True))
         return taken
 
-    def _launched(self) -> _Entered:
+    def _launched(self) -> Any:
+        if self._closing:
+            raise RuntimeError("no world is launched once the lives are over")
         world = self._stack.enter_context(_Deferred(self.world()))
         launch = getattr(world, "launch", None)
         if launch is not None:
             launch()
-        return _Entered(world)
+        return world
 
-    def one(self, scenario: str, life: int, plan: KillPlan, size: int, *,
-            more: int = 0) -> tuple[list[Life], RankFailure | None]:
+    def _in_background(self, work: Callable[[], Any]) -> None:
+        """``work`` on a thread of its own (joined at the end). What fails there is not lost: a
+        spare that did not launch is launched again by the life that needs it, and a world
+        that did not close is killed with the stack."""
+        def run() -> None:
+            with contextlib.suppress(Exception):
+                work()
+
+        thread = threading.Thread(target=run, name="resume-behind", daemon=True)
+        self._behind.append(thread)
+        thread.start()
+
+    def launch(self, worlds: int, *, added: bool = False) -> None:
+        """Launch spares now: up to ``worlds`` in all, or ``worlds`` more (``added``: a life's own
+        successors, when lives run side by side)."""
+        with self._lock:
+            for _ in range(worlds if added else max(0, worlds - len(self._spares))):
+                self._spares.append(self._launched())
+
+    def side_by_side(self, scenarios: dict[str, Callable[[], T]]) -> dict[str, T]:
+        """Each scenario's lives (``scenarios``: name -> what runs them), the scenarios side by
+        side: they share nothing but the worlds' launcher (each its own checkpoint folder and
+        journals), and a life is partly waiting (process starts, collectives, kills), so on
+        spare or idle cores they overlap. The last runs on this thread, the others on their
+        own; a WorldHang (or any error) of one is raised here once all have ended, and an
+        interrupt here kills every world first, so no thread is left waiting on one."""
+        names = list(scenarios)
+        done: dict[str, T] = {}
+        errors: dict[str, BaseException] = {}
+
+        def run(name: str) -> None:
+            try:
+                done[name] = scenarios[name]()
+            except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread below
+                errors[name] = exc
+
+        threads = [threading.Thread(target=run, args=(name,), name=f"resume-{name}", daemon=True)
+                   for name in names[:-1]]
+        for thread in threads:
+            thread.start()
+        try:
+            run(names[-1])
+        finally:
+            if isinstance(errors.get(names[-1]), (KeyboardInterrupt, SystemExit)):
+                self._stack.close()  # every world killed: the other threads' calls end at once
+            for thread in threads:
+                thread.join()
+        for name in names:
+            if name in errors:
+                raise errors[name]
+        return done
+
+    def copy(self) -> Path:
+        """Where the uninterrupted life copies its checkpoint folder at the between-steps kill point."""
+        return self.folder / f"{KILLED_BETWEEN}-copy"
+
+    def one(self, scenario: str, life: int, plan: KillPlan, size: int, *, more: int = 0, copy: bool = False,
+            checkpoints: Path | None = None, world: Any = None) -> tuple[list[Life], RankFailure | None]:
         """Life ``life`` of ``scenario``: the journals, and the RankFailure it ended in (None:
         every rank returned). A hang or another failure propagates to the caller. ``more``:
-        how many lives follow (their worlds are launched now)."""
+        how many lives follow (their worlds are launched now); ``copy``: the checkpoint folder
+        copied at the between-steps kill point (``copy()``, ``from_copy``); ``checkpoints``: the
+        folder (default: the scenario's own)."""
         failure = None
-        with self._take(more) as world:
-            try:
-                world.run(live, self.spec, folder=str(self.folder), checkpoints=str(self.checkpoints(scenario)),
-                          scenario=scenario, life=life, plan=plan, steps=self.steps, every=self.every,
-                          deadline=self.deadline)
-            except RankFailure as exc:
-                failure = exc
+        folder = checkpoints or self.checkpoints(scenario)
+        world = self._take(more, world)
+        try:
+            world.run(live, self.spec, folder=str(self.folder), checkpoints=str(folder),
+                      scenario=scenario, life=life, plan=plan, steps=self.steps, every=self.every,
+                      copy_to=str(self.copy()) if copy else None, deadline=self.deadline)
+        except RankFailure as exc:
+            failure = exc  # its ranks are dead (killed as planned, or by the world on a failure)
+        except BaseException:
+            world.close()
+            raise
+        # Every rank returned (its journal closed) or is dead: the world is closed, and its ranks
+        # leave, while the next life runs.
+        self._in_background(world.close)
         return [read_journal(journal_path(self.folder, scenario, life, r), r) for r in range(size)], failure
 
     def killed(self, scenario: str, plan: KillPlan, size: int, *, more: int = 0) -> Run:
         """Life 1 killed as planned, then life 2 on the same checkpoint folder; ``more``: how
         many lives follow these two."""
         first, failure = self.one(scenario, 1, plan, size, more=more + 1)
+        return self.restarted(scenario, plan, first, failure, size, more=more)
+
+    def early(self, scenario: str, plan: KillPlan, size: int) -> Callable[[], tuple[list[Life], RankFailure | None]]:
+        """Life 1 of ``scenario`` started now, on a thread of its own, with ``plan`` guessed
+        before the uninterrupted run that chooses it has ended; the answer waits for it (and
+        raises what it raised). Used only when the plan chosen afterwards is the same: it is
+        then the very life the check would run, started earlier (``forget`` otherwise)."""
+        answer: list[Any] = []
+        # Its world launched here: the first launch of a session starts the zygotes, and a
+        # process started by a thread dies with that thread (PR_SET_PDEATHSIG follows the
+        # thread), so zygotes are only ever started on the caller's (main) thread.
+        with self._lock:
+            world = self._launched()
+
+        def run() -> None:
+            try:
+                answer.append(self.one(scenario, 1, plan, size, more=1, world=world))
+            except BaseException as exc:  # noqa: BLE001 - raised by the waiter
+                answer.append(exc)
+
+        thread = threading.Thread(target=run, name=f"resume-{scenario}-early", daemon=True)
+        self._early.append(thread)
+        thread.start()
+
+        def wait() -> tuple[list[Life], RankFailure | None]:
+            thread.join()
+            if isinstance(answer[0], BaseException):
+                raise answer[0]
+            return answer[0]
+
+        return wait
+
+    def forget(self, scenario: str) -> None:
+        """Everything of ``scenario`` on disk (journals, values, markers, checkpoints) removed:
+        its lives run again from an empty folder."""
+        import shutil
+
+        for path in self.folder.glob(f"{scenario}-*"):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+    def restarted(self, scenario: str, plan: KillPlan, first: list[Life], failure: RankFailure | None, size: int,
+                  *, more: int = 0) -> Run:
+        """Life 1's journals (``first``) and, when its kill fired, life 2 on the same folder."""
         fired = any(life.ended == "killed" for life in first)
         if not fired:
             # The kill point was never reached (the loop took another path this time): the
@@ -121,6 +263,19 @@ class Lives:
             return Run(scenario, plan, [first], failure, kill_fired=False)
         second, failure2 = self.one(scenario, 2, KillPlan("none"), size, more=more)
         return Run(scenario, plan, [first, second], failure2)
+
+    def from_copy(self, uninterrupted: list[Life], plan: KillPlan, size: int, *, more: int = 0) -> Run:
+        """The killed-between-steps scenario with the uninterrupted run as its life 1: stopped
+        at the kill point, where its checkpoint folder was copied (``life.Steps._copy_here``
+        says why the copy is what a whole-world SIGKILL there leaves), then life 2 in a fresh
+        world on that copy, under the very path life 1 wrote to (a checkpoint that names its
+        own folder, a ``latest`` symlink, finds it as after a real kill)."""
+        first = [stopped_at(life, plan.step) for life in uninterrupted]
+        path = self.checkpoints(UNINTERRUPTED)
+        os.replace(path, self.folder / f"{UNINTERRUPTED}-checkpoints-at-the-end")
+        os.replace(self.copy(), path)
+        second, failure = self.one(KILLED_BETWEEN, 2, KillPlan("none"), size, more=more, checkpoints=path)
+        return Run(KILLED_BETWEEN, plan, [first, second], failure, copied=True)
 
 
 class _Deferred:
@@ -136,18 +291,11 @@ class _Deferred:
         return self.manager.__exit__(*exc)
 
 
-class _Entered:
-    """An already-entered world handed out as a context manager: closing it closes the world
-    (``close`` is safe twice, so the stack's own exit later is harmless)."""
-
-    def __init__(self, world: Any) -> None:
-        self.world = world
-
-    def __enter__(self) -> Any:
-        return self.world
-
-    def __exit__(self, *exc: Any) -> None:
-        self.world.close()
+def copied_at(uninterrupted: list[Life], plan: KillPlan | str) -> bool:
+    """The uninterrupted life copied its checkpoint folder at ``plan``'s kill point (rank 0
+    journals the copy; ``from_copy`` can stand in for a killed first life)."""
+    return (isinstance(plan, KillPlan) and plan.kind == "after-step" and bool(uninterrupted)
+            and uninterrupted[0].copied == plan.step)
 
 
 def between_steps_plan(uninterrupted: list[Life]) -> KillPlan | str:
@@ -181,6 +329,14 @@ def during_save_plan(uninterrupted: list[Life]) -> KillPlan | str:
     savers = sorted({life.rank for life in uninterrupted for s in life.saves if s.inside and s.step == step})
     victim = savers[-1]
     return KillPlan("during-save", step=step, rank=victim, peers=tuple(r for r in savers if r != victim))
+
+
+def during_save_guess(every: int) -> KillPlan:
+    """``during_save_plan`` as it comes out for the common loop, before the uninterrupted run
+    has said: rank 0 alone saves every ``every`` steps (ctx.checkpoint_every), so the second
+    save round is after step 2 x every, with no peer. A guess only: a life run with it stands
+    in for the planned one only when the plan is the same (``Lives.early``)."""
+    return KillPlan("during-save", step=2 * every, rank=0, peers=())
 
 
 SCENARIOS = (UNINTERRUPTED, KILLED_BETWEEN, KILLED_DURING_SAVE)

@@ -48,6 +48,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from multiprocessing import forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
 from multiprocessing.context import set_spawning_popen
@@ -125,6 +126,7 @@ class Zygote:
                 os.close(alive_r)
                 os.close(ready_w)
         self._ready: bool | None = None  # None: not known yet; False: died before it was ready
+        self._ready_lock = threading.Lock()
         self._closed = False
 
     def __reduce__(self) -> tuple[Callable[[], None], tuple[()]]:
@@ -133,7 +135,12 @@ class Zygote:
 
     def wait_ready(self, timeout: float) -> bool:
         """True once the zygote finished its imports (False: not within ``timeout``).
-        Raises ZygoteFailed when it died first."""
+        Raises ZygoteFailed when it died first. Safe from several threads (worlds started
+        side by side): one reads the zygote's answer, the others then see it."""
+        with self._ready_lock:
+            return self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> bool:
         if self._ready is None:
             if not select.select([self._ready_r], [], [], max(0.0, timeout))[0]:
                 return False
