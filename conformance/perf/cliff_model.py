@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..harness.world import LinkShape
 from .alphabeta import AlphaBeta, fit_alpha_beta
 from .bandwidth_math import median_of_slowest
 from .overlap import parse_bucket_indices
-from .simulator import BackwardProfile, StepTiming, ddp_bucket_caps, greedy_buckets, simulate
+from .simulator import BackwardProfile, ddp_bucket_caps, greedy_buckets
 
 #: Exposed communication above this share of the compute marks the knee (measured and
 #: predicted alike). A quarter: well above the step-to-step noise of a loaded 2-core host
@@ -54,6 +54,9 @@ class LinkPoint:
     buckets: int
     ddp_comm_s: float | None = None  # DDP's own backward communication time (its logging)
     overhead_s: float = 0.0  # DDP's fixed per-step cost included in the prediction (``validate``)
+    # What the prediction is simulated from, so that ``validate`` can simulate it again once
+    # DDP's fixed cost is known (the link's token bucket refills during that cost too).
+    link: ShapedLink | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.measured_step_s <= 0 or self.predicted_step_s <= 0:
@@ -158,15 +161,15 @@ def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: S
     profile, order = combined_profile([v["profile"] for v in values])
     fit = fit_point(sizes, [v["sweep"]["times"] for v in values], n, unshaped=rate is None)
     layout = bucket_layout(profile, order, values[0]["logging"], cap_mb)
-    timing = shaped_step(profile, layout, fit, n, burst_credit_s(rate))
+    link = ShapedLink.of(profile, layout, fit, n, burst_credit_s(rate))
     comm = [v["logging"].get("avg_backward_comm_time") for v in values]
     ddp_comm = statistics.median(c * 1e-9 for c in comm) if all(isinstance(c, (int, float)) and c > 0
                                                                for c in comm) else None
     return LinkPoint(rate_bits_per_s=rate, measured_step_s=measured_step(values),
-                     predicted_step_s=profile.forward_s + timing.step_s,
+                     predicted_step_s=link.step_s(0.0),
                      compute_s=profile.forward_s + profile.backward_end_s, alpha_s=fit.alpha_s,
                      beta_bytes_per_s=fit.beta_bytes_per_s, fit_residual=fit.median_rel_residual,
-                     buckets=len(layout), ddp_comm_s=ddp_comm)
+                     buckets=len(layout), ddp_comm_s=ddp_comm, link=link)
 
 
 def burst_credit_s(rate: float | None) -> float:
@@ -179,19 +182,64 @@ def burst_credit_s(rate: float | None) -> float:
     return LinkShape(rate_bits_per_s=rate).burst * 8 / rate
 
 
-def shaped_step(profile: BackwardProfile, layout: Sequence[Sequence[int]], fit: AlphaBeta, world_size: int,
-                credit_s: float) -> StepTiming:
-    """:func:`~conformance.perf.simulator.step_at` on a token-bucket link: the first bucket's
-    all-reduce starts with a full bucket when the compute before it was long enough to refill
-    it, so ``credit_s`` of its transfer time (never its latency) is free."""
-    releases = [max(profile.ready_s[i] for i in b) for b in layout]
-    comms = [fit.allreduce_time(sum(profile.nbytes[i] for i in b), world_size) for b in layout]
-    if credit_s > 0 and comms:
-        first = min(range(len(releases)), key=releases.__getitem__)
-        if profile.forward_s + releases[first] >= credit_s:
-            transfer = comms[first] - 2 * (world_size - 1) * fit.alpha_s
-            comms[first] -= min(credit_s, max(transfer, 0.0))
-    return simulate(profile.backward_end_s, releases, comms)
+@dataclass(frozen=True, slots=True)
+class ShapedLink:
+    """One rate's DDP step on a token-bucket link, in the simulator's terms: the buckets'
+    release times, their all-reduce latency and transfer parts (the rate's alpha-beta fit), and
+    the link's burst (``credit_s``: :func:`burst_credit_s`).
+
+    A tbf link lets ``burst`` bytes through at line rate after an idle moment: its bucket of
+    tokens refills at the rate while the link is idle and is capped at the burst. In a training
+    loop the link is idle from the end of one step's last all-reduce to the next step's first
+    one -- the optimizer step and the loop's own cost (DDP's fixed cost, :func:`validate`), the
+    forward, and backward up to the first bucket -- and between two buckets whose gradients
+    are not ready yet. So the credit is not all or nothing: a step shorter than the burst (a
+    small model: the mlp's whole step is ~1.4 ms, the default burst 1 ms of the rate) starts
+    with a partly refilled bucket, and each all-reduce takes from what is there. The step is
+    simulated until its start state repeats (the steady state a training loop reaches)."""
+
+    forward_s: float
+    backward_end_s: float
+    releases_s: tuple[float, ...]
+    latencies_s: tuple[float, ...]
+    transfers_s: tuple[float, ...]
+    credit_s: float
+
+    @classmethod
+    def of(cls, profile: BackwardProfile, layout: Sequence[Sequence[int]], fit: AlphaBeta, world_size: int,
+           credit_s: float) -> ShapedLink:
+        latency = 2 * (world_size - 1) * fit.alpha_s
+        order = sorted(range(len(layout)), key=lambda b: max(profile.ready_s[i] for i in layout[b]))
+        releases = [max(profile.ready_s[i] for i in layout[b]) for b in order]
+        comms = [fit.allreduce_time(sum(profile.nbytes[i] for i in layout[b]), world_size) for b in order]
+        return cls(forward_s=profile.forward_s, backward_end_s=profile.backward_end_s,
+                   releases_s=tuple(releases), latencies_s=tuple(min(latency, c) for c in comms),
+                   transfers_s=tuple(max(c - latency, 0.0) for c in comms), credit_s=credit_s)
+
+    def _phase(self, tokens: float) -> tuple[float, float, float]:
+        """(backward phase's end, the last all-reduce's end, tokens left) from backward's start
+        with ``tokens`` seconds of line-rate credit."""
+        free = 0.0  # when the link is next idle
+        for release, latency, transfer in zip(self.releases_s, self.latencies_s, self.transfers_s):
+            start = max(release, free)
+            tokens = min(self.credit_s, tokens + (start - free))  # refilled while idle
+            paid = min(tokens, transfer)
+            tokens -= paid
+            free = start + latency + transfer - paid
+        return max(self.backward_end_s, free), free, tokens
+
+    def step_s(self, overhead_s: float) -> float:
+        """The predicted step (forward, the overlapped backward, DDP's fixed cost ``overhead_s``)."""
+        tokens = self.credit_s  # a fresh link starts full; the loop below reaches the steady state
+        phase = self.backward_end_s
+        for _ in range(16):
+            phase, comm_end, left = self._phase(tokens)
+            # Idle from the last all-reduce's end to the next backward's start.
+            after = min(self.credit_s, left + (phase - comm_end) + overhead_s + self.forward_s)
+            if abs(after - tokens) <= 1e-9:
+                break
+            tokens = after
+        return self.forward_s + phase + overhead_s
 
 
 def measured_step(values: Sequence[Mapping[str, Any]]) -> float:
@@ -333,11 +381,14 @@ def validate(points: Sequence[LinkPoint]) -> CliffReport:
     def cost(p: LinkPoint) -> float:
         return max(0.0, p.measured_step_s - p.predicted_step_s)
 
+    def simulated(p: LinkPoint, overhead: float) -> float:
+        # Simulated again with the fixed cost: the link's bucket refills during it too.
+        return p.link.step_s(overhead) if p.link is not None else p.predicted_step_s + overhead
+
     unshaped = points[0::2]
-    shaped = [replace(p, overhead_s=statistics.median([cost(points[i - 1]), cost(points[i + 1])]),
-                      predicted_step_s=p.predicted_step_s + statistics.median(
-                          [cost(points[i - 1]), cost(points[i + 1])]))
-              for i, p in enumerate(points) if i % 2]
+    shaped = [replace(p, overhead_s=fixed_cost, predicted_step_s=simulated(p, fixed_cost))
+              for i, p in enumerate(points) if i % 2
+              for fixed_cost in [statistics.median([cost(points[i - 1]), cost(points[i + 1])])]]
     shaped.sort(key=lambda p: -(p.rate_bits_per_s or 0.0))
     fixed = statistics.median(cost(p) for p in unshaped)
     base = replace(unshaped[0], measured_step_s=statistics.median(p.measured_step_s for p in unshaped),
