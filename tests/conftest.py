@@ -12,9 +12,9 @@ BROKEN_TARGETS = TESTS / "targets"
 
 
 #: The modules with the longest tests (measured with --durations on a 2-core host), run first.
-#: Under ``-n 2`` with ``--dist loadgroup`` (pyproject.toml) a free worker takes the next test in
-#: this order, so the long ones spread over both workers early instead of one worker finishing
-#: the run alone on a 60 s test while the other idles.
+#: Under ``-n 3`` with ``--dist loadgroup`` (pyproject.toml) a free worker takes the next test in
+#: this order, so the long ones spread over the workers early instead of one worker finishing
+#: the run alone on a 60 s test while the others idle.
 LONGEST_FIRST = (
     "tests/examples/test_examples_run.py",
     "tests/targets_loader/test_target_errors_cli.py",
