@@ -68,7 +68,21 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
     profile = {"forward_s": statistics.median(forward), "backward_end_s": end, "forward": list(forward),
                "backward": list(backward), "nbytes": sizes_b, "names": recorder.names,
                "ready_s": [statistics.median(r.get(i, end) for r in ready) for i in range(len(sizes_b))]}
-    return {"sweep": sweep, "step_times": times, "logging": logging_data(ddp), "profile": profile}
+    return {"sweep": sweep, "step_times": times, "logging": logging_data(ddp), "profile": profile,
+            "buffer_bytes": broadcast_bytes(ddp)}
+
+
+def broadcast_bytes(ddp: Any) -> int:
+    """Bytes of buffers DDP broadcasts from rank 0 before every forward (``broadcast_buffers``,
+    on by default: a positional-encoding table registered as a buffer crosses the link every
+    step); 0 when it does not."""
+    will_sync = getattr(ddp, "will_sync_module_buffers", None)
+    if callable(will_sync) and not will_sync():
+        return 0
+    buffers = getattr(ddp, "modules_buffers", None)
+    if buffers is None:
+        buffers = list(ddp.module.buffers()) if getattr(ddp, "broadcast_buffers", False) else []
+    return int(sum(b.numel() * b.element_size() for b in buffers))
 
 
 def _plain_pass(target: Any, model: Any, recorder: GradReadyRecorder, inputs: Any, targets: Any,

@@ -161,7 +161,8 @@ def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: S
     profile, order = combined_profile([v["profile"] for v in values])
     fit = fit_point(sizes, [v["sweep"]["times"] for v in values], n, unshaped=rate is None)
     layout = bucket_layout(profile, order, values[0]["logging"], cap_mb)
-    link = ShapedLink.of(profile, layout, fit, n, burst_credit_s(rate))
+    link = ShapedLink.of(profile, layout, fit, n, burst_credit_s(rate),
+                         buffer_bytes=int(values[0].get("buffer_bytes", 0)))
     comm = [v["logging"].get("avg_backward_comm_time") for v in values]
     ddp_comm = statistics.median(c * 1e-9 for c in comm) if all(isinstance(c, (int, float)) and c > 0
                                                                for c in comm) else None
@@ -204,17 +205,28 @@ class ShapedLink:
     latencies_s: tuple[float, ...]
     transfers_s: tuple[float, ...]
     credit_s: float
+    # DDP's broadcast of the module's buffers from rank 0 before every forward
+    # (``broadcast_buffers=True``, the default): on the link, not overlapped with anything.
+    broadcast_latency_s: float = 0.0
+    broadcast_transfer_s: float = 0.0
 
     @classmethod
     def of(cls, profile: BackwardProfile, layout: Sequence[Sequence[int]], fit: AlphaBeta, world_size: int,
-           credit_s: float) -> ShapedLink:
+           credit_s: float, *, buffer_bytes: int = 0) -> ShapedLink:
         latency = 2 * (world_size - 1) * fit.alpha_s
         order = sorted(range(len(layout)), key=lambda b: max(profile.ready_s[i] for i in layout[b]))
         releases = [max(profile.ready_s[i] for i in layout[b]) for b in order]
         comms = [fit.allreduce_time(sum(profile.nbytes[i] for i in layout[b]), world_size) for b in order]
+        n = world_size
+        # Every rank's traffic crosses the one shaped loopback: an all-reduce of M bytes puts
+        # n * 2(n-1)/n * M bytes through it in 2(n-1)/n * M / beta seconds, so the link itself
+        # carries n * beta; a broadcast puts (n-1) * B bytes through it.
+        broadcast = (n - 1) * buffer_bytes / (n * fit.beta_bytes_per_s) if buffer_bytes and n > 1 else 0.0
         return cls(forward_s=profile.forward_s, backward_end_s=profile.backward_end_s,
                    releases_s=tuple(releases), latencies_s=tuple(min(latency, c) for c in comms),
-                   transfers_s=tuple(max(c - latency, 0.0) for c in comms), credit_s=credit_s)
+                   transfers_s=tuple(max(c - latency, 0.0) for c in comms), credit_s=credit_s,
+                   broadcast_latency_s=(n - 1) * fit.alpha_s if broadcast else 0.0,
+                   broadcast_transfer_s=broadcast)
 
     def _phase(self, tokens: float) -> tuple[float, float, float]:
         """(backward phase's end, the last all-reduce's end, tokens left) from backward's start
@@ -228,18 +240,29 @@ class ShapedLink:
             free = start + latency + transfer - paid
         return max(self.backward_end_s, free), free, tokens
 
+    def _step(self, tokens: float) -> tuple[float, float, float, float]:
+        """(the buffers' broadcast, the backward phase, the last all-reduce's end, tokens left)
+        from the step's start with ``tokens`` of credit: the broadcast first (DDP waits for it
+        before the forward), then the forward with the link idle, then backward."""
+        paid = min(tokens, self.broadcast_transfer_s)
+        broadcast = self.broadcast_latency_s + self.broadcast_transfer_s - paid if self.broadcast_transfer_s else 0.0
+        tokens = min(self.credit_s, tokens - paid + self.forward_s)
+        phase, comm_end, left = self._phase(tokens)
+        return broadcast, phase, comm_end, left
+
     def step_s(self, overhead_s: float) -> float:
-        """The predicted step (forward, the overlapped backward, DDP's fixed cost ``overhead_s``)."""
+        """The predicted step (the buffers' broadcast, forward, the overlapped backward, DDP's
+        fixed cost ``overhead_s``)."""
         tokens = self.credit_s  # a fresh link starts full; the loop below reaches the steady state
-        phase = self.backward_end_s
+        broadcast, phase = 0.0, self.backward_end_s
         for _ in range(16):
-            phase, comm_end, left = self._phase(tokens)
-            # Idle from the last all-reduce's end to the next backward's start.
-            after = min(self.credit_s, left + (phase - comm_end) + overhead_s + self.forward_s)
+            broadcast, phase, comm_end, left = self._step(tokens)
+            # Idle from the last all-reduce's end to the next step's start.
+            after = min(self.credit_s, left + (phase - comm_end) + overhead_s)
             if abs(after - tokens) <= 1e-9:
                 break
             tokens = after
-        return self.forward_s + phase + overhead_s
+        return broadcast + self.forward_s + phase + overhead_s
 
 
 def measured_step(values: Sequence[Mapping[str, Any]]) -> float:

@@ -190,14 +190,21 @@ def judge(data: SweepData, *, link_gbps: float | None = None, layout: Remedy | s
                      "measured_index": report.measured_index, "predicted_index": report.predicted_index},
         "ddp_overhead_s": report.overhead_s, "unshaped_drift": round(report.unshaped_drift, 4),
         "gradient_bytes": sum(data.values[0][0]["profile"]["nbytes"]), "world_size": data.world_size,
+        "buffer_bytes": int(data.values[0][0].get("buffer_bytes", 0)),
         "shaped_rates": len(report.points) - 1,
     }
     evidence: dict[str, Any] = {"table": cm.table(report.points), "notes": report.notes()}
     grads = fmt_bytes(metrics["gradient_bytes"])
+    if metrics["buffer_bytes"]:
+        # DDP broadcasts them from rank 0 before every forward (broadcast_buffers): on the link
+        # and not overlapped with anything, so they are part of the cliff (ShapedLink).
+        grads += f" of gradients and {fmt_bytes(metrics['buffer_bytes'])} of buffers broadcast before every forward"
+    else:
+        grads += " of gradients"
     if report.cliff_ratio < CLIFF_MIN_RATIO:
         return Outcome.inconclusive(
             f"no cliff reproduced: at {_rate(report.points[-1].rate_bits_per_s)} the step is only "
-            f"x{report.cliff_ratio:.2f} the unshaped one ({grads} of gradients)", metrics=metrics,
+            f"x{report.cliff_ratio:.2f} the unshaped one ({grads})", metrics=metrics,
             evidence=evidence)
     knee = (f"knee at {_rate(report.measured_knee)} measured, {_rate(report.predicted_knee)} predicted"
             if report.measured_index is not None else "no knee in the sweep")
@@ -222,8 +229,20 @@ def judge(data: SweepData, *, link_gbps: float | None = None, layout: Remedy | s
         metrics[LINK_PROJECTION] = projection.to_metric()
         suffix = f"; {projection.describe(data.world_size)}"
     return Outcome.passed(f"{knee}; step x{report.cliff_ratio:.1f} at {_rate(report.points[-1].rate_bits_per_s)} "
-                          f"({grads} of gradients); {model}{suffix}", metrics=metrics, evidence=evidence,
-                          recommendation=recommendation)
+                          f"({grads}); {model}{suffix}", metrics=metrics, evidence=evidence,
+                          recommendation=recommendation or _buffers_advice(metrics))
+
+
+def _buffers_advice(metrics: dict[str, Any]) -> str | None:
+    """Where the buffers DDP broadcasts every step outweigh the gradients, what to do (only
+    said when measured: the bytes are in the record)."""
+    buffers, grads = metrics["buffer_bytes"], metrics["gradient_bytes"]
+    if not buffers or buffers < grads:
+        return None
+    return (f"DDP broadcasts {fmt_bytes(buffers)} of buffers from rank 0 before every forward, "
+            f"{buffers / max(grads, 1):.1f}x the gradients it all-reduces: if they are constant (a positional "
+            f"table, a mask) or every rank updates them alike, pass broadcast_buffers=False to DDP (or keep a "
+            f"constant table as a plain tensor attribute instead of a buffer)")
 
 
 def _gbps(rate: float | None) -> float | None:
