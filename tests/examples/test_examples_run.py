@@ -50,8 +50,14 @@ def test_example_run_is_ready(tmp_path, example, suite, pace):
     alarms = {k: v for k, v in statuses.items() if v[0] not in ("passed", "skipped")}
     noisy = {k for k, (status, message) in alarms.items()
              if status == "inconclusive" and k in TIMING_CHECKS and re.search(r"nois", message)}
-    if noisy and pace.measure() > LOADED:
-        alarms = {k: v for k, v in alarms.items() if k not in noisy}
+    # A gap whose side-by-side re-run did not reproduce is noise the check itself proved (seen:
+    # bucket-config on train_resnet.py under three xdist workers): inconclusive, never failed.
+    unreproduced = {k for k, (status, message) in alarms.items()
+                    if status == "inconclusive" and k in TIMING_CHECKS and "did not reproduce" in message}
+    if noisy and pace.measure() <= LOADED:
+        noisy = set()  # too noisy on a quiet host: an alarm
+    noisy |= unreproduced
+    alarms = {k: v for k, v in alarms.items() if k not in noisy}
     assert not alarms, "\n".join(f"{k}: {status}: {message}" for k, (status, message) in alarms.items())
     expected = (3, "inconclusive") if noisy else (0, "ready")
     assert proc.returncode == expected[0], (proc.stdout[-4000:], proc.stderr[-2000:])

@@ -60,9 +60,12 @@ def _predict(world: Any, spec: str, model: AlphaBeta, cap_mb: float, rounds: int
 
 
 @pytest.mark.slow
-def test_simulator_predicts_measured_ddp_steps_at_1_and_2_ranks(suite_session: Any) -> None:
+def test_simulator_predicts_measured_ddp_steps_at_1_and_2_ranks(suite_session: Any, pace: Any) -> None:
     """Generous bounds: two ranks share two noisy cores, and gloo's reductions steal compute
-    time from backward, which the simulator does not model (seen: 20-40 % at 2 ranks)."""
+    time from backward, which the simulator does not model (seen: 20-40 % at 2 ranks). The
+    bound widens with the host's measured contention (``pace``): the profile and the measured
+    steps are taken at different moments, and another worker's burst can slow one of them
+    alone (seen: 12 ms predicted against 40 ms measured under three xdist workers)."""
     world = suite_session.world()
     data = measure(world, "mlp", sizes=[4096 << k for k in range(0, 13, 2)], cap_mb=1, with_model=False)
     outcome = judge(data)
@@ -73,10 +76,12 @@ def test_simulator_predicts_measured_ddp_steps_at_1_and_2_ranks(suite_session: A
     # is pinned exactly by the worked-example tests; this only guards against a model that
     # has lost touch with real DDP (a missing all-reduce term, the wrong bucket layout).
     predicted, measured = _predict(world, WIDE, model, 1)
-    assert 1 / 3 < predicted / measured < 3, (predicted, measured)
+    factor = 3 * pace.measure()
+    assert 1 / factor < predicted / measured < factor, (predicted, measured, factor)
     one = suite_session.world(world_size=1)
     predicted1, measured1 = _predict(one, WIDE, model, 1)
-    assert 1 / 3 < predicted1 / measured1 < 3, (predicted1, measured1)
+    factor = 3 * pace.measure()
+    assert 1 / factor < predicted1 / measured1 < factor, (predicted1, measured1, factor)
 
 
 def test_check_on_wide_target_reports_bucket_layout_and_error(suite_session: Any) -> None:
