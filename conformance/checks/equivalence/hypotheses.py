@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .randomness import state_kept
 from .records import LossSplit
 
 if TYPE_CHECKING:
@@ -176,12 +177,10 @@ def loss_split(model: Any, loss: Callable[[Any, Any, Any], Any], whole: tuple[An
       alike — the values cannot tell then (at initial weights every token's loss is near
       log(vocabulary)), the weights of the tokens in the gradient can.
 
-    ``fork_rng`` with the buffers put back (``randomness.forward_is_random`` does the same): the
-    real run's state and generators do not move. Rank side (the floor's twin)."""
+    Under ``randomness.state_kept``: the real run's state and generators do not move. Rank side
+    (the floor's twin)."""
     import torch
 
-    saved = [(buf, buf.detach().clone()) for buf in model.buffers()]
-    cuda = [device.index] if getattr(device, "type", "cpu") == "cuda" else []
     half: set[str] = set()  # the half-precision dtypes a module's output had (autocast)
     zeros: list[Any] = []  # the zeros added to this call's outputs
 
@@ -211,15 +210,12 @@ def loss_split(model: Any, loss: Callable[[Any, Any, Any], Any], whole: tuple[An
 
     hooks = [torch.nn.modules.module.register_module_forward_hook(watch), model.register_forward_hook(plus_zero)]
     try:
-        with torch.random.fork_rng(devices=cuda):
+        with state_kept(model, device=device):
             full, full_sq = measure(*whole, 1.0)
             pieces = [measure(*p, 1.0 / len(parts)) for p in parts]
     finally:
         for hook in hooks:
             hook.remove()
-        with torch.no_grad():
-            for buf, value in saved:
-                buf.copy_(value)
     mean = sum(v for v, _ in pieces) / len(pieces)
     gap = abs(full - mean) / abs(full) if full else abs(mean)
     squares = [q for _, q in pieces]

@@ -12,7 +12,8 @@ remains, goes into the record.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # Defined beside the harness's other numerics switches, so a rank that only needs it (a
@@ -22,31 +23,40 @@ from ...harness.ddp import disable_dropout
 __all__ = ["disable_dropout", "forward_is_random"]
 
 
-def forward_is_random(model: Any, run: Callable[[Any], Any], *, device: Any = None) -> bool:
-    """Do two forwards of ``model`` under different seeds disagree?
-
-    ``run(model)`` computes what the checks compare (the loss, or the outputs). Under
-    ``no_grad`` and ``fork_rng``, with the buffers saved before and put back after (BatchNorm's
-    running statistics move in a training forward): neither the model's state nor the global
-    generator of the real run move. The buffers, not a deep copy of the model: a copy of every
-    parameter cost more than both forwards on a large model, and no_grad forwards leave the
-    parameters alone.
-    """
+@contextlib.contextmanager
+def state_kept(model: Any, *, device: Any = None) -> Iterator[None]:
+    """A probe's forwards leave the real run as it was: the global generators forked (CUDA's
+    too: ``manual_seed`` seeds every device) and the buffers saved before and put back after
+    (BatchNorm's running statistics move in a training forward). The buffers, not a deep copy
+    of the model: a copy of every parameter cost more than the probe on a large model, and the
+    probes never step an optimizer."""
     import torch
 
     saved = [(buf, buf.detach().clone()) for buf in model.buffers()]
-    results = []
-    # manual_seed seeds every device: fork the CUDA generator too, or the probe would move it.
     cuda = [device.index] if getattr(device, "type", "cpu") == "cuda" else []
     try:
-        with torch.random.fork_rng(devices=cuda), torch.no_grad():
-            for seed in (1, 2):
-                torch.manual_seed(seed)
-                results.append([t.detach().cpu().double() for t in _tensors(run(model))])
+        with torch.random.fork_rng(devices=cuda):
+            yield
     finally:
         with torch.no_grad():
             for buf, value in saved:
                 buf.copy_(value)
+
+
+def forward_is_random(model: Any, run: Callable[[Any], Any], *, device: Any = None) -> bool:
+    """Do two forwards of ``model`` under different seeds disagree?
+
+    ``run(model)`` computes what the checks compare (the loss, or the outputs), under
+    ``no_grad`` and :func:`state_kept`: neither the model's state nor the real run's
+    generators move.
+    """
+    import torch
+
+    results = []
+    with state_kept(model, device=device), torch.no_grad():
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            results.append([t.detach().cpu().double() for t in _tensors(run(model))])
     a, b = results
     # equal_nan: a forward that returns NaN twice is not random (it is non-finite, judged apart).
     return len(a) != len(b) or any(x.shape != y.shape or not torch.allclose(x, y, rtol=0, atol=0, equal_nan=True)
