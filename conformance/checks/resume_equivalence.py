@@ -16,14 +16,16 @@ What runs, each life in a fresh world (``resume``): the target's own ``run_loop`
 first step by which a checkpoint was complete, then a fresh world on the same folder resuming
 to ``ctx.steps``; (c) the highest rank that saves SIGKILLed half-way through a ``torch.save``
 into the folder (the second save round; the others torn down), then restarted the same way.
-Kill points are keyed by steps and saves, never by time. (b)'s first life is (a) itself: its
-ranks wait at that point while the checkpoint folder is copied, which is what a SIGKILL there
-leaves on disk (``resume/life.py``, ``Steps._copy_here``), and the restart runs on the copy
-under the same path; when no copy was made (a rank never answered) the world is SIGKILLed
-there as (c)'s is. That saves a world and a life; (b)'s restart and (c) then run side by side,
-(c)'s first life started beside (a) with the plan it nearly always gets (``Lives.early``; kept
-only when the plan is the same). What it costs against one uninterrupted run:
-benchmarks/resume_cost.py (README). Every life's model runs with dropout
+Kill points are keyed by steps and saves, never by time. The kills' first lives are (a)
+itself: at (b)'s point every rank waits while the checkpoint folder is copied
+(``resume/life.py``, ``Steps._copy_here``), and at (c)'s the saving rank writes half its bytes
+and stops its peers (SIGSTOP) while it copies the folder (``resume/observers.py``,
+``Saves._torn_copy``); each copy is what a SIGKILL there leaves on disk, and each restart runs
+on its copy under the same path, one after the other. (c)'s copy point is fixed before (a)
+has planned the kill (rank 0, the second save round: the common loop), so when the plan
+differs (a peer saves beside it) or a copy was not made, that scenario's first life is a
+world SIGKILLed at the point. That saves two worlds and two lives. What it costs against one
+uninterrupted run: benchmarks/resume_cost.py (README). Every life's model runs with dropout
 off (as the equivalence checks compare): a loop need not save torch's RNG state to resume; a
 restart that no step could be compared for is inconclusive, never passed. On every rank and every resumed step
 the judge compares the restored state at the step's entry, the samples, and the state where
@@ -39,7 +41,6 @@ parameter norm per step: the report's chart), ``steps_compared``.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -52,7 +53,7 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
-from ..harness.world import RankFailure, WorldHang
+from ..harness.world import WorldHang
 from .resume import (
     KILLED_BETWEEN,
     KILLED_DURING_SAVE,
@@ -64,7 +65,6 @@ from .resume import (
     Verdict,
     between_steps_plan,
     copied_at,
-    during_save_guess,
     during_save_plan,
     files_in,
     judge_run,
@@ -104,13 +104,10 @@ def _experiment(ctx: CheckContext, folder: Path) -> Outcome:
 
 def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     size = ctx.world_size
-    # The kill during a save is planned from the uninterrupted run's journal, but it is nearly
-    # always the guess (rank 0 alone saves every ctx.checkpoint_every steps): its first life
-    # starts now, beside the uninterrupted one, and stands only if the plan is the same.
-    early = lives.early(KILLED_DURING_SAVE, during_save_guess(EVERY), size)
     try:
         # A world for the next life starts while this loop runs (closed unused when the loop
-        # writes no checkpoint: the check then skips).
+        # writes no checkpoint: the check then skips). The checkpoint folder is copied at both
+        # kill points (the first lives of the kill scenarios: Lives.from_copy).
         a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), size, more=1, copy=True)
     except WorldHang as exc:
         return world_error_outcome(exc, "the target's run_loop (uninterrupted)")
@@ -127,7 +124,7 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     plans = {KILLED_BETWEEN: between_steps_plan(a), KILLED_DURING_SAVE: during_save_plan(a)}
     skipped = {scenario: plan for scenario, plan in plans.items() if isinstance(plan, str)}
     kills = {scenario: plan for scenario, plan in plans.items() if not isinstance(plan, str)}
-    runs = _killed(lives, a, kills, size, early)
+    runs = _killed(lives, a, kills, size)
     verdicts: list[Verdict] = []
     for scenario, plan in kills.items():
         killed = runs[scenario]
@@ -142,37 +139,37 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
     return _outcome(verdicts, skipped, written, len(a[0].steps))
 
 
-def _killed(lives: Lives, a: list[Life], kills: dict[str, KillPlan], size: int,
-            early: Callable[[], tuple[list[Life], RankFailure | None]]) -> dict[str, Run | WorldHang]:
-    """The kill scenarios' lives, side by side (independent once their plans are known: each
-    its own checkpoint folder). Killed between steps: the uninterrupted run stopped there is
-    its first life when its checkpoint folder was copied at that point (``Lives.from_copy``),
-    else a world SIGKILLed there as for the kill during a save. Killed during a save: the
-    ``early`` first life when it ran with this very plan, else one run now."""
-    def scenario(name: str, plan: KillPlan) -> Callable[[], Run | WorldHang]:
-        def lives_of() -> Run | WorldHang:
-            try:
-                if name == KILLED_BETWEEN and copied_at(a, plan):
-                    return lives.from_copy(a, plan, size)
-                if name == KILLED_DURING_SAVE and plan == during_save_guess(EVERY):
-                    return lives.restarted(name, plan, *early(), size)
-                return lives.killed(name, plan, size)
-            except WorldHang as exc:
-                return exc
+def _killed(lives: Lives, a: list[Life], kills: dict[str, KillPlan], size: int) -> dict[str, Run | WorldHang]:
+    """The kill scenarios' lives. Where the uninterrupted run copied its checkpoint folder at
+    the kill point, that run stopped there is the scenario's first life (``Lives.from_copy``)
+    and only the restart runs; those restarts run one after the other (each under the path the
+    uninterrupted run wrote to). A scenario with no copy (a kill during a save that a peer
+    saves beside, a rank that never answered) kills a first life for real, beside them."""
+    def guarded(run: Callable[[], Run]) -> Run | WorldHang:
+        try:
+            return run()
+        except WorldHang as exc:
+            return exc
 
-        return lives_of
+    copied = [name for name, plan in kills.items() if copied_at(a, plan)]
+    real = [name for name in kills if name not in copied]
 
-    if kills.get(KILLED_DURING_SAVE) != during_save_guess(EVERY):
-        with contextlib.suppress(Exception):
-            early()  # a life planned otherwise: over before its folder and journals go
-        lives.forget(KILLED_DURING_SAVE)
+    def from_copies() -> dict[str, Run | WorldHang]:
+        return {name: guarded(lambda: lives.from_copy(a, kills[name], size, more=len(copied) - 1 - i))
+                for i, name in enumerate(copied)}
+
+    def killed(name: str) -> Callable[[], dict[str, Run | WorldHang]]:
+        return lambda: {name: guarded(lambda: lives.killed(name, kills[name], size))}
 
     if not kills:
         return {}
-    # The uninterrupted life and the early one each launched a world for the life after them
-    # (the restarts): one more for any first life that runs only now.
-    lives.launch(min(len(kills), 2))
-    return lives.side_by_side({name: scenario(name, plan) for name, plan in kills.items()})
+    # The uninterrupted life launched a world for the first restart; one more for each first
+    # life that runs for real.
+    lives.launch(len(real), added=True)
+    jobs = {name: killed(name) for name in real}
+    if copied:
+        jobs["from-copies"] = from_copies
+    return {name: run for result in lives.side_by_side(jobs).values() for name, run in result.items()}
 
 
 def _unplanned(run: Run) -> Outcome | None:

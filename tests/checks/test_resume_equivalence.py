@@ -186,6 +186,67 @@ def test_the_copy_at_the_kill_point_is_what_a_kill_there_leaves_and_a_bug_shows_
     assert first.cause is not None and re.search(cause, first.cause), first
 
 
+def test_the_copy_half_way_through_a_save_is_what_a_kill_there_leaves_and_a_torn_file_shows_on_it(
+        tmp_path: Path) -> None:
+    """The killed-during-save scenario's first life is the uninterrupted one too: rank 0, half
+    way through its save after step 4, stops rank 1 and copies the folder (the checkpoint of
+    step 2, and the half-written file), then both go on to step 6. A loop writing its one file
+    in place is caught on the copy: the restart cannot read it."""
+    import torch
+
+    from conformance.checks.resume import UNINTERRUPTED, KillPlan, Lives, copied_at, during_save_plan, judge_run
+
+    spec = variant(tmp_path, EXAMPLE, "rank0-in-place", TORN[1])
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
+        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2, copy=True)
+        assert failure is None and [len(life.steps) for life in lives_a] == [6, 6]  # rank 1 continued
+        plan = during_save_plan(lives_a)
+        assert plan == KillPlan("during-save", step=4, rank=0) and copied_at(lives_a, plan), plan
+        torn = lives.copy("during-save") / "checkpoint.pt"
+        whole = lives.checkpoints(UNINTERRUPTED) / "checkpoint.pt"
+        assert 0 < torn.stat().st_size < whole.stat().st_size
+        with pytest.raises((RuntimeError, OSError)):  # a zip with no central directory
+            torch.load(torn, weights_only=True)
+        assert torch.load(whole, weights_only=True)["step"] == 6
+        run = lives.from_copy(lives_a, plan, 2)
+    assert run.copied and [len(life.steps) for life in run.first] == [4, 4]
+    first = judge_run(lives_a, run, folder).findings[0]
+    assert first.what == "raised" and "train_resume.py:" in first.message, first
+    assert first.cause and first.cause.startswith(
+        "the restart could not read the checkpoint written when rank 0 was stopped half-way through the save"), first
+    assert "checkpoint.pt was written in place" in first.cause
+
+
+@pytest.mark.parametrize("to", ["path", "file object"])
+def test_the_save_copied_half_way_is_still_written_whole(to: str, tmp_path: Path) -> None:
+    """``Saves._torn_copy`` in-process (no peer to stop): the copy holds half the bytes, the
+    save itself completes, by path or through the loop's own open file."""
+    import torch
+
+    from conformance.checks.resume.observers import Journal, Saves
+    from conformance.checks.resume.records import KillPlan, read_journal
+
+    checkpoints, copy = tmp_path / "checkpoints", tmp_path / "copy"
+    checkpoints.mkdir()
+    journal = Journal(tmp_path / "journal.jsonl", tmp_path / "values")
+    saves = Saves(journal, checkpoints, KillPlan("none"), 0, lambda: 4, lambda name: tmp_path / name, 1,
+                  (KillPlan("during-save", step=4, rank=0), copy))
+    state = {"weights": torch.arange(4096.0), "step": 4}
+    with saves.attached():
+        if to == "path":
+            torch.save(state, checkpoints / "checkpoint.pt")
+        else:
+            with open(checkpoints / "checkpoint.pt", "wb") as f:
+                torch.save(state, f)
+    journal.close()
+    assert torch.equal(torch.load(checkpoints / "checkpoint.pt", weights_only=True)["weights"], state["weights"])
+    half = (copy / "checkpoint.pt").stat().st_size
+    assert 0 < half < (checkpoints / "checkpoint.pt").stat().st_size
+    assert read_journal(tmp_path / "journal.jsonl", 0).copied_in_save == 4
+
+
 def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run = Run(["run", "--target", str(EXAMPLES / EXAMPLE), "--checks", "resume-equivalence",
@@ -199,7 +260,9 @@ def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) 
     # Killed between steps: the uninterrupted run's checkpoint folder copied at the kill point.
     assert scenarios["killed-between-steps"]["kill"].startswith("whole world stopped after step 3, its checkpoint "
                                                               "folder copied there"), scenarios
-    assert scenarios["killed-during-save"]["kill"].startswith("rank 0 SIGKILLed while writing")
+    # Killed during a save: rank 0 stopped half-way through writing, its folder copied there.
+    assert scenarios["killed-during-save"]["kill"].startswith("rank 0 stopped half-way through writing its "
+                                                            "checkpoint after step 4, the other ranks stopped"), scenarios
     assert all(s["steps_compared"] == 8 for s in scenarios.values())
     assert "0 repeated, 0 missed" in record["message"]
     procs, dirs = run.leftovers(within_s=5.0)

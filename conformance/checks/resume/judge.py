@@ -264,8 +264,9 @@ def _torn_cause(run: Run, restart: Life) -> str | None:
             and life.rank == run.plan.rank and s.step == run.plan.step]
     for load in restart.loads:
         if load.what == "torch.load" and load.error and torn and load.owner.endswith(torn[-1]):
-            return (f"the restart could not read the checkpoint written when rank {run.plan.rank} was killed "
-                    f"during the save ({load.error.splitlines()[0][:160]}): {torn[-1]} was written in place")
+            how = "stopped half-way through the save (what a kill leaves)" if run.copied else "killed during the save"
+            return (f"the restart could not read the checkpoint written when rank {run.plan.rank} was {how} "
+                    f"({load.error.splitlines()[0][:160]}): {torn[-1]} was written in place")
     return None
 
 
@@ -330,9 +331,13 @@ def _raised_finding(run: Run, rank: int, restart: Life) -> Finding:
 
 def judge_run(a: list[Life], run: Run, folder: Path) -> Verdict:
     """The killed scenario ``run`` against the uninterrupted lives ``a``, on every rank."""
+    between = run.plan.kind == "after-step"
     kill = (f"whole world stopped after step {run.plan.step}, its checkpoint folder copied there (what a "
-            f"SIGKILL leaves), restarted on the copy" if run.copied else
-            f"whole world SIGKILLed after step {run.plan.step}" if run.plan.kind == "after-step" else
+            f"SIGKILL leaves), restarted on the copy" if run.copied and between else
+            f"rank {run.plan.rank} stopped half-way through writing its checkpoint after step {run.plan.step}, "
+            f"the other ranks stopped with it, the checkpoint folder copied there (what a SIGKILL leaves), "
+            f"restarted on the copy" if run.copied else
+            f"whole world SIGKILLed after step {run.plan.step}" if between else
             f"rank {run.plan.rank} SIGKILLed while writing its checkpoint after step {run.plan.step}, "
             f"the other ranks torn down")
     findings: list[Finding] = []

@@ -1,7 +1,8 @@
 """One life of the target's run_loop on one rank: the loop run with the observers attached,
 every optimizer step journaled, and the planned kill carried out (``live``, a world's work
 function). The uninterrupted run is a life with no kill; a killed run is two lives on the
-same checkpoint folder, each in a fresh world.
+same checkpoint folder, each in a fresh world (or the uninterrupted life's folder copied at
+the kill point, and a restart on the copy).
 """
 
 from __future__ import annotations
@@ -211,7 +212,8 @@ class Steps:
 
 
 def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: str, scenario: str, life: int,
-         plan: KillPlan, steps: int, every: int, copy_to: str | None = None) -> int:
+         plan: KillPlan, steps: int, every: int, copy_to: str | None = None,
+         copy_in_save: tuple[KillPlan, str] | None = None) -> int:
     """Run the target's ``run_loop`` on this rank as life ``life`` of ``scenario``; returns the
     optimizer steps taken (everything else is in the journal, which survives a kill).
 
@@ -219,7 +221,8 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
     restart it is the check's finding (the first start ran fine), so it is journaled with its
     ``file:line`` and the rank fails with a plain error, which takes the world down at once.
     ``copy_to``: copy the checkpoint folder there at the between-steps kill point
-    (``Steps._copy_here``).
+    (``Steps._copy_here``); ``copy_in_save``: a during-save kill plan and where to copy the
+    folder at its point (``observers.Saves._torn_copy``).
     """
     from ...harness.ddp import LoopContext, disable_tf32, effective_ddp_kwargs
     from ...harness.target_calls import one_line
@@ -244,7 +247,8 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
                        restarts=life - 1)
     stepper = Steps(journal, loop.models, [samples, Listing(Path(checkpoints))], plan, rank,
                     rank_ctx.world_size, markers, (Path(checkpoints), Path(copy_to)) if copy_to else None)
-    saves = Saves(journal, Path(checkpoints), plan, rank, stepper.count, markers, rank_ctx.world_size)
+    saves = Saves(journal, Path(checkpoints), plan, rank, stepper.count, markers, rank_ctx.world_size,
+                  (copy_in_save[0], Path(copy_in_save[1])) if copy_in_save else None)
     instruments: list[Instrument] = [stepper, samples, saves, Loads(journal)]
     try:
         with contextlib.ExitStack() as stack:

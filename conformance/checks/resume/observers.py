@@ -23,6 +23,7 @@ import hashlib
 import io
 import os
 import re
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -85,6 +86,21 @@ def _clean(name: str) -> str:
         while name.startswith(prefix):
             name = name[len(prefix):]
     return name
+
+
+def _stopped(pid: int, within_s: float = 2.0) -> bool:
+    """``pid`` is in the stopped state (a SIGSTOP is delivered asynchronously: a process on
+    another core may run on for a moment after ``kill`` returns)."""
+    until = time.monotonic() + within_s
+    while time.monotonic() < until:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True  # gone: it writes nothing either
+        if state in ("T", "t"):
+            return True
+        time.sleep(0.0005)
+    return False
 
 
 def die(peers: Sequence[int] = ()) -> None:
@@ -182,12 +198,15 @@ class Listing:
 
 class Saves:
     """``torch.save`` wrapped: each save's start and end journaled; the planned kill during a
-    save done here (half the bytes written and synced, then the world torn down)."""
+    save done here (half the bytes written and synced, then the world torn down), or its copy
+    (``copy``: the plan and where to copy the folder; ``_torn_copy``)."""
 
     def __init__(self, journal: Journal, folder: Path, plan: KillPlan, rank: int, steps: Callable[[], int],
-                 markers: Callable[[str], Path], world_size: int) -> None:
+                 markers: Callable[[str], Path], world_size: int,
+                 copy: tuple[KillPlan, Path] | None = None) -> None:
         self.journal, self.folder, self.plan, self.rank = journal, Path(folder), plan, rank
         self.steps, self.markers, self.world_size = steps, markers, world_size
+        self.copy = copy
         self.fired = False
 
     def _where(self, f: Any) -> tuple[str, bool, Any]:
@@ -210,7 +229,11 @@ class Saves:
                     and plan.step == step):
                 self.fired = True
                 self._torn(original, obj, f, *args, **kwargs)
-            out = original(obj, f, *args, **kwargs)
+            copy, self.copy = (self.copy, None) if self._copies_here(inside, step) else (None, self.copy)
+            if copy is not None and self._torn_copy(copy[1], step, original, obj, f, *args, **kwargs):
+                out = None  # written whole by the copy (a file object: its second half)
+            else:
+                out = original(obj, f, *args, **kwargs)
             self.journal.write("save", SaveRecord(step, where, inside, ended=True))
             if inside and plan.kind == "during-save":
                 self.markers(f"saved-{step}-rank{self.rank}").touch()
@@ -243,6 +266,58 @@ class Saves:
                 os.fsync(f.fileno())
         self.journal.write("end", {"how": "killed", "raised": None})
         die(self._peer_pids())
+
+    def _copies_here(self, inside: bool, step: int) -> bool:
+        return (self.copy is not None and inside and self.copy[0].rank == self.rank
+                and self.copy[0].step == step)
+
+    def _torn_copy(self, to: Path, step: int, original: Callable[..., Any], obj: Any, f: Any,
+                   *args: Any, **kwargs: Any) -> bool:
+        """The kill during this save, copied instead of carried out (the killed-during-save
+        scenario's first life taken from the uninterrupted one, as ``life.Steps._copy_here``
+        does between steps): half of this save's bytes written, every peer stopped (SIGSTOP,
+        its process group: where a SIGKILL would have caught it, nothing more written), the
+        checkpoint folder copied — what the kill leaves on disk: a kill loses nothing the
+        kernel already has, and nothing is written after it — then the peers continued and
+        the save completed. True when the save was completed here (a file object: its second
+        half written after the first); a path is written whole again by the caller.
+
+        Copied only when the plan has no peers that save at this point (the common loop: rank
+        0 alone saves); no copy (nothing journaled) when a peer did not stop: the check then
+        kills a first life for real."""
+        buffer = io.BytesIO()
+        original(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        half = len(data) // 2
+        named = isinstance(f, (str, os.PathLike))
+        if named:
+            with open(f, "wb") as out:
+                out.write(data[:half])
+        else:
+            f.write(data[:half])
+            f.flush()
+        stopped: list[int] = []
+        copied = False
+        try:
+            for pid in self._peer_pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+            if all(_stopped(pid) for pid in stopped):
+                shutil.copytree(self.folder, to, symlinks=True)
+                copied = True
+        except OSError:  # shutil.Error too: no copy, and the check kills a first life instead
+            pass
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGCONT)
+        if copied:
+            self.journal.write("copied-in-save", {"step": step})
+        if named:
+            return False
+        f.write(data[half:])
+        return True
 
     def _peer_pids(self) -> list[int]:
         pids = []

@@ -99,6 +99,9 @@ class Life:
     layout: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
     #: the step after which this life's checkpoint folder was copied (``live``'s ``copy_to``; 0: never)
     copied: int = 0
+    #: the step whose save this rank was half-way through when the folder was copied (``live``'s
+    #: ``copy_in_save``; 0: never)
+    copied_in_save: int = 0
 
     @property
     def checkpoint_files(self) -> int:
@@ -151,7 +154,7 @@ def read_journal(path: Path, rank: int) -> Life:
     loads: list[LoadRecord] = []
     ended, raised = "", None
     layout: list[tuple[str, str, tuple[int, ...]]] = []
-    copied = 0
+    copied = copied_in_save = 0
     text = path.read_text() if path.exists() else ""
     for line in text.splitlines():
         try:
@@ -171,7 +174,9 @@ def read_journal(path: Path, rank: int) -> Life:
             ended, raised = raw["how"], raw.get("raised")
         elif kind == "copied":
             copied = int(raw["step"])
-    return Life(rank, steps, saves, loads, ended, raised, layout, copied)
+        elif kind == "copied-in-save":
+            copied_in_save = int(raw["step"])
+    return Life(rank, steps, saves, loads, ended, raised, layout, copied, copied_in_save)
 
 
 def stopped_at(life: Life, step: int) -> Life:
@@ -180,3 +185,19 @@ def stopped_at(life: Life, step: int) -> Life:
     steps s and s + 1), ended by the kill."""
     return Life(life.rank, life.steps[:step], [s for s in life.saves if s.step < step], list(life.loads),
                 "killed", None, life.layout)
+
+
+def stopped_in_save(life: Life, plan: KillPlan) -> Life:
+    """``life`` as the kill during a save (``plan``) would have left its journal: the steps up
+    to ``plan.step`` (no peer can return from another step while the victim saves: the step's
+    all-reduce needs it), the saves begun before, the peers' saves at that point (they finish
+    first) and, on the victim, its saves up to the torn one, begun and never ended."""
+    saves = []
+    for save in life.saves:
+        if save.step < plan.step or (save.step == plan.step and life.rank in plan.peers):
+            saves.append(save)
+        elif save.step == plan.step and life.rank == plan.rank:
+            saves.append(save)
+            if save.inside and not save.ended:
+                break  # the torn save (journal order is the rank's own): the kill came half-way through it
+    return Life(life.rank, life.steps[:plan.step], saves, list(life.loads), "killed", None, life.layout)

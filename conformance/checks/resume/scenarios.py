@@ -28,6 +28,7 @@ from .records import (
     journal_path,
     read_journal,
     stopped_at,
+    stopped_in_save,
 )
 
 
@@ -87,7 +88,6 @@ class Lives:
         self._lock = threading.Lock()  # the spares and the stack: lives and launches on several threads
         self._closing = False
         self._behind: list[threading.Thread] = []
-        self._early: list[threading.Thread] = []
 
     def __enter__(self) -> Lives:
         return self
@@ -98,8 +98,6 @@ class Lives:
         for thread in self._behind:
             thread.join()  # closes (within the world's close grace) and launches
         self._stack.close()  # spares launched for lives that did not come, and any still running
-        for thread in self._early:
-            thread.join()  # its world is gone: its life ends now
 
     def checkpoints(self, scenario: str) -> Path:
         path = self.folder / f"{scenario}-checkpoints"
@@ -178,9 +176,10 @@ class Lives:
                 raise errors[name]
         return done
 
-    def copy(self) -> Path:
-        """Where the uninterrupted life copies its checkpoint folder at the between-steps kill point."""
-        return self.folder / f"{KILLED_BETWEEN}-copy"
+    def copy(self, kind: str = "after-step") -> Path:
+        """Where the uninterrupted life copies its checkpoint folder at a kill point: between
+        steps (``after-step``) or half-way through a save (``during-save``)."""
+        return self.folder / f"{KILLED_BETWEEN if kind == 'after-step' else KILLED_DURING_SAVE}-copy"
 
     def one(self, scenario: str, life: int, plan: KillPlan, size: int, *, more: int = 0, copy: bool = False,
             checkpoints: Path | None = None, world: Any = None) -> tuple[list[Life], RankFailure | None]:
@@ -195,7 +194,9 @@ class Lives:
         try:
             world.run(live, self.spec, folder=str(self.folder), checkpoints=str(folder),
                       scenario=scenario, life=life, plan=plan, steps=self.steps, every=self.every,
-                      copy_to=str(self.copy()) if copy else None, deadline=self.deadline)
+                      copy_to=str(self.copy()) if copy else None,
+                      copy_in_save=(during_save_guess(self.every), str(self.copy("during-save"))) if copy else None,
+                      deadline=self.deadline)
         except RankFailure as exc:
             failure = exc  # its ranks are dead (killed as planned, or by the world on a failure)
         except BaseException:
@@ -212,47 +213,6 @@ class Lives:
         first, failure = self.one(scenario, 1, plan, size, more=more + 1)
         return self.restarted(scenario, plan, first, failure, size, more=more)
 
-    def early(self, scenario: str, plan: KillPlan, size: int) -> Callable[[], tuple[list[Life], RankFailure | None]]:
-        """Life 1 of ``scenario`` started now, on a thread of its own, with ``plan`` guessed
-        before the uninterrupted run that chooses it has ended; the answer waits for it (and
-        raises what it raised). Used only when the plan chosen afterwards is the same: it is
-        then the very life the check would run, started earlier (``forget`` otherwise)."""
-        answer: list[Any] = []
-        # Its world launched here: the first launch of a session starts the zygotes, and a
-        # process started by a thread dies with that thread (PR_SET_PDEATHSIG follows the
-        # thread), so zygotes are only ever started on the caller's (main) thread.
-        with self._lock:
-            world = self._launched()
-
-        def run() -> None:
-            try:
-                answer.append(self.one(scenario, 1, plan, size, more=1, world=world))
-            except BaseException as exc:  # noqa: BLE001 - raised by the waiter
-                answer.append(exc)
-
-        thread = threading.Thread(target=run, name=f"resume-{scenario}-early", daemon=True)
-        self._early.append(thread)
-        thread.start()
-
-        def wait() -> tuple[list[Life], RankFailure | None]:
-            thread.join()
-            if isinstance(answer[0], BaseException):
-                raise answer[0]
-            return answer[0]
-
-        return wait
-
-    def forget(self, scenario: str) -> None:
-        """Everything of ``scenario`` on disk (journals, values, markers, checkpoints) removed:
-        its lives run again from an empty folder."""
-        import shutil
-
-        for path in self.folder.glob(f"{scenario}-*"):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-
     def restarted(self, scenario: str, plan: KillPlan, first: list[Life], failure: RankFailure | None, size: int,
                   *, more: int = 0) -> Run:
         """Life 1's journals (``first``) and, when its kill fired, life 2 on the same folder."""
@@ -265,17 +225,20 @@ class Lives:
         return Run(scenario, plan, [first, second], failure2)
 
     def from_copy(self, uninterrupted: list[Life], plan: KillPlan, size: int, *, more: int = 0) -> Run:
-        """The killed-between-steps scenario with the uninterrupted run as its life 1: stopped
-        at the kill point, where its checkpoint folder was copied (``life.Steps._copy_here``
-        says why the copy is what a whole-world SIGKILL there leaves), then life 2 in a fresh
-        world on that copy, under the very path life 1 wrote to (a checkpoint that names its
-        own folder, a ``latest`` symlink, finds it as after a real kill)."""
-        first = [stopped_at(life, plan.step) for life in uninterrupted]
+        """A kill scenario with the uninterrupted run as its life 1, stopped at the kill point
+        where its checkpoint folder was copied (``plan``: between steps, ``life.Steps._copy_here``;
+        during a save, ``observers.Saves._torn_copy``; each says why the copy is what the kill
+        leaves), then life 2 in a fresh world on that copy, under the very path life 1 wrote to
+        (a checkpoint that names its own folder, a ``latest`` symlink, finds it as after a real
+        kill). Restarts from copies therefore run one after the other."""
+        between = plan.kind == "after-step"
+        scenario = KILLED_BETWEEN if between else KILLED_DURING_SAVE
+        first = [stopped_at(life, plan.step) if between else stopped_in_save(life, plan) for life in uninterrupted]
         path = self.checkpoints(UNINTERRUPTED)
-        os.replace(path, self.folder / f"{UNINTERRUPTED}-checkpoints-at-the-end")
-        os.replace(self.copy(), path)
-        second, failure = self.one(KILLED_BETWEEN, 2, KillPlan("none"), size, more=more, checkpoints=path)
-        return Run(KILLED_BETWEEN, plan, [first, second], failure, copied=True)
+        os.replace(path, self.folder / f"{UNINTERRUPTED}-checkpoints-before-{scenario}")
+        os.replace(self.copy(plan.kind), path)
+        second, failure = self.one(scenario, 2, KillPlan("none"), size, more=more, checkpoints=path)
+        return Run(scenario, plan, [first, second], failure, copied=True)
 
 
 class _Deferred:
@@ -292,10 +255,16 @@ class _Deferred:
 
 
 def copied_at(uninterrupted: list[Life], plan: KillPlan | str) -> bool:
-    """The uninterrupted life copied its checkpoint folder at ``plan``'s kill point (rank 0
-    journals the copy; ``from_copy`` can stand in for a killed first life)."""
-    return (isinstance(plan, KillPlan) and plan.kind == "after-step" and bool(uninterrupted)
-            and uninterrupted[0].copied == plan.step)
+    """The uninterrupted life copied its checkpoint folder at ``plan``'s kill point (the copying
+    rank journals it; ``from_copy`` can stand in for a killed first life): between steps, rank
+    0 after that step; during a save, the victim half-way through it, with no peer saving there
+    (the copy's point is ``during_save_guess``, fixed before the run that plans the kill)."""
+    if not isinstance(plan, KillPlan) or not uninterrupted:
+        return False
+    if plan.kind == "after-step":
+        return uninterrupted[0].copied == plan.step
+    return (plan.kind == "during-save" and not plan.peers and plan.rank < len(uninterrupted)
+            and uninterrupted[plan.rank].copied_in_save == plan.step)
 
 
 def between_steps_plan(uninterrupted: list[Life]) -> KillPlan | str:
@@ -334,8 +303,9 @@ def during_save_plan(uninterrupted: list[Life]) -> KillPlan | str:
 def during_save_guess(every: int) -> KillPlan:
     """``during_save_plan`` as it comes out for the common loop, before the uninterrupted run
     has said: rank 0 alone saves every ``every`` steps (ctx.checkpoint_every), so the second
-    save round is after step 2 x every, with no peer. A guess only: a life run with it stands
-    in for the planned one only when the plan is the same (``Lives.early``)."""
+    save round is after step 2 x every, with no peer. A guess only: the uninterrupted run
+    copies its folder at this point, and the copy stands in for a killed first life only when
+    the plan is the same (``copied_at``)."""
     return KillPlan("during-save", step=2 * every, rank=0, peers=())
 
 
