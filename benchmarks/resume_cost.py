@@ -4,10 +4,10 @@ uninterrupted run's time (a fresh world started and the target's run_loop run to
     python benchmarks/resume_cost.py                                  # examples/train_resume.py, 3 repeats
     python benchmarks/resume_cost.py --target my_target.py --repeats 1
 
-The check runs four lives (uninterrupted, which also gives the killed-between-steps scenario
-its first life: its checkpoint folder copied at the kill point; that scenario's restart;
-killed during a save + restart), each in a fresh world whose start is the floor of a restart;
-the world for the next life is launched while one runs. Both sides are timed in one session,
+The check runs three lives (uninterrupted, which also gives both kill scenarios their first
+lives: its checkpoint folder copied at each kill point; then each scenario's restart, one
+after the other), each in a fresh world whose start is the floor of a restart; the world for
+the next life is launched while one runs. Both sides are timed in one session,
 alternating, and the medians compared, after one untimed round (the zygotes' start, which
 only a session's first worlds pay). The uninterrupted side runs in the same kind of world as the check's
 lives (CPU: ranks forked from the zygote, conformance/harness/world/_zygote.py); it is also
