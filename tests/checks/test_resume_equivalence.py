@@ -270,6 +270,25 @@ def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) 
     assert not dirs, f"temp dirs left behind: {dirs}"
 
 
+def test_a_peer_saving_beside_the_kill_point_gets_a_real_kill_during_the_save(suite_session: Any,
+                                                                             tmp_path: Path) -> None:
+    """Every rank writes the one file in place: the kill during the save is planned on rank 1,
+    rank 0 saving beside it, which the uninterrupted run's copy point (rank 0 alone) is not; so
+    the check kills a first life for real there, beside the other restart, and the torn file
+    is still caught, named as a kill."""
+    from conformance.harness.registry import BY_ID
+
+    spec = variant(tmp_path, EXAMPLE, "torn", *TORN)
+    record, _ = suite_session.run_check(BY_ID["resume-equivalence"], spec)
+    assert record.status == "failed", record.message
+    scenarios = record.evidence["scenarios"]
+    assert scenarios["killed-during-save"]["kill"].startswith("rank 1 SIGKILLed while writing its checkpoint after "
+                                                            "step 4"), scenarios
+    assert scenarios["killed-between-steps"]["kill"].startswith("whole world stopped after step 3"), scenarios
+    assert ("the restart could not read the checkpoint written when rank 1 was killed during the save"
+            in record.message), record.message
+
+
 def test_a_loop_that_writes_no_checkpoint_skips_with_the_reason(suite_session: Any) -> None:
     from tests.checks._check_helpers import run_check
 
