@@ -25,7 +25,6 @@ from typing import Any
 
 from ..harness.world import LinkShape
 from .alphabeta import AlphaBeta, fit_alpha_beta
-from .bandwidth_math import median_of_slowest
 from .overlap import parse_bucket_indices
 from .simulator import BackwardProfile, ddp_bucket_caps, greedy_buckets
 
@@ -134,16 +133,29 @@ def bucket_layout(profile: BackwardProfile, order: Sequence[int], logging: Mappi
     return greedy_buckets(profile.nbytes, cap, first_cap_bytes=first)
 
 
+def quartile_of_slowest(per_rank_times: Sequence[Sequence[float]]) -> float:
+    """Lower quartile over iterations of the slowest rank's time in that iteration: one
+    message size's all-reduce time, read where the step (:func:`measured_step`) and the
+    compute (:func:`synchronized`) are read.
+
+    Not the median: the sweep's timings are as bimodal as the steps (measured on a quiet
+    2-core host: a 864-byte all-reduce took 0.3-0.5 ms, or 3-4 ms when a rank's thread missed
+    a time slice, in 2 of 6 iterations or in 4), so a median of six put a whole time slice
+    into one size's time in some rates and not in others -- the fitted latency then scattered
+    126-743 us between repeats of the same rate, and the predicted step with it."""
+    return quartile([max(times) for times in zip(*per_rank_times)])
+
+
 def fit_point(sizes: Sequence[int], per_rank_times: Sequence[Sequence[Sequence[float]]], world_size: int, *,
               unshaped: bool = False) -> AlphaBeta:
-    """The alpha-beta fit of one rate's sweep (per size, the median of the slowest rank).
+    """The alpha-beta fit of one rate's sweep (per size: :func:`quartile_of_slowest`).
 
     ``unshaped``: on the unshaped loopback the whole sweep takes about a millisecond and a busy
     host's scheduling noise can tilt the line below flat; there the all-reduce is a sliver of
     the step, so instead of giving up, the smallest size's time is the latency and the
     largest size's throughput the bandwidth (the fit's own weakest reading, stated as such by
     ``intercept_clamped``). A shaped rate's fit never falls back: its slope is the link."""
-    times = [median_of_slowest([rank[i] for rank in per_rank_times]) for i in range(len(sizes))]
+    times = [quartile_of_slowest([rank[i] for rank in per_rank_times]) for i in range(len(sizes))]
     try:
         return fit_alpha_beta(sizes, times, world_size)
     except ValueError:
@@ -266,18 +278,27 @@ class ShapedLink:
 
 
 def measured_step(values: Sequence[Mapping[str, Any]]) -> float:
-    """The lower quartile of the step times over every rank's timed steps (the ranks run in
-    step: each step's all-reduces end on every rank at about the same instant).
+    """The lower quartile over steps of the slowest rank's time in that step.
 
-    Why not the median: on a shared host the step times are bimodal. Measured on a 2-core
-    host at load 11 (tied-lm, 12 steps per rate, 3 repeats): the lower quartile of the
-    unshaped step was 4.4-4.8 ms in all 21 unshaped measurements while the upper quartile
-    ran from 4.5 to 21 ms -- a thread of a rank (the gloo worker, or the main thread woken
-    from its wait) that is not scheduled for a time slice costs a whole slice. The median
-    lands on whichever mode holds half the steps that second; the lower quartile is the step
-    this link and this model take when the host lets them, which is what the simulator
-    models."""
-    return quartile([t for v in values for t in v["step_times"]])
+    The slowest rank, because behind a shaped link the ranks do not end a step together:
+    gloo's ring returns on a rank once it has received its peer's all-gather chunk, while its
+    own chunk to the peer may still be queued behind the link. Measured (tied-lm, 2 ranks,
+    17 Mbit/s): in every step one rank returned 4-7 ms before the other (half an all-gather
+    is 7 ms there), which rank alternating; unshaped, both returned within 0.1 ms. A training
+    loop's next all-reduce waits for the later rank, so the step the loop pays -- and the one
+    the simulator predicts -- is the later rank's. Pooling both ranks' steps instead picked
+    the early rank at slow rates: the predictions were 6-19 % high there on every target.
+
+    Why the lower quartile, not the median: on a shared host the step times are bimodal.
+    Measured on a 2-core host at load 11 (tied-lm, 12 steps per rate, 3 repeats): the lower
+    quartile of the unshaped step was 4.4-4.8 ms in all 21 unshaped measurements while the
+    upper quartile ran from 4.5 to 21 ms -- a thread of a rank (the gloo worker, or the main
+    thread woken from its wait) that is not scheduled for a time slice costs a whole slice.
+    The median lands on whichever mode holds half the steps that second; the lower quartile
+    is the step this link and this model take when the host lets them, which is what the
+    simulator models. The compute (:func:`synchronized`) and the all-reduce sweep
+    (:func:`quartile_of_slowest`) are read at the same point of their distributions."""
+    return quartile([max(times) for times in zip(*(v["step_times"] for v in values))])
 
 
 def knee_index(steps: Sequence[float], compute: Sequence[float]) -> int | None:

@@ -244,6 +244,33 @@ def test_a_noisy_unshaped_sweep_falls_back_but_a_noisy_shaped_one_never_does() -
         cm.fit_point([4096, 1 << 20], tilted, 2)
 
 
+def test_the_step_is_the_later_rank_s_when_the_ranks_return_apart() -> None:
+    """Behind a slow link gloo's ring returns on a rank once it has its peer's all-gather chunk,
+    while its own chunk may still be queued: measured at 17 Mbit/s (tied-lm), one rank
+    returned 4-7 ms before the other in every step, which one alternating. The loop's next
+    all-reduce waits for the later rank: that is the step, not the early rank's return."""
+    early, late = 0.030, 0.036
+    values = [{"step_times": [early, late] * 6}, {"step_times": [late, early] * 6}]
+    assert cm.measured_step(values) == pytest.approx(late)
+    # In step (the unshaped link), the lower quartile of the steps as before.
+    together = [{"step_times": [0.005, 0.006, 0.007, 0.009]}, {"step_times": [0.005, 0.006, 0.007, 0.009]}]
+    assert cm.measured_step(together) == pytest.approx(0.00575)
+
+
+def test_a_missed_time_slice_in_half_the_sweep_s_iterations_does_not_move_the_latency() -> None:
+    """The all-reduce sweep is read at the step's quantile, not its median: a rank's thread
+    that misses a time slice (3-4 ms on this host) in half of a size's six iterations put
+    the slice into the median and the fitted latency scattered 126-743 us between repeats."""
+    sizes, alpha, per_byte = [4096, 65536, 1 << 20], 150e-6, 8e-9
+    clean = [2 * alpha + v * per_byte for v in sizes]
+    slice_s = 0.0035
+    rank0 = [[t + (slice_s if i % 2 and k == 0 else 0.0) for i in range(6)] for k, t in enumerate(clean)]
+    rank1 = [[t] * 6 for t in clean]
+    fit = cm.fit_point(sizes, [rank0, rank1], 2)
+    assert fit.alpha_s == pytest.approx(alpha, rel=0.01)
+    assert fit.beta_bytes_per_s == pytest.approx(1 / per_byte, rel=0.01)  # 2(N-1)/N = 1 at N = 2
+
+
 def _front_loaded_profile() -> Any:
     """Most bytes ready early in backward: a split into buckets lets them overlap the rest."""
     from conformance.perf.simulator import BackwardProfile
