@@ -15,7 +15,7 @@ communication time, that rate's alpha-beta fit (an all-reduce sweep under the sa
 every result checked exact) and the simulator's predicted step from the backward profile,
 DDP's bucket layout and that fit. The unshaped link is measured
 first and after every rate: DDP's fixed per-step cost (what the unshaped step takes beyond the
-simulated one) is calibrated on a rate's two unshaped neighbours and added to its prediction;
+simulated one) is calibrated on every unshaped measurement and its median added to each prediction;
 every shaped point is a validation. The knee (``cliff_model.knee_index``),
 measured and predicted.
 
@@ -155,8 +155,8 @@ def measure(world: WorldLike, target_spec: str, *, cap_mb: float | None, exposur
         rates = cm.sweep_rates(total, compute, world.world_size, exposures=exposures)
     for rate in rates:
         at(rate, total)
-        # The unshaped link again after every rate: DDP's fixed cost is calibrated on both
-        # neighbours of a rate, side by side, not once for a sweep during which the load moves.
+        # The unshaped link again after every rate: DDP's fixed cost is calibrated on readings
+        # spread through the sweep (their median), and a load change shows as their drift.
         at(None, total)
     link.shape(None)
     return SweepData(world_size=world.world_size, cap_mb=cap_mb, rates=tuple(measured), sizes=tuple(sizes),

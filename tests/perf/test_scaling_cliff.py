@@ -86,6 +86,23 @@ def test_a_knee_more_than_one_point_off_is_unvalidated_even_within_the_error_bou
     assert not report.knee_agrees and not report.validated
 
 
+def test_one_unshaped_reading_a_time_slice_late_does_not_move_its_neighbours_predictions() -> None:
+    """DDP's fixed cost is one quantity read on every unshaped calibration; a reading that
+    caught a missed time slice (measured on a quiet host: the mlp's 1 ms unshaped step read
+    1.0-2.6 ms in consecutive calibrations) must not move the two rates beside it."""
+    def unshaped(step: float) -> cm.LinkPoint:
+        return cm.LinkPoint(None, step, 0.004, 0.003, 0, 1e9, 0, 1)  # simulated 4 ms: cost = step - 4 ms
+
+    def shaped(rate: float) -> cm.LinkPoint:
+        return cm.LinkPoint(rate, 0.006, 0.005, 0.003, 0, 1e8, 0, 1)  # 5 ms simulated + 1 ms fixed
+
+    report = cm.validate([unshaped(0.005), shaped(4e8), unshaped(0.008), shaped(2e8), unshaped(0.005),
+                          shaped(1e8), unshaped(0.005)])
+    assert report.overhead_s == pytest.approx(0.001)
+    assert [p.predicted_step_s for p in report.shaped] == pytest.approx([0.006] * 3)
+    assert report.max_error == pytest.approx(0.0)
+
+
 def test_a_step_shorter_than_the_burst_starts_with_the_tokens_it_refilled() -> None:
     """A tbf link refills its burst while idle, from one step's last all-reduce to the next
     one's first: DDP's fixed cost, the forward, backward up to the bucket. A small model's
