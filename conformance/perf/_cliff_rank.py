@@ -1,6 +1,8 @@
 """What the ``scaling-cliff`` check runs on every rank at one link rate: an all-reduce sweep
 (for that rate's alpha-beta fit), then the target's own DDP steps, each after a plain (no-DDP)
-forward+backward pass that times each gradient's readiness, in one call.
+forward+backward pass that times each gradient's readiness, in one call. The time between two
+timed steps (the plain pass, the barrier) is recorded too: the shaped link idles through it and
+its token bucket refills (``cliff_model.ShapedLink``).
 
 One call per rate, every part side by side: the link's rate is what the supervisor changed
 between calls, so the fit and the step it predicts are measured under the same shaping; and
@@ -45,6 +47,8 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
     inputs, targets = local_batch(target, ctx.rank, ctx.world_size, ctx.device)
     passes: list[tuple[float, float, dict[int, float]]] = []
     times: list[float] = []
+    gaps: list[float] = []  # from one timed step's end to the next one's start: the link idles
+    end: float | None = None
     for i in range(STEP_WARMUP + steps):
         plain_pass = _plain_pass(target, plain, recorder, inputs, targets, ctx.device)
         # The plain pass takes a different time on each rank: line the ranks up again (outside
@@ -61,15 +65,18 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
         if i >= STEP_WARMUP:
             times.append(time.perf_counter() - t0)
             passes.append(plain_pass)
+            if end is not None:
+                gaps.append(t0 - end)
+        end = time.perf_counter()
     recorder.remove()
     sizes_b = [p.numel() * p.element_size() for p in plain.parameters()]
     forward, backward, ready = zip(*passes)
-    end = statistics.median(backward)
-    profile = {"forward_s": statistics.median(forward), "backward_end_s": end, "forward": list(forward),
+    last = statistics.median(backward)
+    profile = {"forward_s": statistics.median(forward), "backward_end_s": last, "forward": list(forward),
                "backward": list(backward), "nbytes": sizes_b, "names": recorder.names,
-               "ready_s": [statistics.median(r.get(i, end) for r in ready) for i in range(len(sizes_b))]}
+               "ready_s": [statistics.median(r.get(i, last) for r in ready) for i in range(len(sizes_b))]}
     return {"sweep": sweep, "step_times": times, "logging": logging_data(ddp), "profile": profile,
-            "buffer_bytes": broadcast_bytes(ddp)}
+            "buffer_bytes": broadcast_bytes(ddp), "gaps": gaps}
 
 
 def broadcast_bytes(ddp: Any) -> int:

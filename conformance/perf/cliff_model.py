@@ -25,7 +25,6 @@ from typing import Any
 
 from ..harness.world import LinkShape
 from .alphabeta import AlphaBeta, fit_alpha_beta
-from .bandwidth_math import median_of_slowest
 from .overlap import parse_bucket_indices
 from .simulator import BackwardProfile, ddp_bucket_caps, greedy_buckets
 
@@ -134,16 +133,29 @@ def bucket_layout(profile: BackwardProfile, order: Sequence[int], logging: Mappi
     return greedy_buckets(profile.nbytes, cap, first_cap_bytes=first)
 
 
+def quartile_of_slowest(per_rank_times: Sequence[Sequence[float]]) -> float:
+    """Lower quartile over iterations of the slowest rank's time in that iteration: one
+    message size's all-reduce time, read where the step (:func:`measured_step`) and the
+    compute (:func:`synchronized`) are read.
+
+    Not the median: the sweep's timings are as bimodal as the steps (measured on a quiet
+    2-core host: a 864-byte all-reduce took 0.3-0.5 ms, or 3-4 ms when a rank's thread missed
+    a time slice, in 2 of 6 iterations or in 4), so a median of six put a whole time slice
+    into one size's time in some rates and not in others -- the fitted latency then scattered
+    126-743 us between repeats of the same rate, and the predicted step with it."""
+    return quartile([max(times) for times in zip(*per_rank_times)])
+
+
 def fit_point(sizes: Sequence[int], per_rank_times: Sequence[Sequence[Sequence[float]]], world_size: int, *,
               unshaped: bool = False) -> AlphaBeta:
-    """The alpha-beta fit of one rate's sweep (per size, the median of the slowest rank).
+    """The alpha-beta fit of one rate's sweep (per size: :func:`quartile_of_slowest`).
 
     ``unshaped``: on the unshaped loopback the whole sweep takes about a millisecond and a busy
     host's scheduling noise can tilt the line below flat; there the all-reduce is a sliver of
     the step, so instead of giving up, the smallest size's time is the latency and the
     largest size's throughput the bandwidth (the fit's own weakest reading, stated as such by
     ``intercept_clamped``). A shaped rate's fit never falls back: its slope is the link."""
-    times = [median_of_slowest([rank[i] for rank in per_rank_times]) for i in range(len(sizes))]
+    times = [quartile_of_slowest([rank[i] for rank in per_rank_times]) for i in range(len(sizes))]
     try:
         return fit_alpha_beta(sizes, times, world_size)
     except ValueError:
@@ -162,7 +174,7 @@ def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: S
     fit = fit_point(sizes, [v["sweep"]["times"] for v in values], n, unshaped=rate is None)
     layout = bucket_layout(profile, order, values[0]["logging"], cap_mb)
     link = ShapedLink.of(profile, layout, fit, n, burst_credit_s(rate),
-                         buffer_bytes=int(values[0].get("buffer_bytes", 0)))
+                         buffer_bytes=int(values[0].get("buffer_bytes", 0)), between_s=between_steps(values))
     comm = [v["logging"].get("avg_backward_comm_time") for v in values]
     ddp_comm = statistics.median(c * 1e-9 for c in comm) if all(isinstance(c, (int, float)) and c > 0
                                                                for c in comm) else None
@@ -171,6 +183,17 @@ def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: S
                      compute_s=profile.forward_s + profile.backward_end_s, alpha_s=fit.alpha_s,
                      beta_bytes_per_s=fit.beta_bytes_per_s, fit_residual=fit.median_rel_residual,
                      buckets=len(layout), ddp_comm_s=ddp_comm, link=link)
+
+
+def between_steps(values: Sequence[Mapping[str, Any]]) -> float:
+    """How long the link idled between two timed steps (the rank's plain pass and the barrier
+    that lines the ranks up again): per step the later rank's gap (the link carries the step's
+    last bytes until that rank returns), median over steps. A sweep saved before the gaps were
+    recorded: the plain pass alone (forward + backward of the profile)."""
+    if all(v.get("gaps") for v in values):
+        return statistics.median(min(gaps) for gaps in zip(*(v["gaps"] for v in values)))
+    profiles = [v["profile"] for v in values]
+    return synchronized(profiles, "forward") + synchronized(profiles, "backward")
 
 
 def burst_credit_s(rate: float | None) -> float:
@@ -197,7 +220,13 @@ class ShapedLink:
     are not ready yet. So the credit is not all or nothing: a step shorter than the burst (a
     small model: the mlp's whole step is ~1.4 ms, the default burst 1 ms of the rate) starts
     with a partly refilled bucket, and each all-reduce takes from what is there. The step is
-    simulated until its start state repeats (the steady state a training loop reaches)."""
+    simulated until its start state repeats (the steady state a training loop reaches).
+
+    ``between_s``: idle time outside the step, between one step and the next. 0 in a training
+    loop; in the check's measurement the plain pass and a barrier separate two timed steps, and
+    the bucket refills through them too (:func:`between_steps`). Measured (mlp at 94 Mbit/s,
+    0.2 ms of compute, a 1.2 ms all-reduce): simulated without it the step started with
+    0.5 ms of tokens and was predicted 21-33 % long."""
 
     forward_s: float
     backward_end_s: float
@@ -209,10 +238,11 @@ class ShapedLink:
     # (``broadcast_buffers=True``, the default): on the link, not overlapped with anything.
     broadcast_latency_s: float = 0.0
     broadcast_transfer_s: float = 0.0
+    between_s: float = 0.0
 
     @classmethod
     def of(cls, profile: BackwardProfile, layout: Sequence[Sequence[int]], fit: AlphaBeta, world_size: int,
-           credit_s: float, *, buffer_bytes: int = 0) -> ShapedLink:
+           credit_s: float, *, buffer_bytes: int = 0, between_s: float = 0.0) -> ShapedLink:
         latency = 2 * (world_size - 1) * fit.alpha_s
         order = sorted(range(len(layout)), key=lambda b: max(profile.ready_s[i] for i in layout[b]))
         releases = [max(profile.ready_s[i] for i in layout[b]) for b in order]
@@ -226,7 +256,7 @@ class ShapedLink:
                    releases_s=tuple(releases), latencies_s=tuple(min(latency, c) for c in comms),
                    transfers_s=tuple(max(c - latency, 0.0) for c in comms), credit_s=credit_s,
                    broadcast_latency_s=(n - 1) * fit.alpha_s if broadcast else 0.0,
-                   broadcast_transfer_s=broadcast)
+                   broadcast_transfer_s=broadcast, between_s=between_s)
 
     def _phase(self, tokens: float) -> tuple[float, float, float]:
         """(backward phase's end, the last all-reduce's end, tokens left) from backward's start
@@ -258,7 +288,7 @@ class ShapedLink:
         for _ in range(16):
             broadcast, phase, comm_end, left = self._step(tokens)
             # Idle from the last all-reduce's end to the next step's start.
-            after = min(self.credit_s, left + (phase - comm_end) + overhead_s)
+            after = min(self.credit_s, left + (phase - comm_end) + overhead_s + self.between_s)
             if abs(after - tokens) <= 1e-9:
                 break
             tokens = after
@@ -266,18 +296,27 @@ class ShapedLink:
 
 
 def measured_step(values: Sequence[Mapping[str, Any]]) -> float:
-    """The lower quartile of the step times over every rank's timed steps (the ranks run in
-    step: each step's all-reduces end on every rank at about the same instant).
+    """The lower quartile over steps of the slowest rank's time in that step.
 
-    Why not the median: on a shared host the step times are bimodal. Measured on a 2-core
-    host at load 11 (tied-lm, 12 steps per rate, 3 repeats): the lower quartile of the
-    unshaped step was 4.4-4.8 ms in all 21 unshaped measurements while the upper quartile
-    ran from 4.5 to 21 ms -- a thread of a rank (the gloo worker, or the main thread woken
-    from its wait) that is not scheduled for a time slice costs a whole slice. The median
-    lands on whichever mode holds half the steps that second; the lower quartile is the step
-    this link and this model take when the host lets them, which is what the simulator
-    models."""
-    return quartile([t for v in values for t in v["step_times"]])
+    The slowest rank, because behind a shaped link the ranks do not end a step together:
+    gloo's ring returns on a rank once it has received its peer's all-gather chunk, while its
+    own chunk to the peer may still be queued behind the link. Measured (tied-lm, 2 ranks,
+    17 Mbit/s): in every step one rank returned 4-7 ms before the other (half an all-gather
+    is 7 ms there), which rank alternating; unshaped, both returned within 0.1 ms. A training
+    loop's next all-reduce waits for the later rank, so the step the loop pays -- and the one
+    the simulator predicts -- is the later rank's. Pooling both ranks' steps instead picked
+    the early rank at slow rates: the predictions were 6-19 % high there on every target.
+
+    Why the lower quartile, not the median: on a shared host the step times are bimodal.
+    Measured on a 2-core host at load 11 (tied-lm, 12 steps per rate, 3 repeats): the lower
+    quartile of the unshaped step was 4.4-4.8 ms in all 21 unshaped measurements while the
+    upper quartile ran from 4.5 to 21 ms -- a thread of a rank (the gloo worker, or the main
+    thread woken from its wait) that is not scheduled for a time slice costs a whole slice.
+    The median lands on whichever mode holds half the steps that second; the lower quartile
+    is the step this link and this model take when the host lets them, which is what the
+    simulator models. The compute (:func:`synchronized`) and the all-reduce sweep
+    (:func:`quartile_of_slowest`) are read at the same point of their distributions."""
+    return quartile([max(times) for times in zip(*(v["step_times"] for v in values))])
 
 
 def knee_index(steps: Sequence[float], compute: Sequence[float]) -> int | None:
@@ -376,8 +415,8 @@ class CliffReport:
 
     def notes(self) -> list[str]:
         out = [f"DDP's fixed per-step cost (hooks, bucket copies, thread hand-offs: the unshaped step "
-               f"minus the simulated one) is measured on the unshaped link before and after each "
-               f"shaped rate and added to its prediction ({self.overhead_s * 1e3:.2f} ms median); "
+               f"minus the simulated one) is measured on the unshaped link before, between and after the "
+               f"shaped rates and its median added to every prediction ({self.overhead_s * 1e3:.2f} ms); "
                f"the shaped rates are the validation"]
         if self.unshaped_drift > ERROR_BOUND:
             out.append(f"the unshaped step varied {self.unshaped_drift:.0%} through the sweep: the "
@@ -393,9 +432,14 @@ def validate(points: Sequence[LinkPoint]) -> CliffReport:
     """Judge a sweep measured in sweep order, the unshaped link between every two shaped rates
     (and first and last): [unshaped, rate 1, unshaped, rate 2, ..., unshaped], rates descending.
 
-    Each shaped rate's prediction gets the fixed cost measured on its two unshaped neighbours
-    (the median of measured minus simulated, never below 0): side by side, so a change of the
-    host's load during the sweep moves calibration and validation together."""
+    Each shaped rate's prediction gets DDP's fixed cost (measured minus simulated, never below
+    0) as the median over all the sweep's unshaped calibrations, spread through it. It is one
+    quantity (DDP's hooks, copies and hand-offs on this model), and each calibration a noisy
+    reading of it: on a quiet host, consecutive unshaped steps of the mlp (a 1 ms step) read
+    1.0, 2.0, 1.7, 2.5, 2.6, 1.5 ms -- a time slice more or less -- so the median of a rate's
+    two neighbours (what was used before) moved a prediction by up to half a step; the sweep's
+    median of eight does not. A load change during the sweep still shows in the compute (read
+    beside every step) and is reported (``unshaped_drift``)."""
     if len(points) < 3 or len(points) % 2 == 0 or any(
             (p.rate_bits_per_s is None) != (i % 2 == 0) for i, p in enumerate(points)):
         raise ValueError(f"a sweep is [unshaped, rate, unshaped, ..., unshaped]; got rates "
@@ -409,11 +453,9 @@ def validate(points: Sequence[LinkPoint]) -> CliffReport:
         return p.link.step_s(overhead) if p.link is not None else p.predicted_step_s + overhead
 
     unshaped = points[0::2]
-    shaped = [replace(p, overhead_s=fixed_cost, predicted_step_s=simulated(p, fixed_cost))
-              for i, p in enumerate(points) if i % 2
-              for fixed_cost in [statistics.median([cost(points[i - 1]), cost(points[i + 1])])]]
-    shaped.sort(key=lambda p: -(p.rate_bits_per_s or 0.0))
     fixed = statistics.median(cost(p) for p in unshaped)
+    shaped = [replace(p, overhead_s=fixed, predicted_step_s=simulated(p, fixed)) for p in points[1::2]]
+    shaped.sort(key=lambda p: -(p.rate_bits_per_s or 0.0))
     base = replace(unshaped[0], measured_step_s=statistics.median(p.measured_step_s for p in unshaped),
                    compute_s=statistics.median(p.compute_s for p in unshaped), overhead_s=fixed,
                    predicted_step_s=statistics.median(p.predicted_step_s for p in unshaped) + fixed)

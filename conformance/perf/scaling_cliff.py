@@ -9,12 +9,13 @@ reproduced: the world's ranks run in a private network namespace whose loopback 
 
 Evidence, at each rate of a sweep from unshaped down to where the exposed communication is
 several times the compute (rates chosen from the model's gradient bytes and compute): the
-median DDP step, the compute side by side (a plain no-DDP pass before each step: the
-simulator's input), DDP's own communication time, that rate's alpha-beta fit (an all-reduce
-sweep under the same shaping, every result checked exact) and the simulator's predicted step
-from the backward profile, DDP's bucket layout and that fit. The unshaped link is measured
+DDP step (the later rank's, lower quartile: ``cliff_model.measured_step``), the compute side
+by side (a plain no-DDP pass before each step: the simulator's input), DDP's own
+communication time, that rate's alpha-beta fit (an all-reduce sweep under the same shaping,
+every result checked exact) and the simulator's predicted step from the backward profile,
+DDP's bucket layout and that fit. The unshaped link is measured
 first and after every rate: DDP's fixed per-step cost (what the unshaped step takes beyond the
-simulated one) is calibrated on a rate's two unshaped neighbours and added to its prediction;
+simulated one) is calibrated on every unshaped measurement and its median added to each prediction;
 every shaped point is a validation. The knee (``cliff_model.knee_index``),
 measured and predicted.
 
@@ -72,7 +73,10 @@ EXPOSURES = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
 #: The lowest rate's step over the unshaped one below which no cliff was reproduced.
 CLIFF_MIN_RATIO = 1.5
 #: Timed DDP steps (each after a plain pass) and timed all-reduces per size, at each rate.
-STEPS, ITERS = 12, 6
+#: 24 steps: the step is read per step on the later rank (``cliff_model.measured_step``), so
+#: these are its samples (12 gave a tiny model's lower quartile in a host's slow mode, 3-4 ms
+#: on a 1 ms step, at one rate in three on a quiet host); a step costs 1-40 ms here.
+STEPS, ITERS = 24, 6
 #: The target of the default run (no --target): the built-in with the most gradient bytes
 #: (29 KiB, a GRU and a tied embedding), whose cliff is reached at tens of Mbit/s.
 VEHICLE = "tied-lm"
@@ -151,8 +155,8 @@ def measure(world: WorldLike, target_spec: str, *, cap_mb: float | None, exposur
         rates = cm.sweep_rates(total, compute, world.world_size, exposures=exposures)
     for rate in rates:
         at(rate, total)
-        # The unshaped link again after every rate: DDP's fixed cost is calibrated on both
-        # neighbours of a rate, side by side, not once for a sweep during which the load moves.
+        # The unshaped link again after every rate: DDP's fixed cost is calibrated on readings
+        # spread through the sweep (their median), and a load change shows as their drift.
         at(None, total)
     link.shape(None)
     return SweepData(world_size=world.world_size, cap_mb=cap_mb, rates=tuple(measured), sizes=tuple(sizes),

@@ -86,6 +86,23 @@ def test_a_knee_more_than_one_point_off_is_unvalidated_even_within_the_error_bou
     assert not report.knee_agrees and not report.validated
 
 
+def test_one_unshaped_reading_a_time_slice_late_does_not_move_its_neighbours_predictions() -> None:
+    """DDP's fixed cost is one quantity read on every unshaped calibration; a reading that
+    caught a missed time slice (measured on a quiet host: the mlp's 1 ms unshaped step read
+    1.0-2.6 ms in consecutive calibrations) must not move the two rates beside it."""
+    def unshaped(step: float) -> cm.LinkPoint:
+        return cm.LinkPoint(None, step, 0.004, 0.003, 0, 1e9, 0, 1)  # simulated 4 ms: cost = step - 4 ms
+
+    def shaped(rate: float) -> cm.LinkPoint:
+        return cm.LinkPoint(rate, 0.006, 0.005, 0.003, 0, 1e8, 0, 1)  # 5 ms simulated + 1 ms fixed
+
+    report = cm.validate([unshaped(0.005), shaped(4e8), unshaped(0.008), shaped(2e8), unshaped(0.005),
+                          shaped(1e8), unshaped(0.005)])
+    assert report.overhead_s == pytest.approx(0.001)
+    assert [p.predicted_step_s for p in report.shaped] == pytest.approx([0.006] * 3)
+    assert report.max_error == pytest.approx(0.0)
+
+
 def test_a_step_shorter_than_the_burst_starts_with_the_tokens_it_refilled() -> None:
     """A tbf link refills its burst while idle, from one step's last all-reduce to the next
     one's first: DDP's fixed cost, the forward, backward up to the bucket. A small model's
@@ -107,6 +124,26 @@ def test_a_step_shorter_than_the_burst_starts_with_the_tokens_it_refilled() -> N
     # The unshaped link (no credit) is the plain overlap simulator.
     plain = replace(link, credit_s=0.0)
     assert plain.step_s(0.2 * ms) == pytest.approx((0.2 + 0.3 + 0.1 + 0.9 + 0.2) * ms)
+
+
+def test_the_measurement_s_time_between_steps_refills_the_bucket_too() -> None:
+    """The check times a DDP step after a plain pass and a barrier: the link idles through them
+    and its bucket refills, which a training loop's back-to-back steps do not give. Measured
+    (mlp at 94 Mbit/s, 0.2 ms of compute, a 1.2 ms all-reduce): without it the step started
+    with half the burst and was predicted 21-33 % long."""
+    ms = 1e-3
+    link = cm.ShapedLink(forward_s=0.1 * ms, backward_end_s=0.1 * ms, releases_s=(0.1 * ms,),
+                         latencies_s=(0.0,), transfers_s=(1.2 * ms,), credit_s=1.0 * ms)
+    # Back to back: 0.2 fixed + 0.1 forward + 0.1 backward = 0.4 ms of tokens, 0.8 ms exposed.
+    assert link.step_s(0.2 * ms) == pytest.approx((0.1 + 0.1 + 0.8 + 0.2) * ms)
+    # A millisecond between the steps fills the bucket: only 0.2 ms of the transfer shows.
+    assert replace(link, between_s=1.0 * ms).step_s(0.2 * ms) == pytest.approx((0.1 + 0.1 + 0.2 + 0.2) * ms)
+    # The gap is the later rank's (the shorter one) per step, median over steps.
+    values = [{"gaps": [0.004, 0.001, 0.002]}, {"gaps": [0.001, 0.003, 0.005]}]
+    assert cm.between_steps(values) == pytest.approx(0.001)
+    # A sweep saved without gaps: the plain pass (forward + backward).
+    old = [{"profile": {"forward": [0.001] * 3, "backward": [0.002] * 3}} for _ in range(2)]
+    assert cm.between_steps(old) == pytest.approx(0.003)
 
 
 def test_buffers_ddp_broadcasts_before_every_forward_cross_the_link_first() -> None:
@@ -242,6 +279,33 @@ def test_a_noisy_unshaped_sweep_falls_back_but_a_noisy_shaped_one_never_does() -
     assert fit.alpha_s == pytest.approx(0.001) and fit.median_rel_residual == 1.0
     with pytest.raises(ValueError, match="time does not grow with message size"):
         cm.fit_point([4096, 1 << 20], tilted, 2)
+
+
+def test_the_step_is_the_later_rank_s_when_the_ranks_return_apart() -> None:
+    """Behind a slow link gloo's ring returns on a rank once it has its peer's all-gather chunk,
+    while its own chunk may still be queued: measured at 17 Mbit/s (tied-lm), one rank
+    returned 4-7 ms before the other in every step, which one alternating. The loop's next
+    all-reduce waits for the later rank: that is the step, not the early rank's return."""
+    early, late = 0.030, 0.036
+    values = [{"step_times": [early, late] * 6}, {"step_times": [late, early] * 6}]
+    assert cm.measured_step(values) == pytest.approx(late)
+    # In step (the unshaped link), the lower quartile of the steps as before.
+    together = [{"step_times": [0.005, 0.006, 0.007, 0.009]}, {"step_times": [0.005, 0.006, 0.007, 0.009]}]
+    assert cm.measured_step(together) == pytest.approx(0.00575)
+
+
+def test_a_missed_time_slice_in_half_the_sweep_s_iterations_does_not_move_the_latency() -> None:
+    """The all-reduce sweep is read at the step's quantile, not its median: a rank's thread
+    that misses a time slice (3-4 ms on this host) in half of a size's six iterations put
+    the slice into the median and the fitted latency scattered 126-743 us between repeats."""
+    sizes, alpha, per_byte = [4096, 65536, 1 << 20], 150e-6, 8e-9
+    clean = [2 * alpha + v * per_byte for v in sizes]
+    slice_s = 0.0035
+    rank0 = [[t + (slice_s if i % 2 and k == 0 else 0.0) for i in range(6)] for k, t in enumerate(clean)]
+    rank1 = [[t] * 6 for t in clean]
+    fit = cm.fit_point(sizes, [rank0, rank1], 2)
+    assert fit.alpha_s == pytest.approx(alpha, rel=0.01)
+    assert fit.beta_bytes_per_s == pytest.approx(1 / per_byte, rel=0.01)  # 2(N-1)/N = 1 at N = 2
 
 
 def _front_loaded_profile() -> Any:
