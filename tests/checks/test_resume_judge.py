@@ -4,6 +4,7 @@ difference with no known cause, a restart that trained from step 1 again."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from conformance.checks.resume import KILLED_BETWEEN, KillPlan, Life, Run, judge_run
@@ -46,6 +47,20 @@ def test_another_random_stream_with_dropout_is_a_warning_not_a_failure(tmp_path:
     verdict = _judge(restart, tmp_path)
     assert not verdict.findings  # type: ignore[attr-defined]
     assert "random stream differs after the restart from step 3" in verdict.warnings[0]  # type: ignore[attr-defined]
+
+
+def test_another_random_stream_in_a_step_that_drew_random_numbers_is_a_warning(tmp_path: Path) -> None:
+    """No dropout, but torch's RNG moved during the step (random masking, noise): the same rule."""
+    restart = [replace(_step(3, w_after=99, rng="other"), drew=True)] + [_step(i) for i in range(4, N + 1)]
+    verdict = _judge(restart, tmp_path)
+    assert not verdict.findings and verdict.steps_compared == 0  # type: ignore[attr-defined]
+    assert "the step draws random numbers: torch's RNG moved" in verdict.warnings[0]  # type: ignore[attr-defined]
+
+
+def test_another_random_stream_in_a_step_that_drew_none_is_still_a_finding(tmp_path: Path) -> None:
+    restart = [_step(3, w_after=99, rng="other")] + [_step(i) for i in range(4, N + 1)]
+    finding = _judge(restart, tmp_path).findings[0]  # type: ignore[attr-defined]
+    assert finding.what == "parameters" and finding.step == 3 and finding.cause is None
 
 
 def test_a_difference_with_the_same_random_stream_names_no_cause(tmp_path: Path) -> None:

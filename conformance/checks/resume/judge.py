@@ -184,11 +184,8 @@ def _first_finding(rank: int, s: int, a: Life, restart: Life, va: Values, vr: Va
         if step.samples != ref.samples:
             return _samples_finding(rank, s + j + 1, step, steps), j
         if (diff := params_differ(step.after, ref.after, vr, va, ref.after.values)) is not None:
-            if step.dropout and step.rng != ref.rng:
-                warnings.append(
-                    f"rank {rank}: torch's random stream differs after the restart from step {s + j + 1} (its RNG "
-                    f"state was not restored, and dropout is active): the resumed run is equally valid but not "
-                    f"comparable step by step from there; save torch.get_rng_state() for a bit-exact resume")
+            if (step.dropout or step.drew or ref.drew) and step.rng != ref.rng:
+                warnings.append(_random_stream_warning(rank, s + j + 1, step))
                 return None, j
             return Finding("parameters", rank, s + j + 1,
                            f"parameters after step {s + j + 1} differ (first: {diff[0]!r}, max relative "
@@ -200,6 +197,18 @@ def _first_finding(rank: int, s: int, a: Life, restart: Life, va: Values, vr: Va
                            f"from the same state", None, "compare what the restart restores with what the step "
                                                           "depends on"), j + 1
     return None, len(resumed)
+
+
+def _random_stream_warning(rank: int, number: int, step: StepRecord) -> str:
+    """The step started from the same state and samples but from another random state, and it
+    draws random numbers (measured: dropout active, or torch's RNG moved during the step)."""
+    how = ("dropout is active" if step.dropout else
+           "the step draws random numbers: torch's RNG moved between its first training forward and "
+           "optimizer.step(), randomness other than dropout (stochastic depth, random masking, noise) that the "
+           "suite does not switch off")
+    return (f"rank {rank}: torch's random stream differs after the restart from step {number} (its RNG state was "
+            f"not restored, and {how}): the resumed run is equally valid but not comparable step by step from "
+            f"there; save torch.get_rng_state() for a bit-exact resume")
 
 
 def _lr_finding(rank: int, number: int, step: StepRecord, ref: StepRecord, counted: StepRecord,

@@ -103,6 +103,16 @@ def _stopped(pid: int, within_s: float = 2.0) -> bool:
     return False
 
 
+def rng_digest() -> str:
+    """A digest of torch's global random state (CUDA's too, once initialised)."""
+    import torch
+
+    h = hashlib.sha1(torch.get_rng_state().numpy().tobytes())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        h.update(torch.cuda.get_rng_state().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def die(peers: Sequence[int] = ()) -> None:
     """SIGKILL the peers' process groups (the ranks lead their own), then this process."""
     for pid in peers:
@@ -133,11 +143,7 @@ class Samples:
         if not (torch.is_grad_enabled() and module.training):
             return
         if self.rng is None:
-            state = torch.get_rng_state()
-            h = hashlib.sha1(state.numpy().tobytes())
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                h.update(torch.cuda.get_rng_state().numpy().tobytes())
-            self.rng = h.hexdigest()[:16]
+            self.rng = rng_digest()
             self.dropout = any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m.training
                                for m in module.modules())
         first = _first_tensor((args, kwargs))

@@ -50,13 +50,16 @@ class StepRecord:
     dropout: bool  # a dropout module with p > 0 was in training mode at that forward
     listing: str  # digest of the checkpoint folder's listing (names, sizes) after the step
     files: int  # files in the checkpoint folder after the step
+    #: torch's RNG state moved between the step's first training forward and optimizer.step():
+    #: the step drew random numbers (dropout, stochastic depth, random masking, noise)
+    drew: bool = False
 
     @staticmethod
     def of(raw: dict[str, Any]) -> StepRecord:
         return StepRecord(index=int(raw["index"]), before=Snapshot.of(raw["before"]),
                           after=Snapshot.of(raw["after"]), samples=list(raw["samples"]),
                           rng=raw.get("rng"), dropout=bool(raw.get("dropout")),
-                          listing=str(raw["listing"]), files=int(raw["files"]))
+                          listing=str(raw["listing"]), files=int(raw["files"]), drew=bool(raw.get("drew")))
 
 
 @dataclass(frozen=True, slots=True)
