@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from conformance.checks.resume import KILLED_BETWEEN, KillPlan, Life, Run, judge_run
-from conformance.checks.resume.records import Snapshot, StepRecord
+import pytest
+
+from conformance.checks.resume import KILLED_BETWEEN, KILLED_DURING_SAVE, KillPlan, Life, Run, judge_run
+from conformance.checks.resume.records import LoadRecord, SaveRecord, Snapshot, StepRecord
 
 N = 6
 
@@ -68,6 +70,26 @@ def test_a_difference_with_the_same_random_stream_names_no_cause(tmp_path: Path)
     finding = _judge(restart, tmp_path).findings[0]  # type: ignore[attr-defined]
     assert finding.what == "parameters" and finding.step == 3 and finding.cause is None
     assert "although the step started from the same state and samples" in finding.message
+
+
+@pytest.mark.parametrize("name, how", [
+    ("ckpt.pt", "written in place, over the checkpoint of step 2"),
+    ("ckpt-4.pt", "written directly under its final name (a new file, not a temporary one renamed into place)")])
+def test_a_torn_checkpoint_says_whether_it_overwrote_a_whole_one_or_was_a_new_file(
+        name: str, how: str, tmp_path: Path) -> None:
+    """facebookresearch/dino overwrites its one checkpoint.pth; moco-v3 writes a new
+    checkpoint_%04d.pth.tar per epoch (a restart that takes the newest reads the torn one): both
+    are torn by a kill during the write, but only the first was written over a whole file."""
+    a = _lives([_step(i) for i in range(1, N + 1)])
+    saves = [SaveRecord(2, name.replace("-4", "-2"), True, False), SaveRecord(2, name.replace("-4", "-2"), True, True),
+             SaveRecord(4, name, True, False)]
+    first = [Life(r, [_step(i) for i in range(1, 5)], saves if r == 0 else [], [], "killed") for r in range(2)]
+    load = LoadRecord("torch.load", f"/ckpts/{name}", error="RuntimeError: PytorchStreamReader failed reading zip")
+    restart = [Life(r, [], [], [load], "raised", "RuntimeError: PytorchStreamReader failed") for r in range(2)]
+    run = Run(KILLED_DURING_SAVE, KillPlan("during-save", step=4, rank=0), [first, restart], copied=True)
+    finding = judge_run(a, run, tmp_path).findings[0]
+    assert finding.what == "raised" and finding.cause is not None
+    assert finding.cause.endswith(f"): {name} was {how}"), finding.cause
 
 
 def test_training_from_step_one_again_after_a_complete_checkpoint_is_found(tmp_path: Path) -> None:

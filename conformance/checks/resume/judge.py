@@ -275,8 +275,17 @@ def _torn_cause(run: Run, restart: Life) -> str | None:
         if load.what == "torch.load" and load.error and torn and load.owner.endswith(torn[-1]):
             how = "stopped half-way through the save (what a kill leaves)" if run.copied else "killed during the save"
             return (f"the restart could not read the checkpoint written when rank {run.plan.rank} was {how} "
-                    f"({load.error.splitlines()[0][:160]}): {torn[-1]} was written in place")
+                    f"({load.error.splitlines()[0][:160]}): {torn[-1]} was {_written(run, torn[-1])}")
     return None
+
+
+def _written(run: Run, path: str) -> str:
+    """How the torn file was written: over a whole one of an earlier save, or as a new file
+    (a name per save: the restart took the newest), in both cases under its final name."""
+    earlier = [s.step for life in run.first for s in life.saves if s.path == path and s.ended and s.step < run.plan.step]
+    if earlier:
+        return f"written in place, over the checkpoint of step {max(earlier)}"
+    return "written directly under its final name (a new file, not a temporary one renamed into place)"
 
 
 def _refused_cause(restart: Life) -> str | None:
@@ -287,8 +296,9 @@ def _refused_cause(restart: Life) -> str | None:
             refused = re.search(r"\[refused global: ([\w.]+)\]", load.error)
             what = (f"a pickled {refused.group(1)}" if refused
                     else "a pickled object other than tensors and plain values")
+            where = f" (not tensors or plain values: {', '.join(load.refused_at)})" if load.refused_at else ""
             return (f"torch.load refused the checkpoint {load.owner} under weights_only=True (the default since torch "
-                    f"2.6): it holds {what}; the file itself is whole")
+                    f"2.6): it holds {what}{where}; the file itself is whole")
     return None
 
 

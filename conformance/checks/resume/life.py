@@ -28,6 +28,7 @@ from .observers import (
     Saves,
     _clean,
     die,
+    plain,
     rng_digest,
 )
 from .records import KillPlan, Snapshot, StepRecord, journal_path, marker, values_path
@@ -271,7 +272,7 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
                 stack.enter_context(instrument.attached())
             call_target(target, "run_loop", target.run_loop, loop)
     except Exception as exc:
-        text = str(exc) if isinstance(exc, TargetError) else one_line(exc)[:400] + _user_line(target, exc)
+        text = str(exc) if isinstance(exc, TargetError) else plain(one_line(exc))[:400] + _user_line(target, exc)
         journal.write("end", {"how": "raised", "raised": text})
         if life == 1:
             raise

@@ -18,6 +18,7 @@ The kills use no collective (a dead peer would hang it): ranks meet through mark
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import io
@@ -73,6 +74,45 @@ class Journal:
     def close(self) -> None:
         self._lines.close()
         self._values.close()
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal escapes (torch's weights_only message sets bold in it)."""
+    return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+
+
+#: What a checkpoint may hold and weights_only loads (besides containers): tensors and plain values.
+_PLAIN = (str, bytes, int, float, complex, bool, type(None))
+
+
+def _not_plain_in(load: Callable[..., Any], f: Any, most: int = 3) -> list[str]:
+    """Where a checkpoint that weights_only refused holds objects other than tensors, plain
+    values and containers: up to ``most`` paths with their types (``['optimizer']
+    ['param_groups'][0]['lr']: numpy.float64``), read by loading it again with
+    weights_only=False (the file this very loop wrote in this run). Empty when that fails."""
+    import torch
+
+    if not isinstance(f, (str, os.PathLike)):
+        return []  # a file object or buffer: already read, not read again
+    try:
+        obj = load(f, map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001 - a class the loop pickled may not import here: no paths then
+        return []
+    found: list[str] = []
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack and len(found) < most:
+        path, value = stack.pop(0)
+        # Exact types: a numpy.float64 is a float subclass, and weights_only refuses it.
+        if isinstance(value, torch.Tensor) or type(value) in (torch.Size, torch.dtype, torch.device, *_PLAIN):
+            continue
+        if type(value) in (dict, collections.OrderedDict):
+            stack.extend((f"{path}[{k!r}]", v) for k, v in value.items())
+        elif type(value) in (list, tuple, set):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+        else:
+            kind = type(value)
+            found.append(f"checkpoint{path}: {kind.__module__}.{kind.__qualname__}")
+    return found
 
 
 def _uint8() -> Any:
@@ -394,7 +434,8 @@ class Loads:
                 refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
                 named = f" [refused global: {refused.group(1)}]" if refused else ""
                 journal.write("load", LoadRecord("torch.load", where,
-                                                 error=f"{type(exc).__name__}: {str(exc)[:300]}{named}"))
+                                                 error=f"{type(exc).__name__}: {plain(str(exc))[:300]}{named}",
+                                                 refused_at=_not_plain_in(original, f) if refused else []))
                 raise
 
         return load

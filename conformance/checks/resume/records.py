@@ -86,6 +86,9 @@ class LoadRecord:
     unexpected: list[str] = field(default_factory=list)
     unexpected_count: int = 0
     error: str | None = None  # the exception it raised (torch.load of a torn file)
+    #: a checkpoint weights_only refused: where it holds objects other than tensors and plain
+    #: values, with their types (up to 3)
+    refused_at: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
