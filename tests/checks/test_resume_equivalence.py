@@ -219,6 +219,48 @@ def test_randomness_other_than_dropout_is_switched_off_or_warned_not_failed(kind
                 "optimizer.step()") in verdict.warnings[0]
 
 
+AUGMENTED = [("def _dataset() -> TensorDataset:\n", """class _Augmented(TensorDataset):
+    def __getitem__(self, i: int) -> Any:
+        x, y = super().__getitem__(i)
+        return x + 0.1 * torch.randn_like(x), y  # a random augmentation, drawn from torch's RNG
+
+
+def _dataset() -> TensorDataset:
+"""), ("    return TensorDataset(inputs, targets)", "    return _Augmented(inputs, targets)"),
+             # From a fresh seed at every start: the restart does not replay the first life's draws (the
+             # example skips the batches trained before by drawing them, augmentation included).
+             ("    raw = build_model()\n", "    raw = build_model()\n    torch.seed()\n")]
+
+
+@pytest.mark.parametrize("bug", ["", "data-order-restarts"])
+def test_a_random_augmentation_is_told_from_a_data_order_bug_by_the_dataset_indices(bug: str, tmp_path: Path) -> None:
+    """A random augmentation (every real vision pipeline; facebookresearch/moco-v3's, with or
+    without DataLoader workers, where the check failed 'rank 0 trained other samples at step 3;
+    no known cause', 16 repeated and 16 missed) gives the resumed steps other content for the same
+    samples: the same dataset indices are a warning, and the multiset is counted by index; the
+    data order restarting at the epoch's beginning is still caught, its cause measured by index."""
+    from conformance.checks.resume import UNINTERRUPTED, KillPlan, Lives, between_steps_plan, judge_run
+
+    edits = AUGMENTED + (VARIANTS[bug][0] if bug else [])
+    spec = variant(tmp_path, EXAMPLE, bug or "augmented", *edits)
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
+        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2, copy=True)
+        assert failure is None
+        run = lives.from_copy(lives_a, between_steps_plan(lives_a), 2)
+    verdict = judge_run(lives_a, run, folder)
+    if bug:
+        first = verdict.findings[0]
+        assert first.cause == ("the data order restarted at the epoch's beginning: resumed step 3 drew the dataset "
+                               "indices of step 1 again"), first
+        return
+    assert not verdict.findings and verdict.steps_compared == 0, verdict
+    assert verdict.warnings[0].startswith("rank 0: step 3 drew the same 4 dataset indices after the restart as the "
+                                          "uninterrupted run, but the model got other content for them"), verdict
+    assert verdict.samples[0] == {"trained": 24, "repeated": 0, "missed": 0, "by_index": 1}, verdict
+
+
 def test_the_copy_at_the_kill_point_is_what_a_kill_there_leaves_and_a_bug_shows_on_it(tmp_path: Path) -> None:
     """The killed-between-steps scenario's first life is the uninterrupted one: its checkpoint
     folder, copied while every rank waits after step 3, holds the checkpoint of step 2 (what a

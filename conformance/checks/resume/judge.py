@@ -182,6 +182,9 @@ def _first_finding(rank: int, s: int, a: Life, restart: Life, va: Values, vr: Va
         if step.before.scalers != ref.before.scalers:
             return _scaler_finding(rank, s + j + 1, step, ref, steps[0], restart), j
         if step.samples != ref.samples:
+            if step.indices and step.indices == ref.indices:
+                warnings.append(_augmented_warning(rank, s + j + 1, step))
+                return None, j
             return _samples_finding(rank, s + j + 1, step, steps), j
         if (diff := params_differ(step.after, ref.after, vr, va, ref.after.values)) is not None:
             if (step.dropout or step.drew or ref.drew) and step.rng != ref.rng:
@@ -243,12 +246,25 @@ def _scaler_finding(rank: int, number: int, step: StepRecord, ref: StepRecord, f
                    "save scaler.state_dict() in the checkpoint and load it at the restart")
 
 
+def _augmented_warning(rank: int, number: int, step: StepRecord) -> str:
+    return (f"rank {rank}: step {number} drew the same {len(step.indices)} dataset indices after the restart as the "
+            f"uninterrupted run, but the model got other content for them: the data pipeline is random "
+            f"(augmentation) and its random state was not restored (torch's RNG, from which the DataLoader's worker "
+            f"seeds are drawn too); the resumed run is equally valid but not comparable step by step from there; "
+            f"save torch.get_rng_state() for a bit-exact resume")
+
+
 def _samples_finding(rank: int, number: int, step: StepRecord, steps: list[StepRecord]) -> Finding:
-    again = next((i for i, ref in enumerate(steps[: number - 1]) if ref.samples == step.samples), None)
+    earlier = steps[: number - 1]
+    again = next((i for i, ref in enumerate(earlier) if ref.samples == step.samples), None)
+    drew = "trained the samples"
+    if again is None and step.indices:  # other content (augmentation): who the samples are, by index
+        again = next((i for i, ref in enumerate(earlier) if ref.indices == step.indices), None)
+        drew = "drew the dataset indices"
     cause = None
     if again is not None:
         where = "the epoch's beginning" if again == 0 else f"step {again + 1}'s samples"
-        cause = (f"the data order restarted at {where}: resumed step {number} trained the samples of "
+        cause = (f"the data order restarted at {where}: resumed step {number} {drew} of "
                  f"step {again + 1} again")
     return Finding("samples", rank, number,
                    f"rank {rank} trained other samples at step {number} than the uninterrupted run", cause,
@@ -258,11 +274,20 @@ def _samples_finding(rank: int, number: int, step: StepRecord, steps: list[StepR
 
 def sample_counts(a: Life, first: Life, restart: Life, s: int) -> dict[str, int]:
     """The multiset over the whole run: what the uninterrupted run trained, against the first
-    life's steps up to the restored point plus the restart's."""
-    want = Counter(x for step in a.steps for x in step.samples)
-    got = Counter(x for step in first.steps[:s] + restart.steps for x in step.samples)
-    return {"trained": sum(want.values()), "repeated": sum((got - want).values()),
-            "missed": sum((want - got).values())}
+    life's steps up to the restored point plus the restart's. By content; by dataset index
+    instead when the content differs but every step has its indices (a random augmentation
+    makes each sample's content new at every draw)."""
+    def counts(key: str) -> dict[str, int]:
+        want = Counter(x for step in a.steps for x in getattr(step, key))
+        got = Counter(x for step in first.steps[:s] + restart.steps for x in getattr(step, key))
+        return {"trained": sum(want.values()), "repeated": sum((got - want).values()),
+                "missed": sum((want - got).values())}
+
+    by_content = counts("samples")
+    if (by_content["repeated"] or by_content["missed"]) and all(
+            step.indices for step in a.steps + first.steps[:s] + restart.steps):
+        return {**counts("indices"), "by_index": 1}
+    return by_content
 
 
 def _torn_cause(run: Run, restart: Life) -> str | None:

@@ -20,6 +20,7 @@ from ...harness.world import RankContext
 from .observers import (
     KILL_BARRIER_S,
     VALUES_CAP,
+    Indices,
     Instrument,
     Journal,
     Listing,
@@ -124,7 +125,8 @@ class Steps:
                                               dropout=bool(fields.get("dropout")),
                                               listing=str(fields.get("listing", "")),
                                               files=int(fields.get("files", 0)),
-                                              drew=fields.get("rng") not in (None, self.rng_at_step)))
+                                              drew=fields.get("rng") not in (None, self.rng_at_step),
+                                              indices=list(fields.get("indices", []))))
         if self.copy is not None:
             self._copy_here(int(fields.get("files", 0)))
         if self.plan.kind == "after-step" and self.index == self.plan.step:
@@ -255,7 +257,8 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
     scratch = Path(rank_ctx.tmpdir) / f"resume-rank{rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     journal = Journal(journal_path(record_dir, scenario, life, rank), values_path(record_dir, scenario, life, rank))
-    samples = Samples(dim=first_dim(target.batch_dim))
+    indices = Indices()
+    samples = Samples(dim=first_dim(target.batch_dim), batches=indices)
     loop = LoopContext(rank=rank, world_size=rank_ctx.world_size, device=rank_ctx.device, steps=steps,
                        tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target), target=target,
                        on_wrap=lambda model: _watched(model, samples), checkpoint_dir=Path(checkpoints),
@@ -265,7 +268,7 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
                     rank_ctx.world_size, markers, (Path(checkpoints), Path(copy_to)) if copy_to else None)
     saves = Saves(journal, Path(checkpoints), plan, rank, stepper.count, markers, rank_ctx.world_size,
                   (copy_in_save[0], Path(copy_in_save[1])) if copy_in_save else None)
-    instruments: list[Instrument] = [stepper, samples, saves, Loads(journal)]
+    instruments: list[Instrument] = [stepper, samples, indices, saves, Loads(journal)]
     try:
         with contextlib.ExitStack() as stack:
             for instrument in instruments:

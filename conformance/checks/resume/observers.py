@@ -22,6 +22,7 @@ import collections
 import contextlib
 import hashlib
 import io
+import operator
 import os
 import re
 import shutil
@@ -167,9 +168,11 @@ class Samples:
     dropout was active there. Eval forwards (no grad or eval mode) are not counted. ``dim``:
     the batch dimension of that tensor (the target's ``batch_dim``, ``batches.first_dim``)."""
 
-    def __init__(self, *, dim: int = 0) -> None:
+    def __init__(self, *, dim: int = 0, batches: Indices | None = None) -> None:
         self.dim = dim
+        self.batches = batches
         self.rows: list[str] = []
+        self.indices: list[str] = []
         self.rng: str | None = None
         self.dropout = False
         self._handles: list[Any] = []
@@ -182,6 +185,8 @@ class Samples:
 
         if not (torch.is_grad_enabled() and module.training):
             return
+        if self.batches is not None:
+            self.indices.extend(self.batches.take())
         if self.rng is None:
             self.rng = rng_digest()
             self.dropout = any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m.training
@@ -203,8 +208,8 @@ class Samples:
                 handle.remove()
 
     def step_slice(self) -> dict[str, Any]:
-        out = {"samples": self.rows, "rng": self.rng, "dropout": self.dropout}
-        self.rows, self.rng, self.dropout = [], None, False
+        out = {"samples": self.rows, "rng": self.rng, "dropout": self.dropout, "indices": self.indices}
+        self.rows, self.rng, self.dropout, self.indices = [], None, False, []
         return out
 
 
@@ -219,6 +224,64 @@ def _first_tensor(obj: Any) -> Any:
         if found is not None:
             return found
     return None
+
+
+class Indices:
+    """The dataset indices of the batches torch DataLoaders yield (map-style datasets): who
+    the samples are, whatever a random augmentation made of their content. The k-th batch an
+    iterator yields is the k-th index batch its sampler gave, with workers or without (indices
+    go to the workers in order and their batches come back in order; ``in_order=False`` and
+    iterable datasets are not recorded). A step's indices are those of the batch last yielded
+    before each of its training forwards (``take``, by ``Samples``): batches a loop draws and
+    skips (resuming in an epoch), or an eval loader's, are not the step's."""
+
+    def __init__(self) -> None:
+        self.latest: list[str] = []
+
+    def take(self) -> list[str]:
+        taken, self.latest = self.latest, []
+        return taken
+
+    def _next_index(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def next_index(it: Any) -> Any:
+            index = original(it)  # StopIteration at the epoch's end: nothing recorded
+            it.__dict__.setdefault("_resume_indices", collections.deque()).append(index)
+            return index
+
+        return next_index
+
+    def _next(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def next_(it: Any) -> Any:
+            data = original(it)
+            queue = it.__dict__.get("_resume_indices")
+            index = queue.popleft() if queue else None
+            if index is not None and getattr(it, "_in_order", True):
+                name = type(getattr(it, "_dataset", None)).__name__
+                batch = index if isinstance(index, (list, tuple)) else [index]
+                self.latest = [f"{name}[{_index_text(i)}]" for i in batch]
+            else:
+                self.latest = []
+            return data
+
+        return next_
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        with _replaced(_BaseDataLoaderIter, "_next_index", self._next_index), \
+                _replaced(_BaseDataLoaderIter, "__next__", self._next):
+            yield
+
+    def step_slice(self) -> dict[str, Any]:
+        return {}  # the step's indices are taken by Samples, at its training forwards
+
+
+def _index_text(index: Any) -> str:
+    try:
+        return str(operator.index(index))  # an int, a numpy integer, a 0-d integer tensor
+    except TypeError:
+        return str(index)
 
 
 class Listing:

@@ -53,13 +53,17 @@ class StepRecord:
     #: torch's RNG state moved between the step's first training forward and optimizer.step():
     #: the step drew random numbers (dropout, stochastic depth, random masking, noise)
     drew: bool = False
+    #: the dataset indices of the batches torch DataLoaders yielded since the previous step
+    #: (``observers.Indices``; empty when the loop draws its batches otherwise)
+    indices: list[str] = field(default_factory=list)
 
     @staticmethod
     def of(raw: dict[str, Any]) -> StepRecord:
         return StepRecord(index=int(raw["index"]), before=Snapshot.of(raw["before"]),
                           after=Snapshot.of(raw["after"]), samples=list(raw["samples"]),
                           rng=raw.get("rng"), dropout=bool(raw.get("dropout")),
-                          listing=str(raw["listing"]), files=int(raw["files"]), drew=bool(raw.get("drew")))
+                          listing=str(raw["listing"]), files=int(raw["files"]), drew=bool(raw.get("drew")),
+                          indices=list(raw.get("indices", [])))
 
 
 @dataclass(frozen=True, slots=True)
