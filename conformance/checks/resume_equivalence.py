@@ -26,10 +26,16 @@ has planned the kill (rank 0, the second save round: the common loop), so when t
 differs (a peer saves beside it) or a copy was not made, that scenario's first life is a
 world SIGKILLed at the point. That saves two worlds and two lives. What it costs against one
 uninterrupted run: benchmarks/resume_cost.py (README). Every life's model runs with dropout
-off (as the equivalence checks compare): a loop need not save torch's RNG state to resume; a
-restart that no step could be compared for is inconclusive, never passed. On every rank and every resumed step
-the judge compares the restored state at the step's entry, the samples, and the state where
-``optimizer.step()`` returned with the uninterrupted run; the whole run's samples as a multiset.
+and stochastic depth off (as the equivalence checks compare dropout): a loop need not save
+torch's RNG state to resume. Randomness that cannot be switched off is measured, and a
+restart that draws it from another RNG state is a warning, not a finding: in forward (torch's
+RNG moved during the step: random masking, noise), or in the data pipeline (the same dataset
+indices, other content: a random augmentation; who the samples are is read from the
+DataLoader's sampler). A restart that no step could be compared for is inconclusive, never
+passed. On every rank and every resumed step the judge compares the restored state at the
+step's entry, the samples, and the state where ``optimizer.step()`` returned with the
+uninterrupted run; the whole run's samples as a multiset (by dataset index when a random
+augmentation makes the content new at every draw).
 
 Skipped: no ``run_loop``; a loop that writes nothing in ``ctx.checkpoint_dir``; under
 ``--attach`` (the launcher owns the restart: run the check locally instead).
