@@ -115,7 +115,7 @@ def test_every_rank_writing_in_place_is_torn_by_a_kill_during_the_save(tmp_path:
     assert first.what == "raised" and "train_resume.py:" in first.message, first
     assert first.cause and first.cause.startswith(
         "the restart could not read the checkpoint written when rank 1 was killed during the save"), first
-    assert "checkpoint.pt was written in place" in first.cause
+    assert "checkpoint.pt was written in place, over the checkpoint of step 2, by ranks 0, 1 alike" in first.cause
 
 
 def test_a_checkpoint_refused_by_weights_only_is_named_not_called_torn(tmp_path: Path, uninterrupted: Any) -> None:

@@ -308,9 +308,11 @@ def _written(run: Run, path: str) -> str:
     """How the torn file was written: over a whole one of an earlier save, or as a new file
     (a name per save: the restart took the newest), in both cases under its final name."""
     earlier = [s.step for life in run.first for s in life.saves if s.path == path and s.ended and s.step < run.plan.step]
+    writers = sorted({life.rank for life in run.first for s in life.saves if s.path == path and s.step == run.plan.step})
+    by = f", by ranks {', '.join(map(str, writers))} alike" if len(writers) > 1 else ""
     if earlier:
-        return f"written in place, over the checkpoint of step {max(earlier)}"
-    return "written directly under its final name (a new file, not a temporary one renamed into place)"
+        return f"written in place, over the checkpoint of step {max(earlier)}{by}"
+    return f"written directly under its final name (a new file, not a temporary one renamed into place){by}"
 
 
 def _refused_cause(restart: Life) -> str | None:
