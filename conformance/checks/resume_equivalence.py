@@ -15,7 +15,9 @@ What runs, each life in a fresh world (``resume``): the target's own ``run_loop`
 (a) uninterrupted for ``ctx.steps`` optimizer steps; (b) the whole world stopped after the
 first step by which a checkpoint was complete, then a fresh world on the same folder resuming
 to ``ctx.steps``; (c) the highest rank that saves SIGKILLed half-way through a ``torch.save``
-into the folder (the second save round; the others torn down), then restarted the same way.
+into the folder (the second save round; its first save over a file an earlier round wrote when
+the round has one, else its first save: a torn overwrite is what loses the previous checkpoint;
+the others torn down), then restarted the same way.
 Kill points are keyed by steps and saves, never by time. The kills' first lives are (a)
 itself: at (b)'s point every rank waits while the checkpoint folder is copied
 (``resume/life.py``, ``Steps._copy_here``), and at (c)'s the saving rank writes half its bytes

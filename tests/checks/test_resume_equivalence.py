@@ -322,6 +322,50 @@ def test_the_copy_half_way_through_a_save_is_what_a_kill_there_leaves_and_a_torn
     assert "checkpoint.pt was written in place, over the checkpoint of step 2" in first.cause
 
 
+#: A new file per save, then the one checkpoint the restart reads overwritten in place (as
+#: pytorch/vision's classification reference saves model_{epoch}.pth, then checkpoint.pth).
+NEW_THEN_IN_PLACE = ("        tmp = path.with_suffix(\".tmp\")\n        torch.save(state, tmp)\n        os.replace(tmp, path)\n",
+                     "        torch.save(state, path.with_name(f\"model_{step}.pt\"))\n        torch.save(state, path)\n")
+
+
+@pytest.mark.parametrize("savers", ["rank 0", "every rank"])
+def test_the_save_torn_is_the_one_over_an_earlier_rounds_file(savers: str, tmp_path: Path) -> None:
+    """A round of two saves, a new file then checkpoint.pt in place: the kill tears the in-place
+    one (before: the round's first save, the new file, was torn; the restart read the whole
+    checkpoint.pt and the check passed). Rank 0 alone saves: the uninterrupted run's copy half-way
+    through checkpoint.pt; every rank saves: a real SIGKILL of rank 1 there, rank 0 first."""
+    from conformance.checks.resume import (
+        KILLED_DURING_SAVE,
+        UNINTERRUPTED,
+        KillPlan,
+        Lives,
+        copied_at,
+        during_save_plan,
+        judge_run,
+    )
+
+    edits = [NEW_THEN_IN_PLACE] + ([TORN[0]] if savers == "every rank" else [])
+    spec = variant(tmp_path, EXAMPLE, savers.replace(" ", "-"), *edits)
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
+        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2, copy=True)
+        assert failure is None
+        plan = during_save_plan(lives_a)
+        if savers == "rank 0":
+            assert plan == KillPlan("during-save", step=4, rank=0, path="checkpoint.pt") and copied_at(lives_a, plan)
+            run = lives.from_copy(lives_a, plan, 2)
+        else:
+            assert plan == KillPlan("during-save", step=4, rank=1, peers=(0,), path="checkpoint.pt"), plan
+            run = lives.killed(KILLED_DURING_SAVE, plan, 2)
+    verdict = judge_run(lives_a, run, folder)
+    assert "writing checkpoint.pt (over the file an earlier save wrote) after step 4" in verdict.kill, verdict.kill
+    first = verdict.findings[0]
+    assert first.what == "raised" and first.cause is not None, first
+    assert first.cause.endswith("checkpoint.pt was written in place, over the checkpoint of step 2"
+                                + (", by ranks 0, 1 alike" if savers == "every rank" else "")), first.cause
+
+
 @pytest.mark.parametrize("to", ["path", "file object"])
 def test_the_save_copied_half_way_is_still_written_whole(to: str, tmp_path: Path) -> None:
     """``Saves._torn_copy`` in-process (no peer to stop): the copy holds half the bytes, the

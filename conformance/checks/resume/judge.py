@@ -378,13 +378,15 @@ def _raised_finding(run: Run, rank: int, restart: Life) -> Finding:
 def judge_run(a: list[Life], run: Run, folder: Path) -> Verdict:
     """The killed scenario ``run`` against the uninterrupted lives ``a``, on every rank."""
     between = run.plan.kind == "after-step"
+    # A later save of the round, over a file of an earlier round, is the one torn (during_save_plan).
+    what = f"{run.plan.path} (over the file an earlier save wrote)" if run.plan.path else "its checkpoint"
     kill = (f"whole world stopped after step {run.plan.step}, its checkpoint folder copied there (what a "
             f"SIGKILL leaves), restarted on the copy" if run.copied and between else
-            f"rank {run.plan.rank} stopped half-way through writing its checkpoint after step {run.plan.step}, "
+            f"rank {run.plan.rank} stopped half-way through writing {what} after step {run.plan.step}, "
             f"the other ranks stopped with it, the checkpoint folder copied there (what a SIGKILL leaves), "
             f"restarted on the copy" if run.copied else
             f"whole world SIGKILLed after step {run.plan.step}" if between else
-            f"rank {run.plan.rank} SIGKILLed while writing its checkpoint after step {run.plan.step}, "
+            f"rank {run.plan.rank} SIGKILLed while writing {what} after step {run.plan.step}, "
             f"the other ranks torn down")
     findings: list[Finding] = []
     warnings: list[str] = []

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from ...harness.batches import sample_rows
 from ...harness.patching import replaced as _replaced
 
-from .records import KillPlan, LoadRecord, SaveRecord, to_line
+from .records import KillPlan, LoadRecord, SaveRecord, in_place_copy, to_line
 
 #: Parameters larger than this (bytes, per snapshot) are journaled by digest only: a difference
 #: is then judged bit for bit, with no tolerance (docs/numerics.md). Only the lives that are
@@ -317,6 +317,8 @@ class Saves:
         self.steps, self.markers, self.world_size = steps, markers, world_size
         self.copy = copy
         self.fired = False
+        self.saved: list[tuple[int, str]] = []  # (step, path) of this rank's saves into the folder so far
+        self.copied: set[Path] = set()
 
     def _where(self, f: Any) -> tuple[str, bool, Any]:
         name = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
@@ -335,14 +337,16 @@ class Saves:
             self.journal.write("save", SaveRecord(step, where, inside, ended=False))
             plan = self.plan
             if (plan.kind == "during-save" and inside and not self.fired and plan.rank == self.rank
-                    and plan.step == step):
+                    and plan.step == step and (not plan.path or where == plan.path)):
                 self.fired = True
                 self._torn(original, obj, f, *args, **kwargs)
-            copy, self.copy = (self.copy, None) if self._copies_here(inside, step) else (None, self.copy)
-            if copy is not None and self._torn_copy(copy[1], step, original, obj, f, *args, **kwargs):
+            to = self._copies_here(inside, step, where)
+            if to is not None and self._torn_copy(to, step, original, obj, f, *args, **kwargs):
                 out = None  # written whole by the copy (a file object: its second half)
             else:
                 out = original(obj, f, *args, **kwargs)
+            if inside:
+                self.saved.append((step, where))
             self.journal.write("save", SaveRecord(step, where, inside, ended=True))
             if inside and plan.kind == "during-save":
                 self.markers(f"saved-{step}-rank{self.rank}").touch()
@@ -376,9 +380,22 @@ class Saves:
         self.journal.write("end", {"how": "killed", "raised": None})
         die(self._peer_pids())
 
-    def _copies_here(self, inside: bool, step: int) -> bool:
-        return (self.copy is not None and inside and self.copy[0].rank == self.rank
-                and self.copy[0].step == step)
+    def _copies_here(self, inside: bool, step: int, where: str) -> Path | None:
+        """Where to copy the folder half-way through this save, if anywhere: the copy point's
+        round (``copy``'s plan), its first save, and its first save over a file an earlier round
+        wrote (``in_place_copy``: a torn overwrite loses the previous checkpoint, which the
+        round's other saves may leave whole; ``scenarios.during_save_plan`` tears that one)."""
+        if self.copy is None or not inside or self.copy[0].rank != self.rank or self.copy[0].step != step:
+            return None
+        to = self.copy[1]
+        if any(s == step for s, _ in self.saved):  # not the round's first save
+            if where not in {p for s, p in self.saved if s < step}:
+                return None
+            to = in_place_copy(to)
+        if to in self.copied:
+            return None
+        self.copied.add(to)
+        return to
 
     def _torn_copy(self, to: Path, step: int, original: Callable[..., Any], obj: Any, f: Any,
                    *args: Any, **kwargs: Any) -> bool:
@@ -422,7 +439,8 @@ class Saves:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGCONT)
         if copied:
-            self.journal.write("copied-in-save", {"step": step})
+            self.journal.write("copied-in-save", {"step": step, "in_place": to == in_place_copy(self.copy[1])
+                                                  if self.copy else False})
         if named:
             return False
         f.write(data[half:])
