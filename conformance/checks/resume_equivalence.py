@@ -226,6 +226,9 @@ def _outcome(verdicts: list[Verdict], skipped: dict[str, str], written: list[str
     for v in verdicts:
         start = min(v.resumed_at.values(), default=steps + 1)
         counts = next(iter(v.samples.values()), {})
+        if not v.steps_compared:  # a warning says why (a random stream, another start): no "equal" claimed
+            said.append(f"{v.scenario} ({v.kill}): resumed at step {start}, no step compared (see the warnings)")
+            continue
         said.append(f"{v.scenario} ({v.kill}): resumed at step {start}, equal to step {steps} on "
                     f"{len(v.resumed_at)} ranks ({counts.get('trained', 0)} samples per rank, "
                     f"{counts.get('repeated', 0)} repeated, {counts.get('missed', 0)} missed)")
@@ -235,8 +238,10 @@ def _outcome(verdicts: list[Verdict], skipped: dict[str, str], written: list[str
     warnings = "".join(f"; warning: {w}" for w in evidence[WARNINGS])
     # What this pass compared, for the verdict's "ready means verified" rule (reports/verdict.py).
     evidence[VERIFIED] = {"ranks": min((len(v.resumed_at) for v in verdicts), default=0),
-                          "resumed_steps_compared": compared, "restarts": len(verdicts)}
+                          "resumed_steps_compared": compared,
+                          "restarts": sum(1 for v in verdicts if v.steps_compared)}
+    some = " compared" if any(not v.steps_compared for v in verdicts) else ""
     return Outcome.passed("parameters, optimizer state, learning rates, GradScaler state, step count and samples "
-                          "equal to the uninterrupted run at every resumed step: " + "; ".join(said) + skipped_text
+                          f"equal to the uninterrupted run at every resumed step{some}: " + "; ".join(said) + skipped_text
                           + warnings,
                           metrics=metrics, evidence=evidence)

@@ -366,6 +366,38 @@ def test_the_save_torn_is_the_one_over_an_earlier_rounds_file(savers: str, tmp_p
                                 + (", by ranks 0, 1 alike" if savers == "every rank" else "")), first.cause
 
 
+@pytest.mark.parametrize("bug", ["", "optimizer-not-saved"])
+def test_a_killed_life_that_trained_otherwise_is_judged_by_what_it_saved(bug: str, tmp_path: Path) -> None:
+    """A loop that does not seed torch before building its model starts from other weights in
+    every world (this torch seeds its generator from the OS): a first life killed for real (a
+    world of its own, as when the during-save plan is not the copy point) is another run than the
+    uninterrupted one. Its restart is judged against what that life saved: restored exactly, a
+    warning (before: 'parameters at the first resumed step (step 3) differ ... the weights were
+    not restored'); the optimizer not restored, still a finding, its cause measured."""
+    from conformance.checks.resume import KILLED_BETWEEN, UNINTERRUPTED, KillPlan, Lives, judge_run
+
+    edits = [("    torch.manual_seed(0)\n    raw = build_model()\n", "    raw = build_model()\n")]
+    spec = variant(tmp_path, EXAMPLE, bug or "unseeded", *edits, *(VARIANTS[bug][0] if bug else []))
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
+        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2)
+        assert failure is None
+        run = lives.killed(KILLED_BETWEEN, KillPlan("after-step", step=3), 2)
+    assert run.first[0].steps[0].before.params != lives_a[0].steps[0].before.params  # other initial weights
+    verdict = judge_run(lives_a, run, folder)
+    whose = ("the killed life had at step 2 (a start of its own, which trained other parameters than the "
+             "uninterrupted run from step 1 (its initial weights differ between two starts: seed torch's RNG")
+    if bug:
+        first = verdict.findings[0]
+        assert first.what == "optimizer" and first.message.startswith(
+            "optimizer state at the first resumed step (step 3) differs from the one " + whose), first
+        assert first.cause is not None and re.search(VARIANTS[bug][1], first.cause), first
+        return
+    assert not verdict.findings and verdict.steps_compared == 0, verdict
+    assert verdict.warnings[0].startswith("rank 0: the restart restored exactly the state " + whose), verdict.warnings
+
+
 @pytest.mark.parametrize("to", ["path", "file object"])
 def test_the_save_copied_half_way_is_still_written_whole(to: str, tmp_path: Path) -> None:
     """``Saves._torn_copy`` in-process (no peer to stop): the copy holds half the bytes, the

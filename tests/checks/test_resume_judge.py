@@ -123,3 +123,22 @@ def test_the_outcome_passes_saying_what_it_compared_and_what_did_not_run(tmp_pat
             "ranks (6 samples per rank, 0 repeated, 0 missed); killed-during-save not run: no torch.save into it"
             ) in outcome.message
     assert outcome.metrics["steps_compared"] == 8
+
+
+def test_a_scenario_with_no_step_compared_is_not_said_equal_in_a_pass(tmp_path: Path) -> None:
+    """One scenario compared, the other stopped by a warning at its first resumed step (a random
+    stream, another start): the pass says so, and claims no 'equal to step 6' for it."""
+    from dataclasses import replace as changed
+
+    from conformance.checks.resume_equivalence import _outcome
+
+    compared = _judge([_step(i) for i in range(3, N + 1)], tmp_path)
+    restart = [replace(_step(3, w_after=99, rng="other"), drew=True)] + [_step(i) for i in range(4, N + 1)]
+    warned = changed(_judge(restart, tmp_path), scenario="killed-during-save")  # type: ignore[type-var]
+    outcome = _outcome([compared, warned], {}, ["checkpoint.pt"], N)  # type: ignore[list-item]
+    assert outcome.status == "passed"
+    assert outcome.message.startswith("parameters, optimizer state, learning rates, GradScaler state, step count and "
+                                      "samples equal to the uninterrupted run at every resumed step compared: ")
+    assert ("killed-during-save (whole world SIGKILLed after step 3): resumed at step 3, no step compared (see the "
+            "warnings)") in outcome.message
+    assert outcome.evidence["verified"]["restarts"] == 1

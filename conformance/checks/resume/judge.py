@@ -150,31 +150,65 @@ def _module_load_cause(loads: list[LoadRecord]) -> str | None:
     return None
 
 
-def _first_finding(rank: int, s: int, a: Life, restart: Life, va: Values, vr: Values,
+def _diverged(steps: list[StepRecord], first: Life, s: int) -> int | None:
+    """The step (1-based, at most s) from which the killed life's parameters differ from the
+    uninterrupted run's (digests, at a step's entry or return), None when it followed it. Only
+    a killed life of its own world can (the real SIGKILL path; a copy is the uninterrupted run):
+    an unseeded model, or nondeterminism between two starts."""
+    return next((i + 1 for i, (mine, ref) in enumerate(zip(first.steps[:s], steps))
+                 if mine.before.params != ref.before.params or mine.after.params != ref.after.params), None)
+
+
+def _entry_finding(rank: int, s: int, got: Snapshot, ref: Snapshot, differs: str | None, whose: str,
+                   restart: Life, initial: Snapshot) -> Finding | None:
+    """The restored state at the first resumed step (``got``) against ``ref`` (``whose`` state it
+    is, in words); ``differs``: the first differing parameter, measured by the caller."""
+    if differs is not None:
+        cause = _module_load_cause(restart.loads)
+        if got.params == initial.params and s:
+            cause = (cause + "; " if cause else "") + "the model started from its initial weights"
+        return Finding("parameters", rank, s + 1,
+                       f"parameters at the first resumed step (step {s + 1}) differ from those {whose} (first: "
+                       f"{differs!r}): the weights were not restored",
+                       cause, "save model.module.state_dict() (not the DDP wrapper's: its keys carry 'module.') and "
+                              "load it with strict=True, so a key that does not match raises instead of loading nothing")
+    if (key := optimizer_differs(got, ref)) is not None:
+        reset = not any(v[0] for v in got.optimizer.values())
+        loaded = any(load.what == "optimizer" for load in restart.loads)
+        cause = (f"optimizer state ({_optimizer_text(got, ref)}) was reset at the restart"
+                 + ("" if loaded else ": no Optimizer.load_state_dict call") if reset else None)
+        return Finding("optimizer", rank, s + 1,
+                       f"optimizer state at the first resumed step (step {s + 1}) differs from the one {whose} (first "
+                       f"key: {key!r})", cause, "save optimizer.state_dict() in the checkpoint and load it at the restart")
+    return None
+
+
+def _first_finding(rank: int, s: int, a: Life, first: Life, restart: Life, va: Values, vr: Values,
                    warnings: list[str]) -> tuple[Finding | None, int]:
     """The first difference of the restart from step s + 1 on (and the steps compared)."""
     steps, resumed = a.steps, restart.steps
     ref_before = steps[s].before
     ref_offset = steps[s - 1].after.values if s else steps[0].before.values
     got = resumed[0].before
-    if (diff := params_differ(got, ref_before, vr, va, ref_offset)) is not None:
-        cause = _module_load_cause(restart.loads)
-        if got.params == steps[0].before.params and s:
-            cause = (cause + "; " if cause else "") + "the model started from its initial weights"
-        return Finding("parameters", rank, s + 1,
-                       f"parameters at the first resumed step (step {s + 1}) differ from those the uninterrupted run "
-                       f"had there (first: {diff[0]!r}): the weights were not restored",
-                       cause, "save model.module.state_dict() (not the DDP wrapper's: its keys carry 'module.') and "
-                              "load it with strict=True, so a key that does not match raises instead of loading nothing"), 0
-    if (key := optimizer_differs(got, ref_before)) is not None:
-        reset = not any(v[0] for v in got.optimizer.values())
-        loaded = any(load.what == "optimizer" for load in restart.loads)
-        cause = (f"optimizer state ({_optimizer_text(got, ref_before)}) was reset at the restart"
-                 + ("" if loaded else ": no Optimizer.load_state_dict call") if reset else None)
-        return Finding("optimizer", rank, s + 1,
-                       f"optimizer state at the first resumed step (step {s + 1}) differs from the uninterrupted "
-                       f"run's (first key: {key!r})", cause,
-                       "save optimizer.state_dict() in the checkpoint and load it at the restart"), 0
+    diff = params_differ(got, ref_before, vr, va, ref_offset)
+    if (diff is not None or optimizer_differs(got, ref_before)) and (k := _diverged(steps, first, s)) is not None:
+        # The killed life was another run: the restart is judged against what that life saved.
+        saved = first.steps[s - 1].after
+        why = (" (its initial weights differ between two starts: seed torch's RNG, torch.manual_seed, before "
+               "building the model, so that two starts of the job train alike)"
+               if k == 1 and first.steps[0].before.params != steps[0].before.params else "")
+        whose = (f"the killed life had at step {s} (a start of its own, which trained other parameters than the "
+                 f"uninterrupted run from step {k}{why})")
+        differs = next((n for n in saved.params if got.params.get(n) != saved.params[n]), None)
+        if (found := _entry_finding(rank, s, got, saved, differs, whose, restart, first.steps[0].before)) is not None:
+            return found, 0
+        warnings.append(f"rank {rank}: the restart restored exactly the state {whose}, but no resumed step can be "
+                        f"compared with the uninterrupted run")
+        return None, 0
+    found = _entry_finding(rank, s, got, ref_before, None if diff is None else diff[0],
+                           "the uninterrupted run had there", restart, steps[0].before)
+    if found is not None:
+        return found, 0
     for j, step in enumerate(resumed):
         ref = steps[s + j]
         if not _close(step.before.lrs, ref.before.lrs):
@@ -410,7 +444,7 @@ def judge_run(a: list[Life], run: Run, folder: Path) -> Verdict:
         samples[rank] = sample_counts(ref, first, restart, s)
         va = Values(folder, "uninterrupted", 1, ref)
         vr = Values(folder, run.scenario, 2, restart)
-        found, steps = _first_finding(rank, s, ref, restart, va, vr, warnings)
+        found, steps = _first_finding(rank, s, ref, first, restart, va, vr, warnings)
         compared += steps
         if finding is not None:
             findings.append(finding)
