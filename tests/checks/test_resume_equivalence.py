@@ -494,3 +494,32 @@ def test_scenarios_side_by_side_all_end_before_an_error_is_raised(tmp_path: Path
         with pytest.raises(TimeoutError, match="hung"):
             lives.side_by_side({"a": slow, "b": failing})
     assert ended == ["resume-a", "resume-a"]  # on its own thread, and waited for both times
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_dataset_indices_are_those_of_the_batch_last_yielded(workers: int) -> None:
+    """``observers.Indices`` in-process: each batch's indices, in order, with DataLoader workers
+    too (prefetched indices are not the batch yielded), and a batch sampler yielding tensors."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from conformance.checks.resume.observers import Indices
+
+    class TensorBatches:
+        def __iter__(self) -> Iterator[Any]:
+            yield torch.tensor([3, 1])
+            yield [0, 2]
+
+        def __len__(self) -> int:
+            return 2
+
+    dataset = TensorDataset(torch.arange(10.0))
+    indices = Indices()
+    with indices.attached():
+        seen = [(batch[0].tolist(), indices.take()) for batch in DataLoader(dataset, batch_size=4, num_workers=workers)]
+        custom = [indices.take() for _ in DataLoader(dataset, batch_sampler=TensorBatches())]
+    assert seen == [([0.0, 1.0, 2.0, 3.0], [f"TensorDataset[{i}]" for i in range(4)]),
+                    ([4.0, 5.0, 6.0, 7.0], [f"TensorDataset[{i}]" for i in range(4, 8)]),
+                    ([8.0, 9.0], ["TensorDataset[8]", "TensorDataset[9]"])]
+    assert custom == [["TensorDataset[3]", "TensorDataset[1]"], ["TensorDataset[0]", "TensorDataset[2]"]]
+    assert indices.take() == []  # taken once

@@ -257,6 +257,8 @@ class Indices:
             index = queue.popleft() if queue else None
             if index is not None and getattr(it, "_in_order", True):
                 name = type(getattr(it, "_dataset", None)).__name__
+                if hasattr(index, "tolist"):  # a tensor or an array of indices from a custom batch sampler
+                    index = index.tolist()
                 batch = index if isinstance(index, (list, tuple)) else [index]
                 self.latest = [f"{name}[{_index_text(i)}]" for i in batch]
             else:
