@@ -523,3 +523,29 @@ def test_the_dataset_indices_are_those_of_the_batch_last_yielded(workers: int) -
                     ([8.0, 9.0], ["TensorDataset[8]", "TensorDataset[9]"])]
     assert custom == [["TensorDataset[3]", "TensorDataset[1]"], ["TensorDataset[0]", "TensorDataset[2]"]]
     assert indices.take() == []  # taken once
+
+
+def test_a_refused_file_is_read_again_only_from_the_checkpoint_folder(tmp_path: Path) -> None:
+    """Where a refused checkpoint holds its pickled objects is read with weights_only=False: only
+    for a file the loop wrote in ctx.checkpoint_dir, never one from elsewhere (downloaded weights)."""
+    import argparse
+
+    import torch
+
+    from conformance.checks.resume.observers import Journal, Loads
+    from conformance.checks.resume.records import read_journal
+
+    folder, elsewhere = tmp_path / "checkpoints", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    for where in (folder, elsewhere):
+        torch.save({"args": argparse.Namespace(lr=0.1)}, where / "checkpoint.pt")
+    journal = Journal(tmp_path / "journal.jsonl", tmp_path / "values")
+    with Loads(journal, folder).attached():
+        for where in (folder, elsewhere):
+            with pytest.raises(Exception, match="Weights only load failed"):
+                torch.load(where / "checkpoint.pt", weights_only=True)
+    journal.close()
+    inside, outside = read_journal(tmp_path / "journal.jsonl", 0).loads
+    assert inside.refused_at == ["checkpoint['args']: argparse.Namespace"]
+    assert outside.refused_at == [] and "refused global: argparse.Namespace" in (outside.error or "")

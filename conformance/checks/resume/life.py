@@ -268,7 +268,7 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
                     rank_ctx.world_size, markers, (Path(checkpoints), Path(copy_to)) if copy_to else None)
     saves = Saves(journal, Path(checkpoints), plan, rank, stepper.count, markers, rank_ctx.world_size,
                   (copy_in_save[0], Path(copy_in_save[1])) if copy_in_save else None)
-    instruments: list[Instrument] = [stepper, samples, indices, saves, Loads(journal)]
+    instruments: list[Instrument] = [stepper, samples, indices, saves, Loads(journal, Path(checkpoints))]
     try:
         with contextlib.ExitStack() as stack:
             for instrument in instruments:

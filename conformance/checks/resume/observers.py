@@ -86,15 +86,19 @@ def plain(text: str) -> str:
 _PLAIN = (str, bytes, int, float, complex, bool, type(None))
 
 
-def _not_plain_in(load: Callable[..., Any], f: Any, most: int = 3) -> list[str]:
+def _not_plain_in(load: Callable[..., Any], f: Any, folder: Path | None, most: int = 3) -> list[str]:
     """Where a checkpoint that weights_only refused holds objects other than tensors, plain
     values and containers: up to ``most`` paths with their types (``['optimizer']
     ['param_groups'][0]['lr']: numpy.float64``), read by loading it again with
-    weights_only=False (the file this very loop wrote in this run). Empty when that fails."""
+    weights_only=False: only a file in ``folder`` (ctx.checkpoint_dir, which this very loop
+    wrote in this run; never a file from elsewhere, such as downloaded weights). Empty when
+    that fails."""
     import torch
 
-    if not isinstance(f, (str, os.PathLike)):
+    if not isinstance(f, (str, os.PathLike)) or folder is None:
         return []  # a file object or buffer: already read, not read again
+    if not Path(f).resolve().is_relative_to(Path(folder).resolve()):
+        return []
     try:
         obj = load(f, map_location="cpu", weights_only=False)
     except Exception:  # noqa: BLE001 - a class the loop pickled may not import here: no paths then
@@ -472,8 +476,9 @@ class Loads:
     """The restore calls of the loop journaled: ``load_state_dict`` on modules, optimizers,
     schedulers and scalers (strict, missing and unexpected keys), ``torch.load`` and its error."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, folder: Path | None = None) -> None:
         self.journal = journal
+        self.folder = folder  # ctx.checkpoint_dir: only a file there is read again (``_not_plain_in``)
 
     def _module(self, original: Callable[..., Any]) -> Callable[..., Any]:
         journal = self.journal
@@ -518,7 +523,8 @@ class Loads:
                 named = f" [refused global: {refused.group(1)}]" if refused else ""
                 journal.write("load", LoadRecord("torch.load", where,
                                                  error=f"{type(exc).__name__}: {plain(str(exc))[:300]}{named}",
-                                                 refused_at=_not_plain_in(original, f) if refused else []))
+                                                 refused_at=_not_plain_in(original, f, self.folder) if refused
+                                                 else []))
                 raise
 
         return load
