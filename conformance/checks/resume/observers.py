@@ -104,9 +104,9 @@ def _not_plain_in(load: Callable[..., Any], f: Any, folder: Path | None, most: i
     except Exception:  # noqa: BLE001 - a class the loop pickled may not import here: no paths then
         return []
     found: list[str] = []
-    stack: list[tuple[str, Any]] = [("", obj)]
+    stack: collections.deque[tuple[str, Any]] = collections.deque([("", obj)])  # breadth first: shallow paths first
     while stack and len(found) < most:
-        path, value = stack.pop(0)
+        path, value = stack.popleft()
         # Exact types: a numpy.float64 is a float subclass, and weights_only refuses it.
         if isinstance(value, torch.Tensor) or type(value) in (torch.Size, torch.dtype, torch.device, *_PLAIN):
             continue
