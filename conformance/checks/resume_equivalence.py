@@ -15,7 +15,9 @@ What runs, each life in a fresh world (``resume``): the target's own ``run_loop`
 (a) uninterrupted for ``ctx.steps`` optimizer steps; (b) the whole world stopped after the
 first step by which a checkpoint was complete, then a fresh world on the same folder resuming
 to ``ctx.steps``; (c) the highest rank that saves SIGKILLed half-way through a ``torch.save``
-into the folder (the second save round; the others torn down), then restarted the same way.
+into the folder (the second save round; its first save over a file an earlier round wrote when
+the round has one, else its first save: a torn overwrite is what loses the previous checkpoint;
+the others torn down), then restarted the same way.
 Kill points are keyed by steps and saves, never by time. The kills' first lives are (a)
 itself: at (b)'s point every rank waits while the checkpoint folder is copied
 (``resume/life.py``, ``Steps._copy_here``), and at (c)'s the saving rank writes half its bytes
@@ -26,10 +28,16 @@ has planned the kill (rank 0, the second save round: the common loop), so when t
 differs (a peer saves beside it) or a copy was not made, that scenario's first life is a
 world SIGKILLed at the point. That saves two worlds and two lives. What it costs against one
 uninterrupted run: benchmarks/resume_cost.py (README). Every life's model runs with dropout
-off (as the equivalence checks compare): a loop need not save torch's RNG state to resume; a
-restart that no step could be compared for is inconclusive, never passed. On every rank and every resumed step
-the judge compares the restored state at the step's entry, the samples, and the state where
-``optimizer.step()`` returned with the uninterrupted run; the whole run's samples as a multiset.
+and stochastic depth off (as the equivalence checks compare dropout): a loop need not save
+torch's RNG state to resume. Randomness that cannot be switched off is measured, and a
+restart that draws it from another RNG state is a warning, not a finding: in forward (torch's
+RNG moved during the step: random masking, noise), or in the data pipeline (the same dataset
+indices, other content: a random augmentation; who the samples are is read from the
+DataLoader's sampler). A restart that no step could be compared for is inconclusive, never
+passed. On every rank and every resumed step the judge compares the restored state at the
+step's entry, the samples, and the state where ``optimizer.step()`` returned with the
+uninterrupted run; the whole run's samples as a multiset (by dataset index when a random
+augmentation makes the content new at every draw).
 
 Skipped: no ``run_loop``; a loop that writes nothing in ``ctx.checkpoint_dir``; under
 ``--attach`` (the launcher owns the restart: run the check locally instead).
@@ -218,6 +226,9 @@ def _outcome(verdicts: list[Verdict], skipped: dict[str, str], written: list[str
     for v in verdicts:
         start = min(v.resumed_at.values(), default=steps + 1)
         counts = next(iter(v.samples.values()), {})
+        if not v.steps_compared:  # a warning says why (a random stream, another start): no "equal" claimed
+            said.append(f"{v.scenario} ({v.kill}): resumed at step {start}, no step compared (see the warnings)")
+            continue
         said.append(f"{v.scenario} ({v.kill}): resumed at step {start}, equal to step {steps} on "
                     f"{len(v.resumed_at)} ranks ({counts.get('trained', 0)} samples per rank, "
                     f"{counts.get('repeated', 0)} repeated, {counts.get('missed', 0)} missed)")
@@ -227,8 +238,10 @@ def _outcome(verdicts: list[Verdict], skipped: dict[str, str], written: list[str
     warnings = "".join(f"; warning: {w}" for w in evidence[WARNINGS])
     # What this pass compared, for the verdict's "ready means verified" rule (reports/verdict.py).
     evidence[VERIFIED] = {"ranks": min((len(v.resumed_at) for v in verdicts), default=0),
-                          "resumed_steps_compared": compared, "restarts": len(verdicts)}
+                          "resumed_steps_compared": compared,
+                          "restarts": sum(1 for v in verdicts if v.steps_compared)}
+    some = " compared" if any(not v.steps_compared for v in verdicts) else ""
     return Outcome.passed("parameters, optimizer state, learning rates, GradScaler state, step count and samples "
-                          "equal to the uninterrupted run at every resumed step: " + "; ".join(said) + skipped_text
+                          f"equal to the uninterrupted run at every resumed step{some}: " + "; ".join(said) + skipped_text
                           + warnings,
                           metrics=metrics, evidence=evidence)

@@ -4,10 +4,13 @@ difference with no known cause, a restart that trained from step 1 again."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from conformance.checks.resume import KILLED_BETWEEN, KillPlan, Life, Run, judge_run
-from conformance.checks.resume.records import Snapshot, StepRecord
+import pytest
+
+from conformance.checks.resume import KILLED_BETWEEN, KILLED_DURING_SAVE, KillPlan, Life, Run, judge_run
+from conformance.checks.resume.records import LoadRecord, SaveRecord, Snapshot, StepRecord
 
 N = 6
 
@@ -48,11 +51,45 @@ def test_another_random_stream_with_dropout_is_a_warning_not_a_failure(tmp_path:
     assert "random stream differs after the restart from step 3" in verdict.warnings[0]  # type: ignore[attr-defined]
 
 
+def test_another_random_stream_in_a_step_that_drew_random_numbers_is_a_warning(tmp_path: Path) -> None:
+    """No dropout, but torch's RNG moved during the step (random masking, noise): the same rule."""
+    restart = [replace(_step(3, w_after=99, rng="other"), drew=True)] + [_step(i) for i in range(4, N + 1)]
+    verdict = _judge(restart, tmp_path)
+    assert not verdict.findings and verdict.steps_compared == 0  # type: ignore[attr-defined]
+    assert "the step draws random numbers: torch's RNG moved" in verdict.warnings[0]  # type: ignore[attr-defined]
+
+
+def test_another_random_stream_in_a_step_that_drew_none_is_still_a_finding(tmp_path: Path) -> None:
+    restart = [_step(3, w_after=99, rng="other")] + [_step(i) for i in range(4, N + 1)]
+    finding = _judge(restart, tmp_path).findings[0]  # type: ignore[attr-defined]
+    assert finding.what == "parameters" and finding.step == 3 and finding.cause is None
+
+
 def test_a_difference_with_the_same_random_stream_names_no_cause(tmp_path: Path) -> None:
     restart = [_step(3, w_after=99, dropout=True)] + [_step(i) for i in range(4, N + 1)]
     finding = _judge(restart, tmp_path).findings[0]  # type: ignore[attr-defined]
     assert finding.what == "parameters" and finding.step == 3 and finding.cause is None
     assert "although the step started from the same state and samples" in finding.message
+
+
+@pytest.mark.parametrize("name, how", [
+    ("ckpt.pt", "written in place, over the checkpoint of step 2"),
+    ("ckpt-4.pt", "written directly under its final name (a new file, not a temporary one renamed into place)")])
+def test_a_torn_checkpoint_says_whether_it_overwrote_a_whole_one_or_was_a_new_file(
+        name: str, how: str, tmp_path: Path) -> None:
+    """facebookresearch/dino overwrites its one checkpoint.pth; moco-v3 writes a new
+    checkpoint_%04d.pth.tar per epoch (a restart that takes the newest reads the torn one): both
+    are torn by a kill during the write, but only the first was written over a whole file."""
+    a = _lives([_step(i) for i in range(1, N + 1)])
+    saves = [SaveRecord(2, name.replace("-4", "-2"), True, False), SaveRecord(2, name.replace("-4", "-2"), True, True),
+             SaveRecord(4, name, True, False)]
+    first = [Life(r, [_step(i) for i in range(1, 5)], saves if r == 0 else [], [], "killed") for r in range(2)]
+    load = LoadRecord("torch.load", f"/ckpts/{name}", error="RuntimeError: PytorchStreamReader failed reading zip")
+    restart = [Life(r, [], [], [load], "raised", "RuntimeError: PytorchStreamReader failed") for r in range(2)]
+    run = Run(KILLED_DURING_SAVE, KillPlan("during-save", step=4, rank=0), [first, restart], copied=True)
+    finding = judge_run(a, run, tmp_path).findings[0]
+    assert finding.what == "raised" and finding.cause is not None
+    assert finding.cause.endswith(f"): {name} was {how}"), finding.cause
 
 
 def test_training_from_step_one_again_after_a_complete_checkpoint_is_found(tmp_path: Path) -> None:
@@ -86,3 +123,22 @@ def test_the_outcome_passes_saying_what_it_compared_and_what_did_not_run(tmp_pat
             "ranks (6 samples per rank, 0 repeated, 0 missed); killed-during-save not run: no torch.save into it"
             ) in outcome.message
     assert outcome.metrics["steps_compared"] == 8
+
+
+def test_a_scenario_with_no_step_compared_is_not_said_equal_in_a_pass(tmp_path: Path) -> None:
+    """One scenario compared, the other stopped by a warning at its first resumed step (a random
+    stream, another start): the pass says so, and claims no 'equal to step 6' for it."""
+    from dataclasses import replace as changed
+
+    from conformance.checks.resume_equivalence import _outcome
+
+    compared = _judge([_step(i) for i in range(3, N + 1)], tmp_path)
+    restart = [replace(_step(3, w_after=99, rng="other"), drew=True)] + [_step(i) for i in range(4, N + 1)]
+    warned = changed(_judge(restart, tmp_path), scenario="killed-during-save")  # type: ignore[type-var]
+    outcome = _outcome([compared, warned], {}, ["checkpoint.pt"], N)  # type: ignore[list-item]
+    assert outcome.status == "passed"
+    assert outcome.message.startswith("parameters, optimizer state, learning rates, GradScaler state, step count and "
+                                      "samples equal to the uninterrupted run at every resumed step compared: ")
+    assert ("killed-during-save (whole world SIGKILLed after step 3): resumed at step 3, no step compared (see the "
+            "warnings)") in outcome.message
+    assert outcome.evidence["verified"]["restarts"] == 1

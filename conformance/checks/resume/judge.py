@@ -150,31 +150,65 @@ def _module_load_cause(loads: list[LoadRecord]) -> str | None:
     return None
 
 
-def _first_finding(rank: int, s: int, a: Life, restart: Life, va: Values, vr: Values,
+def _diverged(steps: list[StepRecord], first: Life, s: int) -> int | None:
+    """The step (1-based, at most s) from which the killed life's parameters differ from the
+    uninterrupted run's (digests, at a step's entry or return), None when it followed it. Only
+    a killed life of its own world can (the real SIGKILL path; a copy is the uninterrupted run):
+    an unseeded model, or nondeterminism between two starts."""
+    return next((i + 1 for i, (mine, ref) in enumerate(zip(first.steps[:s], steps))
+                 if mine.before.params != ref.before.params or mine.after.params != ref.after.params), None)
+
+
+def _entry_finding(rank: int, s: int, got: Snapshot, ref: Snapshot, differs: str | None, whose: str,
+                   restart: Life, initial: Snapshot) -> Finding | None:
+    """The restored state at the first resumed step (``got``) against ``ref`` (``whose`` state it
+    is, in words); ``differs``: the first differing parameter, measured by the caller."""
+    if differs is not None:
+        cause = _module_load_cause(restart.loads)
+        if got.params == initial.params and s:
+            cause = (cause + "; " if cause else "") + "the model started from its initial weights"
+        return Finding("parameters", rank, s + 1,
+                       f"parameters at the first resumed step (step {s + 1}) differ from those {whose} (first: "
+                       f"{differs!r}): the weights were not restored",
+                       cause, "save model.module.state_dict() (not the DDP wrapper's: its keys carry 'module.') and "
+                              "load it with strict=True, so a key that does not match raises instead of loading nothing")
+    if (key := optimizer_differs(got, ref)) is not None:
+        reset = not any(v[0] for v in got.optimizer.values())
+        loaded = any(load.what == "optimizer" for load in restart.loads)
+        cause = (f"optimizer state ({_optimizer_text(got, ref)}) was reset at the restart"
+                 + ("" if loaded else ": no Optimizer.load_state_dict call") if reset else None)
+        return Finding("optimizer", rank, s + 1,
+                       f"optimizer state at the first resumed step (step {s + 1}) differs from the one {whose} (first "
+                       f"key: {key!r})", cause, "save optimizer.state_dict() in the checkpoint and load it at the restart")
+    return None
+
+
+def _first_finding(rank: int, s: int, a: Life, first: Life, restart: Life, va: Values, vr: Values,
                    warnings: list[str]) -> tuple[Finding | None, int]:
     """The first difference of the restart from step s + 1 on (and the steps compared)."""
     steps, resumed = a.steps, restart.steps
     ref_before = steps[s].before
     ref_offset = steps[s - 1].after.values if s else steps[0].before.values
     got = resumed[0].before
-    if (diff := params_differ(got, ref_before, vr, va, ref_offset)) is not None:
-        cause = _module_load_cause(restart.loads)
-        if got.params == steps[0].before.params and s:
-            cause = (cause + "; " if cause else "") + "the model started from its initial weights"
-        return Finding("parameters", rank, s + 1,
-                       f"parameters at the first resumed step (step {s + 1}) differ from those the uninterrupted run "
-                       f"had there (first: {diff[0]!r}): the weights were not restored",
-                       cause, "save model.module.state_dict() (not the DDP wrapper's: its keys carry 'module.') and "
-                              "load it with strict=True, so a key that does not match raises instead of loading nothing"), 0
-    if (key := optimizer_differs(got, ref_before)) is not None:
-        reset = not any(v[0] for v in got.optimizer.values())
-        loaded = any(load.what == "optimizer" for load in restart.loads)
-        cause = (f"optimizer state ({_optimizer_text(got, ref_before)}) was reset at the restart"
-                 + ("" if loaded else ": no Optimizer.load_state_dict call") if reset else None)
-        return Finding("optimizer", rank, s + 1,
-                       f"optimizer state at the first resumed step (step {s + 1}) differs from the uninterrupted "
-                       f"run's (first key: {key!r})", cause,
-                       "save optimizer.state_dict() in the checkpoint and load it at the restart"), 0
+    diff = params_differ(got, ref_before, vr, va, ref_offset)
+    if (diff is not None or optimizer_differs(got, ref_before)) and (k := _diverged(steps, first, s)) is not None:
+        # The killed life was another run: the restart is judged against what that life saved.
+        saved = first.steps[s - 1].after
+        why = (" (its initial weights differ between two starts: seed torch's RNG, torch.manual_seed, before "
+               "building the model, so that two starts of the job train alike)"
+               if k == 1 and first.steps[0].before.params != steps[0].before.params else "")
+        whose = (f"the killed life had at step {s} (a start of its own, which trained other parameters than the "
+                 f"uninterrupted run from step {k}{why})")
+        differs = next((n for n in saved.params if got.params.get(n) != saved.params[n]), None)
+        if (found := _entry_finding(rank, s, got, saved, differs, whose, restart, first.steps[0].before)) is not None:
+            return found, 0
+        warnings.append(f"rank {rank}: the restart restored exactly the state {whose}, but no resumed step can be "
+                        f"compared with the uninterrupted run")
+        return None, 0
+    found = _entry_finding(rank, s, got, ref_before, None if diff is None else diff[0],
+                           "the uninterrupted run had there", restart, steps[0].before)
+    if found is not None:
+        return found, 0
     for j, step in enumerate(resumed):
         ref = steps[s + j]
         if not _close(step.before.lrs, ref.before.lrs):
@@ -182,13 +216,13 @@ def _first_finding(rank: int, s: int, a: Life, restart: Life, va: Values, vr: Va
         if step.before.scalers != ref.before.scalers:
             return _scaler_finding(rank, s + j + 1, step, ref, steps[0], restart), j
         if step.samples != ref.samples:
+            if step.indices and step.indices == ref.indices:
+                warnings.append(_augmented_warning(rank, s + j + 1, step))
+                return None, j
             return _samples_finding(rank, s + j + 1, step, steps), j
         if (diff := params_differ(step.after, ref.after, vr, va, ref.after.values)) is not None:
-            if step.dropout and step.rng != ref.rng:
-                warnings.append(
-                    f"rank {rank}: torch's random stream differs after the restart from step {s + j + 1} (its RNG "
-                    f"state was not restored, and dropout is active): the resumed run is equally valid but not "
-                    f"comparable step by step from there; save torch.get_rng_state() for a bit-exact resume")
+            if (step.dropout or step.drew or ref.drew) and step.rng != ref.rng:
+                warnings.append(_random_stream_warning(rank, s + j + 1, step))
                 return None, j
             return Finding("parameters", rank, s + j + 1,
                            f"parameters after step {s + j + 1} differ (first: {diff[0]!r}, max relative "
@@ -200,6 +234,18 @@ def _first_finding(rank: int, s: int, a: Life, restart: Life, va: Values, vr: Va
                            f"from the same state", None, "compare what the restart restores with what the step "
                                                           "depends on"), j + 1
     return None, len(resumed)
+
+
+def _random_stream_warning(rank: int, number: int, step: StepRecord) -> str:
+    """The step started from the same state and samples but from another random state, and it
+    draws random numbers (measured: dropout active, or torch's RNG moved during the step)."""
+    how = ("dropout is active" if step.dropout else
+           "the step draws random numbers: torch's RNG moved between its first training forward and "
+           "optimizer.step(), randomness other than dropout (stochastic depth, random masking, noise) that the "
+           "suite does not switch off")
+    return (f"rank {rank}: torch's random stream differs after the restart from step {number} (its RNG state was "
+            f"not restored, and {how}): the resumed run is equally valid but not comparable step by step from "
+            f"there; save torch.get_rng_state() for a bit-exact resume")
 
 
 def _lr_finding(rank: int, number: int, step: StepRecord, ref: StepRecord, counted: StepRecord,
@@ -234,12 +280,25 @@ def _scaler_finding(rank: int, number: int, step: StepRecord, ref: StepRecord, f
                    "save scaler.state_dict() in the checkpoint and load it at the restart")
 
 
+def _augmented_warning(rank: int, number: int, step: StepRecord) -> str:
+    return (f"rank {rank}: step {number} drew the same {len(step.indices)} dataset indices after the restart as the "
+            f"uninterrupted run, but the model got other content for them: the data pipeline is random "
+            f"(augmentation) and its random state was not restored (torch's RNG, from which the DataLoader's worker "
+            f"seeds are drawn too); the resumed run is equally valid but not comparable step by step from there; "
+            f"save torch.get_rng_state() for a bit-exact resume")
+
+
 def _samples_finding(rank: int, number: int, step: StepRecord, steps: list[StepRecord]) -> Finding:
-    again = next((i for i, ref in enumerate(steps[: number - 1]) if ref.samples == step.samples), None)
+    earlier = steps[: number - 1]
+    again = next((i for i, ref in enumerate(earlier) if ref.samples == step.samples), None)
+    drew = "trained the samples"
+    if again is None and step.indices:  # other content (augmentation): who the samples are, by index
+        again = next((i for i, ref in enumerate(earlier) if ref.indices == step.indices), None)
+        drew = "drew the dataset indices"
     cause = None
     if again is not None:
         where = "the epoch's beginning" if again == 0 else f"step {again + 1}'s samples"
-        cause = (f"the data order restarted at {where}: resumed step {number} trained the samples of "
+        cause = (f"the data order restarted at {where}: resumed step {number} {drew} of "
                  f"step {again + 1} again")
     return Finding("samples", rank, number,
                    f"rank {rank} trained other samples at step {number} than the uninterrupted run", cause,
@@ -249,11 +308,20 @@ def _samples_finding(rank: int, number: int, step: StepRecord, steps: list[StepR
 
 def sample_counts(a: Life, first: Life, restart: Life, s: int) -> dict[str, int]:
     """The multiset over the whole run: what the uninterrupted run trained, against the first
-    life's steps up to the restored point plus the restart's."""
-    want = Counter(x for step in a.steps for x in step.samples)
-    got = Counter(x for step in first.steps[:s] + restart.steps for x in step.samples)
-    return {"trained": sum(want.values()), "repeated": sum((got - want).values()),
-            "missed": sum((want - got).values())}
+    life's steps up to the restored point plus the restart's. By content; by dataset index
+    instead when the content differs but every step has its indices (a random augmentation
+    makes each sample's content new at every draw)."""
+    def counts(key: str) -> dict[str, int]:
+        want = Counter(x for step in a.steps for x in getattr(step, key))
+        got = Counter(x for step in first.steps[:s] + restart.steps for x in getattr(step, key))
+        return {"trained": sum(want.values()), "repeated": sum((got - want).values()),
+                "missed": sum((want - got).values())}
+
+    by_content = counts("samples")
+    if (by_content["repeated"] or by_content["missed"]) and all(
+            step.indices for step in a.steps + first.steps[:s] + restart.steps):
+        return {**counts("indices"), "by_index": 1}
+    return by_content
 
 
 def _torn_cause(run: Run, restart: Life) -> str | None:
@@ -266,8 +334,19 @@ def _torn_cause(run: Run, restart: Life) -> str | None:
         if load.what == "torch.load" and load.error and torn and load.owner.endswith(torn[-1]):
             how = "stopped half-way through the save (what a kill leaves)" if run.copied else "killed during the save"
             return (f"the restart could not read the checkpoint written when rank {run.plan.rank} was {how} "
-                    f"({load.error.splitlines()[0][:160]}): {torn[-1]} was written in place")
+                    f"({load.error.splitlines()[0][:160]}): {torn[-1]} was {_written(run, torn[-1])}")
     return None
+
+
+def _written(run: Run, path: str) -> str:
+    """How the torn file was written: over a whole one of an earlier save, or as a new file
+    (a name per save: the restart took the newest), in both cases under its final name."""
+    earlier = [s.step for life in run.first for s in life.saves if s.path == path and s.ended and s.step < run.plan.step]
+    writers = sorted({life.rank for life in run.first for s in life.saves if s.path == path and s.step == run.plan.step})
+    by = f", by ranks {', '.join(map(str, writers))} alike" if len(writers) > 1 else ""
+    if earlier:
+        return f"written in place, over the checkpoint of step {max(earlier)}{by}"
+    return f"written directly under its final name (a new file, not a temporary one renamed into place){by}"
 
 
 def _refused_cause(restart: Life) -> str | None:
@@ -278,8 +357,9 @@ def _refused_cause(restart: Life) -> str | None:
             refused = re.search(r"\[refused global: ([\w.]+)\]", load.error)
             what = (f"a pickled {refused.group(1)}" if refused
                     else "a pickled object other than tensors and plain values")
+            where = f" (not tensors or plain values: {', '.join(load.refused_at)})" if load.refused_at else ""
             return (f"torch.load refused the checkpoint {load.owner} under weights_only=True (the default since torch "
-                    f"2.6): it holds {what}; the file itself is whole")
+                    f"2.6): it holds {what}{where}; the file itself is whole")
     return None
 
 
@@ -332,13 +412,15 @@ def _raised_finding(run: Run, rank: int, restart: Life) -> Finding:
 def judge_run(a: list[Life], run: Run, folder: Path) -> Verdict:
     """The killed scenario ``run`` against the uninterrupted lives ``a``, on every rank."""
     between = run.plan.kind == "after-step"
+    # A later save of the round, over a file of an earlier round, is the one torn (during_save_plan).
+    what = f"{run.plan.path} (over the file an earlier save wrote)" if run.plan.path else "its checkpoint"
     kill = (f"whole world stopped after step {run.plan.step}, its checkpoint folder copied there (what a "
             f"SIGKILL leaves), restarted on the copy" if run.copied and between else
-            f"rank {run.plan.rank} stopped half-way through writing its checkpoint after step {run.plan.step}, "
+            f"rank {run.plan.rank} stopped half-way through writing {what} after step {run.plan.step}, "
             f"the other ranks stopped with it, the checkpoint folder copied there (what a SIGKILL leaves), "
             f"restarted on the copy" if run.copied else
             f"whole world SIGKILLed after step {run.plan.step}" if between else
-            f"rank {run.plan.rank} SIGKILLed while writing its checkpoint after step {run.plan.step}, "
+            f"rank {run.plan.rank} SIGKILLed while writing {what} after step {run.plan.step}, "
             f"the other ranks torn down")
     findings: list[Finding] = []
     warnings: list[str] = []
@@ -362,7 +444,7 @@ def judge_run(a: list[Life], run: Run, folder: Path) -> Verdict:
         samples[rank] = sample_counts(ref, first, restart, s)
         va = Values(folder, "uninterrupted", 1, ref)
         vr = Values(folder, run.scenario, 2, restart)
-        found, steps = _first_finding(rank, s, ref, restart, va, vr, warnings)
+        found, steps = _first_finding(rank, s, ref, first, restart, va, vr, warnings)
         compared += steps
         if finding is not None:
             findings.append(finding)

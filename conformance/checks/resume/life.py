@@ -17,7 +17,21 @@ from typing import Any
 
 from ...harness.batches import first_dim
 from ...harness.world import RankContext
-from .observers import KILL_BARRIER_S, VALUES_CAP, Instrument, Journal, Listing, Loads, Samples, Saves, _clean, die
+from .observers import (
+    KILL_BARRIER_S,
+    VALUES_CAP,
+    Indices,
+    Instrument,
+    Journal,
+    Listing,
+    Loads,
+    Samples,
+    Saves,
+    _clean,
+    die,
+    plain,
+    rng_digest,
+)
 from .records import KillPlan, Snapshot, StepRecord, journal_path, marker, values_path
 
 
@@ -38,6 +52,7 @@ class Steps:
         self.scalers: list[Any] = []
         self.index = 0
         self.before: Snapshot | None = None
+        self.rng_at_step: str | None = None  # torch's RNG state at optimizer.step()'s entry
 
     def count(self) -> int:
         return self.index
@@ -96,6 +111,7 @@ class Steps:
         if optimizer not in self.optimizers:
             self.optimizers.append(optimizer)
         self.before = self.snapshot(values=self.index == 0)
+        self.rng_at_step = rng_digest()
 
     def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.index += 1
@@ -108,7 +124,9 @@ class Steps:
                                               samples=fields.get("samples", []), rng=fields.get("rng"),
                                               dropout=bool(fields.get("dropout")),
                                               listing=str(fields.get("listing", "")),
-                                              files=int(fields.get("files", 0))))
+                                              files=int(fields.get("files", 0)),
+                                              drew=fields.get("rng") not in (None, self.rng_at_step),
+                                              indices=list(fields.get("indices", []))))
         if self.copy is not None:
             self._copy_here(int(fields.get("files", 0)))
         if self.plan.kind == "after-step" and self.index == self.plan.step:
@@ -239,7 +257,8 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
     scratch = Path(rank_ctx.tmpdir) / f"resume-rank{rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     journal = Journal(journal_path(record_dir, scenario, life, rank), values_path(record_dir, scenario, life, rank))
-    samples = Samples(dim=first_dim(target.batch_dim))
+    indices = Indices()
+    samples = Samples(dim=first_dim(target.batch_dim), batches=indices)
     loop = LoopContext(rank=rank, world_size=rank_ctx.world_size, device=rank_ctx.device, steps=steps,
                        tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target), target=target,
                        on_wrap=lambda model: _watched(model, samples), checkpoint_dir=Path(checkpoints),
@@ -249,14 +268,14 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
                     rank_ctx.world_size, markers, (Path(checkpoints), Path(copy_to)) if copy_to else None)
     saves = Saves(journal, Path(checkpoints), plan, rank, stepper.count, markers, rank_ctx.world_size,
                   (copy_in_save[0], Path(copy_in_save[1])) if copy_in_save else None)
-    instruments: list[Instrument] = [stepper, samples, saves, Loads(journal)]
+    instruments: list[Instrument] = [stepper, samples, indices, saves, Loads(journal, Path(checkpoints))]
     try:
         with contextlib.ExitStack() as stack:
             for instrument in instruments:
                 stack.enter_context(instrument.attached())
             call_target(target, "run_loop", target.run_loop, loop)
     except Exception as exc:
-        text = str(exc) if isinstance(exc, TargetError) else one_line(exc)[:400] + _user_line(target, exc)
+        text = str(exc) if isinstance(exc, TargetError) else plain(one_line(exc))[:400] + _user_line(target, exc)
         journal.write("end", {"how": "raised", "raised": text})
         if life == 1:
             raise
@@ -273,11 +292,32 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
 def _watched(model: Any, samples: Samples) -> None:
     """Every life's model with dropout off, as the equivalence checks compare (issue 21: "dropout
     off, the noise floor"): a loop that does not save torch's RNG state (most do not) resumes an
-    equally valid but different dropout stream, and the steps would not compare at all."""
+    equally valid but different dropout stream, and the steps would not compare at all. Stochastic
+    depth is dropout of a whole residual branch: off too (``disable_drop_path``). Randomness left
+    after that (random masking, noise) is measured per step (``StepRecord.drew``)."""
     from ...harness.ddp import disable_dropout  # not the equivalence package: 0.2 s of imports per rank and life
 
     disable_dropout(model)
+    disable_drop_path(model)
     samples.watch(model)
+
+
+def disable_drop_path(model: Any) -> list[str]:
+    """Set every stochastic depth rate in ``model`` to 0; the names of what was changed. Found
+    by the convention its implementations share: a float ``drop_prob`` (timm's DropPath and
+    DropBlock2d, and the copies in facebookresearch/dino, mae, deit, ConvNeXt, Swin), and
+    torchvision's ``StochasticDepth`` (its ``p``)."""
+    changed = []
+    for name, module in model.named_modules():
+        rate = getattr(module, "drop_prob", None)
+        if isinstance(rate, float) and rate > 0:
+            module.drop_prob = 0.0
+            changed.append(name or type(module).__name__)
+        elif (type(module).__name__ == "StochasticDepth" and type(module).__module__.startswith("torchvision.")
+              and isinstance(getattr(module, "p", None), float) and module.p > 0):
+            module.p = 0.0
+            changed.append(name or type(module).__name__)
+    return changed
 
 
 def _user_line(target: Any, exc: BaseException) -> str:

@@ -18,9 +18,11 @@ The kills use no collective (a dead peer would hang it): ranks meet through mark
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import io
+import operator
 import os
 import re
 import shutil
@@ -33,7 +35,7 @@ from typing import Any, Protocol
 from ...harness.batches import sample_rows
 from ...harness.patching import replaced as _replaced
 
-from .records import KillPlan, LoadRecord, SaveRecord, to_line
+from .records import KillPlan, LoadRecord, SaveRecord, in_place_copy, to_line
 
 #: Parameters larger than this (bytes, per snapshot) are journaled by digest only: a difference
 #: is then judged bit for bit, with no tolerance (docs/numerics.md). Only the lives that are
@@ -75,6 +77,49 @@ class Journal:
         self._values.close()
 
 
+def plain(text: str) -> str:
+    """``text`` without terminal escapes (torch's weights_only message sets bold in it)."""
+    return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+
+
+#: What a checkpoint may hold and weights_only loads (besides containers): tensors and plain values.
+_PLAIN = (str, bytes, int, float, complex, bool, type(None))
+
+
+def _not_plain_in(load: Callable[..., Any], f: Any, folder: Path | None, most: int = 3) -> list[str]:
+    """Where a checkpoint that weights_only refused holds objects other than tensors, plain
+    values and containers: up to ``most`` paths with their types (``['optimizer']
+    ['param_groups'][0]['lr']: numpy.float64``), read by loading it again with
+    weights_only=False: only a file in ``folder`` (ctx.checkpoint_dir, which this very loop
+    wrote in this run; never a file from elsewhere, such as downloaded weights). Empty when
+    that fails."""
+    import torch
+
+    if not isinstance(f, (str, os.PathLike)) or folder is None:
+        return []  # a file object or buffer: already read, not read again
+    if not Path(f).resolve().is_relative_to(Path(folder).resolve()):
+        return []
+    try:
+        obj = load(f, map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001 - a class the loop pickled may not import here: no paths then
+        return []
+    found: list[str] = []
+    stack: collections.deque[tuple[str, Any]] = collections.deque([("", obj)])  # breadth first: shallow paths first
+    while stack and len(found) < most:
+        path, value = stack.popleft()
+        # Exact types: a numpy.float64 is a float subclass, and weights_only refuses it.
+        if isinstance(value, torch.Tensor) or type(value) in (torch.Size, torch.dtype, torch.device, *_PLAIN):
+            continue
+        if type(value) in (dict, collections.OrderedDict):
+            stack.extend((f"{path}[{k!r}]", v) for k, v in value.items())
+        elif type(value) in (list, tuple, set):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+        else:
+            kind = type(value)
+            found.append(f"checkpoint{path}: {kind.__module__}.{kind.__qualname__}")
+    return found
+
+
 def _uint8() -> Any:
     import torch
 
@@ -103,6 +148,16 @@ def _stopped(pid: int, within_s: float = 2.0) -> bool:
     return False
 
 
+def rng_digest() -> str:
+    """A digest of torch's global random state (CUDA's too, once initialised)."""
+    import torch
+
+    h = hashlib.sha1(torch.get_rng_state().numpy().tobytes())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        h.update(torch.cuda.get_rng_state().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def die(peers: Sequence[int] = ()) -> None:
     """SIGKILL the peers' process groups (the ranks lead their own), then this process."""
     for pid in peers:
@@ -117,9 +172,11 @@ class Samples:
     dropout was active there. Eval forwards (no grad or eval mode) are not counted. ``dim``:
     the batch dimension of that tensor (the target's ``batch_dim``, ``batches.first_dim``)."""
 
-    def __init__(self, *, dim: int = 0) -> None:
+    def __init__(self, *, dim: int = 0, batches: Indices | None = None) -> None:
         self.dim = dim
+        self.batches = batches
         self.rows: list[str] = []
+        self.indices: list[str] = []
         self.rng: str | None = None
         self.dropout = False
         self._handles: list[Any] = []
@@ -132,12 +189,10 @@ class Samples:
 
         if not (torch.is_grad_enabled() and module.training):
             return
+        if self.batches is not None:
+            self.indices.extend(self.batches.take())
         if self.rng is None:
-            state = torch.get_rng_state()
-            h = hashlib.sha1(state.numpy().tobytes())
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                h.update(torch.cuda.get_rng_state().numpy().tobytes())
-            self.rng = h.hexdigest()[:16]
+            self.rng = rng_digest()
             self.dropout = any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m.training
                                for m in module.modules())
         first = _first_tensor((args, kwargs))
@@ -157,8 +212,8 @@ class Samples:
                 handle.remove()
 
     def step_slice(self) -> dict[str, Any]:
-        out = {"samples": self.rows, "rng": self.rng, "dropout": self.dropout}
-        self.rows, self.rng, self.dropout = [], None, False
+        out = {"samples": self.rows, "rng": self.rng, "dropout": self.dropout, "indices": self.indices}
+        self.rows, self.rng, self.dropout, self.indices = [], None, False, []
         return out
 
 
@@ -173,6 +228,66 @@ def _first_tensor(obj: Any) -> Any:
         if found is not None:
             return found
     return None
+
+
+class Indices:
+    """The dataset indices of the batches torch DataLoaders yield (map-style datasets): who
+    the samples are, whatever a random augmentation made of their content. The k-th batch an
+    iterator yields is the k-th index batch its sampler gave, with workers or without (indices
+    go to the workers in order and their batches come back in order; ``in_order=False`` and
+    iterable datasets are not recorded). A step's indices are those of the batch last yielded
+    before each of its training forwards (``take``, by ``Samples``): batches a loop draws and
+    skips (resuming in an epoch), or an eval loader's, are not the step's."""
+
+    def __init__(self) -> None:
+        self.latest: list[str] = []
+
+    def take(self) -> list[str]:
+        taken, self.latest = self.latest, []
+        return taken
+
+    def _next_index(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def next_index(it: Any) -> Any:
+            index = original(it)  # StopIteration at the epoch's end: nothing recorded
+            it.__dict__.setdefault("_resume_indices", collections.deque()).append(index)
+            return index
+
+        return next_index
+
+    def _next(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def next_(it: Any) -> Any:
+            data = original(it)
+            queue = it.__dict__.get("_resume_indices")
+            index = queue.popleft() if queue else None
+            if index is not None and getattr(it, "_in_order", True):
+                name = type(getattr(it, "_dataset", None)).__name__
+                if hasattr(index, "tolist"):  # a tensor or an array of indices from a custom batch sampler
+                    index = index.tolist()
+                batch = index if isinstance(index, (list, tuple)) else [index]
+                self.latest = [f"{name}[{_index_text(i)}]" for i in batch]
+            else:
+                self.latest = []
+            return data
+
+        return next_
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        with _replaced(_BaseDataLoaderIter, "_next_index", self._next_index), \
+                _replaced(_BaseDataLoaderIter, "__next__", self._next):
+            yield
+
+    def step_slice(self) -> dict[str, Any]:
+        return {}  # the step's indices are taken by Samples, at its training forwards
+
+
+def _index_text(index: Any) -> str:
+    try:
+        return str(operator.index(index))  # an int, a numpy integer, a 0-d integer tensor
+    except TypeError:
+        return str(index)
 
 
 class Listing:
@@ -208,6 +323,8 @@ class Saves:
         self.steps, self.markers, self.world_size = steps, markers, world_size
         self.copy = copy
         self.fired = False
+        self.saved: list[tuple[int, str]] = []  # (step, path) of this rank's saves into the folder so far
+        self.copied: set[Path] = set()
 
     def _where(self, f: Any) -> tuple[str, bool, Any]:
         name = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
@@ -226,14 +343,16 @@ class Saves:
             self.journal.write("save", SaveRecord(step, where, inside, ended=False))
             plan = self.plan
             if (plan.kind == "during-save" and inside and not self.fired and plan.rank == self.rank
-                    and plan.step == step):
+                    and plan.step == step and (not plan.path or where == plan.path)):
                 self.fired = True
                 self._torn(original, obj, f, *args, **kwargs)
-            copy, self.copy = (self.copy, None) if self._copies_here(inside, step) else (None, self.copy)
-            if copy is not None and self._torn_copy(copy[1], step, original, obj, f, *args, **kwargs):
+            to = self._copies_here(inside, step, where)
+            if to is not None and self._torn_copy(to, step, original, obj, f, *args, **kwargs):
                 out = None  # written whole by the copy (a file object: its second half)
             else:
                 out = original(obj, f, *args, **kwargs)
+            if inside:
+                self.saved.append((step, where))
             self.journal.write("save", SaveRecord(step, where, inside, ended=True))
             if inside and plan.kind == "during-save":
                 self.markers(f"saved-{step}-rank{self.rank}").touch()
@@ -267,9 +386,22 @@ class Saves:
         self.journal.write("end", {"how": "killed", "raised": None})
         die(self._peer_pids())
 
-    def _copies_here(self, inside: bool, step: int) -> bool:
-        return (self.copy is not None and inside and self.copy[0].rank == self.rank
-                and self.copy[0].step == step)
+    def _copies_here(self, inside: bool, step: int, where: str) -> Path | None:
+        """Where to copy the folder half-way through this save, if anywhere: the copy point's
+        round (``copy``'s plan), its first save, and its first save over a file an earlier round
+        wrote (``in_place_copy``: a torn overwrite loses the previous checkpoint, which the
+        round's other saves may leave whole; ``scenarios.during_save_plan`` tears that one)."""
+        if self.copy is None or not inside or self.copy[0].rank != self.rank or self.copy[0].step != step:
+            return None
+        to = self.copy[1]
+        if any(s == step for s, _ in self.saved):  # not the round's first save
+            if where not in {p for s, p in self.saved if s < step}:
+                return None
+            to = in_place_copy(to)
+        if to in self.copied:
+            return None
+        self.copied.add(to)
+        return to
 
     def _torn_copy(self, to: Path, step: int, original: Callable[..., Any], obj: Any, f: Any,
                    *args: Any, **kwargs: Any) -> bool:
@@ -313,7 +445,8 @@ class Saves:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGCONT)
         if copied:
-            self.journal.write("copied-in-save", {"step": step})
+            self.journal.write("copied-in-save", {"step": step, "in_place": to == in_place_copy(self.copy[1])
+                                                  if self.copy else False})
         if named:
             return False
         f.write(data[half:])
@@ -343,8 +476,9 @@ class Loads:
     """The restore calls of the loop journaled: ``load_state_dict`` on modules, optimizers,
     schedulers and scalers (strict, missing and unexpected keys), ``torch.load`` and its error."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, folder: Path | None = None) -> None:
         self.journal = journal
+        self.folder = folder  # ctx.checkpoint_dir: only a file there is read again (``_not_plain_in``)
 
     def _module(self, original: Callable[..., Any]) -> Callable[..., Any]:
         journal = self.journal
@@ -388,7 +522,9 @@ class Loads:
                 refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
                 named = f" [refused global: {refused.group(1)}]" if refused else ""
                 journal.write("load", LoadRecord("torch.load", where,
-                                                 error=f"{type(exc).__name__}: {str(exc)[:300]}{named}"))
+                                                 error=f"{type(exc).__name__}: {plain(str(exc))[:300]}{named}",
+                                                 refused_at=_not_plain_in(original, f, self.folder) if refused
+                                                 else []))
                 raise
 
         return load

@@ -50,13 +50,20 @@ class StepRecord:
     dropout: bool  # a dropout module with p > 0 was in training mode at that forward
     listing: str  # digest of the checkpoint folder's listing (names, sizes) after the step
     files: int  # files in the checkpoint folder after the step
+    #: torch's RNG state moved between the step's first training forward and optimizer.step():
+    #: the step drew random numbers (dropout, stochastic depth, random masking, noise)
+    drew: bool = False
+    #: the dataset indices of the batches torch DataLoaders yielded since the previous step
+    #: (``observers.Indices``; empty when the loop draws its batches otherwise)
+    indices: list[str] = field(default_factory=list)
 
     @staticmethod
     def of(raw: dict[str, Any]) -> StepRecord:
         return StepRecord(index=int(raw["index"]), before=Snapshot.of(raw["before"]),
                           after=Snapshot.of(raw["after"]), samples=list(raw["samples"]),
                           rng=raw.get("rng"), dropout=bool(raw.get("dropout")),
-                          listing=str(raw["listing"]), files=int(raw["files"]))
+                          listing=str(raw["listing"]), files=int(raw["files"]), drew=bool(raw.get("drew")),
+                          indices=list(raw.get("indices", [])))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,9 @@ class LoadRecord:
     unexpected: list[str] = field(default_factory=list)
     unexpected_count: int = 0
     error: str | None = None  # the exception it raised (torch.load of a torn file)
+    #: a checkpoint weights_only refused: where it holds objects other than tensors and plain
+    #: values, with their types (up to 3)
+    refused_at: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +112,9 @@ class Life:
     #: the step whose save this rank was half-way through when the folder was copied (``live``'s
     #: ``copy_in_save``; 0: never)
     copied_in_save: int = 0
+    #: the step whose save over a file of an earlier round (in place) this rank was half-way
+    #: through when the folder was copied (``in_place_copy``; 0: never)
+    copied_in_place: int = 0
 
     @property
     def checkpoint_files(self) -> int:
@@ -114,7 +127,8 @@ class KillPlan:
 
     ``after-step``: every rank, once its optimizer step ``step`` has returned, meets the others
     at a file barrier and SIGKILLs itself (the whole world dies between steps). ``during-save``:
-    rank ``rank``, in its first ``torch.save`` after ``step`` optimizer steps, waits until the
+    rank ``rank``, in its first ``torch.save`` after ``step`` optimizer steps (into ``path``
+    when set), waits until the
     ``peers`` that save at that point have finished, writes half the bytes, then SIGKILLs the
     other ranks (torchrun tears the group down on a worker's death) and itself.
     """
@@ -123,10 +137,19 @@ class KillPlan:
     step: int = 0
     rank: int = 0
     peers: tuple[int, ...] = ()
+    #: during-save: the save to tear, by its path in the folder ("": the rank's first save after
+    #: ``step``); set when a later save of the round overwrites a file of an earlier round
+    path: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in ("none", "after-step", "during-save"):
             raise ValueError(f"KillPlan kind={self.kind!r} is not none, after-step or during-save")
+
+
+def in_place_copy(copy: Path) -> Path:
+    """Where the checkpoint folder is copied half-way through the round's first save over a
+    file of an earlier round, beside ``copy`` (half-way through the round's first save)."""
+    return Path(f"{copy}-in-place")
 
 
 def journal_path(folder: Path, scenario: str, life: int, rank: int) -> Path:
@@ -154,7 +177,7 @@ def read_journal(path: Path, rank: int) -> Life:
     loads: list[LoadRecord] = []
     ended, raised = "", None
     layout: list[tuple[str, str, tuple[int, ...]]] = []
-    copied = copied_in_save = 0
+    copied = copied_in_save = copied_in_place = 0
     text = path.read_text() if path.exists() else ""
     for line in text.splitlines():
         try:
@@ -174,9 +197,11 @@ def read_journal(path: Path, rank: int) -> Life:
             ended, raised = raw["how"], raw.get("raised")
         elif kind == "copied":
             copied = int(raw["step"])
+        elif kind == "copied-in-save" and raw.get("in_place"):
+            copied_in_place = int(raw["step"])
         elif kind == "copied-in-save":
             copied_in_save = int(raw["step"])
-    return Life(rank, steps, saves, loads, ended, raised, layout, copied, copied_in_save)
+    return Life(rank, steps, saves, loads, ended, raised, layout, copied, copied_in_save, copied_in_place)
 
 
 def stopped_at(life: Life, step: int) -> Life:
@@ -198,6 +223,6 @@ def stopped_in_save(life: Life, plan: KillPlan) -> Life:
             saves.append(save)
         elif save.step == plan.step and life.rank == plan.rank:
             saves.append(save)
-            if save.inside and not save.ended:
+            if save.inside and not save.ended and (not plan.path or save.path == plan.path):
                 break  # the torn save (journal order is the rank's own): the kill came half-way through it
     return Life(life.rank, life.steps[:plan.step], saves, list(life.loads), "killed", None, life.layout)

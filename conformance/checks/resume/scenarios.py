@@ -25,6 +25,7 @@ from .records import (
     UNINTERRUPTED,
     KillPlan,
     Life,
+    in_place_copy,
     journal_path,
     read_journal,
     stopped_at,
@@ -176,10 +177,12 @@ class Lives:
                 raise errors[name]
         return done
 
-    def copy(self, kind: str = "after-step") -> Path:
+    def copy(self, kind: str = "after-step", *, in_place: bool = False) -> Path:
         """Where the uninterrupted life copies its checkpoint folder at a kill point: between
-        steps (``after-step``) or half-way through a save (``during-save``)."""
-        return self.folder / f"{KILLED_BETWEEN if kind == 'after-step' else KILLED_DURING_SAVE}-copy"
+        steps (``after-step``) or half-way through a save (``during-save``: the round's first,
+        or ``in_place``, its first over a file of an earlier round)."""
+        copy = self.folder / f"{KILLED_BETWEEN if kind == 'after-step' else KILLED_DURING_SAVE}-copy"
+        return in_place_copy(copy) if in_place else copy
 
     def one(self, scenario: str, life: int, plan: KillPlan, size: int, *, more: int = 0, copy: bool = False,
             checkpoints: Path | None = None, world: Any = None) -> tuple[list[Life], RankFailure | None]:
@@ -236,7 +239,7 @@ class Lives:
         first = [stopped_at(life, plan.step) if between else stopped_in_save(life, plan) for life in uninterrupted]
         path = self.checkpoints(UNINTERRUPTED)
         os.replace(path, self.folder / f"{UNINTERRUPTED}-checkpoints-before-{scenario}")
-        os.replace(self.copy(plan.kind), path)
+        os.replace(self.copy(plan.kind, in_place=bool(plan.path)), path)
         second, failure = self.one(scenario, 2, KillPlan("none"), size, more=more, checkpoints=path)
         return Run(scenario, plan, [first, second], failure, copied=True)
 
@@ -263,8 +266,10 @@ def copied_at(uninterrupted: list[Life], plan: KillPlan | str) -> bool:
         return False
     if plan.kind == "after-step":
         return uninterrupted[0].copied == plan.step
-    return (plan.kind == "during-save" and not plan.peers and plan.rank < len(uninterrupted)
-            and uninterrupted[plan.rank].copied_in_save == plan.step)
+    if plan.kind != "during-save" or plan.peers or plan.rank >= len(uninterrupted):
+        return False
+    life = uninterrupted[plan.rank]
+    return (life.copied_in_place if plan.path else life.copied_in_save) == plan.step
 
 
 def between_steps_plan(uninterrupted: list[Life]) -> KillPlan | str:
@@ -297,7 +302,19 @@ def during_save_plan(uninterrupted: list[Life]) -> KillPlan | str:
     step = rounds[1] if len(rounds) > 1 else rounds[0]
     savers = sorted({life.rank for life in uninterrupted for s in life.saves if s.inside and s.step == step})
     victim = savers[-1]
-    return KillPlan("during-save", step=step, rank=victim, peers=tuple(r for r in savers if r != victim))
+    return KillPlan("during-save", step=step, rank=victim, peers=tuple(r for r in savers if r != victim),
+                    path=_overwritten(uninterrupted[victim], step))
+
+
+def _overwritten(life: Life, step: int) -> str:
+    """The path of the rank's first save after ``step`` that overwrites a file an earlier round
+    wrote, when it is not the round's first save ("" otherwise: the first save is torn). A torn
+    overwrite loses the previous checkpoint; a torn new file (model_{epoch}.pth before an
+    in-place checkpoint.pth, as torchvision's classification reference saves) leaves it whole."""
+    begun = [s for s in life.saves if s.inside and not s.ended]
+    earlier = {s.path for s in begun if s.step < step}
+    paths = [s.path for s in begun if s.step == step]
+    return next((path for path in paths[1:] if path in earlier), "")
 
 
 def during_save_guess(every: int) -> KillPlan:
