@@ -356,7 +356,8 @@ def test_the_save_torn_is_the_one_over_an_earlier_rounds_file(savers: str, tmp_p
             assert plan == KillPlan("during-save", step=4, rank=0, path="checkpoint.pt") and copied_at(lives_a, plan)
             run = lives.from_copy(lives_a, plan, 2)
         else:
-            assert plan == KillPlan("during-save", step=4, rank=1, peers=(0,), path="checkpoint.pt"), plan
+            assert plan == KillPlan("during-save", step=4, rank=1, peers=(0,), path="checkpoint.pt",
+                                   peer_saves=(2,)), plan
             run = lives.killed(KILLED_DURING_SAVE, plan, 2)
     verdict = judge_run(lives_a, run, folder)
     assert "writing checkpoint.pt (over the file an earlier save wrote) after step 4" in verdict.kill, verdict.kill

@@ -355,7 +355,9 @@ class Saves:
                 self.saved.append((step, where))
             self.journal.write("save", SaveRecord(step, where, inside, ended=True))
             if inside and plan.kind == "during-save":
-                self.markers(f"saved-{step}-rank{self.rank}").touch()
+                # The n-th save of this round, for a victim waiting for all of a peer's saves.
+                done = sum(1 for s, _ in self.saved if s == step)
+                self.markers(f"saved-{step}-rank{self.rank}-{done}").touch()
             return out
 
         return save
@@ -363,12 +365,17 @@ class Saves:
     def _torn(self, original: Callable[..., Any], obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         """Half of this save's bytes on disk, then every rank of the world killed.
 
-        The peers that write at this point too finish first (their markers): the torn write is
-        the last one, so what is on disk after the kill does not depend on who ran faster.
+        The peers that write at this point too finish every save they make there first (their
+        markers, one per save): the torn write is the last one, so what is on disk after the
+        kill does not depend on who ran faster. (Measured: waiting for a peer's first save only,
+        a peer that saves a new file and then the very file torn here rewrote it whole after
+        the tear in one run of three under load, and the torn checkpoint went unseen.)
         """
+        plan = self.plan
+        counts = plan.peer_saves if len(plan.peer_saves) == len(plan.peers) else (1,) * len(plan.peers)
         until = time.monotonic() + KILL_BARRIER_S
         while (time.monotonic() < until
-               and not all(self.markers(f"saved-{self.plan.step}-rank{p}").exists() for p in self.plan.peers)):
+               and not all(self.markers(f"saved-{plan.step}-rank{p}-{n}").exists() for p, n in zip(plan.peers, counts))):
             time.sleep(0.005)
         buffer = io.BytesIO()
         original(obj, buffer, *args, **kwargs)

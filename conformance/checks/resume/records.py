@@ -128,9 +128,10 @@ class KillPlan:
     ``after-step``: every rank, once its optimizer step ``step`` has returned, meets the others
     at a file barrier and SIGKILLs itself (the whole world dies between steps). ``during-save``:
     rank ``rank``, in its first ``torch.save`` after ``step`` optimizer steps (into ``path``
-    when set), waits until the
-    ``peers`` that save at that point have finished, writes half the bytes, then SIGKILLs the
-    other ranks (torchrun tears the group down on a worker's death) and itself.
+    when set), waits until the ``peers`` that save at that point have finished every save they
+    make there (``peer_saves``: how many, per peer, as the uninterrupted run made), writes half
+    the bytes, then SIGKILLs the other ranks (torchrun tears the group down on a worker's
+    death) and itself.
     """
 
     kind: str  # "none" | "after-step" | "during-save"
@@ -140,6 +141,8 @@ class KillPlan:
     #: during-save: the save to tear, by its path in the folder ("": the rank's first save after
     #: ``step``); set when a later save of the round overwrites a file of an earlier round
     path: str = ""
+    #: per peer, its saves into the folder after ``step`` steps (the victim waits for the last)
+    peer_saves: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ("none", "after-step", "during-save"):

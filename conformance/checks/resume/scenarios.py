@@ -302,8 +302,10 @@ def during_save_plan(uninterrupted: list[Life]) -> KillPlan | str:
     step = rounds[1] if len(rounds) > 1 else rounds[0]
     savers = sorted({life.rank for life in uninterrupted for s in life.saves if s.inside and s.step == step})
     victim = savers[-1]
-    return KillPlan("during-save", step=step, rank=victim, peers=tuple(r for r in savers if r != victim),
-                    path=_overwritten(uninterrupted[victim], step))
+    peers = tuple(r for r in savers if r != victim)
+    return KillPlan("during-save", step=step, rank=victim, peers=peers, path=_overwritten(uninterrupted[victim], step),
+                    peer_saves=tuple(sum(1 for s in uninterrupted[r].saves if s.inside and s.ended and s.step == step)
+                                     for r in peers))
 
 
 def _overwritten(life: Life, step: int) -> str:
