@@ -80,7 +80,7 @@ def stack_file(tmpdir: str | Path, rank: int) -> Path:
     return Path(tmpdir) / f"rank{rank}.stacks"
 
 
-def arrive(store: Any, rank: int, world_size: int, poll_s: float = 0.02) -> None:
+def arrive(store: Any, rank: int, world_size: int, poll_s: float = 0.005) -> None:
     """Wait on the store until every rank of the world has reached its rendezvous.
 
     Why before ``init_process_group``: gloo's connect waits for a peer's address only as long
