@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from conformance.harness.world import World
 from conformance.harness.world import unavailable_reason
 from conformance.perf import cliff_model as cm
-from conformance.perf.scaling_cliff import ROUNDS, SweepData, measure
+from conformance.perf.scaling_cliff import SweepData, measure
 
 
 def _loadavg() -> str:
@@ -43,8 +43,6 @@ def main() -> int:
     parser.add_argument("--target", default="tied-lm")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=ROUNDS,
-                        help="passes through the sweep's rates, pooled per rate (default %(default)s)")
     parser.add_argument("--save", default=None, help="write every repeat's raw sweep here (JSON lines)")
     args = parser.parse_args()
     reason = unavailable_reason()
@@ -56,8 +54,7 @@ def main() -> int:
     with World(args.world_size, "gloo", deadline=300, private_network=True) as world:
         for repeat in range(args.repeats):
             # Every repeat at the first one's rates, so that the medians are per rate.
-            data: SweepData = measure(world, args.target, cap_mb=None, rounds=args.rounds,
-                                      rates=runs[0].rates if runs else None)
+            data: SweepData = measure(world, args.target, cap_mb=None, rates=runs[0].rates if runs else None)
             if args.save:
                 with open(args.save, "a") as f:
                     f.write(json.dumps(dataclasses.asdict(data)) + "\n")

@@ -44,7 +44,6 @@ extrapolates past the rates and the world size that were measured.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,15 +77,6 @@ CLIFF_MIN_RATIO = 1.5
 #: these are its samples (12 gave a tiny model's lower quartile in a host's slow mode, 3-4 ms
 #: on a 1 ms step, at one rate in three on a quiet host); a step costs 1-40 ms here.
 STEPS, ITERS = 24, 6
-#: The sweep runs this many times through its rates, alternating direction, each pass with a
-#: share of the steps and all-reduces; each rate's samples are pooled over the passes
-#: (``pooled``). Why: a 2-core host switches between a fast and a slow scheduling mode for
-#: seconds at a time (measured, mlp unshaped: a whole 24-step reading at 0.92-1.3 ms, the next
-#: at 0.5-0.7 ms), longer than one rate's reading, so a rate read in one piece was in one mode
-#: or the other by chance, and its error against a prediction calibrated in the other mode was
-#: that mode's offset, not the simulator's. Spread over the sweep, every rate samples the same
-#: mixture, and the lower quartile reads the same mode for all of them.
-ROUNDS = 3
 #: The target of the default run (no --target): the built-in with the most gradient bytes
 #: (29 KiB, a GRU and a tied embedding), whose cliff is reached at tens of Mbit/s.
 VEHICLE = "tied-lm"
@@ -120,8 +110,7 @@ def run(ctx: CheckContext) -> Outcome:
     try:
         with ctx.fresh_world(private_network=True) as world:
             data = measure(world, spec, cap_mb=cap_mb,
-                           exposures=EXPOSURES, steps=STEPS, iters=ITERS, rounds=ROUNDS,
-                           on_shape=lambda rate: _record(ctx, rate))
+                           exposures=EXPOSURES, steps=STEPS, iters=ITERS, on_shape=lambda rate: _record(ctx, rate))
             # The layout that moves the knee, proposed by the simulator and re-run side by side
             # in the same world: nothing is claimed from the model alone.
             layout = verify_layout(world, spec, data, cap_mb) if isinstance(world, World) else None
@@ -135,70 +124,43 @@ def _record(ctx: CheckContext, rate: float | None) -> None:
 
 
 def measure(world: WorldLike, target_spec: str, *, cap_mb: float | None, exposures: Sequence[float] = EXPOSURES,
-            steps: int = STEPS, iters: int = ITERS, rounds: int = ROUNDS, on_shape: Any = None,
+            steps: int = STEPS, iters: int = ITERS, on_shape: Any = None,
             rates: Sequence[float] | None = None) -> SweepData:
     """The sweep on ``world`` (a World started with ``private_network=True``): at ``rates``
     (bits/s, descending), else at the rates where all-reducing the model's gradients would
-    take each of ``exposures`` times its compute measured unshaped first. The unshaped link
-    comes first and again after every rate; the whole sequence is run ``rounds`` times
-    (alternating direction, ``steps`` and ``iters`` shared out) and pooled per point."""
+    take each of ``exposures`` times its compute measured unshaped first."""
     world.start()
     link = world.link if isinstance(world, World) else None
     if link is None:
         raise NetworkUnavailable("the world was not started with a private network")
-    per_round = max(1, -(-steps // rounds)), max(2, -(-iters // rounds))
+    measured: list[float | None] = []
+    sizes: list[tuple[int, ...]] = []
+    values: list[tuple[dict[str, Any], ...]] = []
 
-    def at(rate: float | None, sizes: tuple[int, ...]) -> tuple[dict[str, Any], ...]:
+    def at(rate: float | None, total_bytes: int) -> dict[str, Any]:
         link.shape(LinkShape(rate) if rate is not None else None)
         if on_shape is not None:
             on_shape(rate)
-        result = world.run(link_point, target_spec, sizes, steps=per_round[0], iters=per_round[1])
-        return tuple(r.value for r in result)
+        point_sizes = tuple(cm.fit_sizes(total_bytes, rate))
+        result = world.run(link_point, target_spec, point_sizes, steps=steps, iters=iters)
+        measured.append(rate)
+        sizes.append(point_sizes)
+        values.append(tuple(r.value for r in result))
+        return result[0].value
 
-    first_sizes = tuple(cm.fit_sizes(0, None))
-    first = at(None, first_sizes)
-    total = sum(first[0]["profile"]["nbytes"])
-    compute = first[0]["profile"]["forward_s"] + first[0]["profile"]["backward_end_s"]
+    first = at(None, 0)
+    total = sum(first["profile"]["nbytes"])
+    compute = first["profile"]["forward_s"] + first["profile"]["backward_end_s"]
     if rates is None:
         rates = cm.sweep_rates(total, compute, world.world_size, exposures=exposures)
-    # The unshaped link again after every rate: DDP's fixed cost is calibrated on readings
-    # spread through the sweep (their median), and a load change shows as their drift.
-    order: list[float | None] = [None]
     for rate in rates:
-        order += [rate, None]
-    sizes = [first_sizes] + [tuple(cm.fit_sizes(total, rate)) for rate in order[1:]]
-    readings: list[list[tuple[dict[str, Any], ...]]] = [[first]] + [[] for _ in order[1:]]
-    for r in range(rounds):
-        positions = range(1, len(order)) if r == 0 else range(len(order)) if r % 2 == 0 else \
-            range(len(order) - 1, -1, -1)
-        for i in positions:
-            readings[i].append(at(order[i], sizes[i]))
+        at(rate, total)
+        # The unshaped link again after every rate: DDP's fixed cost is calibrated on readings
+        # spread through the sweep (their median), and a load change shows as their drift.
+        at(None, total)
     link.shape(None)
-    return SweepData(world_size=world.world_size, cap_mb=cap_mb, rates=tuple(order), sizes=tuple(sizes),
-                     values=tuple(pooled(r) for r in readings))
-
-
-def pooled(readings: Sequence[Sequence[dict[str, Any]]]) -> tuple[dict[str, Any], ...]:
-    """One point's readings (per round, every rank's ``link_point`` value) as one value per
-    rank: its steps, gaps, passes and all-reduce timings concatenated (the statistics of
-    ``cliff_model`` read them as one sample), the per-gradient ready times the median over
-    the rounds, DDP's logging the last round's."""
-    out = []
-    for rank_values in zip(*readings):
-        last = rank_values[-1]
-        profiles = [v["profile"] for v in rank_values]
-        forward = [t for p in profiles for t in p["forward"]]
-        backward = [t for p in profiles for t in p["backward"]]
-        ready = [statistics.median(p["ready_s"][i] for p in profiles) for i in range(len(last["profile"]["nbytes"]))]
-        profile = {**last["profile"], "forward": forward, "backward": backward, "forward_s": statistics.median(forward),
-                   "backward_end_s": statistics.median(backward), "ready_s": ready}
-        sweeps = [v["sweep"] for v in rank_values]
-        sweep = {"times": [[t for s in sweeps for t in s["times"][i]] for i in range(len(last["sweep"]["times"]))],
-                 "wrong": [sum(s["wrong"][i] for s in sweeps) for i in range(len(last["sweep"]["wrong"]))]}
-        out.append({**last, "sweep": sweep, "profile": profile,
-                    "step_times": [t for v in rank_values for t in v["step_times"]],
-                    "gaps": [t for v in rank_values for t in v.get("gaps", [])]})
-    return tuple(out)
+    return SweepData(world_size=world.world_size, cap_mb=cap_mb, rates=tuple(measured), sizes=tuple(sizes),
+                     values=tuple(values))
 
 
 def _rate(rate: float | None) -> str:

@@ -238,7 +238,6 @@ def test_a_short_real_sweep_through_the_session(suite_session: Any, monkeypatch:
     monkeypatch.setattr(scaling_cliff, "EXPOSURES", (4.0,))
     monkeypatch.setattr(scaling_cliff, "STEPS", 3)
     monkeypatch.setattr(scaling_cliff, "ITERS", 2)
-    monkeypatch.setattr(scaling_cliff, "ROUNDS", 2)
     from conformance.perf import _cliff_layout
 
     monkeypatch.setattr(_cliff_layout, "ROUNDS", 1)
@@ -251,27 +250,7 @@ def test_a_short_real_sweep_through_the_session(suite_session: Any, monkeypatch:
     assert all(p["measured_step_s"] > 0 and p["predicted_step_s"] > 0 for p in sweep)
     assert ctx is not None
     shaped = [e.data["rate_gbps"] for e in ctx.events if e.name == "slow-link"]
-    # Two rounds through [unshaped, the rate, unshaped], the second backwards: pooled per point.
-    assert len(shaped) == 6 and shaped[1] > 0 and shaped[1:5] == [shaped[1], None, None, shaped[1]], shaped
-    assert shaped[0] is None and shaped[5] is None
-
-
-def test_pooled_readings_are_one_sample_per_rank() -> None:
-    """A point read in two rounds is judged on both rounds' samples at once: steps, gaps,
-    passes and all-reduce timings concatenated per rank, ready times the median of the rounds."""
-    def reading(rank: int, step: float, ready: float) -> dict[str, Any]:
-        return {"step_times": [step, step], "gaps": [0.1], "logging": {"round": step}, "buffer_bytes": 0,
-                "sweep": {"times": [[step / 10], [step / 5]], "wrong": [0, 1]},
-                "profile": {"forward": [step / 4], "backward": [step / 2], "forward_s": step / 4,
-                            "backward_end_s": step / 2, "ready_s": [ready], "nbytes": [64], "names": ["w"]}}
-
-    first, second = (reading(0, 1.0, 0.2), reading(1, 1.5, 0.3)), (reading(0, 3.0, 0.4), reading(1, 3.5, 0.5))
-    rank0, rank1 = scaling_cliff.pooled([first, second])
-    assert rank0["step_times"] == [1.0, 1.0, 3.0, 3.0] and rank1["step_times"] == [1.5, 1.5, 3.5, 3.5]
-    assert rank0["gaps"] == [0.1, 0.1] and rank0["logging"] == {"round": 3.0}
-    assert rank0["sweep"] == {"times": [[0.1, 0.3], [0.2, 0.6]], "wrong": [0, 2]}
-    assert rank0["profile"]["backward"] == [0.5, 1.5] and rank0["profile"]["backward_end_s"] == 1.0
-    assert rank0["profile"]["ready_s"] == [pytest.approx(0.3)]
+    assert len(shaped) == 3 and shaped[0] is None and shaped[1] > 0 and shaped[2] is None
 
 
 def test_link_gbps_projects_the_step_and_says_how_far_it_extrapolates() -> None:
