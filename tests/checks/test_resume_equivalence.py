@@ -80,6 +80,21 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pa
     yield folder, lives_a
 
 
+def _restarted_between(spec: str, tmp_path: Path) -> tuple[Path, list[Any], Any]:
+    """The check's killed-between-steps scenario on ``spec``: the uninterrupted run (which
+    copies its folder after step 3), then the restart on that copy; (journals, its lives, the run)."""
+    from conformance.checks.resume import UNINTERRUPTED, KillPlan, Lives, between_steps_plan, copied_at
+
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
+        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2, copy=True)
+        assert failure is None
+        plan = between_steps_plan(lives_a)
+        assert plan == KillPlan("after-step", step=3) and copied_at(lives_a, plan), (plan, lives_a[0].copied)
+        return folder, lives_a, lives.from_copy(lives_a, plan, 2)
+
+
 def _killed(folder: Path, spec: str, plan: Any, scenario: str) -> Any:
     from conformance.checks.resume import Lives
 
@@ -146,18 +161,11 @@ def test_a_loop_with_dropout_and_no_rng_state_saved_is_compared_with_dropout_off
     state: every life runs with dropout off, so the resumed steps compare (before: 0 compared,
     and the check said passed). The first life is the uninterrupted one, its folder copied at
     the kill point (as the check runs it)."""
-    from conformance.checks.resume import UNINTERRUPTED, KillPlan, Lives, between_steps_plan, copied_at, judge_run
+    from conformance.checks.resume import judge_run
 
     spec = variant(tmp_path, EXAMPLE, "dropout",
                    ("nn.Linear(FEATURES, HIDDEN), nn.ReLU(),", "nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Dropout(0.5),"))
-    folder = tmp_path / "journals"
-    folder.mkdir()
-    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
-        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2, copy=True)
-        assert failure is None
-        plan = between_steps_plan(lives_a)
-        assert plan == KillPlan("after-step", step=3) and copied_at(lives_a, plan), (plan, lives_a[0].copied)
-        run = lives.from_copy(lives_a, plan, 2)
+    folder, lives_a, run = _restarted_between(spec, tmp_path)
     verdict = judge_run(lives_a, run, folder)
     assert not verdict.findings and not verdict.warnings, verdict
     assert verdict.steps_compared == 8, verdict  # steps 3-6 (resumed from the save after step 2), 2 ranks
@@ -196,17 +204,12 @@ def test_randomness_other_than_dropout_is_switched_off_or_warned_not_failed(kind
     masking stays, and the restart's other random stream (torch's RNG state is not saved, and
     it moved during the step) is a warning, 0 steps compared (the check: inconclusive). Before:
     both failed with 'parameters after step 3 differ ... no known cause'."""
-    from conformance.checks.resume import UNINTERRUPTED, KillPlan, Lives, between_steps_plan, judge_run
+    from conformance.checks.resume import judge_run
 
     spec = variant(tmp_path, EXAMPLE, kind, ("def build_model() -> nn.Module:\n",
                                             RANDOM_MODULES[kind] + "def build_model() -> nn.Module:\n"),
                    ("nn.Linear(FEATURES, HIDDEN), nn.ReLU(),", "nn.Linear(FEATURES, HIDDEN), nn.ReLU(), _Random(),"))
-    folder = tmp_path / "journals"
-    folder.mkdir()
-    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
-        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2, copy=True)
-        assert failure is None
-        run = lives.from_copy(lives_a, between_steps_plan(lives_a), 2)
+    folder, lives_a, run = _restarted_between(spec, tmp_path)
     verdict = judge_run(lives_a, run, folder)
     assert not verdict.findings, verdict
     if kind == "drop-path":
@@ -239,16 +242,11 @@ def test_a_random_augmentation_is_told_from_a_data_order_bug_by_the_dataset_indi
     no known cause', 16 repeated and 16 missed) gives the resumed steps other content for the same
     samples: the same dataset indices are a warning, and the multiset is counted by index; the
     data order restarting at the epoch's beginning is still caught, its cause measured by index."""
-    from conformance.checks.resume import UNINTERRUPTED, KillPlan, Lives, between_steps_plan, judge_run
+    from conformance.checks.resume import judge_run
 
     edits = AUGMENTED + (VARIANTS[bug][0] if bug else [])
     spec = variant(tmp_path, EXAMPLE, bug or "augmented", *edits)
-    folder = tmp_path / "journals"
-    folder.mkdir()
-    with Lives(_worlds, spec, folder, 6, 2, DEADLINE_S) as lives:
-        lives_a, failure = lives.one(UNINTERRUPTED, 1, KillPlan("none"), 2, copy=True)
-        assert failure is None
-        run = lives.from_copy(lives_a, between_steps_plan(lives_a), 2)
+    folder, lives_a, run = _restarted_between(spec, tmp_path)
     verdict = judge_run(lives_a, run, folder)
     if bug:
         first = verdict.findings[0]
