@@ -120,7 +120,8 @@ class Canvas:
         self.add(f'<line class="{cls}" x1="{r(px)}" x2="{r(px)}" y1="{r(self.top)}" y2="{r(self.bottom)}"/>')
         anchor = "end" if px > (self.left + self.right) / 2 else "start"
         dx = -4 if anchor == "end" else 4
-        self.add(f'<text class="{cls}-label" x="{r(px + dx)}" y="{r(self.top + 12 + 14 * row)}" text-anchor="{anchor}">{esc(label)}</text>')
+        # Below the legend's row (``legend`` draws at the top edge), one row of text per ``row``.
+        self.add(f'<text class="{cls}-label" x="{r(px + dx)}" y="{r(self.top + 28 + 14 * row)}" text-anchor="{anchor}">{esc(label)}</text>')
 
     def legend(self, items: Sequence[tuple[str, str]]) -> None:
         x = self.left + 8

@@ -274,13 +274,16 @@ def resume_trajectories(metrics: Mapping[str, Any]) -> Chart | None:
     ref = _norms(next((t.get("uninterrupted") for t in runs.values() if isinstance(t, Mapping)), None))
     if len(ref) < 2:
         return None
-    series: list[tuple[str, list[tuple[float, float]], bool, float | None]] = []
+    # (label, points, dashed, where the kill was and its words)
+    series: list[tuple[str, list[tuple[float, float]], bool, tuple[float, str] | None]] = []
     for name, t in list(runs.items())[:4]:
         if not isinstance(t, Mapping):
             continue
         start, kill = number(t.get("resumed_from")), number(t.get("kill_after"))
         before, resumed = _norms(t.get("before_kill")), _norms(t.get("resumed"))
-        series.append((f"{name}: before the kill", [(i + 1.0, v) for i, v in enumerate(before)], True, kill))
+        during = " during the save" if t.get("kill") == "during-save" else ""
+        mark = (kill, f"kill{during} after step {kill:g}") if kill is not None else None
+        series.append((f"{name}: before the kill", [(i + 1.0, v) for i, v in enumerate(before)], True, mark))
         if start is not None:
             series.append((f"{name}: restarted", [(start + i, v) for i, v in enumerate(resumed)], False, None))
     values = ref + [v for _, pts, _, _ in series for _, v in pts]
@@ -294,12 +297,12 @@ def resume_trajectories(metrics: Mapping[str, Any]) -> Chart | None:
            x_ticks=[float(k) for k in range(1, int(last) + 1)] if last <= 24 else None, y_fmt=lambda v: f"{v:.4g}")
     c.polyline([(x(i + 1.0), y(v)) for i, v in enumerate(ref)], color=PALETTE[0], label="uninterrupted")
     legend = [(PALETTE[0], "uninterrupted")]
-    for k, (label, pts, dashed, kill) in enumerate(series):
+    for k, (label, pts, dashed, mark) in enumerate(series):
         color = PALETTE[1 + (k // 2) % (len(PALETTE) - 1)]
         if pts:
             c.polyline([(x(a), y(b)) for a, b in pts], color=color, label=label, dashed=dashed)
-        if kill is not None:
-            c.vline(x(kill), label=f"kill after step {kill:g}", cls="bad", row=k // 2)
+        if mark is not None:
+            c.vline(x(mark[0]), label=mark[1], cls="bad", row=k // 2)
         if not dashed:
             legend.append((color, label.split(":")[0]))
     c.legend(legend)

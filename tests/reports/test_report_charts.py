@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -111,12 +112,18 @@ def test_a_malformed_cliff_sweep_costs_only_the_chart(bad: Any) -> None:
 def test_resume_trajectories_mark_the_kill_and_the_first_divergence() -> None:
     run = {"uninterrupted": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], "before_kill": [1.0, 1.1, 1.2],
            "resumed_from": 3, "resumed": [1.25, 1.35, 1.45, 1.55], "kill_after": 3, "kill": "after-step"}
-    metrics = {"resume_trajectories": {"killed-between-steps": run},
+    torn = {**run, "before_kill": [1.0, 1.1, 1.2, 1.3], "kill_after": 4, "kill": "during-save"}
+    metrics = {"resume_trajectories": {"killed-between-steps": run, "killed-during-save": torn},
                "first_divergence": {"what": "optimizer", "step": 3, "rank": 0}}
     drawn = charts.charts_for({"id": "resume-equivalence", "metrics": metrics})
     assert [c["title"] for c in drawn] == ["Resume trajectories"]
     svg = str(drawn[0]["svg"])
     assert "kill after step 3" in svg and "killed-between-steps: restarted" in svg and "stroke-dasharray" in svg
+    assert ">kill during the save after step 4<" in svg
+    # The kills' words sit below the legend's row, not on it.
+    legend_y = {float(y) for y in re.findall(r'<text class="legend" x="[\d.]+" y="([\d.]+)"', svg)}
+    label_y = [float(y) for y in re.findall(r'<text class="bad-label" x="[\d.]+" y="([\d.]+)"', svg)]
+    assert len(label_y) == 2 and min(label_y) > max(legend_y) + 10, (legend_y, label_y)
     assert drawn[0]["caption"] == "first divergence: optimizer at step 3 on rank 0"
     broken = {"resume_trajectories": {"x": {**run, "uninterrupted": [1.0, "nan?"], "resumed": None}}}
     assert charts.resume_trajectories(broken) is None
