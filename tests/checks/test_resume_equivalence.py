@@ -1,8 +1,9 @@
 """resume-equivalence: the target's run_loop killed and restarted, against the uninterrupted run.
 
 The correct example (examples/train_resume.py) passes through a real ``ddp-conformance``
-subprocess that must leave no process, temp dir or /dev/shm entry behind (both kill paths run
-in it); each bug variant of it — the example's source with one deliberate change — is killed
+subprocess that must leave no process, temp dir or /dev/shm entry behind (its kills are copies,
+with peers SIGSTOPped for one; a variant whose kill during the save is a real SIGKILL of a world
+runs through the CLI too); each bug variant of it — the example's source with one deliberate change — is killed
 and restarted (2 ranks, 6 steps) and judged against the correct loop's uninterrupted run
 (which the bugs do not change: they only show at a restart), the cause asserted.
 """
@@ -448,23 +449,26 @@ def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) 
     assert not dirs, f"temp dirs left behind: {dirs}"
 
 
-def test_a_peer_saving_beside_the_kill_point_gets_a_real_kill_during_the_save(suite_session: Any,
-                                                                             tmp_path: Path) -> None:
-    """Every rank writes the one file in place: the kill during the save is planned on rank 1,
-    rank 0 saving beside it, which the uninterrupted run's copy point (rank 0 alone) is not; so
-    the check kills a first life for real there, beside the other restart, and the torn file
-    is still caught, named as a kill."""
-    from conformance.harness.registry import BY_ID
-
+def test_a_real_kill_during_a_save_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Every rank writes the one file: the kill during the save is planned on rank 1, rank 0
+    saving beside it, which the uninterrupted run's copy point (rank 0 alone) is not; so the
+    check kills a first life for real there (a SIGKILL of a world), beside the other restart.
+    Through the CLI: the torn file is still caught, named as a kill, and no process or temp dir
+    outlives the run."""
+    out = tmp_path / "out"
     spec = variant(tmp_path, EXAMPLE, "torn", *TORN)
-    record, _ = suite_session.run_check(BY_ID["resume-equivalence"], spec)
-    assert record.status == "failed", record.message
-    scenarios = record.evidence["scenarios"]
-    assert scenarios["killed-during-save"]["kill"].startswith("rank 1 SIGKILLed while writing its checkpoint after "
-                                                            "step 4"), scenarios
+    run = Run(["run", "--target", spec, "--checks", "resume-equivalence", "--report-dir", str(out)], tmp_path)
+    done = run.wait(timeout=240)
+    record = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
+    assert done.code == 1 and record["status"] == "failed", (record["message"], done.stderr[-3000:])
+    scenarios = record["evidence"]["scenarios"]
+    assert scenarios["killed-during-save"]["kill"].startswith("rank 1 SIGKILLed while writing"), scenarios
     assert scenarios["killed-between-steps"]["kill"].startswith("whole world stopped after step 3"), scenarios
     assert ("the restart could not read the checkpoint written when rank 1 was killed during the save"
-            in record.message), record.message
+            in record["message"]), record["message"]
+    procs, dirs = run.leftovers(within_s=5.0)
+    assert not procs, f"processes outlived the run: {procs}"
+    assert not dirs, f"temp dirs left behind: {dirs}"
 
 
 def test_a_loop_that_writes_no_checkpoint_skips_with_the_reason(suite_session: Any) -> None:
