@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from ...harness.batches import sample_rows
 from ...harness.patching import replaced as _replaced
+from ...harness.world import proc_state
 
 from .records import KillPlan, LoadRecord, SaveRecord, in_place_copy, to_line
 
@@ -133,17 +134,34 @@ def _clean(name: str) -> str:
     return name
 
 
+def _half_written(original: Callable[..., Any], obj: Any, f: Any, *args: Any, **kwargs: Any) -> bytes:
+    """The first half of the bytes ``torch.save`` (``original``) would write for ``obj`` written
+    to ``f`` (a path, opened for writing, or the loop's own file object) and synced: what a kill
+    half-way through the save leaves there. Returns the second half."""
+    buffer = io.BytesIO()
+    original(obj, buffer, *args, **kwargs)
+    data = buffer.getvalue()
+    half = len(data) // 2
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "wb") as out:
+            out.write(data[:half])
+            out.flush()
+            os.fsync(out.fileno())
+    else:
+        f.write(data[:half])
+        f.flush()
+        with contextlib.suppress(OSError, AttributeError, io.UnsupportedOperation):
+            os.fsync(f.fileno())
+    return data[half:]
+
+
 def _stopped(pid: int, within_s: float = 2.0) -> bool:
     """``pid`` is in the stopped state (a SIGSTOP is delivered asynchronously: a process on
     another core may run on for a moment after ``kill`` returns)."""
     until = time.monotonic() + within_s
     while time.monotonic() < until:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return True  # gone: it writes nothing either
-        if state in ("T", "t"):
-            return True
+        if proc_state(pid) in ("", "T", "t", "Z"):
+            return True  # stopped; or gone, and it writes nothing either
         time.sleep(0.0005)
     return False
 
@@ -377,19 +395,7 @@ class Saves:
         while (time.monotonic() < until
                and not all(self.markers(f"saved-{plan.step}-rank{p}-{n}").exists() for p, n in zip(plan.peers, counts))):
             time.sleep(0.005)
-        buffer = io.BytesIO()
-        original(obj, buffer, *args, **kwargs)
-        data = buffer.getvalue()
-        if isinstance(f, (str, os.PathLike)):
-            with open(f, "wb") as out:
-                out.write(data[: len(data) // 2])
-                out.flush()
-                os.fsync(out.fileno())
-        else:
-            f.write(data[: len(data) // 2])
-            f.flush()
-            with contextlib.suppress(OSError, AttributeError, io.UnsupportedOperation):
-                os.fsync(f.fileno())
+        _half_written(original, obj, f, *args, **kwargs)
         self.journal.write("end", {"how": "killed", "raised": None})
         die(self._peer_pids())
 
@@ -421,20 +427,10 @@ class Saves:
         the save completed. True when the save was completed here (a file object: its second
         half written after the first); a path is written whole again by the caller.
 
-        Copied only when the plan has no peers that save at this point (the common loop: rank
-        0 alone saves); no copy (nothing journaled) when a peer did not stop: the check then
-        kills a first life for real."""
-        buffer = io.BytesIO()
-        original(obj, buffer, *args, **kwargs)
-        data = buffer.getvalue()
-        half = len(data) // 2
-        named = isinstance(f, (str, os.PathLike))
-        if named:
-            with open(f, "wb") as out:
-                out.write(data[:half])
-        else:
-            f.write(data[:half])
-            f.flush()
+        The copy point is a plan with no peers saving there (``scenarios.during_save_guess``);
+        no copy (nothing journaled) when a peer did not stop: the check then kills a first life
+        for real."""
+        rest = _half_written(original, obj, f, *args, **kwargs)
         stopped: list[int] = []
         copied = False
         try:
@@ -454,9 +450,9 @@ class Saves:
         if copied:
             self.journal.write("copied-in-save", {"step": step, "in_place": to == in_place_copy(self.copy[1])
                                                   if self.copy else False})
-        if named:
+        if isinstance(f, (str, os.PathLike)):
             return False
-        f.write(data[half:])
+        f.write(rest)
         return True
 
     def _peer_pids(self) -> list[int]:

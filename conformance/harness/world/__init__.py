@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._containment import guardian, process_running
+from ._containment import guardian, proc_state, process_running
 from ._loopback import loopback_interface
 from ._netns import LinkShape, NetworkUnavailable, PrivateNetwork, unavailable_reason
 from ._rank import RankContext
@@ -36,6 +36,7 @@ __all__ = [
     "first_line",
     "guardian",
     "loopback_interface",
+    "proc_state",
     "process_running",
     "unavailable_reason",
 ]

@@ -55,7 +55,7 @@ from multiprocessing.context import set_spawning_popen
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
-from ._containment import COOKIE_VAR, cookie_in_environment, die_with_parent, guardian, new_cookie, reap
+from ._containment import COOKIE_VAR, cookie_in_environment, die_with_parent, guardian, new_cookie, proc_state, reap
 
 #: ``DDP_CONFORMANCE_START=spawn``: every rank spawned (a fresh interpreter each), no zygote.
 START_ENV = "DDP_CONFORMANCE_START"
@@ -248,11 +248,7 @@ class _Popen(popen_forkserver.Popen):
 
 
 def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
+    return proc_state(pid) not in ("", "Z", "X")
 
 
 class ZygoteProcess(BaseProcess):
