@@ -139,6 +139,10 @@ def test_bucket_config_sweep_and_mismatch(suite_session: Any) -> None:
 @pytest.mark.slow
 def test_bucket_config_flags_tiny_buckets(suite_session: Any) -> None:
     record, _ = _run(suite_session, "bucket-config", fault_target("tiny_buckets"))
+    if record.status == "inconclusive" and "could not be told from this host's noise" in record.message:
+        # The side-by-side re-run's step times overlapped (seen once under three xdist workers:
+        # x6.78 in the sweep, 25 vs 10.1 ms side by side): the check itself said noise. Once more.
+        record, _ = _run(suite_session, "bucket-config", fault_target("tiny_buckets"))
     by_cap = {p["bucket_cap_mb"]: p for p in record.metrics["sweep"]}
     assert by_cap[0.001]["buckets"] > by_cap[25.0]["buckets"]
     assert record.status == "failed", record.message
