@@ -69,6 +69,7 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
                 gaps.append(t0 - end)
         end = time.perf_counter()
     recorder.remove()
+    broadcasts = broadcast_sizes(ddp)
     sizes_b = [p.numel() * p.element_size() for p in plain.parameters()]
     forward, backward, ready = zip(*passes)
     last = statistics.median(backward)
@@ -76,20 +77,31 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
                "backward": list(backward), "nbytes": sizes_b, "names": recorder.names,
                "ready_s": [statistics.median(r.get(i, last) for r in ready) for i in range(len(sizes_b))]}
     return {"sweep": sweep, "step_times": times, "logging": logging_data(ddp), "profile": profile,
-            "buffer_bytes": broadcast_bytes(ddp), "gaps": gaps}
+            "buffer_bytes": sum(broadcasts), "buffer_messages": len(broadcasts), "gaps": gaps}
 
 
-def broadcast_bytes(ddp: Any) -> int:
-    """Bytes of buffers DDP broadcasts from rank 0 before every forward (``broadcast_buffers``,
+def broadcast_sizes(ddp: Any) -> list[int]:
+    """Bytes of each broadcast DDP makes from rank 0 before every forward (``broadcast_buffers``,
     on by default: a positional-encoding table registered as a buffer crosses the link every
-    step); 0 when it does not."""
+    step); empty when it makes none. DDP coalesces the buffers per dtype and device, up to its
+    broadcast bucket size (``_broadcast_coalesced``): a BatchNorm's float statistics and its
+    int64 step counter are two broadcasts, each paying the link's latency."""
     will_sync = getattr(ddp, "will_sync_module_buffers", None)
     if callable(will_sync) and not will_sync():
-        return 0
+        return []
     buffers = getattr(ddp, "modules_buffers", None)
     if buffers is None:
         buffers = list(ddp.module.buffers()) if getattr(ddp, "broadcast_buffers", False) else []
-    return int(sum(b.numel() * b.element_size() for b in buffers))
+    cap = int(getattr(ddp, "broadcast_bucket_size", 250 << 20)) or 1
+    groups: dict[tuple[str, str], int] = {}
+    for b in buffers:
+        key = (str(b.dtype), str(b.device))
+        groups[key] = groups.get(key, 0) + b.numel() * b.element_size()
+    sizes: list[int] = []
+    for nbytes in groups.values():
+        full, rest = divmod(nbytes, cap)
+        sizes += [cap] * full + ([rest] if rest else [])
+    return sizes
 
 
 def _plain_pass(target: Any, model: Any, recorder: GradReadyRecorder, inputs: Any, targets: Any,

@@ -164,6 +164,51 @@ def test_buffers_ddp_broadcasts_before_every_forward_cross_the_link_first() -> N
     assert with_buffers.step_s(50 * ms) - credited.step_s(50 * ms) == pytest.approx(1.5 * ms)
 
 
+def test_each_dtype_of_buffers_is_a_broadcast_of_its_own() -> None:
+    """DDP coalesces the buffers it broadcasts per dtype (``_broadcast_coalesced``): a
+    BatchNorm's float statistics and its int64 step counter are two broadcasts (seen in the
+    profiler: two ``gloo:broadcast`` for the convbn target), each paying the link's latency."""
+    import torch
+
+    from conformance.perf._cliff_rank import broadcast_sizes
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.BatchNorm2d(4))
+    ddp = SimpleNamespace(modules_buffers=list(model.buffers()), broadcast_bucket_size=250 << 20,
+                          will_sync_module_buffers=lambda: True)
+    assert sorted(broadcast_sizes(ddp)) == [16, 64]  # 2 x int64 counters; 2 x (mean + var) of 4 floats
+    assert broadcast_sizes(SimpleNamespace(**{**vars(ddp), "will_sync_module_buffers": lambda: False})) == []
+    assert broadcast_sizes(SimpleNamespace(**{**vars(ddp), "broadcast_bucket_size": 40})) == [40, 24, 16]
+
+    ms = 1e-3
+    fit = cm.AlphaBeta(alpha_s=0.4 * ms, beta_bytes_per_s=1e6, fit_world_size=2)
+    profile = cm.BackwardProfile(ready_s=(0.3 * ms,), nbytes=(1000,), backward_end_s=0.3 * ms, forward_s=0.2 * ms)
+    one = cm.ShapedLink.of(profile, [[0]], fit, 2, 0.0, buffer_bytes=80)
+    two = cm.ShapedLink.of(profile, [[0]], fit, 2, 0.0, buffer_bytes=80, buffer_messages=2)
+    assert two.step_s(0.0) - one.step_s(0.0) == pytest.approx(0.4 * ms)
+
+
+def test_latency_beyond_the_unshaped_one_is_link_bytes_the_burst_pays_for() -> None:
+    """Behind a slow link a message's latency is mostly its packets' headers and ACKs on the
+    link (the fitted latency grew as 1/rate: ~1.1 kB per message at 5-84 Mbit/s, convbn), so
+    after an idle moment the burst pays for it as it pays for the data; what the unshaped link
+    takes too (software) stays latency."""
+    ms = 1e-3
+    fit = cm.AlphaBeta(alpha_s=1.0 * ms, beta_bytes_per_s=1e6, fit_world_size=2)
+    profile = cm.BackwardProfile(ready_s=(0.3 * ms,), nbytes=(1000,), backward_end_s=0.3 * ms, forward_s=0.2 * ms)
+    link = cm.ShapedLink.of(profile, [[0]], fit, 2, 5 * ms, buffer_bytes=100, buffer_messages=2)
+    bytes_ = link.latency_as_bytes(0.2 * ms)
+    # Two messages of the all-reduce (2(N-1) at N = 2) and two broadcasts: 0.8 ms each moved.
+    assert bytes_.latencies_s == pytest.approx((0.4 * ms,)) and bytes_.broadcast_latency_s == pytest.approx(0.4 * ms)
+    assert sum(bytes_.transfers_s) - sum(link.transfers_s) == pytest.approx(1.6 * ms)
+    assert bytes_.broadcast_transfer_s - link.broadcast_transfer_s == pytest.approx(1.6 * ms)
+    # A 5 ms burst, full after a long idle moment, now pays for all of it: 3.2 ms less.
+    assert link.step_s(50 * ms) - bytes_.step_s(50 * ms) == pytest.approx(3.2 * ms)
+    # Without credit the link takes as long as before; an unshaped latency as large changes nothing.
+    no_credit = replace(link, credit_s=0.0)
+    assert no_credit.latency_as_bytes(0.2 * ms).step_s(0.0) == pytest.approx(no_credit.step_s(0.0))
+    assert link.latency_as_bytes(1.0 * ms) is link
+
+
 def test_buffers_that_outweigh_the_gradients_are_named_with_what_to_do() -> None:
     data = _sweep()
     with_buffers = tuple(tuple({**v, "buffer_bytes": 4 * sum(NBYTES)} for v in rate) for rate in data.values)
