@@ -39,6 +39,7 @@ def test_a_failed_write_keeps_the_old_file_and_removes_the_temporary(tmp_path: P
 @pytest.mark.parametrize(("n", "text"), [
     (0, "0 B"), (512, "512 B"), (1023, "1023 B"), (1024, "1 KiB"), (4096, "4 KiB"), (1536, "1.5 KiB"),
     (1 << 20, "1 MiB"), (16 << 20, "16 MiB"), (25 * (1 << 20), "25 MiB"), (1 << 30, "1 GiB"), (3 << 30, "3 GiB"),
+    (1078888, "1.03 MiB"), (5656, "5.52 KiB"), (250 * 1024 + 300, "250 KiB"),
 ])
 def test_fmt_bytes_uses_binary_units_with_their_iec_names(n: int, text: str) -> None:
     assert fmt_bytes(n) == text
