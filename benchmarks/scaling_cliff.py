@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"sweeps to run (default: at least {MIN_REPEATS}, then more until every rate's median "
-                             f"error is known to +-{MEDIAN_SE:.0%}, at most {MAX_REPEATS})")
+                             f"error is known to +-{MEDIAN_SE * 100:.0f}%%, at most {MAX_REPEATS})")
     parser.add_argument("--save", default=None, help="write every repeat's raw sweep here (JSON lines)")
     args = parser.parse_args()
     reason = unavailable_reason()

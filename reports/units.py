@@ -15,5 +15,7 @@ def fmt_bytes(n: float) -> str:
     """``n`` bytes in the largest binary unit it reaches, e.g. ``4 KiB``, ``1.5 MiB``, ``512 B``."""
     for size, unit in _BINARY:
         if abs(n) >= size:
-            return f"{n / size:g} {unit}"
+            # Three significant figures: a model's 1078888 bytes read "1.03 MiB", not "1.02891 MiB".
+            value = n / size
+            return f"{value:.0f} {unit}" if abs(value) >= 100 else f"{value:.3g} {unit}"
     return f"{n:g} B"
