@@ -92,7 +92,7 @@ def main() -> int:
     if not runs:
         print("no repeat could be judged: the host is too loaded to measure")
         return 1
-    report = runs[0] if len(runs) == 1 else _median_report(runs)
+    report = cm.median_report(runs)
     for i, p in enumerate(report.points):
         rate = "unshaped" if p.rate_bits_per_s is None else f"{p.rate_bits_per_s / 1e6:8.2f} Mbit/s"
         mark = " <- knee (measured)" if i == report.measured_index else ""
@@ -118,22 +118,6 @@ def median_se(runs: list[cm.CliffReport]) -> float:
     errors = [[r.points[i].predicted_step_s / r.points[i].measured_step_s - 1 for r in runs]
               for i in range(1, len(runs[0].points))]
     return max(1.2533 * statistics.stdev(e) / math.sqrt(n) for e in errors)
-
-
-def _median_report(runs: list[cm.CliffReport]) -> cm.CliffReport:
-    """Per rate, the median measured and predicted step over the repeats (the rates of every
-    repeat are the same only when the compute was; the first repeat's rates label them)."""
-    from dataclasses import replace
-
-    points = []
-    for i, p in enumerate(runs[0].points):
-        points.append(replace(p, measured_step_s=statistics.median(r.points[i].measured_step_s for r in runs),
-                              predicted_step_s=statistics.median(r.points[i].predicted_step_s for r in runs),
-                              compute_s=statistics.median(r.points[i].compute_s for r in runs),
-                              overhead_s=statistics.median(r.points[i].overhead_s for r in runs)))
-    measured, predicted = cm.knees(points)
-    return cm.CliffReport(points=tuple(points), unshaped_drift=statistics.median(r.unshaped_drift for r in runs),
-                          measured_index=measured, predicted_index=predicted)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ record says why (the predicted steps, and the share of the bytes ready last).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..harness.remedies import Remedy, Rerun, verify
@@ -82,13 +82,14 @@ def rerun_layout(world: World, target_spec: str, rate: float, cap_mb: float) -> 
     return rerun
 
 
-def verify_layout(world: World, target_spec: str, data: Any, cap_mb: float | None) -> Remedy | str:
-    """Propose from the sweep (``scaling_cliff.SweepData``) and re-run; or the reason not to."""
+def verify_layout(world: World, target_spec: str, sweeps: Sequence[Any], cap_mb: float | None) -> Remedy | str:
+    """Propose from the sweeps (``scaling_cliff.SweepData``, judged by their medians) and
+    re-run; or the reason not to."""
     try:
-        points = [cm.link_point(r, v, s, data.cap_mb) for r, s, v in zip(data.rates, data.sizes, data.values)]
-        report = cm.validate(points)
+        report, _ = cm.sweep_report(sweeps)
     except ValueError as exc:
         return f"the sweep could not be judged ({exc})"
+    data = sweeps[0]
     profile, _ = cm.combined_profile([v["profile"] for v in data.values[0]])
     proposal = propose(profile, report, world_size=data.world_size, cap_mb=cap_mb)
     if isinstance(proposal, str):

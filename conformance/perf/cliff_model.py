@@ -510,6 +510,69 @@ def validate(points: Sequence[LinkPoint]) -> CliffReport:
                        measured_index=measured, predicted_index=predicted)
 
 
+def median_report(runs: Sequence[CliffReport]) -> CliffReport:
+    """Several sweeps at the same rates judged as one: per rate the median measured and predicted
+    step (and compute, fixed cost, fit) over the sweeps, the knees found again on those.
+
+    One sweep on a small shared host is mostly its noise at the fast rates (a single sweep's
+    error there is +-20-30 %, centred on zero: measured over 21 sweeps of tied-lm on a 2-core
+    host, validated by 7 single sweeps of 21 and by 6 of 7 medians of three)."""
+    if len(runs) == 1:
+        return runs[0]
+    rates = runs[0].rates
+    if any(r.rates != rates for r in runs):
+        raise ValueError("sweeps judged together must be at the same rates")
+
+    def med(i: int, key: str) -> float:
+        return statistics.median(getattr(r.points[i], key) for r in runs)
+
+    points = tuple(replace(p, **{key: med(i, key) for key in ("measured_step_s", "predicted_step_s", "compute_s",
+                                                               "overhead_s", "alpha_s", "beta_bytes_per_s")})
+                   for i, p in enumerate(runs[0].points))
+    measured, predicted = knees(points)
+    return CliffReport(points=points, unshaped_drift=statistics.median(r.unshaped_drift for r in runs),
+                       measured_index=measured, predicted_index=predicted)
+
+
+def rate_text(rate: float | None) -> str:
+    """``rate`` (bits/s) as the report says it; None is the unshaped link."""
+    if rate is None:
+        return "unshaped"
+    return f"{rate / 1e9:.3g} Gbit/s" if rate >= 1e9 else f"{rate / 1e6:.3g} Mbit/s"
+
+
+class UnfittableRate(ValueError):
+    """A rate's all-reduce timings could not be fitted in any sweep."""
+
+    def __init__(self, rate: float | None, reason: str, points: Sequence[LinkPoint]) -> None:
+        super().__init__(reason)
+        self.rate, self.reason, self.points = rate, reason, tuple(points)
+
+
+def sweep_report(sweeps: Sequence[Any]) -> tuple[CliffReport, list[str]]:
+    """(the sweeps -- ``scaling_cliff.SweepData``, all at the same rates -- judged by their
+    medians (:func:`median_report`), a note for each sweep left out because one of its
+    rates' all-reduce timings could not be fitted). Raises UnfittableRate when none could be."""
+    reports: list[CliffReport] = []
+    skipped: list[str] = []
+    failure: UnfittableRate | None = None
+    for n, sweep in enumerate(sweeps, 1):
+        points: list[LinkPoint] = []
+        try:
+            for rate, sizes, vals in zip(sweep.rates, sweep.sizes, sweep.values):
+                points.append(link_point(rate, vals, sizes, sweep.cap_mb))
+        except ValueError as exc:
+            failure = failure or UnfittableRate(rate, str(exc), points)
+            skipped.append(f"sweep {n} of {len(sweeps)} not judged: the all-reduce timings at {rate_text(rate)} "
+                           f"cannot be fitted ({exc})")
+            continue
+        reports.append(validate(points))
+    if not reports:
+        assert failure is not None
+        raise failure
+    return median_report(reports), skipped
+
+
 def knees(points: Sequence[LinkPoint]) -> tuple[int | None, int | None]:
     """(measured, predicted) knee as indices into ``points`` ([unshaped, shaped rates
     descending]). Only a shaped rate can be the knee: the unshaped point is the baseline the

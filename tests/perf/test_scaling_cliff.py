@@ -75,6 +75,26 @@ def test_a_simulator_off_by_half_is_marked_unvalidated_with_its_error() -> None:
     assert any("predicted outside 15%" in n for n in outcome.evidence["notes"])
 
 
+def test_several_sweeps_are_judged_by_their_medians_and_an_unfittable_one_is_left_out() -> None:
+    """One sweep on a 2-core host is mostly its noise at the fast rates: the check judges the
+    medians of several, so one sweep off by half does not decide, and a sweep whose all-reduce
+    timings cannot be fitted is left out with a note rather than making the check inconclusive."""
+    outcome = judge([_sweep(), _sweep(slower=1.5), _sweep()])
+    assert outcome.metrics[keys.CLIFF_VALIDATED] is True and outcome.metrics["sweeps"] == 3
+    assert "(medians of 3 sweeps)" in outcome.message
+    assert judge([_sweep(slower=1.5), _sweep(slower=1.5), _sweep()]).metrics[keys.CLIFF_VALIDATED] is False
+
+    unfittable = _sweep()
+    flat = copy.deepcopy(unfittable.values[1])
+    for v in flat:
+        v["sweep"]["times"] = [[0.001] * 3 for _ in v["sweep"]["times"]]
+    unfittable = replace(unfittable, values=(unfittable.values[0], flat, *unfittable.values[2:]))
+    outcome = judge([unfittable, _sweep(), _sweep()])
+    assert outcome.status == "passed" and outcome.metrics["sweeps"] == 2
+    assert any(n.startswith("sweep 1 of 3 not judged: the all-reduce timings at") for n in outcome.evidence["notes"])
+    assert judge([unfittable, unfittable]).status == "inconclusive"
+
+
 def test_a_knee_more_than_one_point_off_is_unvalidated_even_within_the_error_bound() -> None:
     unshaped = cm.LinkPoint(None, 0.010, 0.010, 0.010, 0, 1e9, 0, 1)
     report = cm.validate([unshaped, cm.LinkPoint(1e9, 0.0110, 0.0100, 0.010, 0, 1e9, 0, 1),
@@ -303,6 +323,7 @@ def test_a_short_real_sweep_through_the_session(suite_session: Any, monkeypatch:
     monkeypatch.setattr(scaling_cliff, "EXPOSURES", (4.0,))
     monkeypatch.setattr(scaling_cliff, "STEPS", 3)
     monkeypatch.setattr(scaling_cliff, "ITERS", 2)
+    monkeypatch.setattr(scaling_cliff, "REPEATS", 2)
     from conformance.perf import _cliff_layout
 
     monkeypatch.setattr(_cliff_layout, "ROUNDS", 1)
@@ -315,7 +336,11 @@ def test_a_short_real_sweep_through_the_session(suite_session: Any, monkeypatch:
     assert all(p["measured_step_s"] > 0 and p["predicted_step_s"] > 0 for p in sweep)
     assert ctx is not None
     shaped = [e.data["rate_gbps"] for e in ctx.events if e.name == "slow-link"]
-    assert len(shaped) == 3 and shaped[0] is None and shaped[1] > 0 and shaped[2] is None
+    # Two sweeps at the same rate, each from unshaped to unshaped.
+    assert shaped[:3] == shaped[3:] and len(shaped) == 6
+    assert shaped[0] is None and shaped[1] > 0 and shaped[2] is None
+    if record.status == "passed":
+        assert record.metrics["sweeps"] == 2 and "medians of 2 sweeps" in record.message
 
 
 def test_link_gbps_projects_the_step_and_says_how_far_it_extrapolates() -> None:
