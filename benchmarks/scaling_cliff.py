@@ -17,8 +17,8 @@ fast rates are the step's scheduling noise on a 2-core host (a single sweep's pe
 there is +-20-30 %, centred on zero), which the median of several sweeps averages out; the
 slow rates, where the link dominates, are within a few per cent in every sweep. By default it
 runs at least 7 sweeps and goes on until every rate's median error has a standard error of at
-most 4 % (at most 21 sweeps): a model whose step is a millisecond (the mlp) needs about 21
-on a quiet 2-core host, a tied-lm's 5 ms step 7. ``--repeats N`` runs exactly N.
+most 4 % (at most 21 sweeps; on a quiet 2-core host every built-in target took the 21, their
+standard errors then 4-9 %). ``--repeats N`` runs exactly N.
 """
 
 from __future__ import annotations
