@@ -23,9 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..harness.world import LinkShape
+__all__ = ["CliffReport", "LinkPoint", "ShapedLink", "UnfittableRate", "burst_credit_s", "combined_profile",
+           "fit_point", "link_point", "measured_step", "median_report", "rate_text", "sweep_report", "validate"]
+
 from .alphabeta import AlphaBeta, fit_alpha_beta
 from .overlap import parse_bucket_indices
+from .shaped_link import ShapedLink, burst_credit_s
 from .simulator import BackwardProfile, ddp_bucket_caps, greedy_buckets
 
 #: Exposed communication above this share of the compute marks the knee (measured and
@@ -195,140 +198,6 @@ def between_steps(values: Sequence[Mapping[str, Any]]) -> float:
         return statistics.median(min(gaps) for gaps in zip(*(v["gaps"] for v in values)))
     profiles = [v["profile"] for v in values]
     return synchronized(profiles, "forward") + synchronized(profiles, "backward")
-
-
-def burst_credit_s(rate: float | None) -> float:
-    """Link time a token-bucket link gives back after an idle moment: its burst (as
-    :class:`LinkShape` sizes it for ``rate``) crosses at line rate. A back-to-back all-reduce
-    sweep never sees it (the bucket stays empty); a DDP step does, after its forward and
-    backward left the link idle. 0 on the unshaped link."""
-    if rate is None:
-        return 0.0
-    return LinkShape(rate_bits_per_s=rate).burst * 8 / rate
-
-
-@dataclass(frozen=True, slots=True)
-class ShapedLink:
-    """One rate's DDP step on a token-bucket link, in the simulator's terms: the buckets'
-    release times, their all-reduce latency and transfer parts (the rate's alpha-beta fit), and
-    the link's burst (``credit_s``: :func:`burst_credit_s`).
-
-    A tbf link lets ``burst`` bytes through at line rate after an idle moment: its bucket of
-    tokens refills at the rate while the link is idle and is capped at the burst. In a training
-    loop the link is idle from the end of one step's last all-reduce to the next step's first
-    one -- the optimizer step and the loop's own cost (DDP's fixed cost, :func:`validate`), the
-    forward, and backward up to the first bucket -- and between two buckets whose gradients
-    are not ready yet. So the credit is not all or nothing: a step shorter than the burst (a
-    small model: the mlp's whole step is ~1.4 ms, the default burst 1 ms of the rate) starts
-    with a partly refilled bucket, and each all-reduce takes from what is there. The step is
-    simulated until its start state repeats (the steady state a training loop reaches).
-
-    ``between_s``: idle time outside the step, between one step and the next. 0 in a training
-    loop; in the check's measurement the plain pass and a barrier separate two timed steps, and
-    the bucket refills through them too (:func:`between_steps`). Measured (mlp at 94 Mbit/s,
-    0.2 ms of compute, a 1.2 ms all-reduce): simulated without it the step started with
-    0.5 ms of tokens and was predicted 21-33 % long."""
-
-    forward_s: float
-    backward_end_s: float
-    releases_s: tuple[float, ...]
-    latencies_s: tuple[float, ...]
-    transfers_s: tuple[float, ...]
-    credit_s: float
-    # DDP's broadcast of the module's buffers from rank 0 before every forward
-    # (``broadcast_buffers=True``, the default): on the link, not overlapped with anything.
-    broadcast_latency_s: float = 0.0
-    broadcast_transfer_s: float = 0.0
-    between_s: float = 0.0
-    alpha_s: float = 0.0  # the fit's per-message latency the latencies above were made of
-
-
-    @classmethod
-    def of(cls, profile: BackwardProfile, layout: Sequence[Sequence[int]], fit: AlphaBeta, world_size: int,
-           credit_s: float, *, buffer_bytes: int = 0, buffer_messages: int = 1, between_s: float = 0.0) -> ShapedLink:
-        """``buffer_messages``: how many broadcasts carry the buffers (DDP coalesces them per
-        dtype: a BatchNorm's float statistics and its int64 step counter are two)."""
-        latency = 2 * (world_size - 1) * fit.alpha_s
-        order = sorted(range(len(layout)), key=lambda b: max(profile.ready_s[i] for i in layout[b]))
-        releases = [max(profile.ready_s[i] for i in layout[b]) for b in order]
-        comms = [fit.allreduce_time(sum(profile.nbytes[i] for i in layout[b]), world_size) for b in order]
-        n = world_size
-        # Every rank's traffic crosses the one shaped loopback: an all-reduce of M bytes puts
-        # n * 2(n-1)/n * M bytes through it in 2(n-1)/n * M / beta seconds, so the link itself
-        # carries n * beta; a broadcast puts (n-1) * B bytes through it.
-        broadcast = (n - 1) * buffer_bytes / (n * fit.beta_bytes_per_s) if buffer_bytes and n > 1 else 0.0
-        return cls(forward_s=profile.forward_s, backward_end_s=profile.backward_end_s,
-                   releases_s=tuple(releases), latencies_s=tuple(min(latency, c) for c in comms),
-                   transfers_s=tuple(max(c - latency, 0.0) for c in comms), credit_s=credit_s,
-                   broadcast_latency_s=buffer_messages * (n - 1) * fit.alpha_s if broadcast else 0.0,
-                   broadcast_transfer_s=broadcast, between_s=between_s, alpha_s=fit.alpha_s)
-
-    def with_unshaped_latency(self, unshaped_alpha_s: float) -> ShapedLink:
-        """This link with each message's latency split at ``unshaped_alpha_s``, the unshaped
-        link's latency (software: gloo's hand-offs, the kernel's loopback path): that part is
-        latency at every rate; what a shaped rate's fit adds beyond it is paid like a transfer.
-
-        Behind a slow link a message's latency is mostly bytes on the link: the TCP/IP headers
-        of its packets and their acknowledgements, which the token bucket meters like data.
-        Measured (convbn, 2 ranks): the fitted latency grew as the rate fell, 170 us at 84
-        Mbit/s, 438 us at 21, 834 us at 10.5, 1673 us at 5.2 -- a steady ~1.1 kB per message --
-        so after an idle moment the burst pays for it too. Kept as latency, the step's
-        broadcasts and all-reduces were predicted 9-12 % slow at the slowest rate in every sweep.
-
-        And no shaping takes the software's latency away: a shaped rate's fit that reads less
-        (its intercept extrapolated under transfers of milliseconds) is raised to it. Measured
-        (mlp, 21 sweeps): the fitted latency fell from 214 us unshaped to 103-145 us at
-        134-537 Mbit/s, where the burst hides the whole transfer, and the step there was
-        predicted 18-20 % fast."""
-        if self.alpha_s <= 0 or unshaped_alpha_s <= 0 or unshaped_alpha_s == self.alpha_s:
-            return self
-        keep = unshaped_alpha_s / self.alpha_s
-        if keep > 1:
-            return replace(self, latencies_s=tuple(lat * keep for lat in self.latencies_s),
-                           broadcast_latency_s=self.broadcast_latency_s * keep, alpha_s=unshaped_alpha_s)
-        latencies = tuple(lat * keep for lat in self.latencies_s)
-        return replace(self, latencies_s=latencies,
-                       transfers_s=tuple(t + lat - kept for t, lat, kept in zip(self.transfers_s, self.latencies_s,
-                                                                                latencies)),
-                       broadcast_latency_s=self.broadcast_latency_s * keep,
-                       broadcast_transfer_s=self.broadcast_transfer_s + self.broadcast_latency_s * (1 - keep),
-                       alpha_s=unshaped_alpha_s)
-
-    def _phase(self, tokens: float) -> tuple[float, float, float]:
-        """(backward phase's end, the last all-reduce's end, tokens left) from backward's start
-        with ``tokens`` seconds of line-rate credit."""
-        free = 0.0  # when the link is next idle
-        for release, latency, transfer in zip(self.releases_s, self.latencies_s, self.transfers_s):
-            start = max(release, free)
-            tokens = min(self.credit_s, tokens + (start - free))  # refilled while idle
-            paid = min(tokens, transfer)
-            tokens -= paid
-            free = start + latency + transfer - paid
-        return max(self.backward_end_s, free), free, tokens
-
-    def _step(self, tokens: float) -> tuple[float, float, float, float]:
-        """(the buffers' broadcast, the backward phase, the last all-reduce's end, tokens left)
-        from the step's start with ``tokens`` of credit: the broadcast first (DDP waits for it
-        before the forward), then the forward with the link idle, then backward."""
-        paid = min(tokens, self.broadcast_transfer_s)
-        broadcast = self.broadcast_latency_s + self.broadcast_transfer_s - paid if self.broadcast_transfer_s else 0.0
-        tokens = min(self.credit_s, tokens - paid + self.forward_s)
-        phase, comm_end, left = self._phase(tokens)
-        return broadcast, phase, comm_end, left
-
-    def step_s(self, overhead_s: float) -> float:
-        """The predicted step (the buffers' broadcast, forward, the overlapped backward, DDP's
-        fixed cost ``overhead_s``)."""
-        tokens = self.credit_s  # a fresh link starts full; the loop below reaches the steady state
-        broadcast, phase = 0.0, self.backward_end_s
-        for _ in range(16):
-            broadcast, phase, comm_end, left = self._step(tokens)
-            # Idle from the last all-reduce's end to the next step's start.
-            after = min(self.credit_s, left + (phase - comm_end) + overhead_s + self.between_s)
-            if abs(after - tokens) <= 1e-9:
-                break
-            tokens = after
-        return broadcast + self.forward_s + phase + overhead_s
 
 
 def measured_step(values: Sequence[Mapping[str, Any]]) -> float:
@@ -526,8 +395,9 @@ def median_report(runs: Sequence[CliffReport]) -> CliffReport:
     def med(i: int, key: str) -> float:
         return statistics.median(getattr(r.points[i], key) for r in runs)
 
-    points = tuple(replace(p, **{key: med(i, key) for key in ("measured_step_s", "predicted_step_s", "compute_s",
-                                                               "overhead_s", "alpha_s", "beta_bytes_per_s")})
+    points = tuple(replace(p, measured_step_s=med(i, "measured_step_s"), predicted_step_s=med(i, "predicted_step_s"),
+                           compute_s=med(i, "compute_s"), overhead_s=med(i, "overhead_s"), alpha_s=med(i, "alpha_s"),
+                           beta_bytes_per_s=med(i, "beta_bytes_per_s"))
                    for i, p in enumerate(runs[0].points))
     measured, predicted = knees(points)
     return CliffReport(points=points, unshaped_drift=statistics.median(r.unshaped_drift for r in runs),
@@ -599,59 +469,3 @@ def table(points: Sequence[LinkPoint]) -> list[dict[str, str]]:
                      "exposed comm (measured)": f"{p.measured_exposed_s * 1e3:.2f} ms",
                      "alpha": f"{p.alpha_s * 1e6:.0f} us", "beta": f"{p.beta_bytes_per_s / 1e6:.3g} MB/s"})
     return rows
-
-
-@dataclass(frozen=True, slots=True)
-class LinkProjection:
-    """The user's step on their interconnect (--link-gbps) at 1..1024 ranks, from the model
-    the sweep validated (or not: ``validated``), and how far it reaches past what was checked."""
-
-    link_gbps: float
-    alpha_s: float
-    overhead_s: float
-    points: tuple[dict[str, float | int], ...]  # world_size, step_time_s, efficiency, exposed_comm_s
-    cliff_world_size: int | None
-    validated: bool
-    bandwidth_factor: float  # the user's link over the validated range's nearest end (1: inside)
-    world_size_factor: float  # the largest projected world size over the one measured
-
-    def to_metric(self) -> dict[str, object]:
-        return {"link_gbps": self.link_gbps, "alpha_s": self.alpha_s, "overhead_s": self.overhead_s,
-                "projection": list(self.points), "cliff_world_size": self.cliff_world_size,
-                "validated": self.validated, "bandwidth_factor": round(self.bandwidth_factor, 2),
-                "world_size_factor": round(self.world_size_factor, 2)}
-
-    def describe(self, world_size: int) -> str:
-        last = self.points[-1]
-        where = (f"communication stops hiding from {self.cliff_world_size} ranks" if self.cliff_world_size
-                 else f"communication stays hidden up to {last['world_size']} ranks")
-        reach = (f"{self.bandwidth_factor:.3g}x outside the link rates validated" if self.bandwidth_factor > 1
-                 else "within the link rates validated")
-        head = "projection" if self.validated else "projection (UNVALIDATED: the simulator missed the bound here)"
-        return (f"{head} at {self.link_gbps:g} Gbit/s per rank: {where}, efficiency "
-                f"{float(last['efficiency']):.0%} at {last['world_size']} ranks; extrapolates {reach} and "
-                f"{self.world_size_factor:.3g}x past the {world_size} ranks measured")
-
-
-def project_link(report: CliffReport, profile: BackwardProfile, *, link_gbps: float, world_size: int,
-                 cap_mb: float | None) -> LinkProjection:
-    """Weak scaling on a ``link_gbps`` per-rank link: the sweep's median fitted latency, the
-    user's bandwidth, DDP's fixed cost measured unshaped, the model's own backward profile."""
-    from .simulator import project
-
-    if not link_gbps > 0:
-        raise ValueError(f"link_gbps={link_gbps} must be positive")
-    alpha = statistics.median(p.alpha_s for p in report.shaped)
-    beta = link_gbps * 1e9 / 8
-    plan = project(profile, AlphaBeta(alpha_s=alpha, beta_bytes_per_s=beta, fit_world_size=world_size),
-                   bucket_cap_mb=cap_mb)
-    fixed = report.overhead_s
-    single = profile.forward_s + profile.backward_end_s + fixed
-    points = tuple({**p, "step_time_s": float(p["step_time_s"]) + fixed,
-                    "efficiency": round(single / (float(p["step_time_s"]) + fixed), 4)} for p in plan.points)
-    betas = [p.beta_bytes_per_s for p in report.shaped]
-    factor = beta / max(betas) if beta > max(betas) else (min(betas) / beta if beta < min(betas) else 1.0)
-    return LinkProjection(link_gbps=link_gbps, alpha_s=alpha, overhead_s=fixed, points=points,
-                          cliff_world_size=plan.cliff_world_size, validated=report.validated,
-                          bandwidth_factor=factor,
-                          world_size_factor=max(int(p["world_size"]) for p in points) / world_size)

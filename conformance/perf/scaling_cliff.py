@@ -69,6 +69,7 @@ from ..harness.world import LinkShape, NetworkUnavailable, World, WorldLike, una
 from . import cliff_model as cm
 from ._cliff_layout import verify_layout
 from ._cliff_rank import link_point
+from .link_projection import project_link
 
 #: Exposed communication the shaped rates aim at, as multiples of the compute measured
 #: unshaped first: from well hidden (a tenth) to six times the compute, where the cliff is
@@ -235,7 +236,7 @@ def judge(data: SweepData | Sequence[SweepData], *, link_gbps: float | None = No
         evidence["notes"].append(f"bucket layout: {layout}")
     if link_gbps is not None:
         profile, _ = cm.combined_profile([v["profile"] for v in data.values[0]])
-        projection = cm.project_link(report, profile, link_gbps=link_gbps, world_size=data.world_size,
+        projection = project_link(report, profile, link_gbps=link_gbps, world_size=data.world_size,
                                      cap_mb=data.cap_mb)
         metrics[LINK_PROJECTION] = projection.to_metric()
         suffix = f"; {projection.describe(data.world_size)}"
