@@ -106,6 +106,22 @@ def test_a_knee_more_than_one_point_off_is_unvalidated_even_within_the_error_bou
     assert not report.knee_agrees and not report.validated
 
 
+def test_the_knee_is_where_the_shaping_exposes_communication_not_what_was_exposed_unshaped() -> None:
+    """examples/train_gpt.py: 0.73 ms of its 4.9 ms unshaped step is exposed on the loopback
+    already (its last bucket's all-reduce), 18 % of its compute and fixed cost; judged from the
+    compute alone, a 7 % wobble at the fastest shaped rate crossed the 25 % share and the
+    measured knee landed 3 points before the predicted one (21 sweeps)."""
+    def point(rate: float | None, measured: float) -> cm.LinkPoint:
+        return cm.LinkPoint(rate, measured, measured, 0.0025, 0, 1e9, 0, 1, overhead_s=0.0016)
+
+    points = [point(None, 0.0049), point(7e9, 0.0053), point(3.7e9, 0.0052), point(1.9e9, 0.0049),
+              point(9e8, 0.0054), point(4.7e8, 0.0072), point(2.3e8, 0.0110)]
+    assert cm.knees(points) == (5, 5)
+    # Nothing exposed unshaped: the floor is the compute and the fixed cost, as before.
+    hidden = [point(None, 0.0041)] + points[1:]
+    assert cm.knees(hidden) == (1, 1)
+
+
 def test_one_unshaped_reading_a_time_slice_late_does_not_move_its_neighbours_predictions() -> None:
     """DDP's fixed cost is one quantity read on every unshaped calibration; a reading that
     caught a missed time slice (measured on a quiet host: the mlp's 1 ms unshaped step read
