@@ -12,9 +12,10 @@ to, pass by pass, so a change of load on a shared host hits both.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..harness.ddp import PROBE_SEED, build_model, effective_ddp_kwargs, logging_data, sync_device, wrap
@@ -48,6 +49,7 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
     passes: list[tuple[float, float, dict[int, float]]] = []
     times: list[float] = []
     gaps: list[float] = []  # from one timed step's end to the next one's start: the link idles
+    hooked: list[list[int]] = []  # per timed step, the bytes of each all-reduce a comm hook made
     end: float | None = None
     for i in range(STEP_WARMUP + steps):
         plain_pass = _plain_pass(target, plain, recorder, inputs, targets, ctx.device)
@@ -57,13 +59,16 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
         dist.barrier(group=ctx.side_group)
         ddp.zero_grad(set_to_none=True)
         sync_device(ctx.device)
+        sent: list[int] = []
         t0 = time.perf_counter()
         # backward() returns once DDP has waited for every bucket's all-reduce: this is the
         # whole overlapped step that the simulator predicts.
-        target.compute_loss(ddp, inputs, targets).backward()
+        with hook_all_reduces(sent):
+            target.compute_loss(ddp, inputs, targets).backward()
         sync_device(ctx.device)
         if i >= STEP_WARMUP:
             times.append(time.perf_counter() - t0)
+            hooked.append(sent)
             passes.append(plain_pass)
             if end is not None:
                 gaps.append(t0 - end)
@@ -77,7 +82,37 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
                "backward": list(backward), "nbytes": sizes_b, "names": recorder.names,
                "ready_s": [statistics.median(r.get(i, last) for r in ready) for i in range(len(sizes_b))]}
     return {"sweep": sweep, "step_times": times, "logging": logging_data(ddp), "profile": profile,
-            "buffer_bytes": sum(broadcasts), "buffer_messages": len(broadcasts), "gaps": gaps}
+            "buffer_bytes": sum(broadcasts), "buffer_messages": len(broadcasts), "gaps": gaps,
+            "hook_traffic": _hook_traffic(hooked)}
+
+
+@contextlib.contextmanager
+def hook_all_reduces(sent: list[int]) -> Iterator[None]:
+    """Append to ``sent`` the bytes of every ``torch.distributed.all_reduce`` made inside: a
+    comm hook's (the stock fp16/bf16 compression and PowerSGD hooks call it, from DDP's thread
+    and from their futures' callbacks, which complete before backward returns). DDP's own
+    buckets go through its C++ reducer and are not counted: an empty list is DDP's layout."""
+    import torch.distributed as dist
+
+    real = dist.all_reduce
+
+    def counted(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(tensor.numel() * tensor.element_size())
+        return real(tensor, *args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        yield
+    finally:
+        dist.all_reduce = real
+
+
+def _hook_traffic(hooked: Sequence[Sequence[int]]) -> dict[str, float] | None:
+    """What a comm hook put on the link per step (median over the timed steps: PowerSGD's
+    first steps are plain all-reduces), or None when no hook all-reduced anything."""
+    if not any(hooked):
+        return None
+    return {"bytes": statistics.median(sum(s) for s in hooked), "calls": statistics.median(len(s) for s in hooked)}
 
 
 def broadcast_sizes(ddp: Any) -> list[int]:

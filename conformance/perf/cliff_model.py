@@ -24,13 +24,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["CliffReport", "LinkPoint", "ShapedLink", "UnfittableRate", "burst_credit_s", "combined_profile",
-           "fit_point", "link_point", "measured_step", "median_report", "rate_text", "sweep_report", "validate"]
-
 from .alphabeta import AlphaBeta, fit_alpha_beta
 from .overlap import parse_bucket_indices
-from .shaped_link import ShapedLink, burst_credit_s
+from .shaped_link import HookTraffic, ShapedLink, burst_credit_s
 from .simulator import BackwardProfile, ddp_bucket_caps, greedy_buckets
+
+# HookTraffic, ShapedLink and burst_credit_s are re-exported: the judge and its tests reach them here.
+__all__ = ["CliffReport", "HookTraffic", "LinkPoint", "ShapedLink", "UnfittableRate", "burst_credit_s",
+           "combined_profile", "fit_point", "link_point", "measured_step", "median_report", "rate_text",
+           "sweep_report", "validate"]
 
 #: Exposed communication above this share of the compute marks the knee (measured and
 #: predicted alike). A quarter: well above the step-to-step noise of a loaded 2-core host
@@ -179,7 +181,8 @@ def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: S
     layout = bucket_layout(profile, order, values[0]["logging"], cap_mb)
     link = ShapedLink.of(profile, layout, fit, n, burst_credit_s(rate),
                          buffer_bytes=int(values[0].get("buffer_bytes", 0)),
-                         buffer_messages=int(values[0].get("buffer_messages", 1)), between_s=between_steps(values))
+                         buffer_messages=int(values[0].get("buffer_messages", 1)), between_s=between_steps(values),
+                         hook=HookTraffic(**values[0]["hook_traffic"]) if values[0].get("hook_traffic") else None)
     comm = [v["logging"].get("avg_backward_comm_time") for v in values]
     ddp_comm = statistics.median(c * 1e-9 for c in comm) if all(isinstance(c, (int, float)) and c > 0
                                                                for c in comm) else None

@@ -18,10 +18,10 @@ first and after every rate: DDP's fixed per-step cost (what the unshaped step ta
 simulated one) is calibrated on every unshaped measurement and its median added to each
 prediction, and the unshaped fits' median latency is the software's part of every message's
 latency (what a shaped rate's fit adds beyond it is bytes on the link, which the burst pays
-for: ``ShapedLink.with_unshaped_latency``); every shaped point is a validation. The sweep runs :data:`REPEATS` times in one world at the
-first one's rates and is judged by its medians per rate (``cliff_model.median_report``): one
-sweep's fast rates are mostly a small host's scheduling noise. The knee
-(``cliff_model.knee_index``), measured and predicted.
+for: ``ShapedLink.with_unshaped_latency``); every shaped point is a validation. The sweep
+runs :data:`REPEATS` times in one world at the first one's rates and is judged by its medians
+per rate (``cliff_model.median_report``): one sweep's fast rates are mostly a small host's
+scheduling noise. The knee (``cliff_model.knees``), measured and predicted.
 
 The bucket layout that moves the knee (``_cliff_layout``): proposed by the simulator at the
 measured knee, then re-run side by side at that rate against the configured one, and reported
@@ -190,8 +190,8 @@ def judge(data: SweepData | Sequence[SweepData], *, link_gbps: float | None = No
     try:
         report, skipped = cm.sweep_report(sweeps)
     except cm.UnfittableRate as exc:
-        return Outcome.inconclusive(f"the all-reduce timings at {cm.rate_text(exc.rate)} cannot be fitted ({exc.reason}); "
-                                    f"the host is too noisy to measure the cliff",
+        return Outcome.inconclusive(f"the all-reduce timings at {cm.rate_text(exc.rate)} cannot be fitted "
+                                    f"({exc.reason}); the host is too noisy to measure the cliff",
                                     metrics={CLIFF_SWEEP: [p.to_metric() for p in exc.points]})
     data = sweeps[0]
     metrics: dict[str, Any] = {
@@ -237,10 +237,11 @@ def judge(data: SweepData | Sequence[SweepData], *, link_gbps: float | None = No
     if link_gbps is not None:
         profile, _ = cm.combined_profile([v["profile"] for v in data.values[0]])
         projection = project_link(report, profile, link_gbps=link_gbps, world_size=data.world_size,
-                                     cap_mb=data.cap_mb)
+                                  cap_mb=data.cap_mb)
         metrics[LINK_PROJECTION] = projection.to_metric()
         suffix = f"; {projection.describe(data.world_size)}"
-    return Outcome.passed(f"{knee}; step x{report.cliff_ratio:.1f} at {cm.rate_text(report.points[-1].rate_bits_per_s)} "
+    lowest = cm.rate_text(report.points[-1].rate_bits_per_s)
+    return Outcome.passed(f"{knee}; step x{report.cliff_ratio:.1f} at {lowest} "
                           f"({grads}); {model}{suffix}", metrics=metrics, evidence=evidence,
                           recommendation=recommendation or _buffers_advice(metrics))
 

@@ -28,6 +28,18 @@ def burst_credit_s(rate: float | None) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class HookTraffic:
+    """What a DDP comm hook all-reduced per step, measured (``_cliff_rank.hook_all_reduces``).
+
+    The simulator's buckets are DDP's gradients; a hook sends something else in their place.
+    Measured without it (examples/train_compressed.py, fp16_compress_hook): the slowest rates'
+    steps were predicted 74-83 % slow, the hook sending half the bytes."""
+
+    bytes: float
+    calls: float
+
+
+@dataclass(frozen=True, slots=True)
 class ShapedLink:
     """One rate's DDP step on a token-bucket link, in the simulator's terms: the buckets'
     release times, their all-reduce latency and transfer parts (the rate's alpha-beta fit), and
@@ -65,13 +77,25 @@ class ShapedLink:
 
     @classmethod
     def of(cls, profile: BackwardProfile, layout: Sequence[Sequence[int]], fit: AlphaBeta, world_size: int,
-           credit_s: float, *, buffer_bytes: int = 0, buffer_messages: int = 1, between_s: float = 0.0) -> ShapedLink:
+           credit_s: float, *, buffer_bytes: int = 0, buffer_messages: int = 1, between_s: float = 0.0,
+           hook: HookTraffic | None = None) -> ShapedLink:
         """``buffer_messages``: how many broadcasts carry the buffers (DDP coalesces them per
-        dtype: a BatchNorm's float statistics and its int64 step counter are two)."""
+        dtype: a BatchNorm's float statistics and its int64 step counter are two). ``hook``:
+        what a comm hook all-reduces instead of each bucket, as measured."""
         latency = 2 * (world_size - 1) * fit.alpha_s
         order = sorted(range(len(layout)), key=lambda b: max(profile.ready_s[i] for i in layout[b]))
         releases = [max(profile.ready_s[i] for i in layout[b]) for b in order]
-        comms = [fit.allreduce_time(sum(profile.nbytes[i] for i in layout[b]), world_size) for b in order]
+        sent = [sum(profile.nbytes[i] for i in layout[b]) for b in order]
+        messages = 1.0
+        if hook is not None:
+            # The hook's all-reduces in place of each bucket's: its bytes and its calls spread
+            # over the buckets as their gradients are (fp16 compression: half the bytes, one call
+            # per bucket; PowerSGD: a few per cent of them, in two or three calls).
+            factor = hook.bytes / max(sum(sent), 1)
+            sent = [factor * b for b in sent]
+            messages = hook.calls / max(len(layout), 1)
+        comms = [messages * latency + max(fit.allreduce_time(b, world_size) - latency, 0.0) for b in sent]
+        latency *= messages
         n = world_size
         # Every rank's traffic crosses the one shaped loopback: an all-reduce of M bytes puts
         # n * 2(n-1)/n * M bytes through it in 2(n-1)/n * M / beta seconds, so the link itself

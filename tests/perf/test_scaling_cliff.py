@@ -265,6 +265,37 @@ def test_no_shaped_rate_is_faster_than_the_software_s_latency() -> None:
     assert report.shaped[0].predicted_step_s == pytest.approx(raised.step_s(0.0))
 
 
+def test_a_comm_hook_s_all_reduces_replace_the_buckets_in_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The buckets the simulator knows are DDP's gradients; a comm hook sends something else in
+    their place (examples/train_compressed.py, fp16_compress_hook: the slowest rates were
+    predicted 74-83 % slow before). What the hook all-reduces is counted during the step."""
+    import torch
+    import torch.distributed as dist
+
+    from conformance.perf._cliff_rank import _hook_traffic, hook_all_reduces
+
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, *args, **kwargs: "work")
+    sent: list[int] = []
+    with hook_all_reduces(sent):
+        assert dist.all_reduce(torch.zeros(100, dtype=torch.float16)) == "work"
+        dist.all_reduce(torch.zeros(10))
+    assert sent == [200, 40] and dist.all_reduce(torch.zeros(1)) == "work" and sent == [200, 40]
+    assert _hook_traffic([[], []]) is None  # DDP's own reducer: nothing counted
+    assert _hook_traffic([[100, 100], [100, 100], [400]]) == {"bytes": 200, "calls": 2}
+
+    ms = 1e-3
+    fit = cm.AlphaBeta(alpha_s=0.1 * ms, beta_bytes_per_s=1e6, fit_world_size=2)
+    profile = cm.BackwardProfile(ready_s=(0.3 * ms, 0.6 * ms), nbytes=(1000, 1000), backward_end_s=0.6 * ms,
+                                 forward_s=0.2 * ms)
+    plain = cm.ShapedLink.of(profile, [[0], [1]], fit, 2, 0.0)
+    fp16 = cm.ShapedLink.of(profile, [[0], [1]], fit, 2, 0.0, hook=cm.HookTraffic(bytes=1000, calls=2))
+    assert fp16.latencies_s == plain.latencies_s
+    assert fp16.transfers_s == pytest.approx(tuple(t / 2 for t in plain.transfers_s))
+    powersgd = cm.ShapedLink.of(profile, [[0], [1]], fit, 2, 0.0, hook=cm.HookTraffic(bytes=100, calls=6))
+    assert powersgd.latencies_s == pytest.approx(tuple(3 * lat for lat in plain.latencies_s))
+    assert sum(powersgd.transfers_s) == pytest.approx(sum(plain.transfers_s) / 20)
+
+
 def test_buffers_that_outweigh_the_gradients_are_named_with_what_to_do() -> None:
     data = _sweep()
     with_buffers = tuple(tuple({**v, "buffer_bytes": 4 * sum(NBYTES)} for v in rate) for rate in data.values)
