@@ -85,7 +85,7 @@ class ShapedLink:
         latency = 2 * (world_size - 1) * fit.alpha_s
         order = sorted(range(len(layout)), key=lambda b: max(profile.ready_s[i] for i in layout[b]))
         releases = [max(profile.ready_s[i] for i in layout[b]) for b in order]
-        sent = [sum(profile.nbytes[i] for i in layout[b]) for b in order]
+        sent: list[float] = [sum(profile.nbytes[i] for i in layout[b]) for b in order]
         messages = 1.0
         if hook is not None:
             # The hook's all-reduces in place of each bucket's: its bytes and its calls spread
