@@ -267,22 +267,38 @@ def run(ctx: CheckContext) -> Outcome:
     # A penalty past the limit with another bucket layout, clear of the sweep's noise or not:
     # the recommended cap is tried, not only given -- both caps again, side by side.
     remedy = verify_cap(ctx.world(), source, configured, result["best"], deadline_s=ctx.deadline)
-    return judge_rerun(outcome, remedy, result)
+    confirm = None
+    if outcome.status != "failed" and remedy.verified and (remedy.evidence.get("speedup") or 0.0) > PENALTY_LIMIT:
+        # The sweep could not tell this gap from noise, so one clear re-run alone does not fail
+        # the configuration: a second must agree. Seen under three xdist workers on 2 cores:
+        # examples/train_resnet.py x1.25 within the sweep's noise, then x1.79 in one re-run
+        # (it passes in the runs before and after).
+        confirm = verify_cap(ctx.world(), source, configured, result["best"], deadline_s=ctx.deadline)
+    return judge_rerun(outcome, remedy, result, confirm=confirm)
 
 
-def judge_rerun(outcome: Outcome, remedy: Remedy, result: dict[str, Any]) -> Outcome:
+def judge_rerun(outcome: Outcome, remedy: Remedy, result: dict[str, Any], *,
+                confirm: Remedy | None = None) -> Outcome:
     """The sweep's verdict (failed: a clear gap; inconclusive: a gap within its noise) after the
     two caps were re-run side by side. A failure stands only when the re-run shows the
     recommended cap clearly faster again: a penalty must reproduce (seen on a loaded 2-core
     host: x2.10 in the sweep, x0.57 side by side). A gap the sweep could not tell from noise
     passes when, side by side, the configured cap is within the limit of the recommended one
     (the check's own rule, on the closer measurement), and fails when the re-run shows it
-    clearly slower; anything else is inconclusive."""
-    evidence = {**outcome.evidence, REMEDIES: [remedy.to_json()]}
+    clearly slower -- in ``confirm`` too, a second re-run, when given; anything else is
+    inconclusive."""
+    evidence = {**outcome.evidence, REMEDIES: [r.to_json() for r in (remedy, confirm) if r is not None]}
     configured, best, penalty = result["configured"], result["best"], result["penalty"]
     speedup = remedy.evidence.get("speedup")
     if remedy.verified and outcome.status == "failed":
         return replace(outcome, message=f"{outcome.message}; {_remedy_text(remedy)}", evidence=evidence)
+    if remedy.verified and (speedup or 0.0) > PENALTY_LIMIT and confirm is not None and not (
+            confirm.verified and (confirm.evidence.get("speedup") or 0.0) > PENALTY_LIMIT):
+        return Outcome.inconclusive(
+            f"bucket_cap_mb={configured:g} measured x{penalty:.2f} slower than {best:g} MB in the sweep (within its "
+            f"noise); side by side x{speedup:.2f} once, then not again: {_remedy_text(confirm)}",
+            metrics=outcome.metrics, evidence=evidence,
+            recommendation="Re-run bucket-config on an idle machine (or the production node).")
     if remedy.verified and (speedup or 0.0) > PENALTY_LIMIT:
         return Outcome.failed(
             f"bucket_cap_mb={configured:g} is {speedup:.2f}x slower per step than {best:g} MB side by side "
