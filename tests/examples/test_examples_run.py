@@ -32,8 +32,8 @@ SKIPS = {"train_gpt.py": {"sampler-coverage": "sampling with replacement"},
 
 
 #: The checks that time steps. On a loaded host (measured: pace above LOADED) one of them may
-#: say it was too noisy to tell -- inconclusive, never failed -- and the run is then
-#: inconclusive, not ready (issue 24). On a quiet host every check must pass or skip.
+#: say it was too noisy to tell (the run is then inconclusive, issue 24) or find the load itself
+#: (a straggler: the run is not ready). On a quiet host every check must pass or skip.
 TIMING_CHECKS = {"straggler", "bucket-config", "allreduce-bandwidth"}
 LOADED = 1.5
 
@@ -56,12 +56,17 @@ def test_example_run_is_ready(tmp_path, example, suite, pace):
                     if status == "inconclusive" and k in TIMING_CHECKS
                     and re.search(r"did not reproduce|could not be told from this host's noise|once, then not again",
                                   message)}
-    if noisy and pace.measure() <= LOADED:
-        noisy = set()  # too noisy on a quiet host: an alarm
+    # Under measured load a timing check may also *find* what the load does: a rank slowed by
+    # its neighbours (seen: straggler on train_split.py, "rank 1 ... in all 3 rounds", three
+    # xdist workers on 2 cores), a layout that overlaps better on a shared core. That is the
+    # host's finding, not the example's; on a quiet host it is an alarm.
+    found = {k for k, (status, _) in alarms.items() if status == "failed" and k in TIMING_CHECKS}
+    if (noisy or found) and pace.measure() <= LOADED:
+        noisy, found = set(), set()  # on a quiet host: alarms
     noisy |= unreproduced
-    alarms = {k: v for k, v in alarms.items() if k not in noisy}
+    alarms = {k: v for k, v in alarms.items() if k not in noisy | found}
     assert not alarms, "\n".join(f"{k}: {status}: {message}" for k, (status, message) in alarms.items())
-    expected = (3, "inconclusive") if noisy else (0, "ready")
+    expected = (1, "not ready") if found else (3, "inconclusive") if noisy else (0, "ready")
     assert proc.returncode == expected[0], (proc.stdout[-4000:], proc.stderr[-2000:])
     assert report["verdict"] == expected[1]
     assert all(message.strip() for _, message in statuses.values()), statuses  # a skip says why
