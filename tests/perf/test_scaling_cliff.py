@@ -370,7 +370,7 @@ def test_a_short_real_sweep_through_the_session(suite_session: Any, monkeypatch:
     monkeypatch.setattr(scaling_cliff, "EXPOSURES", (4.0,))
     monkeypatch.setattr(scaling_cliff, "STEPS", 3)
     monkeypatch.setattr(scaling_cliff, "ITERS", 2)
-    monkeypatch.setattr(scaling_cliff, "REPEATS", 2)
+    monkeypatch.setattr(scaling_cliff, "REPEATS", 2)  # the check's sweeps share their rates
     from conformance.perf import _cliff_layout
 
     monkeypatch.setattr(_cliff_layout, "ROUNDS", 1)
