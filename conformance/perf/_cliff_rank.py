@@ -15,10 +15,11 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..harness.ddp import PROBE_SEED, build_model, effective_ddp_kwargs, logging_data, sync_device, wrap
+from ..harness.patching import replaced
 from .profile import GradReadyRecorder, local_batch
 from .sweep import sweep_on
 
@@ -86,25 +87,20 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
             "hook_traffic": _hook_traffic(hooked)}
 
 
-@contextlib.contextmanager
-def hook_all_reduces(sent: list[int]) -> Iterator[None]:
+def hook_all_reduces(sent: list[int]) -> contextlib.AbstractContextManager[None]:
     """Append to ``sent`` the bytes of every ``torch.distributed.all_reduce`` made inside: a
     comm hook's (the stock fp16/bf16 compression and PowerSGD hooks call it, from DDP's thread
     and from their futures' callbacks, which complete before backward returns). DDP's own
     buckets go through its C++ reducer and are not counted: an empty list is DDP's layout."""
     import torch.distributed as dist
 
-    real = dist.all_reduce
+    def make(original: Any) -> Any:
+        def counted(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.append(tensor.numel() * tensor.element_size())
+            return original(tensor, *args, **kwargs)
+        return counted
 
-    def counted(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append(tensor.numel() * tensor.element_size())
-        return real(tensor, *args, **kwargs)
-
-    dist.all_reduce = counted
-    try:
-        yield
-    finally:
-        dist.all_reduce = real
+    return replaced(dist, "all_reduce", make)
 
 
 def _hook_traffic(hooked: Sequence[Sequence[int]]) -> dict[str, float] | None:

@@ -74,7 +74,6 @@ class ShapedLink:
     between_s: float = 0.0
     alpha_s: float = 0.0  # the fit's per-message latency the latencies above were made of
 
-
     @classmethod
     def of(cls, profile: BackwardProfile, layout: Sequence[Sequence[int]], fit: AlphaBeta, world_size: int,
            credit_s: float, *, buffer_bytes: int = 0, buffer_messages: int = 1, between_s: float = 0.0,
