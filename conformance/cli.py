@@ -22,6 +22,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
@@ -221,10 +222,15 @@ def _target_arg(target: str) -> str:
 def _check_writable(directory: Path) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / ".write-probe"
-        # A few bytes, not an empty file: a full disk still creates empty files.
-        probe.write_text("probe\n")
-        probe.unlink()
+        # A probe of its own: under torchrun every rank probes the same (shared) dir, and
+        # with one fixed name a rank could unlink the probe another rank was about to.
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=directory)
+        try:
+            # A few bytes, not an empty file: a full disk still creates empty files.
+            os.write(fd, b"probe\n")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
     except OSError as exc:
         raise UsageError(f"--report-dir {str(directory)!r} is not writable ({exc.strerror}); "
                          f"pass a directory you can write to") from None
