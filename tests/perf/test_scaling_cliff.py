@@ -283,6 +283,19 @@ def test_a_comm_hook_s_all_reduces_replace_the_buckets_in_the_model(monkeypatch:
     assert _hook_traffic([[], []]) is None  # DDP's own reducer: nothing counted
     assert _hook_traffic([[100, 100], [100, 100], [400]]) == {"bytes": 200, "calls": 2}
 
+
+def test_the_step_judged_is_the_one_a_comm_hook_settled_into() -> None:
+    """PowerSGD sends plain all-reduces until start_powerSGD_iter, then three small ones per
+    bucket (examples/train_compressed.py: plain steps of 1-3 ms, compressed ones of 4-15 ms on
+    this CPU); the prediction is made for the settled traffic, so only those steps are judged."""
+    from conformance.perf._cliff_rank import MIN_STEADY, steady_steps
+
+    powersgd = [[15384]] * 8 + [[408, 1104, 672]] * 16
+    assert steady_steps(powersgd) == list(range(8, 24))
+    assert steady_steps([[], [], []]) == [0, 1, 2]  # no hook: every step
+    assert steady_steps([[1000, 90], [1000, 110], [1000, 100]]) == [0, 1, 2]  # sizes within a quarter
+    assert steady_steps([[15384]] * 8 + [[408, 1104, 672]] * (MIN_STEADY - 1)) == list(range(8 + MIN_STEADY - 1))
+
     ms = 1e-3
     fit = cm.AlphaBeta(alpha_s=0.1 * ms, beta_bytes_per_s=1e6, fit_world_size=2)
     profile = cm.BackwardProfile(ready_s=(0.3 * ms, 0.6 * ms), nbytes=(1000, 1000), backward_end_s=0.6 * ms,
