@@ -1,8 +1,8 @@
 """What the ``scaling-cliff`` check runs on every rank at one link rate: an all-reduce sweep
 (for that rate's alpha-beta fit), then the target's own DDP steps, each after a plain (no-DDP)
 forward+backward pass that times each gradient's readiness, in one call. The time between two
-timed steps (the plain pass, the barrier) is recorded too: the shaped link idles through it and
-its token bucket refills (``cliff_model.ShapedLink``).
+timed steps (the plain pass, the ranks lining up) is recorded too: the shaped link idles
+through it and its token bucket refills (``cliff_model.ShapedLink``).
 
 One call per rate, every part side by side: the link's rate is what the supervisor changed
 between calls, so the fit and the step it predicts are measured under the same shaping; and
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..harness.ddp import PROBE_SEED, build_model, effective_ddp_kwargs, logging_data, sync_device, wrap
 from ..harness.patching import replaced
+from .host_barrier import HostBarrier
 from .profile import GradReadyRecorder, local_batch
 from .sweep import sweep_on
 
@@ -37,8 +38,6 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
     """World work function: the all-reduce sweep over ``sizes`` (``iters`` timed iterations
     each), then ``steps`` timed forward+backward steps of the target under DDP (``bucket_cap_mb``
     overrides the target's cap: the side-by-side re-run of another bucket layout)."""
-    import torch.distributed as dist
-
     from ..harness.targets import load_target
 
     sweep = sweep_on(ctx.group, ctx.rank, ctx.world_size, ctx.device, sizes, warmup=1, iters=iters)
@@ -54,12 +53,15 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
     gaps: list[float] = []  # from one timed step's end to the next one's start: the link idles
     hooked: list[list[int]] = []  # per timed step, the bytes of each all-reduce a comm hook made
     end: float | None = None
+    barrier = HostBarrier(ctx.tmpdir / f"cliff-barrier-{ctx.generation}", ctx.rank, ctx.world_size,
+                          timeout_s=ctx.pg_timeout_s)
     for i in range(STEP_WARMUP + steps):
         plain_pass = _plain_pass(target, plain, recorder, inputs, targets, ctx.device)
         # The plain pass takes a different time on each rank: line the ranks up again (outside
         # the timed step), so that the DDP step starts together on every rank, as each step of
-        # a training loop does after the previous step's all-reduce.
-        dist.barrier(group=ctx.side_group)
+        # a training loop does after the previous step's all-reduce. Not over the network: a
+        # barrier's packets would take tokens from the shaped link just before the step.
+        barrier.wait()
         ddp.zero_grad(set_to_none=True)
         sync_device(ctx.device)
         sent: list[int] = []
@@ -77,6 +79,7 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
                 gaps.append(t0 - end)
         end = time.perf_counter()
     recorder.remove()
+    barrier.close()
     # A comm hook may change what it sends after a few steps (PowerSGD's plain all-reduces until
     # start_powerSGD_iter): the step judged is the one the hook settled into, as every later
     # step of a training run is. Every rank runs the same steps, so each keeps the same ones.
