@@ -194,9 +194,9 @@ def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: S
 
 
 def between_steps(values: Sequence[Mapping[str, Any]]) -> float:
-    """How long the link idled between two timed steps (the rank's plain pass and the barrier
-    that lines the ranks up again): per step the later rank's gap (the link carries the step's
-    last bytes until that rank returns), median over steps. A sweep saved before the gaps were
+    """How long the link idled between two timed steps (the rank's plain pass and the wait that
+    lines the ranks up again, off the network: ``host_barrier``): per step the later rank's
+    gap (the link carries the step's last bytes until that rank returns), median over steps. A sweep saved before the gaps were
     recorded: the plain pass alone (forward + backward of the profile)."""
     if all(v.get("gaps") for v in values):
         return statistics.median(min(gaps) for gaps in zip(*(v["gaps"] for v in values)))
@@ -361,12 +361,15 @@ def validate(points: Sequence[LinkPoint]) -> CliffReport:
     # The unshaped link's latency: software alone, at every rate. What a shaped rate's fit adds
     # to it is bytes on the link, which the burst pays for (ShapedLink.with_unshaped_latency).
     software_alpha = statistics.median(p.alpha_s for p in unshaped)
+    # And its bandwidth is the line rate a burst crosses at (ShapedLink.at_line_rate).
+    line_beta = statistics.median(p.beta_bytes_per_s for p in unshaped)
 
     def simulated(p: LinkPoint, overhead: float) -> float:
         # Simulated again with the fixed cost: the link's bucket refills during it too.
         if p.link is None:
             return p.predicted_step_s + overhead
-        return p.link.with_unshaped_latency(software_alpha).step_s(overhead)
+        link = p.link.with_unshaped_latency(software_alpha).at_line_rate(p.beta_bytes_per_s, line_beta)
+        return link.step_s(overhead)
 
     fixed = statistics.median(cost(p) for p in unshaped)
     shaped = [replace(p, overhead_s=fixed, predicted_step_s=simulated(p, fixed)) for p in points[1::2]]

@@ -56,10 +56,10 @@ class ShapedLink:
     simulated until its start state repeats (the steady state a training loop reaches).
 
     ``between_s``: idle time outside the step, between one step and the next. 0 in a training
-    loop; in the check's measurement the plain pass and a barrier separate two timed steps, and
-    the bucket refills through them too (:func:`between_steps`). Measured (mlp at 94 Mbit/s,
-    0.2 ms of compute, a 1.2 ms all-reduce): simulated without it the step started with
-    0.5 ms of tokens and was predicted 21-33 % long."""
+    loop; in the check's measurement the plain pass and the ranks' lining up (off the network)
+    separate two timed steps, and the bucket refills through them too (:func:`between_steps`).
+    Measured (mlp at 94 Mbit/s, 0.2 ms of compute, a 1.2 ms all-reduce): simulated without it
+    the step started with 0.5 ms of tokens and was predicted 21-33 % long."""
 
     forward_s: float
     backward_end_s: float
@@ -73,6 +73,10 @@ class ShapedLink:
     broadcast_transfer_s: float = 0.0
     between_s: float = 0.0
     alpha_s: float = 0.0  # the fit's per-message latency the latencies above were made of
+    world_size: int = 2
+    # What a burst's bytes still take at line rate, as a share of their time at this rate
+    # (:meth:`at_line_rate`): 0, the burst crosses at once.
+    line_share: float = 0.0
 
     @classmethod
     def of(cls, profile: BackwardProfile, layout: Sequence[Sequence[int]], fit: AlphaBeta, world_size: int,
@@ -104,7 +108,7 @@ class ShapedLink:
                    releases_s=tuple(releases), latencies_s=tuple(min(latency, c) for c in comms),
                    transfers_s=tuple(max(c - latency, 0.0) for c in comms), credit_s=credit_s,
                    broadcast_latency_s=buffer_messages * (n - 1) * fit.alpha_s if broadcast else 0.0,
-                   broadcast_transfer_s=broadcast, between_s=between_s, alpha_s=fit.alpha_s)
+                   broadcast_transfer_s=broadcast, between_s=between_s, alpha_s=fit.alpha_s, world_size=n)
 
     def with_unshaped_latency(self, unshaped_alpha_s: float) -> ShapedLink:
         """This link with each message's latency split at ``unshaped_alpha_s``, the unshaped
@@ -114,9 +118,12 @@ class ShapedLink:
         Behind a slow link a message's latency is mostly bytes on the link: the TCP/IP headers
         of its packets and their acknowledgements, which the token bucket meters like data.
         Measured (convbn, 2 ranks): the fitted latency grew as the rate fell, 170 us at 84
-        Mbit/s, 438 us at 21, 834 us at 10.5, 1673 us at 5.2 -- a steady ~1.1 kB per message --
-        so after an idle moment the burst pays for it too. Kept as latency, the step's
-        broadcasts and all-reduces were predicted 9-12 % slow at the slowest rate in every sweep.
+        Mbit/s, 438 us at 21, 834 us at 10.5, 1673 us at 5.2 -- a steady ~1.1 kB per round of
+        the all-reduce, in which both ranks send -- so after an idle moment the burst pays for it
+        too. Kept as latency, the step's broadcasts and all-reduces were predicted 9-12 % slow
+        at the slowest rate in every sweep. A broadcast's message is one rank's, a 1/N share of
+        a round: charged a whole round, convbn's two broadcasts per step were predicted 19-20 %
+        slow at its two slowest rates (21 sweeps), 1-2 % with the share.
 
         And no shaping takes the software's latency away: a shaped rate's fit that reads less
         (its intercept extrapolated under transfers of milliseconds) is raised to it. Measured
@@ -130,12 +137,27 @@ class ShapedLink:
             return replace(self, latencies_s=tuple(lat * keep for lat in self.latencies_s),
                            broadcast_latency_s=self.broadcast_latency_s * keep, alpha_s=unshaped_alpha_s)
         latencies = tuple(lat * keep for lat in self.latencies_s)
+        # One latency of the fit is a round of the all-reduce, in which every rank sends a
+        # message across the one shaped loopback; a broadcast's message is one rank's.
+        broadcast_bytes = self.broadcast_latency_s * (1 - keep) / self.world_size
         return replace(self, latencies_s=latencies,
                        transfers_s=tuple(t + lat - kept for t, lat, kept in zip(self.transfers_s, self.latencies_s,
                                                                                 latencies)),
                        broadcast_latency_s=self.broadcast_latency_s * keep,
-                       broadcast_transfer_s=self.broadcast_transfer_s + self.broadcast_latency_s * (1 - keep),
+                       broadcast_transfer_s=self.broadcast_transfer_s + broadcast_bytes,
                        alpha_s=unshaped_alpha_s)
+
+    def at_line_rate(self, beta_bytes_per_s: float, unshaped_beta_bytes_per_s: float) -> ShapedLink:
+        """This link with its burst crossing at the unshaped link's bandwidth, not at once.
+
+        The burst lets bytes through without waiting for tokens, but no faster than the link
+        itself carries them: on a rate near the unshaped link's the burst saves almost nothing.
+        Measured (examples/train_compiled.py, a 2.2 MB all-reduce; the sweep's fastest rates,
+        15-120 Gbit/s, carried 750-830 MB/s against 1.5 GB/s unshaped): with the burst taking
+        the transfer away the step there was predicted 8-16 % fast in every run."""
+        if beta_bytes_per_s <= 0 or unshaped_beta_bytes_per_s <= 0:
+            return self
+        return replace(self, line_share=min(1.0, beta_bytes_per_s / unshaped_beta_bytes_per_s))
 
     def _phase(self, tokens: float) -> tuple[float, float, float]:
         """(backward phase's end, the last all-reduce's end, tokens left) from backward's start
@@ -146,7 +168,7 @@ class ShapedLink:
             tokens = min(self.credit_s, tokens + (start - free))  # refilled while idle
             paid = min(tokens, transfer)
             tokens -= paid
-            free = start + latency + transfer - paid
+            free = start + latency + transfer - paid * (1 - self.line_share)
         return max(self.backward_end_s, free), free, tokens
 
     def _step(self, tokens: float) -> tuple[float, float, float, float]:
@@ -154,7 +176,8 @@ class ShapedLink:
         from the step's start with ``tokens`` of credit: the broadcast first (DDP waits for it
         before the forward), then the forward with the link idle, then backward."""
         paid = min(tokens, self.broadcast_transfer_s)
-        broadcast = self.broadcast_latency_s + self.broadcast_transfer_s - paid if self.broadcast_transfer_s else 0.0
+        broadcast = (self.broadcast_latency_s + self.broadcast_transfer_s - paid * (1 - self.line_share)
+                     if self.broadcast_transfer_s else 0.0)
         tokens = min(self.credit_s, tokens - paid + self.forward_s)
         phase, comm_end, left = self._phase(tokens)
         return broadcast, phase, comm_end, left

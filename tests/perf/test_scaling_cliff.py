@@ -225,7 +225,7 @@ def test_each_dtype_of_buffers_is_a_broadcast_of_its_own() -> None:
 
 def test_latency_beyond_the_unshaped_one_is_link_bytes_the_burst_pays_for() -> None:
     """Behind a slow link a message's latency is mostly its packets' headers and ACKs on the
-    link (the fitted latency grew as 1/rate: ~1.1 kB per message at 5-84 Mbit/s, convbn), so
+    link (the fitted latency grew as 1/rate: ~1.1 kB per round at 5-84 Mbit/s, convbn), so
     after an idle moment the burst pays for it as it pays for the data; what the unshaped link
     takes too (software) stays latency."""
     ms = 1e-3
@@ -233,14 +233,15 @@ def test_latency_beyond_the_unshaped_one_is_link_bytes_the_burst_pays_for() -> N
     profile = cm.BackwardProfile(ready_s=(0.3 * ms,), nbytes=(1000,), backward_end_s=0.3 * ms, forward_s=0.2 * ms)
     link = cm.ShapedLink.of(profile, [[0]], fit, 2, 5 * ms, buffer_bytes=100, buffer_messages=2)
     bytes_ = link.with_unshaped_latency(0.2 * ms)
-    # Two messages of the all-reduce (2(N-1) at N = 2) and two broadcasts: 0.8 ms each moved.
+    # Two rounds of the all-reduce (2(N-1) at N = 2): 0.8 ms each moved to the link.
     assert bytes_.latencies_s == pytest.approx((0.4 * ms,)) and bytes_.broadcast_latency_s == pytest.approx(0.4 * ms)
     assert sum(bytes_.transfers_s) - sum(link.transfers_s) == pytest.approx(1.6 * ms)
-    assert bytes_.broadcast_transfer_s - link.broadcast_transfer_s == pytest.approx(1.6 * ms)
-    # A 5 ms burst, full after a long idle moment, now pays for all of it: 3.2 ms less.
+    # A round is every rank's message; a broadcast's is one rank's, 1/N of it: 0.4 ms each.
+    assert bytes_.broadcast_transfer_s - link.broadcast_transfer_s == pytest.approx(0.8 * ms)
+    # A 5 ms burst, full after a long idle moment, now pays for what left the latencies: 3.2 ms less.
     assert link.step_s(50 * ms) - bytes_.step_s(50 * ms) == pytest.approx(3.2 * ms)
-    # Without credit the link takes as long as before; the same latency unshaped changes nothing.
-    no_credit = replace(link, credit_s=0.0)
+    # Without credit the all-reduce takes as long as before; the same latency unshaped changes nothing.
+    no_credit = replace(link, credit_s=0.0, broadcast_latency_s=0.0, broadcast_transfer_s=0.0)
     assert no_credit.with_unshaped_latency(0.2 * ms).step_s(0.0) == pytest.approx(no_credit.step_s(0.0))
     assert link.with_unshaped_latency(1.0 * ms) is link
 
@@ -262,7 +263,26 @@ def test_no_shaped_rate_is_faster_than_the_software_s_latency() -> None:
     unshaped = cm.LinkPoint(None, 0.002, 0.002, 0.001, 0.2 * ms, 1e9, 0, 1)
     shaped = cm.LinkPoint(1e8, 0.0015, link.step_s(0.0), 0.0005, 0.1 * ms, 1e6, 0, 1, link=link)
     report = cm.validate([unshaped, shaped, unshaped])
-    assert report.shaped[0].predicted_step_s == pytest.approx(raised.step_s(0.0))
+    assert report.shaped[0].predicted_step_s == pytest.approx(raised.at_line_rate(1e6, 1e9).step_s(0.0))
+
+
+def test_a_burst_crosses_at_the_unshaped_link_s_bandwidth_not_at_once() -> None:
+    """The burst lets bytes by without waiting for tokens, no faster than the link carries them
+    (examples/train_compiled.py: the fastest rates carried what the unshaped link does, and with
+    the burst taking the transfer away their steps were predicted 8-16 % fast)."""
+    ms = 1e-3
+    fit = cm.AlphaBeta(alpha_s=0.1 * ms, beta_bytes_per_s=1e6, fit_world_size=2)
+    profile = cm.BackwardProfile(ready_s=(0.3 * ms,), nbytes=(1000,), backward_end_s=0.3 * ms, forward_s=0.2 * ms)
+    link = cm.ShapedLink.of(profile, [[0]], fit, 2, 5 * ms, buffer_bytes=100)
+    no_credit = replace(link, credit_s=0.0)
+    assert link.step_s(0.0) < no_credit.step_s(0.0)  # at once: the burst takes the transfers away
+    # A rate as fast as the unshaped link: the burst saves nothing.
+    assert link.at_line_rate(1e6, 1e6).step_s(0.0) == pytest.approx(no_credit.step_s(0.0))
+    assert link.at_line_rate(2e6, 1e6).line_share == 1.0
+    # A quarter of it: the burst's bytes take a quarter of their time at the rate.
+    saved = no_credit.step_s(0.0) - link.step_s(0.0)
+    assert no_credit.step_s(0.0) - link.at_line_rate(0.25e6, 1e6).step_s(0.0) == pytest.approx(0.75 * saved)
+    assert link.at_line_rate(0.0, 1e6) is link
 
 
 def test_a_comm_hook_s_all_reduces_replace_the_buckets_in_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
