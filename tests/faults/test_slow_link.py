@@ -64,6 +64,12 @@ def test_slow_link_on_a_real_private_network_sets_tbf_inside_the_namespace_only(
         inside = subprocess.run(["nsenter", f"--net={net.path}", "tc", "qdisc", "show", "dev", "lo"],
                                 capture_output=True, text=True, timeout=10).stdout
         assert "tbf" not in inside, inside
+        assert " mtu 65536 " in _link(net)  # loopback's own again
+        # The scaling-cliff sweep's unshaped point: the same link (its MTU) without the rate limit.
+        net.shape(None, unshaped_mtu=1500)
+        assert " mtu 1500 " in _link(net)
+        with pytest.raises(ValueError, match="unshaped_mtu"):
+            net.shape(None, unshaped_mtu=100)
     finally:
         net.close()
 
@@ -81,3 +87,8 @@ def test_a_tc_that_refuses_is_a_network_unavailable_naming_the_command() -> None
             SlowLink(rate_gbps=0.1).inject(Site("link", 0, 0, "data", InjectionLog(), link=net))
     finally:
         net.close()
+
+
+def _link(net: PrivateNetwork) -> str:
+    return subprocess.run(["nsenter", f"--net={net.path}", "ip", "link", "show", "lo"],
+                          capture_output=True, text=True, timeout=10).stdout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ._containment import guardian, proc_state, process_running
 from ._loopback import loopback_interface
-from ._netns import LinkShape, NetworkUnavailable, PrivateNetwork, unavailable_reason
+from ._netns import ETHERNET_MTU, LinkShape, NetworkUnavailable, PrivateNetwork, unavailable_reason
 from ._rank import RankContext
 from ._results import (
     LaunchedWorldUnreachable,
@@ -21,6 +21,7 @@ from .local import World
 
 __all__ = [
     "LaunchedWorldUnreachable",
+    "ETHERNET_MTU",
     "LinkShape",
     "NetworkUnavailable",
     "PrivateNetwork",

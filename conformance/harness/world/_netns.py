@@ -5,7 +5,7 @@ seen there. Here it is made real without leaving the machine:
 - **The holder.** A tiny stdlib-only process (this file run as a script) calls
   ``unshare(CLONE_NEWNET)``: it now lives in a namespace of its own whose only interface is a
   fresh ``lo``, down, reaching nothing. It brings that ``lo`` up and then serves one-line
-  commands on stdin (``shape RATE BURST LATENCY``, ``unshape``) by running ``tc`` inside the
+  commands on stdin (``shape RATE BURST LATENCY MTU``, ``unshape [MTU]``) by running ``tc`` inside the
   namespace, answering ``ok`` or ``error ...``. At EOF (the supervisor closed the pipe or died)
   it exits.
 - **The ranks join it** (``join``: ``setns`` on ``/proc/<holder>/ns/net``) before they open
@@ -48,8 +48,10 @@ _PR_SET_PDEATHSIG = 1
 # linux/capability.h bit numbers, as /proc/self/status shows them in CapEff.
 CAP_NET_ADMIN = 12
 CAP_SYS_ADMIN = 21
-#: Loopback's own MTU, restored when a link is unshaped.
+#: Loopback's own MTU, restored when a link is unshaped (unless told to keep another).
 LOOPBACK_MTU = 1 << 16
+#: A shaped link's MTU by default: an Ethernet interconnect's.
+ETHERNET_MTU = 1500
 _L2_OVERHEAD = 14  # the Ethernet header tbf counts in a loopback packet's length
 #: Where the tools live on distributions that keep /usr/sbin out of a user's PATH.
 _SBIN = "/usr/sbin:/sbin:/usr/local/sbin"
@@ -77,7 +79,7 @@ class LinkShape:
     rate_bits_per_s: float
     burst_bytes: int | None = None
     latency_s: float = 1.0
-    mtu: int = 1500
+    mtu: int = ETHERNET_MTU
 
     def __post_init__(self) -> None:
         if not self.rate_bits_per_s >= 1e5:
@@ -176,12 +178,16 @@ class PrivateNetwork:
             raise
         return self
 
-    def shape(self, shape: LinkShape | None) -> None:
-        """Shape the namespace's loopback (None: unshaped, the qdisc removed)."""
+    def shape(self, shape: LinkShape | None, *, unshaped_mtu: int = LOOPBACK_MTU) -> None:
+        """Shape the namespace's loopback (None: unshaped, the qdisc removed and the MTU set to
+        ``unshaped_mtu``: loopback's own, or a shaped link's to compare it with -- the same
+        link without its rate limit)."""
         if self._proc is None or self._proc.stdin is None:
             raise RuntimeError("the private network is not started")
+        if not 576 <= unshaped_mtu <= LOOPBACK_MTU:
+            raise ValueError(f"unshaped_mtu={unshaped_mtu} must be in [576, {LOOPBACK_MTU}] bytes")
         try:
-            self._proc.stdin.write((shape.command() if shape else "unshape") + "\n")
+            self._proc.stdin.write((shape.command() if shape else f"unshape {unshaped_mtu}") + "\n")
             self._proc.stdin.flush()
         except OSError as exc:
             raise NetworkUnavailable(f"the network holder is gone ({exc})") from None
@@ -258,11 +264,11 @@ def _holder_main(parent_pid: int, tc: str, ip: str) -> None:
             failed = _run([ip, "link", "set", "lo", "mtu", mtu]) or _run(
                 [tc, "qdisc", "replace", "dev", "lo", "root", "tbf", "rate", f"{rate}bit",
                  "burst", burst, "latency", f"{latency_us}us"])
-        elif op == "unshape":
+        elif op == "unshape" and len(args) <= 1:
             failed = _run([tc, "qdisc", "del", "dev", "lo", "root"])
             if failed and ("No such file" in failed or "handle of zero" in failed):
                 failed = None  # nothing to remove: already unshaped
-            failed = failed or _run([ip, "link", "set", "lo", "mtu", str(LOOPBACK_MTU)])
+            failed = failed or _run([ip, "link", "set", "lo", "mtu", args[0] if args else str(LOOPBACK_MTU)])
         else:
             failed = f"unknown command {line.strip()!r}"
         print(f"error {failed}" if failed else "ok", flush=True)
