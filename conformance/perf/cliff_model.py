@@ -196,8 +196,9 @@ def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: S
 def between_steps(values: Sequence[Mapping[str, Any]]) -> float:
     """How long the link idled between two timed steps (the rank's plain pass and the wait that
     lines the ranks up again, off the network: ``host_barrier``): per step the later rank's
-    gap (the link carries the step's last bytes until that rank returns), median over steps. A sweep saved before the gaps were
-    recorded: the plain pass alone (forward + backward of the profile)."""
+    gap (the link carries the step's last bytes until that rank returns), median over steps.
+    A sweep saved before the gaps were recorded: the plain pass alone (forward + backward of
+    the profile)."""
     if all(v.get("gaps") for v in values):
         return statistics.median(min(gaps) for gaps in zip(*(v["gaps"] for v in values)))
     profiles = [v["profile"] for v in values]

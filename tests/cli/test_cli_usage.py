@@ -119,16 +119,7 @@ def test_ranks_probing_one_report_dir_at_once_do_not_trip_each_other(tmp_path) -
     """Under torchrun every rank checks the shared --report-dir: seen in CI as a two-node run
     whose rank 1 exited 2, 'not writable (No such file or directory)', when rank 0 unlinked
     the probe file both had written under one name."""
-    import multiprocessing
+    from tests._processes import run_forked
 
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_probe_repeatedly, args=(str(tmp_path), 400)) for _ in range(4)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=60)
-        if proc.exitcode is None:  # hung: leave nothing behind
-            proc.kill()
-            proc.join()
-    assert [proc.exitcode for proc in procs] == [0, 0, 0, 0]
+    assert run_forked(_probe_repeatedly, [(str(tmp_path), 400)] * 4) == [0, 0, 0, 0]
     assert list(tmp_path.iterdir()) == []  # no probe left behind

@@ -3,13 +3,13 @@ nothing over the (shaped) network."""
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 from pathlib import Path
 
 import pytest
 
 from conformance.perf.host_barrier import HostBarrier
+from tests._processes import run_forked
 
 ROUNDS = 50
 
@@ -28,23 +28,9 @@ def _rank(path: str, rank: int, world_size: int, log: str, late_s: float) -> Non
     barrier.close()
 
 
-def _run(ranks: list[multiprocessing.Process]) -> list[int | None]:
-    for proc in ranks:
-        proc.start()
-    for proc in ranks:
-        proc.join(timeout=60)
-        if proc.exitcode is None:  # hung: leave nothing behind
-            proc.kill()
-            proc.join()
-    return [proc.exitcode for proc in ranks]
-
-
 def test_no_rank_leaves_a_round_before_every_rank_arrived(tmp_path) -> None:
-    ctx = multiprocessing.get_context("fork")
     logs = [tmp_path / f"rank{r}.log" for r in range(3)]
-    ranks = [ctx.Process(target=_rank, args=(str(tmp_path / "barrier"), r, 3, str(logs[r]), 0.05))
-             for r in range(3)]
-    assert _run(ranks) == [0, 0, 0]
+    assert run_forked(_rank, [(str(tmp_path / "barrier"), r, 3, str(logs[r]), 0.05) for r in range(3)]) == [0, 0, 0]
     events = [line.split() for log in logs for line in log.read_text().splitlines()]
     for n in range(ROUNDS):
         last_arrival = max(float(t) for kind, i, _, t in events if kind == "arrive" and int(i) == n)
