@@ -133,8 +133,8 @@ def steady_steps(hooked: Sequence[Sequence[int]]) -> list[int]:
 
 
 def _hook_traffic(hooked: Sequence[Sequence[int]]) -> dict[str, float] | None:
-    """What a comm hook put on the link per step (median over the timed steps: PowerSGD's
-    first steps are plain all-reduces), or None when no hook all-reduced anything."""
+    """What a comm hook put on the link per step (median over the steps it settled into,
+    :func:`steady_steps`), or None when no hook all-reduced anything."""
     if not any(hooked):
         return None
     return {"bytes": statistics.median(sum(s) for s in hooked), "calls": statistics.median(len(s) for s in hooked)}
