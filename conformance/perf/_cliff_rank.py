@@ -52,11 +52,15 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
     times: list[float] = []
     gaps: list[float] = []  # from one timed step's end to the next one's start: the link idles
     hooked: list[list[int]] = []  # per timed step, the bytes of each all-reduce a comm hook made
+    first_ready: list[float | None] = []  # per timed step: when its first gradient was ready
+    watch = FirstGradient()
     end: float | None = None
     barrier = HostBarrier(ctx.tmpdir / f"cliff-barrier-{ctx.generation}", ctx.rank, ctx.world_size,
                           timeout_s=ctx.pg_timeout_s)
     for i in range(STEP_WARMUP + steps):
         plain_pass = _plain_pass(target, plain, recorder, inputs, targets, ctx.device)
+        if i == 0:
+            watch.attach(ddp.module, plain_pass[2])
         # The plain pass takes a different time on each rank: line the ranks up again (outside
         # the timed step), so that the DDP step starts together on every rank, as each step of
         # a training loop does after the previous step's all-reduce. Not over the network: a
@@ -65,7 +69,7 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
         ddp.zero_grad(set_to_none=True)
         sync_device(ctx.device)
         sent: list[int] = []
-        t0 = time.perf_counter()
+        t0 = watch.start()
         # backward() returns once DDP has waited for every bucket's all-reduce: this is the
         # whole overlapped step that the simulator predicts.
         with hook_all_reduces(sent):
@@ -74,17 +78,20 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
         if i >= STEP_WARMUP:
             times.append(time.perf_counter() - t0)
             hooked.append(sent)
+            first_ready.append(watch.take())
             passes.append(plain_pass)
             if end is not None:
                 gaps.append(t0 - end)
         end = time.perf_counter()
     recorder.remove()
+    watch.remove()
     barrier.close()
     # A comm hook may change what it sends after a few steps (PowerSGD's plain all-reduces until
     # start_powerSGD_iter): the step judged is the one the hook settled into, as every later
     # step of a training run is. Every rank runs the same steps, so each keeps the same ones.
     settled = steady_steps(hooked)
     times, hooked = [times[i] for i in settled], [hooked[i] for i in settled]
+    first_ready = [first_ready[i] for i in settled]
     broadcasts = broadcast_sizes(ddp)
     sizes_b = [p.numel() * p.element_size() for p in plain.parameters()]
     forward, backward, ready = zip(*passes)
@@ -94,7 +101,45 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
                "ready_s": [statistics.median(r.get(i, last) for r in ready) for i in range(len(sizes_b))]}
     return {"sweep": sweep, "step_times": times, "logging": logging_data(ddp), "profile": profile,
             "buffer_bytes": sum(broadcasts), "buffer_messages": len(broadcasts), "gaps": gaps,
-            "hook_traffic": _hook_traffic(hooked)}
+            "hook_traffic": _hook_traffic(hooked), "first_ready": first_ready}
+
+
+class FirstGradient:
+    """When, in each timed DDP step, the gradient that the plain pass readied first is ready on
+    this rank (s from the step's start; None if it never was): the ranks' readiness skew
+    (``cliff_model.launch_skew``). One hook on one parameter, a timestamp and nothing else --
+    DDP's own hooks and buckets are untouched."""
+
+    def __init__(self) -> None:
+        self.t0 = 0.0
+        self._at: float | None = None
+        self._handle: Any = None
+
+    def attach(self, module: Any, ready: dict[int, float]) -> None:
+        """Watch, on ``module`` (DDP's), the parameter whose gradient was ready first in a plain
+        pass (``ready``: {parameter index: s}); both models are built alike, so indices agree."""
+        params = list(module.parameters())
+        first = min(ready, key=ready.__getitem__) if ready else len(params)
+        if first < len(params) and params[first].requires_grad:
+            self._handle = params[first].register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, _param: Any) -> None:
+        if self._at is None:  # a tied parameter accumulates more than once: its first
+            self._at = time.perf_counter()
+
+    def start(self) -> float:
+        """The step's start (``perf_counter``), from which the readiness is timed."""
+        self._at = None
+        self.t0 = time.perf_counter()
+        return self.t0
+
+    def take(self) -> float | None:
+        return None if self._at is None else self._at - self.t0
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
 
 def hook_all_reduces(sent: list[int]) -> contextlib.AbstractContextManager[None]:

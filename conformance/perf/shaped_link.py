@@ -77,11 +77,14 @@ class ShapedLink:
     # What a burst's bytes still take at line rate, as a share of their time at this rate
     # (:meth:`at_line_rate`): 0, the burst crosses at once.
     line_share: float = 0.0
+    # How much earlier than the last rank the first rank readies a bucket (``launch_skew``): its
+    # share of the all-reduce goes on the link then, and the idle link stops refilling.
+    skew_s: float = 0.0
 
     @classmethod
     def of(cls, profile: BackwardProfile, layout: Sequence[Sequence[int]], fit: AlphaBeta, world_size: int,
            credit_s: float, *, buffer_bytes: int = 0, buffer_messages: int = 1, between_s: float = 0.0,
-           hook: HookTraffic | None = None) -> ShapedLink:
+           hook: HookTraffic | None = None, skew_s: float = 0.0) -> ShapedLink:
         """``buffer_messages``: how many broadcasts carry the buffers (DDP coalesces them per
         dtype: a BatchNorm's float statistics and its int64 step counter are two). ``hook``:
         what a comm hook all-reduces instead of each bucket, as measured."""
@@ -108,7 +111,8 @@ class ShapedLink:
                    releases_s=tuple(releases), latencies_s=tuple(min(latency, c) for c in comms),
                    transfers_s=tuple(max(c - latency, 0.0) for c in comms), credit_s=credit_s,
                    broadcast_latency_s=buffer_messages * (n - 1) * fit.alpha_s if broadcast else 0.0,
-                   broadcast_transfer_s=broadcast, between_s=between_s, alpha_s=fit.alpha_s, world_size=n)
+                   broadcast_transfer_s=broadcast, between_s=between_s, alpha_s=fit.alpha_s, world_size=n,
+                   skew_s=skew_s)
 
     def with_unshaped_latency(self, unshaped_alpha_s: float) -> ShapedLink:
         """This link with each message's latency split at ``unshaped_alpha_s``, the unshaped
@@ -165,7 +169,9 @@ class ShapedLink:
         free = 0.0  # when the link is next idle
         for release, latency, transfer in zip(self.releases_s, self.latencies_s, self.transfers_s):
             start = max(release, free)
-            tokens = min(self.credit_s, tokens + (start - free))  # refilled while idle
+            # Refilled while idle: until the first rank readies this bucket and sends its share,
+            # the skew before the last rank does (the all-reduce completes after that one).
+            tokens = min(self.credit_s, tokens + max(0.0, start - self.skew_s - free))
             paid = min(tokens, transfer)
             tokens -= paid
             free = start + latency + transfer - paid * (1 - self.line_share)

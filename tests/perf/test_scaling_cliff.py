@@ -182,6 +182,67 @@ def test_the_measurement_s_time_between_steps_refills_the_bucket_too() -> None:
     assert cm.between_steps(old) == pytest.approx(0.003)
 
 
+def test_the_link_stops_refilling_when_the_first_rank_readies_a_bucket() -> None:
+    """The first rank to ready a bucket sends its share of the all-reduce then; the simulator
+    starts the all-reduce at the last rank's readiness, so without the ranks' skew it counted
+    the link idle (refilling) for that long. Measured (examples/train_resume.py, 25.8 Mbit/s,
+    its one bucket's all-reduce just covered by the burst): the link idled 0.60-0.72 ms between
+    two all-reduces where the model counted 0.8, and the step was predicted 15-17 % fast."""
+    ms = 1e-3
+    link = cm.ShapedLink(forward_s=0.2 * ms, backward_end_s=0.3 * ms, releases_s=(0.3 * ms,),
+                         latencies_s=(0.1 * ms,), transfers_s=(0.9 * ms,), credit_s=1.0 * ms, between_s=0.2 * ms)
+    # Idle: 0.2 between + 0.2 fixed + 0.2 forward + 0.3 to the release = 0.9 ms, the whole transfer.
+    assert link.step_s(0.2 * ms) == pytest.approx((0.2 + 0.4 + 0.2) * ms)
+    # The first rank ready 0.1 ms before the last: 0.1 ms of the transfer shows.
+    assert replace(link, skew_s=0.1 * ms).step_s(0.2 * ms) == pytest.approx((0.2 + 0.5 + 0.2) * ms)
+    # A skew longer than backward up to the bucket stops the refill at the step's forward, no earlier.
+    assert replace(link, skew_s=1.0 * ms).step_s(0.2 * ms) == pytest.approx((0.2 + 0.7 + 0.2) * ms)
+
+    # The skew: per step the spread of the ranks' readiness, median over steps; a step a rank
+    # did not time is left out.
+    assert cm.launch_skew([{"first_ready": [1.0e-3, 2.0e-3, 1.5e-3]},
+                           {"first_ready": [1.2e-3, 1.5e-3, 1.5e-3]}]) == pytest.approx(0.2e-3)
+    assert cm.launch_skew([{"first_ready": [1.0e-3, None]}, {"first_ready": [1.3e-3, 2e-3]}]) == pytest.approx(0.3e-3)
+    # A sweep saved before it was recorded: the spread of the plain passes' compute.
+    old = [{"profile": {"forward": [1e-3] * 4, "backward": [b] * 4}} for b in (2e-3, 1e-3)]
+    assert cm.launch_skew(old) == pytest.approx(1e-3)
+
+
+def test_the_first_gradient_s_readiness_is_timed_with_one_hook() -> None:
+    import time
+
+    import torch
+    from torch import nn
+
+    from conformance.perf._cliff_rank import FirstGradient
+    from conformance.perf.profile import GradReadyRecorder
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+    plain, watched = build(), build()
+    recorder = GradReadyRecorder(plain)
+    recorder.start()
+    plain(torch.randn(3, 4)).sum().backward()
+    assert min(recorder.ready, key=recorder.ready.__getitem__) == 3  # the last layer's bias first
+    watch = FirstGradient()
+    watch.attach(watched, recorder.ready)
+    for _ in range(2):  # each step's readiness is its own
+        t0 = watch.start()
+        watched(torch.randn(3, 4)).sum().backward()
+        at = watch.take()
+        assert at is not None and 0 < at < time.perf_counter() - t0
+    watch.start()
+    watched[0](torch.randn(3, 4)).sum().backward()  # the watched parameter gets no gradient
+    assert watch.take() is None
+    watch.remove()
+    watch.start()
+    watched(torch.randn(3, 4)).sum().backward()
+    assert watch.take() is None  # removed: no hook left on the model
+    recorder.remove()
+
+
 def test_buffers_ddp_broadcasts_before_every_forward_cross_the_link_first() -> None:
     """DDP broadcasts the module's buffers from rank 0 before each forward (broadcast_buffers,
     the default). A Transformer's positional table registered as a buffer (640 KB beside 120 KB
