@@ -6,6 +6,7 @@ benchmarks/scaling_cliff.py)."""
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -64,6 +65,7 @@ def test_an_exact_link_is_predicted_and_the_knee_found_where_it_is() -> None:
     assert m[keys.CLIFF_RATIO] > 3
     assert len(m[keys.CLIFF_SWEEP]) == 1 + len(scaling_cliff.EXPOSURES)
     assert "knee at" in outcome.message and "simulator validated" in outcome.message
+    assert re.fullmatch(r"step x\d+\.\d at [\d.]+ [MG]bit/s; simulator within [0-2]%", m["key_figure"]), m["key_figure"]
 
 
 def test_a_simulator_off_by_half_is_marked_unvalidated_with_its_error() -> None:
@@ -73,6 +75,7 @@ def test_a_simulator_off_by_half_is_marked_unvalidated_with_its_error() -> None:
     assert outcome.metrics[keys.CLIFF_MAX_ERROR] == pytest.approx(1 / 3, abs=0.02)
     assert "simulator unvalidated: off by up to 33% (bound 15%)" in outcome.message
     assert any("predicted outside 15%" in n for n in outcome.evidence["notes"])
+    assert outcome.metrics["key_figure"].endswith("; simulator unvalidated (33% off)")
 
 
 def test_several_sweeps_are_judged_by_their_medians_and_an_unfittable_one_is_left_out() -> None:
@@ -415,6 +418,7 @@ def test_no_cliff_reproduced_is_inconclusive_never_a_pass() -> None:
     outcome = judge(_sweep(exposures=(0.01, 0.02)))
     assert outcome.status == "inconclusive"
     assert outcome.message.startswith("no cliff reproduced")
+    assert re.fullmatch(r"no cliff: x[01]\.\d\d at .+", outcome.metrics["key_figure"])
 
 
 def test_unfittable_timings_are_inconclusive() -> None:
