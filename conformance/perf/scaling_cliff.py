@@ -256,16 +256,24 @@ def judge(data: SweepData | Sequence[SweepData], *, link_gbps: float | None = No
                           recommendation=recommendation or _buffers_advice(metrics))
 
 
+#: Buffers broadcast every step worth a recommendation, as a share of the gradients' bytes. Half:
+#: the broadcast crosses the link before the forward, overlapped with nothing, while the
+#: gradients' all-reduce hides behind backward until the knee. karpathy/pytorch-made's MADE
+#: broadcasts its constant masks, 2.99 MiB beside 3 MiB of gradients, every step.
+BUFFER_ADVICE_SHARE = 0.5
+
+
 def _buffers_advice(metrics: dict[str, Any]) -> str | None:
-    """Where the buffers DDP broadcasts every step outweigh the gradients, what to do (only
-    said when measured: the bytes are in the record)."""
+    """Where the buffers DDP broadcasts every step weigh as much as half the gradients or more,
+    what to do (only said when measured: the bytes are in the record)."""
     buffers, grads = metrics["buffer_bytes"], metrics["gradient_bytes"]
-    if not buffers or buffers < grads:
+    if not buffers or buffers < BUFFER_ADVICE_SHARE * grads:
         return None
     return (f"DDP broadcasts {fmt_bytes(buffers)} of buffers from rank 0 before every forward, "
-            f"{buffers / max(grads, 1):.1f}x the gradients it all-reduces: if they are constant (a positional "
-            f"table, a mask) or every rank updates them alike, pass broadcast_buffers=False to DDP (or keep a "
-            f"constant table as a plain tensor attribute instead of a buffer)")
+            f"{buffers / max(grads, 1):.1f}x the gradients it all-reduces, and nothing overlaps that broadcast: "
+            f"if they are constant (a positional table, a mask) or every rank updates them alike, pass "
+            f"broadcast_buffers=False to DDP (or keep a constant table as a plain tensor attribute instead of a "
+            f"buffer)")
 
 
 def _gbps(rate: float | None) -> float | None:

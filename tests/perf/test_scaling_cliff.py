@@ -400,6 +400,11 @@ def test_buffers_that_outweigh_the_gradients_are_named_with_what_to_do() -> None
     assert "112 KiB of buffers broadcast before every forward" in outcome.message, outcome.message
     assert outcome.metrics["buffer_bytes"] == 4 * sum(NBYTES)
     assert "broadcast_buffers=False" in (outcome.recommendation or "") and "4.0x the gradients" in outcome.recommendation
+    # Half the gradients' bytes or more is advised (MADE's constant masks: 2.99 MiB beside 3 MiB);
+    # a BatchNorm's statistics, a few per cent, are only said.
+    for share, advised in ((0.6, True), (0.3, False)):
+        some = tuple(tuple({**v, "buffer_bytes": int(share * sum(NBYTES))} for v in rate) for rate in data.values)
+        assert ("broadcast_buffers=False" in (judge(replace(data, values=some)).recommendation or "")) is advised
     plain = judge(data)  # no buffers: neither said nor advised
     assert "buffers" not in plain.message and "broadcast_buffers" not in (plain.recommendation or "")
 
