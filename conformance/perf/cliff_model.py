@@ -19,6 +19,7 @@ every halving of the rate shows in the step time (:func:`knees`).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -159,7 +160,8 @@ def fit_point(sizes: Sequence[int], per_rank_times: Sequence[Sequence[Sequence[f
     ``rate_bits_per_s``: the shaped rate. A size whose all-reduce took less time than the rate
     needs for its bytes (``2(N-1) M`` through the one shaped loopback) was paid by the link's
     burst, refilled in the gaps between back-to-back calls, not by the rate: the fit leaves it
-    out (when two sizes remain), since the model pays the burst separately (``ShapedLink``).
+    out (when two sizes remain and fit a line), since the model pays the burst separately
+    (``ShapedLink``).
     Measured (karpathy/pytorch-made's MADE, 3 MB of gradients, 2 Gbit/s = 250 MB/s): 64 KiB
     all-reduced in 0.30 ms, 1 and 4 MB at the link's rate, and the fit through all of them read
     200 MB/s where the link allows 125; its slowest rates were predicted 11-20 % fast.
@@ -174,7 +176,9 @@ def fit_point(sizes: Sequence[int], per_rank_times: Sequence[Sequence[Sequence[f
         paid_by_rate = [i for i, (size, t) in enumerate(zip(sizes, times))
                         if t >= 2 * (world_size - 1) * size * 8 / rate_bits_per_s]
         if len(paid_by_rate) >= 2:
-            sizes, times = [sizes[i] for i in paid_by_rate], [times[i] for i in paid_by_rate]
+            with contextlib.suppress(ValueError):  # what is left is noise: the whole sweep decides
+                return fit_alpha_beta([sizes[i] for i in paid_by_rate], [times[i] for i in paid_by_rate],
+                                      world_size)
     try:
         return fit_alpha_beta(sizes, times, world_size)
     except ValueError:

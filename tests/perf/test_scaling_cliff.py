@@ -564,6 +564,9 @@ def test_a_size_the_burst_paid_for_is_left_out_of_the_rate_s_fit() -> None:
     assert fit.beta_bytes_per_s == pytest.approx(link, rel=0.03)
     # Fewer than two sizes at the rate (every one faster than 2 Mbit/s allows): all of them, not a failure.
     assert cm.fit_point(sizes, per_rank, 2, rate_bits_per_s=rate / 1000) == cm.fit_point(sizes, per_rank, 2)
+    # The sizes at the rate fit no line (the larger one faster): the whole sweep decides.
+    few, noisy = [4096, 8192, 65536], [[[t] * 3 for t in (10e-3, 8e-3, 30e-3)]] * 2  # 64 KiB paid by the burst
+    assert cm.fit_point(few, noisy, 2, rate_bits_per_s=20e6) == cm.fit_point(few, noisy, 2)
 
 
 def _front_loaded_profile() -> Any:
