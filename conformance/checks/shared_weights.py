@@ -26,7 +26,10 @@ weights as DDP's broadcast), written to files in the check's temp dir; (3) for t
 and ``static_graph=True``: 2 DDP iterations of forward/backward (``target.compute_loss``, no
 optimizer step, so the reference stays valid) on each rank's shard, gradients compared with
 the reference *on each rank*, against those files (tolerance as gradient-equivalence; a ratio
-of ~2 or ~0 is named double-counted or lost). Only per-tensor summaries reach the supervisor.
+of ~2 or ~0 is named double-counted or lost). One unshared parameter is compared beside the
+shared ones (``_control``): when every gradient is off by one factor, the loss is named as the
+cause (a summed loss halves them all at 2 ranks), not the sharing. Only per-tensor summaries
+reach the supervisor.
 
 A model without shared parameters is *skipped* with evidence ``shared: []``: there is no
 shared gradient to compare, and a check that compared nothing never passes.
@@ -192,7 +195,9 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
     shared = sorted({name for g in groups for name in g[:1]}
                     | {f"{m}.{p}" if m else p for m, c in calls.items() if c > 1
                        for p, _ in model.get_submodule(m).named_parameters(recurse=False)})
-    out.update(groups=groups, reused={m: c for m, c in calls.items() if c > 1}, shared=shared)
+    control = _control(model, shared)
+    out.update(groups=groups, reused={m: c for m, c in calls.items() if c > 1}, shared=shared, control=control)
+    compared = shared + control
     del model
     if not shared:
         return out
@@ -211,7 +216,7 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
         ddp = wrap(fresh, device, kwargs, target=target)
         if not referenced:
             if rank == 0:
-                out.update(_reference(unwrap(ddp), groups, shared, batches, target, device, snapshots))
+                out.update(_reference(unwrap(ddp), groups, shared, control, batches, target, device, snapshots))
             # Synchronisation point: no rank compares before rank 0 has written every
             # reference gradient (the files are complete once rank 0 reaches this barrier).
             dist.barrier()
@@ -229,7 +234,7 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
             # A synchronising backward on every rank: each variant runs the same iterations
             # everywhere, so the reducer's all-reduces pair up.
             target.compute_loss(ddp, x, y).backward()
-            live = [(s, _live_grad(unwrap(ddp), s)) for s in shared]
+            live = [(s, _live_grad(unwrap(ddp), s)) for s in compared]
             if digest:
                 out["digests"].append((f"shared gradients of iteration {step} under DDP {label}",
                                        named_digests(live)))
@@ -242,7 +247,7 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
     return out
 
 
-def _reference(model: Any, groups: list[list[str]], shared: list[str], batches: list[Any],
+def _reference(model: Any, groups: list[list[str]], shared: list[str], control: list[str], batches: list[Any],
                target: Any, device: Any, snapshots: Path) -> dict[str, Any]:
     """Rank 0: which uses contribute, and the single-process reference gradient of every global
     batch (plain autograd on a copy of the broadcast weights), written to ``snapshots``."""
@@ -262,8 +267,8 @@ def _reference(model: Any, groups: list[list[str]], shared: list[str], batches: 
         ref_model.zero_grad(set_to_none=True)
         x, y = to_device([batch], device)[0]
         target.compute_loss(ref_model, x, y).backward()
-        live = [(s, _live_grad(ref_model, s)) for s in shared]
-        nonfinite.append(first_nonfinite(live))
+        live = [(s, _live_grad(ref_model, s)) for s in shared + control]
+        nonfinite.append(first_nonfinite(live[:len(shared)]))
         write_snapshot(snapshots, f"ref{step}", live)
     del ref_model
     return {"per_use": per_use, "reference_nonfinite": nonfinite}
@@ -279,10 +284,20 @@ def _first_nonfinite(head: dict[str, Any], values: list[dict[str, Any]]) -> dict
         for v in value["variants"]:
             for iteration, compared in enumerate(v["grads"]):
                 for c in compared:
-                    if c.got_present and not c.got_finite:
+                    if c.name in head["shared"] and c.got_present and not c.got_finite:
                         return {"name": c.name, "iteration": iteration, "rank": value["rank"],
                                 "where": f"DDP run ({v['label']}) on rank {value['rank']}"}
     return None
+
+
+def _control(model: Any, shared: list[str]) -> list[str]:
+    """One parameter that is not shared (the largest that trains), compared beside the shared
+    ones: when it is off by the same factor, the cause is the loss or the data, not the sharing
+    (a summed loss halves every gradient at 2 ranks, the tied one too). Empty when every
+    parameter is shared."""
+    candidates = [(p.numel(), name) for name, p in model.named_parameters()
+                  if p.requires_grad and name not in shared]
+    return [max(candidates)[1]] if candidates else []
 
 
 def _live_grad(model: Any, name: str) -> Any:
@@ -306,6 +321,27 @@ def _classify(c: Compared) -> str:
     return f"wrong (norm ratio {ratio:.2f})"
 
 
+def _common_scale(head: dict[str, Any], values: list[dict[str, Any]], label: str) -> tuple[float, str] | None:
+    """(factor, cause) when under DDP ``label`` every compared gradient -- the shared ones and
+    the unshared control -- is the reference's times one factor: the loss or the data scales
+    every gradient, and the sharing is not to blame. None otherwise, or without a control."""
+    from .equivalence.hypotheses import scale_causes, scale_from
+
+    if not head.get("control"):
+        return None
+    index = next(i for i, v in enumerate(head["variants"]) if v["label"] == label)
+    per_rank = [[c for step in value["variants"][index]["grads"] for c in step]
+                for value in values if value.get("compared_by") != DIGEST]
+    if not any(c.name in head["control"] and c.ref_present and c.got_present for rank in per_rank for c in rank):
+        return None
+    factor = scale_from(per_rank, [math.sqrt(c.ref_sq) for rank in per_rank for c in rank]).uniform
+    if factor is None or abs(factor - 1) < 0.05:
+        return None
+    causes = scale_causes(factor, world_size=len(values), microbatches=1)
+    return factor, (causes[0] if causes else
+                    "a factor no known bug makes; gradient-equivalence compares every parameter")
+
+
 def _worst_rows(head: dict[str, Any], values: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
     """Per DDP variant, the worst compared gradient over steps, shared parameters and ranks
     (ranks judged by digest are held to rank 0 separately)."""
@@ -318,6 +354,8 @@ def _worst_rows(head: dict[str, Any], values: list[dict[str, Any]]) -> list[dict
                     if value.get("compared_by") == DIGEST:
                         continue  # held to rank 0 by digest above
                     c = value["variants"][index]["grads"][step][position]
+                    if c.name not in head["shared"]:
+                        continue  # the control (_control): read by _common_scale
                     d, name = c.diff, c.name
                     # `not <=` also takes a NaN ratio: a non-finite gradient is never the best row.
                     if not math.isnan(worst_ratio) and not d.ratio <= worst_ratio:
@@ -413,6 +451,18 @@ def run(ctx: CheckContext) -> Outcome:
                            "the sum once")
     if failures:
         bad = failures[0]
+        common = _common_scale(head, values, bad["variant"])
+        if common is not None:
+            factor, cause = common
+            evidence["common_scale"] = {"factor": factor, "control": head["control"], "variant": bad["variant"]}
+            metrics["key_figure"] = f"every gradient x{factor:.3g}, shared or not"
+            return Outcome.failed(
+                f"every gradient is {factor:.3g}x the single-process one under DDP {bad['variant']}, shared or "
+                f"not (shared {bad['param']!r} and unshared {head['control'][0]!r} alike): not the sharing — "
+                f"{cause}", metrics=metrics, evidence=evidence,
+                recommendation="the loss must be a mean over the local samples (DDP averages gradients over "
+                               "ranks: do not multiply or divide it by the world size); gradient-equivalence "
+                               "compares every parameter")
         metrics["key_figure"] = f"{bad['param']} {bad['diagnosis']} under {bad['variant']}"
         return Outcome.failed(
             f"shared parameter {bad['param']!r} gets a gradient {bad['diagnosis']} under DDP "

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ._check_helpers import run_check
 
 
@@ -53,3 +55,15 @@ def test_a_batch_that_differs_per_rank_is_named_not_blamed_on_the_tie(suite_sess
     assert record.status == "failed"
     assert record.message.startswith("rank 1's data differs from rank 0's: make_batch drew a different global batch")
     assert record.evidence["ranks_with_other_data"] == [1]
+
+
+def test_a_summed_loss_is_named_not_blamed_on_the_tie(suite_session):
+    """Every gradient is 1/N of the large-batch one, the tied weight's and an unshared
+    control's alike: the cause is the loss. Before the control, the check said the tied
+    weight's gradient was "wrong (norm ratio 0.50)" and advised on find_unused_parameters."""
+    record = run_check(suite_session, "shared-weights", "tied_sum_loss")
+    assert record.status == "failed"
+    assert "every gradient is 0.5x the single-process one under DDP configured, shared or not" in record.message
+    assert "not the sharing — the loss is a sum over samples (reduction='sum')" in record.message
+    assert "find_unused_parameters" not in (record.recommendation or "")
+    assert record.evidence["common_scale"]["factor"] == pytest.approx(0.5, rel=1e-3)
