@@ -342,6 +342,25 @@ def _common_scale(head: dict[str, Any], values: list[dict[str, Any]], label: str
                     "a factor no known bug makes; gradient-equivalence compares every parameter")
 
 
+def _scaled_everywhere(head: dict[str, Any], values: list[dict[str, Any]], bad: dict[str, Any],
+                       metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome | None:
+    """The failure when the worst shared gradient's variant scales every gradient alike
+    (``_common_scale``): named by the factor's cause, not the sharing. None otherwise."""
+    common = _common_scale(head, values, bad["variant"])
+    if common is None:
+        return None
+    factor, cause = common
+    evidence["common_scale"] = {"factor": factor, "control": head["control"], "variant": bad["variant"]}
+    metrics["key_figure"] = f"every gradient x{factor:.3g}, shared or not"
+    return Outcome.failed(
+        f"every gradient is {factor:.3g}x the single-process one under DDP {bad['variant']}, shared or "
+        f"not (shared {bad['param']!r} and unshared {head['control'][0]!r} alike): not the sharing — "
+        f"{cause}", metrics=metrics, evidence=evidence,
+        recommendation="the loss must be a mean over the local samples (DDP averages gradients over "
+                       "ranks: do not multiply or divide it by the world size); gradient-equivalence "
+                       "compares every parameter")
+
+
 def _worst_rows(head: dict[str, Any], values: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
     """Per DDP variant, the worst compared gradient over steps, shared parameters and ranks
     (ranks judged by digest are held to rank 0 separately)."""
@@ -451,18 +470,9 @@ def run(ctx: CheckContext) -> Outcome:
                            "the sum once")
     if failures:
         bad = failures[0]
-        common = _common_scale(head, values, bad["variant"])
-        if common is not None:
-            factor, cause = common
-            evidence["common_scale"] = {"factor": factor, "control": head["control"], "variant": bad["variant"]}
-            metrics["key_figure"] = f"every gradient x{factor:.3g}, shared or not"
-            return Outcome.failed(
-                f"every gradient is {factor:.3g}x the single-process one under DDP {bad['variant']}, shared or "
-                f"not (shared {bad['param']!r} and unshared {head['control'][0]!r} alike): not the sharing — "
-                f"{cause}", metrics=metrics, evidence=evidence,
-                recommendation="the loss must be a mean over the local samples (DDP averages gradients over "
-                               "ranks: do not multiply or divide it by the world size); gradient-equivalence "
-                               "compares every parameter")
+        scaled = _scaled_everywhere(head, values, bad, metrics, evidence)
+        if scaled is not None:
+            return scaled
         metrics["key_figure"] = f"{bad['param']} {bad['diagnosis']} under {bad['variant']}"
         return Outcome.failed(
             f"shared parameter {bad['param']!r} gets a gradient {bad['diagnosis']} under DDP "
