@@ -290,14 +290,23 @@ def _first_nonfinite(head: dict[str, Any], values: list[dict[str, Any]]) -> dict
     return None
 
 
+#: The control's size cap (elements): its reference gradient is written and read back per step
+#: like the shared ones', and a million elements show a common factor as well as a billion.
+CONTROL_MAX_ELEMENTS = 1 << 20
+
+
 def _control(model: Any, shared: list[str]) -> list[str]:
-    """One parameter that is not shared (the largest that trains), compared beside the shared
-    ones: when it is off by the same factor, the cause is the loss or the data, not the sharing
-    (a summed loss halves every gradient at 2 ranks, the tied one too). Empty when every
-    parameter is shared."""
-    candidates = [(p.numel(), name) for name, p in model.named_parameters()
-                  if p.requires_grad and name not in shared]
-    return [max(candidates)[1]] if candidates else []
+    """One parameter that is not shared, compared beside the shared ones: when it is off by the
+    same factor, the cause is the loss or the data, not the sharing (a summed loss halves every
+    gradient at 2 ranks, the tied one too). The largest that trains within
+    CONTROL_MAX_ELEMENTS (a big one's gradient is well above rounding), else the smallest.
+    Empty when every parameter is shared."""
+    candidates = sorted((p.numel(), name) for name, p in model.named_parameters()
+                        if p.requires_grad and name not in shared)
+    if not candidates:
+        return []
+    within = [c for c in candidates if c[0] <= CONTROL_MAX_ELEMENTS]
+    return [(within[-1] if within else candidates[0])[1]]
 
 
 def _live_grad(model: Any, name: str) -> Any:

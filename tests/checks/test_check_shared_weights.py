@@ -67,3 +67,17 @@ def test_a_summed_loss_is_named_not_blamed_on_the_tie(suite_session):
     assert "not the sharing — the loss is a sum over samples (reduction='sum')" in record.message
     assert "find_unused_parameters" not in (record.recommendation or "")
     assert record.evidence["common_scale"]["factor"] == pytest.approx(0.5, rel=1e-3)
+
+
+def test_the_control_is_the_largest_unshared_parameter_within_its_cap(monkeypatch):
+    from torch import nn
+
+    from conformance.checks import shared_weights
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 64))  # 16+4 and 256+64 elements
+    assert shared_weights._control(model, ["0.weight"]) == ["1.weight"]
+    monkeypatch.setattr(shared_weights, "CONTROL_MAX_ELEMENTS", 100)
+    assert shared_weights._control(model, ["0.weight"]) == ["1.bias"]
+    monkeypatch.setattr(shared_weights, "CONTROL_MAX_ELEMENTS", 2)
+    assert shared_weights._control(model, ["0.weight"]) == ["0.bias"]  # none within: the smallest
+    assert shared_weights._control(model, ["0.weight", "0.bias", "1.weight", "1.bias"]) == []
