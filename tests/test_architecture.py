@@ -26,7 +26,7 @@ BIN = Path(sys.executable).parent
 
 def _tool(name: str) -> str:
     path = BIN / name
-    if not path.exists():  # the dev extra is part of README command 1; say how to get it
+    if not path.exists():  # the dev extra is installed by README command 2; say how to get it
         pytest.fail(f"{name} is not installed in {BIN}; install the dev extra: pip install -e '.[dev]'")
     return str(path)
 
@@ -245,3 +245,57 @@ def test_nothing_imports_the_bare_faults_or_reports_names() -> None:
     offenders = [str(path.relative_to(ROOT)) for path in _tracked_text_files()
                  if path.suffix == ".py" and not path.is_symlink() and _BARE.search(path.read_text())]
     assert not offenders, f"import ddp_conformance.faults / ddp_conformance.reports instead in: {offenders}"
+
+
+# The README is the front door (what it is, the two commands, links); the reference lives in docs/.
+README_MAX_BYTES = 20 * 1024
+# [text](target) in markdown, not images' alt text; the target up to an optional #anchor
+MD_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    kept = "".join(c for c in heading.lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
+def _broken_links(markdown: Path, root: Path = ROOT) -> list[str]:
+    broken = []
+    for match in MD_LINK.finditer(markdown.read_text()):
+        target = match.group(1)
+        if "://" in target or target.startswith("mailto:"):
+            continue  # an outside page: not this repository's to keep
+        path, _, anchor = target.partition("#")
+        page = (markdown.parent / path).resolve() if path else markdown
+        if not page.exists():
+            broken.append(f"{markdown.relative_to(root)}: link to missing {path}")
+        elif anchor and page.suffix == ".md" and anchor not in {_anchor(h) for h in _headings(page)}:
+            broken.append(f"{markdown.relative_to(root)}: link to {path or page.name}#{anchor}, "
+                          f"which is no heading there")
+    return broken
+
+
+def test_the_readme_is_a_front_door() -> None:
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_MAX_BYTES, (
+        f"README.md is {size} bytes, over {README_MAX_BYTES}: move reference text to docs/ "
+        f"(targets.md, checks.md, running.md, scaling-cliff.md) or benchmarks/README.md")
+
+
+def test_every_link_in_the_markdown_resolves() -> None:
+    pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "README.md",
+             *sorted((ROOT / "docs").glob("*.md"))]
+    assert sum(len(MD_LINK.findall(p.read_text())) for p in pages) >= 5, "the link pattern is broken"
+    broken = [b for page in pages for b in _broken_links(page)]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_link_check_catches_a_broken_link(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# Title\n\n## Quick start\n")
+    page = tmp_path / "docs" / "_link_probe.md"
+    page.write_text("# Probe\n\n[ok](../README.md#quick-start) [gone](missing.md) "
+                    "[bad anchor](../README.md#no-such)\n")
+    broken = _broken_links(page, tmp_path)
+    assert broken == ["docs/_link_probe.md: link to missing missing.md",
+                      "docs/_link_probe.md: link to ../README.md#no-such, which is no heading there"]
