@@ -7,6 +7,7 @@
     torchrun --standalone --nproc-per-node 2 -m conformance run --attach
     ddp-conformance report out/                          # re-render out/report.{md,html}
     ddp-conformance list                                 # every check id
+    ddp-conformance --version
 
 Exit codes: 0 ready, 1 not ready (a check failed), 2 usage or target error, 3 inconclusive.
 The exit code comes from this run's records only (its run id is stamped on each of them and
@@ -45,6 +46,7 @@ class UsageError(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddp-conformance", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the suite and write a readiness report")
     run.add_argument("--target", default=None, help="target file, module or built-in name "
@@ -67,6 +69,18 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("dir")
     sub.add_parser("list", help="every check id with a one-line description")
     return parser
+
+
+def _version() -> str:
+    """This package's version and the torch it would run on, read from the installed
+    distributions' metadata: importing torch would take seconds for one line."""
+    from . import __version__
+
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "not installed"
+    return f"ddp-conformance {__version__} (torch {torch})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+
 import pytest
 
 from conformance.cli import main
@@ -65,6 +67,23 @@ def test_list_names_every_check_and_builtin_target(capsys) -> None:
     for spec in CHECKS:
         assert spec.id in out
     assert "built-in targets: mlp, tied-lm, branchy, convbn" in out
+
+
+def test_version_names_the_package_and_its_torch_without_importing_torch(capsys) -> None:
+    import subprocess
+    import sys
+
+    from conformance import __version__
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"ddp-conformance {__version__} (torch {metadata.version('torch')})"
+    # A fresh interpreter: --version must answer without loading torch (seconds for one line).
+    probe = ("import sys; from conformance.cli import main\ntry: main(['--version'])\n"
+             "except SystemExit: pass\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "False"
 
 
 def test_a_report_dir_with_a_directory_for_results_exits_2(tmp_path, capsys) -> None:
