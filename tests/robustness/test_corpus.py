@@ -185,8 +185,8 @@ def _hung_run(tmp_path: Path, out: Path) -> tuple[Run, list[Path]]:
     return run, wait_for_files(pids, 2, timeout=90)
 
 
-def _gone_within(pids: list[int], seconds: float) -> float:
-    """Seconds until every pid is gone (or zombie); fails past ``seconds``."""
+def _gone_within(pids: list[int], seconds: float) -> None:
+    """Returns once every pid is gone (or zombie); fails past ``seconds``."""
     start = time.monotonic()
     while time.monotonic() - start < seconds:
         alive = []
@@ -198,7 +198,7 @@ def _gone_within(pids: list[int], seconds: float) -> float:
             except (OSError, IndexError):
                 pass
         if not alive:
-            return time.monotonic() - start
+            return
         time.sleep(0.01)
     raise AssertionError(f"processes {alive} still alive {seconds} s after the signal")
 
@@ -226,13 +226,11 @@ def test_double_sigint_mid_run_is_inconclusive_and_incomplete(tmp_path: Path) ->
     run.signal(signal.SIGINT)
     time.sleep(0.1)
     sent = run.signal(signal.SIGINT)
-    budget = run.pace.bound(INTERRUPT_BUDGET_S + 1.0)
-    taken = _gone_within(_rank_and_child_pids(files), budget)
+    _gone_within(_rank_and_child_pids(files), run.pace.bound(INTERRUPT_BUDGET_S + 1.0))
     done = run.wait(timeout=30)
     assert done.code == 3, done.stderr[-3000:]
     assert time.monotonic() - sent <= done.bound(EXIT_AFTER_SIGNAL_S)
     _one_line(done, r"inconclusive")
-    assert taken <= budget
     if (out / "report.json").exists():
         report = json.loads((out / "report.json").read_text())
         assert report["complete"] is False and report["verdict"] != "ready"
@@ -250,12 +248,10 @@ def test_two_runs_on_one_dir_the_second_exits_2_naming_the_owner_then_sigterm(tm
     _assert_clean(second)
     # SIGTERM is handled like Ctrl-C: ranks gone within the budget, exit 3, report incomplete.
     sent = first.signal(signal.SIGTERM)
-    budget = first.pace.bound(INTERRUPT_BUDGET_S + 1.0)
-    taken = _gone_within(_rank_and_child_pids(files), budget)
+    _gone_within(_rank_and_child_pids(files), first.pace.bound(INTERRUPT_BUDGET_S + 1.0))
     result = first.wait(timeout=30)
     assert result.code == 3, result.stderr[-3000:]
     assert time.monotonic() - sent <= result.bound(EXIT_AFTER_SIGNAL_S)
-    assert taken <= budget
     report = json.loads((out / "report.json").read_text())
     assert report["complete"] is False and report["verdict"] == "inconclusive"
     _assert_clean(first)

@@ -86,12 +86,10 @@ def test_sigterm_to_the_gate_ends_the_run_whatever_the_target_traps(tmp_path: Pa
               env={"DDP_TEST_PIDS": str(pids), "DDP_TEST_HANG": "1"})
     ranks = [int(f.name) for f in wait_for_files(pids, 2, timeout=90)]
     sent = run.signal(signal.SIGTERM)
-    budget = run.pace.bound(INTERRUPT_BUDGET_S + 1.0)
-    taken = _gone_within(ranks, budget)
+    _gone_within(ranks, run.pace.bound(INTERRUPT_BUDGET_S + 1.0))
     done = run.wait(timeout=30)
     assert done.code == 3, done.stderr[-3000:]
     assert time.monotonic() - sent <= done.bound(EXIT_AFTER_SIGNAL_S)
-    assert taken <= budget
     _one_line(done, r"inconclusive")
     _assert_clean(run)
 
