@@ -207,13 +207,14 @@ def _rank_and_child_pids(files: list[Path]) -> list[int]:
     return [int(part) for f in files for part in f.name.split("-")]
 
 
+@pytest.mark.timing
 def test_sigkill_of_the_supervisor_leaves_no_rank_and_no_setsid_child(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run, files = _hung_run(tmp_path, out)
     run.signal(signal.SIGKILL)
     done = run.wait(timeout=10)
     assert done.code == -signal.SIGKILL
-    _gone_within(_rank_and_child_pids(files), 5.0)  # ranks: die-with-parent; children: the guardian
+    _gone_within(_rank_and_child_pids(files), run.pace.bound(5.0))  # ranks: die-with-parent; children: the guardian
     _assert_clean(run)
     if (out / "report.json").exists():  # nothing of this run may read as ready
         assert json.loads((out / "report.json").read_text())["verdict"] != "ready"
@@ -337,6 +338,7 @@ def _open_files(limit: int) -> Callable[[], None]:
     return lower
 
 
+@pytest.mark.timing
 def test_too_few_file_descriptors_exit_2_with_one_line(tmp_path: Path) -> None:
     """Probe 21: ``ulimit -n 16`` aborted the supervisor (SIGABRT, no message) in the
     rendezvous store; now it is a setting to fix, said before anything starts."""
@@ -373,6 +375,7 @@ def test_report_of_a_nan_line_is_inconclusive_with_one_line(tmp_path: Path) -> N
     _assert_clean(run)
 
 
+@pytest.mark.timing
 def test_a_passing_run_kills_setsid_children_and_keep_tmp_keeps_only_the_session_dir(tmp_path: Path) -> None:
     """Each rank forks a ``setsid`` child and the run passes: the children must still die
     with it. With --keep-tmp the session's temp dir stays (and is said); nothing else does."""
@@ -392,7 +395,7 @@ def test_a_passing_run_kills_setsid_children_and_keep_tmp_keeps_only_the_session
     assert Path(kept.group(1)).is_dir() and Path(kept.group(1)).parent == run.tmp
     procs, _ = run.leftovers(within_s=5.0)
     assert not procs, f"processes outlived a passing run: {procs}"
-    _gone_within(children, 1.0)
+    _gone_within(children, run.pace.bound(1.0))
     import shutil
 
     shutil.rmtree(kept.group(1))

@@ -29,6 +29,7 @@ TESTS = ROOT / "tests"
 HOSTILE = str(TARGETS / "hostile_import.py")
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("target, line", [
     # Probe 1: os._exit(0) at import was exit 0 with no report and no line (the old READY report
     # stayed); now the child's silence is a target error quoting what it printed.
@@ -94,6 +95,7 @@ def test_sigterm_to_the_gate_ends_the_run_whatever_the_target_traps(tmp_path: Pa
     _assert_clean(run)
 
 
+@pytest.mark.timing
 def test_the_plugin_loads_a_target_in_a_child_under_its_deadline(tmp_path: Path) -> None:
     """Probes 10 and 1 through pytest: an import that blocks ran past --ddp-deadline forever,
     and os._exit(0) at import made pytest exit 0 with no output. Both are usage errors (4)."""
@@ -114,6 +116,7 @@ def test_the_plugin_loads_a_target_in_a_child_under_its_deadline(tmp_path: Path)
         _assert_clean(run)
 
 
+@pytest.mark.timing
 def test_an_endless_epoch_stream_is_not_a_ddp_hang(tmp_path: Path) -> None:
     """Probe 19: an endless epoch_batches failed as "hung" with the advice for collectives."""
     run = Run(["run", "--report-dir", str(tmp_path / "out"), "--backend", "gloo", "--target",
@@ -127,6 +130,7 @@ def test_an_endless_epoch_stream_is_not_a_ddp_hang(tmp_path: Path) -> None:
     _assert_clean(run)
 
 
+@pytest.mark.timing
 def test_attach_without_rank_0_says_why_within_the_deadline(tmp_path: Path) -> None:
     """Probe 20: rank 1 launched without rank 0 retried the join in every check (3.5x the
     deadline), exited 1 and said nothing; now one line, exit 3, after one store timeout."""
