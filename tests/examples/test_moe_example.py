@@ -18,8 +18,15 @@ def _record(session, check, target):  # type: ignore[no-untyped-def]
 
 def test_the_moe_example_is_not_failed_and_its_loss_times_world_is(suite_session, tmp_path):
     record = _record(suite_session, "gradient-equivalence", str(EXAMPLES / "train_moe.py"))
-    assert record.status in ("passed", "inconclusive"), record.message
     assert record.evidence["routing"]["compared"], record.evidence["routing"]  # its top-k was seen
+    if record.status != "passed":
+        # Only for the reason examples/train_moe.py documents: its top-k routing flipped under
+        # DDP, said with where it parted. Any other inconclusive (a floor too wide, a judge that
+        # raised) is not this example's known discontinuity.
+        assert record.status == "inconclusive", record.message
+        assert "cannot be judged past a routing flip" in record.message, record.message
+        assert "tokens chose other experts under DDP" in record.message, record.message
+        assert record.evidence["routing"]["ddp_flip"]["tokens_routed_elsewhere"] > 0, record.evidence["routing"]
     broken = variant(tmp_path, "train_moe.py", "moe_loss_times_world",
                      ("        (loss_fn(model(x), y) / len(microbatches)).backward()",
                       "        import torch.distributed as dist\n"

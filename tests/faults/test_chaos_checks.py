@@ -33,7 +33,8 @@ def _run(session: Any, check: str, target: str = "builtin") -> tuple[Any, Any]:
     return record, ctx
 
 
-def test_hang_detection_diagnoses_every_injected_hang(suite_session: Any) -> None:
+@pytest.mark.timing
+def test_hang_detection_diagnoses_every_injected_hang(suite_session: Any, pace: Any) -> None:
     record, ctx = _run(suite_session, "hang-detection")
     assert record.status == "passed", record.message
     scenarios = {s["scenario"]: s for s in record.evidence["scenarios"]}
@@ -41,7 +42,9 @@ def test_hang_detection_diagnoses_every_injected_hang(suite_session: Any) -> Non
                               "dead-rank", "uneven-batches", "stalled-transport"}
     for s in scenarios.values():
         assert s["culprit_rank"] == 1 and s["injections"] >= 1 and not s["problems"]
-        assert s["latency_s"] <= SCENARIO_DEADLINE_CAP_S + DETECTION_SLACK_S
+        # The deadline is the scenario's own; what detection takes past it (stacks, the kill)
+        # is slower on a loaded host.
+        assert s["latency_s"] <= SCENARIO_DEADLINE_CAP_S + pace.bound(DETECTION_SLACK_S), s["scenario"]
     branch = scenarios["rank-dependent-branch"]
     assert branch["collective"]["bucket"] is not None
     assert branch["params"] and all(p.startswith("aux_head.") for p in branch["params"])
@@ -53,7 +56,7 @@ def test_hang_detection_diagnoses_every_injected_hang(suite_session: Any) -> Non
     stalled = scenarios["stalled-transport"]
     assert (stalled["classification"], stalled["kind"]) == ("transport", "entered-never-completed")
     assert stalled["barrier"] == [1] and stalled["collective"]["tag"] == "step1"
-    assert stalled["latency_s"] <= STALL_DEADLINE_S + DETECTION_SLACK_S
+    assert stalled["latency_s"] <= STALL_DEADLINE_S + pace.bound(DETECTION_SLACK_S)
     # torch's flight recorder on the rank that answered: it entered #2 and never completed it
     assert stalled["flight_recorder"]["0"]["op"] == "gloo:all_reduce"
     recorded = next(iter(stalled["flight_recorder_dump"]["0"]["groups"].values()))
@@ -97,11 +100,12 @@ def test_unused_parameters_passes_with_find_unused_and_reports_tax(suite_session
     assert "find_unused_parameters=False" in (record.recommendation or "")
 
 
-def test_hang_detection_on_targets(suite_session: Any) -> None:
+@pytest.mark.timing
+def test_hang_detection_on_targets(suite_session: Any, pace: Any) -> None:
     broken, _ = _run(suite_session, "hang-detection", fault_target("branchy_unused"))
     assert broken.status == "failed"
     assert "aux_head" in broken.message
-    assert broken.metrics["detection_latency_s"] <= SCENARIO_DEADLINE_CAP_S + DETECTION_SLACK_S
+    assert broken.metrics["detection_latency_s"] <= SCENARIO_DEADLINE_CAP_S + pace.bound(DETECTION_SLACK_S)
     ok, _ = _run(suite_session, "hang-detection", fault_target("loop_ok"))
     assert ok.status == "passed", ok.message
 

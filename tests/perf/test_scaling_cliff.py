@@ -479,8 +479,13 @@ def test_a_short_real_sweep_through_the_session(suite_session: Any, monkeypatch:
     monkeypatch.setattr(_cliff_layout, "ROUNDS", 1)
     monkeypatch.setattr(_cliff_layout, "STEPS", 2)
     record, ctx = suite_session.run_check(BY_ID["scaling-cliff"], "mlp")
-    # Timing decides passed vs inconclusive on a loaded host; never a failure, never a skip here.
+    # Timing decides passed vs inconclusive on a loaded host; never a failure, never a skip here,
+    # and inconclusive only for the check's two timing reasons (its docstring): a rate the host
+    # was too noisy to fit, or a cliff the loaded host's slower unshaped step hid.
     assert record.status in ("passed", "inconclusive"), record.message
+    if record.status == "inconclusive":
+        assert re.search(r"cannot be fitted .*the host is too noisy to measure the cliff|^no cliff reproduced: ",
+                         record.message), record.message
     sweep = record.metrics[keys.CLIFF_SWEEP]
     assert [p["rate_gbps"] is None for p in sweep] == [True, False]
     assert all(p["measured_step_s"] > 0 and p["predicted_step_s"] > 0 for p in sweep)

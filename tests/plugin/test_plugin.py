@@ -10,7 +10,7 @@ import pytest
 pytest_plugins = ["pytester"]
 
 WORLD_TEST = '''
-import os
+import json, os
 
 def rank_pid(ctx, x):
     import torch, torch.distributed as dist
@@ -25,7 +25,10 @@ def test_world_{n}(ddp_world):
         assert [r.value[1] for r in results] == [2.0 * i] * 2
         pids |= {{r.value[0] for r in results}}
     assert len(pids) == 2   # the same two ranks served all 20 calls
-    print("WORLD", os.environ.get("PYTEST_XDIST_WORKER"), sorted(pids))
+    # Where it ran, for the controller's test: xdist workers do not pass -s output back.
+    with open(os.path.join({out!r}, "{n}.json"), "w") as f:
+        json.dump({{"worker": os.environ.get("PYTEST_XDIST_WORKER"), "pid": os.getpid(),
+                   "ranks": sorted(pids)}}, f)
 '''
 
 
@@ -59,12 +62,22 @@ def test_options_are_listed(pytester: pytest.Pytester) -> None:
                                  "*--ddp-deadline*", "*--ddp-report-dir*"])
 
 
-def test_two_xdist_workers_run_two_independent_worlds(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_a=WORLD_TEST.format(n="a"), test_b=WORLD_TEST.format(n="b"))
-    result = pytester.runpytest_subprocess("-n", "2", "-s", "-p", "no:cacheprovider",
+def test_two_xdist_workers_run_two_independent_worlds(pytester: pytest.Pytester, tmp_path) -> None:
+    import json
+
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    pytester.makepyfile(test_a=WORLD_TEST.format(n="a", out=str(ran)), test_b=WORLD_TEST.format(n="b", out=str(ran)))
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider",
                                            "--ddp-backend", "gloo", "--ddp-world-size", "2",
                                            "--ddp-deadline", "60", timeout=240)
     result.assert_outcomes(passed=2)
+    # Two tests passing says nothing of where they ran: each must have run on its own xdist
+    # worker (its own process), and each worker's world on its own two ranks.
+    a, b = (json.loads((ran / f"{n}.json").read_text()) for n in "ab")
+    assert {a["worker"], b["worker"]} == {"gw0", "gw1"}, (a, b)
+    assert a["pid"] != b["pid"], (a, b)
+    assert len(a["ranks"]) == len(b["ranks"]) == 2 and not set(a["ranks"]) & set(b["ranks"]), (a, b)
 
 
 @pytest.mark.parametrize("checks", [",", ""])

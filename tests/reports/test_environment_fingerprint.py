@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,19 @@ from pathlib import Path
 import pytest
 
 from ddp_conformance.reports import environment
+
+
+def _visible_gpus() -> int:
+    """The GPUs this machine exposes, asked without the module under test: torch's count where
+    CUDA works, else the driver's own list (``nvidia-smi -L``, one line a GPU), else none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True)
+    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
 
 
 def test_collect_reads_the_running_versions() -> None:
@@ -20,9 +35,26 @@ def test_collect_reads_the_running_versions() -> None:
     assert env["cuda"] == torch.version.cuda
     assert env["backend"] == "gloo" and env["world_size"] == 2
     assert env["cpu_count"] and env["hostnames"] and env["host_count"] == 1
-    if not torch.cuda.is_available():
-        assert env["gpu_count"] in (0, len(env["gpus"]))
+    assert env["gpu_count"] == len(env["gpus"]) == _visible_gpus(), env["gpus"]
     json.dumps(env, allow_nan=False)  # strict JSON, it goes into run.json
+
+
+def test_gpus_the_driver_lists_but_torch_cannot_use_are_counted(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU build of torch on a GPU node: the driver's GPUs are the node's, counted and listed."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees this machine's GPUs: their count comes from torch, not the driver")
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho '550.90.07, NVIDIA H100 80GB HBM3, 81559'\n"
+                    "echo '550.90.07, NVIDIA H100 80GB HBM3, 81559'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    env = environment.collect(backend="nccl", world_size=2)
+    assert env["gpu_count"] == 2 and env["driver"] == "550.90.07"
+    assert [(g["index"], g["name"], g["memory_mib"]) for g in env["gpus"]] == \
+        [(0, "NVIDIA H100 80GB HBM3", 81559), (1, "NVIDIA H100 80GB HBM3", 81559)]
 
 
 def test_hostnames_of_every_rank_are_deduplicated() -> None:

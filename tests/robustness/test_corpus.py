@@ -185,8 +185,8 @@ def _hung_run(tmp_path: Path, out: Path) -> tuple[Run, list[Path]]:
     return run, wait_for_files(pids, 2, timeout=90)
 
 
-def _gone_within(pids: list[int], seconds: float) -> float:
-    """Seconds until every pid is gone (or zombie); fails past ``seconds``."""
+def _gone_within(pids: list[int], seconds: float) -> None:
+    """Returns once every pid is gone (or zombie); fails past ``seconds``."""
     start = time.monotonic()
     while time.monotonic() - start < seconds:
         alive = []
@@ -198,7 +198,7 @@ def _gone_within(pids: list[int], seconds: float) -> float:
             except (OSError, IndexError):
                 pass
         if not alive:
-            return time.monotonic() - start
+            return
         time.sleep(0.01)
     raise AssertionError(f"processes {alive} still alive {seconds} s after the signal")
 
@@ -207,13 +207,14 @@ def _rank_and_child_pids(files: list[Path]) -> list[int]:
     return [int(part) for f in files for part in f.name.split("-")]
 
 
+@pytest.mark.timing
 def test_sigkill_of_the_supervisor_leaves_no_rank_and_no_setsid_child(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run, files = _hung_run(tmp_path, out)
     run.signal(signal.SIGKILL)
     done = run.wait(timeout=10)
     assert done.code == -signal.SIGKILL
-    _gone_within(_rank_and_child_pids(files), 5.0)  # ranks: die-with-parent; children: the guardian
+    _gone_within(_rank_and_child_pids(files), run.pace.bound(5.0))  # ranks: die-with-parent; children: the guardian
     _assert_clean(run)
     if (out / "report.json").exists():  # nothing of this run may read as ready
         assert json.loads((out / "report.json").read_text())["verdict"] != "ready"
@@ -226,13 +227,11 @@ def test_double_sigint_mid_run_is_inconclusive_and_incomplete(tmp_path: Path) ->
     run.signal(signal.SIGINT)
     time.sleep(0.1)
     sent = run.signal(signal.SIGINT)
-    budget = run.pace.bound(INTERRUPT_BUDGET_S + 1.0)
-    taken = _gone_within(_rank_and_child_pids(files), budget)
+    _gone_within(_rank_and_child_pids(files), run.pace.bound(INTERRUPT_BUDGET_S + 1.0))
     done = run.wait(timeout=30)
     assert done.code == 3, done.stderr[-3000:]
     assert time.monotonic() - sent <= done.bound(EXIT_AFTER_SIGNAL_S)
     _one_line(done, r"inconclusive")
-    assert taken <= budget
     if (out / "report.json").exists():
         report = json.loads((out / "report.json").read_text())
         assert report["complete"] is False and report["verdict"] != "ready"
@@ -250,12 +249,10 @@ def test_two_runs_on_one_dir_the_second_exits_2_naming_the_owner_then_sigterm(tm
     _assert_clean(second)
     # SIGTERM is handled like Ctrl-C: ranks gone within the budget, exit 3, report incomplete.
     sent = first.signal(signal.SIGTERM)
-    budget = first.pace.bound(INTERRUPT_BUDGET_S + 1.0)
-    taken = _gone_within(_rank_and_child_pids(files), budget)
+    _gone_within(_rank_and_child_pids(files), first.pace.bound(INTERRUPT_BUDGET_S + 1.0))
     result = first.wait(timeout=30)
     assert result.code == 3, result.stderr[-3000:]
     assert time.monotonic() - sent <= result.bound(EXIT_AFTER_SIGNAL_S)
-    assert taken <= budget
     report = json.loads((out / "report.json").read_text())
     assert report["complete"] is False and report["verdict"] == "inconclusive"
     _assert_clean(first)
@@ -341,6 +338,7 @@ def _open_files(limit: int) -> Callable[[], None]:
     return lower
 
 
+@pytest.mark.timing
 def test_too_few_file_descriptors_exit_2_with_one_line(tmp_path: Path) -> None:
     """Probe 21: ``ulimit -n 16`` aborted the supervisor (SIGABRT, no message) in the
     rendezvous store; now it is a setting to fix, said before anything starts."""
@@ -377,6 +375,7 @@ def test_report_of_a_nan_line_is_inconclusive_with_one_line(tmp_path: Path) -> N
     _assert_clean(run)
 
 
+@pytest.mark.timing
 def test_a_passing_run_kills_setsid_children_and_keep_tmp_keeps_only_the_session_dir(tmp_path: Path) -> None:
     """Each rank forks a ``setsid`` child and the run passes: the children must still die
     with it. With --keep-tmp the session's temp dir stays (and is said); nothing else does."""
@@ -396,7 +395,7 @@ def test_a_passing_run_kills_setsid_children_and_keep_tmp_keeps_only_the_session
     assert Path(kept.group(1)).is_dir() and Path(kept.group(1)).parent == run.tmp
     procs, _ = run.leftovers(within_s=5.0)
     assert not procs, f"processes outlived a passing run: {procs}"
-    _gone_within(children, 1.0)
+    _gone_within(children, run.pace.bound(1.0))
     import shutil
 
     shutil.rmtree(kept.group(1))

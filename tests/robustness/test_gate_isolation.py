@@ -29,6 +29,7 @@ TESTS = ROOT / "tests"
 HOSTILE = str(TARGETS / "hostile_import.py")
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("target, line", [
     # Probe 1: os._exit(0) at import was exit 0 with no report and no line (the old READY report
     # stayed); now the child's silence is a target error quoting what it printed.
@@ -86,16 +87,15 @@ def test_sigterm_to_the_gate_ends_the_run_whatever_the_target_traps(tmp_path: Pa
               env={"DDP_TEST_PIDS": str(pids), "DDP_TEST_HANG": "1"})
     ranks = [int(f.name) for f in wait_for_files(pids, 2, timeout=90)]
     sent = run.signal(signal.SIGTERM)
-    budget = run.pace.bound(INTERRUPT_BUDGET_S + 1.0)
-    taken = _gone_within(ranks, budget)
+    _gone_within(ranks, run.pace.bound(INTERRUPT_BUDGET_S + 1.0))
     done = run.wait(timeout=30)
     assert done.code == 3, done.stderr[-3000:]
     assert time.monotonic() - sent <= done.bound(EXIT_AFTER_SIGNAL_S)
-    assert taken <= budget
     _one_line(done, r"inconclusive")
     _assert_clean(run)
 
 
+@pytest.mark.timing
 def test_the_plugin_loads_a_target_in_a_child_under_its_deadline(tmp_path: Path) -> None:
     """Probes 10 and 1 through pytest: an import that blocks ran past --ddp-deadline forever,
     and os._exit(0) at import made pytest exit 0 with no output. Both are usage errors (4)."""
@@ -116,6 +116,7 @@ def test_the_plugin_loads_a_target_in_a_child_under_its_deadline(tmp_path: Path)
         _assert_clean(run)
 
 
+@pytest.mark.timing
 def test_an_endless_epoch_stream_is_not_a_ddp_hang(tmp_path: Path) -> None:
     """Probe 19: an endless epoch_batches failed as "hung" with the advice for collectives."""
     run = Run(["run", "--report-dir", str(tmp_path / "out"), "--backend", "gloo", "--target",
@@ -129,6 +130,7 @@ def test_an_endless_epoch_stream_is_not_a_ddp_hang(tmp_path: Path) -> None:
     _assert_clean(run)
 
 
+@pytest.mark.timing
 def test_attach_without_rank_0_says_why_within_the_deadline(tmp_path: Path) -> None:
     """Probe 20: rank 1 launched without rank 0 retried the join in every check (3.5x the
     deadline), exited 1 and said nothing; now one line, exit 3, after one store timeout."""

@@ -15,14 +15,17 @@ import time
 
 import pytest
 
-from conformance.harness.timing import CLOSE_GRACE_S, INTERRUPT_BUDGET_S
+from conformance.harness.timing import CLOSE_GRACE_S
 from conformance.harness.world import RankFailure, World, WorldLike
 from conformance.harness.world._protocol import encode
 from conformance.harness.world.attach import AttachedWorld, RankZeroLocalWorld
 from conformance.harness.world import process_running
 
+from ..conftest import Pace
 from . import _work
 
+#: The deadline of these worlds on a quiet host, scaled by the host's measured contention
+#: (``pace``) where a world is built: under load a healthy call takes longer (issue 24).
 DEADLINE = 6.0
 _LISTEN = "0A"
 _LOOPBACK = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
@@ -52,8 +55,8 @@ def _listening(inodes: set[int]) -> list[tuple[str, str]]:
     return found
 
 
-def test_every_listening_socket_of_a_running_world_is_on_loopback() -> None:
-    with World(2, "gloo", deadline=DEADLINE) as world:
+def test_every_listening_socket_of_a_running_world_is_on_loopback(pace: Pace) -> None:
+    with World(2, "gloo", deadline=pace.bound(DEADLINE)) as world:
         world.run(_work.allreduce_sum, 1.0)  # gloo's pairs are connected by now
         inodes = _socket_inodes(os.getpid())
         for result in world.run(_work.listening_inodes):
@@ -80,8 +83,8 @@ def test_the_loopback_check_sees_a_wildcard_socket() -> None:
 
 @pytest.mark.parametrize("work, why", [(_work.garble_then_return, "sent a malformed message"),
                                        (_work.stale_reply_then_return, "answered call 10000")])
-def test_a_malformed_or_stale_reply_replaces_the_world(work, why) -> None:
-    with World(2, "gloo", deadline=DEADLINE) as world:
+def test_a_malformed_or_stale_reply_replaces_the_world(work, why, pace: Pace) -> None:
+    with World(2, "gloo", deadline=pace.bound(DEADLINE)) as world:
         before = world.generation
         with pytest.raises(RankFailure, match=f"rank 1 {why}"):
             world.run(work, 1)
@@ -90,9 +93,9 @@ def test_a_malformed_or_stale_reply_replaces_the_world(work, why) -> None:
         assert world.generation == before + 1
 
 
-
-def test_close_with_every_rank_busy_takes_one_grace_period() -> None:
-    world = World(4, "gloo", deadline=DEADLINE).start()
+@pytest.mark.timing
+def test_close_with_every_rank_busy_takes_one_grace_period(pace: Pace) -> None:
+    world = World(4, "gloo", deadline=pace.bound(DEADLINE)).start()
     pids = world.pids
     try:
         for conn in world._conns:  # every rank busy in Python: none will read the stop message
@@ -102,15 +105,16 @@ def test_close_with_every_rank_busy_takes_one_grace_period() -> None:
         took = time.monotonic() - started
     finally:
         world._kill()
-    # One grace period for all four (it was 5 s per busy rank: 20 s).
-    assert took <= CLOSE_GRACE_S + 1.0, f"close took {took:.2f} s"
-    assert CLOSE_GRACE_S + 1.0 <= INTERRUPT_BUDGET_S + 1.0
+    # One grace period for all four (it was 5 s per busy rank: 20 s), and a second for the kill
+    # and the reaping, both slower on a loaded host.
+    bound = pace.bound(CLOSE_GRACE_S + 1.0)
+    assert took <= bound, f"close took {took:.2f} s, bound {bound:.2f} s"
     assert not any(process_running(p) for p in pids)
 
 
 @pytest.mark.parametrize("how, death", [("exit", "exit code 3"), ("segfault", "killed by SIGSEGV")])
-def test_the_rank_that_died_is_named_first(how: str, death: str) -> None:
-    with World(2, "gloo", deadline=DEADLINE) as world:
+def test_the_rank_that_died_is_named_first(how: str, death: str, pace: Pace) -> None:
+    with World(2, "gloo", deadline=pace.bound(DEADLINE)) as world:
         with pytest.raises(RankFailure) as info:
             world.run(_work.exit_while_peer_in_collective, how)
     assert str(info.value).startswith(f"rank 1 died ({death})"), str(info.value)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conformance.harness.load import busy
 
 from ..conftest import Pace
@@ -45,15 +47,17 @@ def test_hogs_burn_cpu_while_the_block_runs_and_stop_with_it(pace: Pace) -> None
     assert load.cpu_s >= burned and "2 CPU hog(s)" in load.describe()
 
 
-def test_memory_hog_and_own_time_limit() -> None:
+@pytest.mark.timing
+def test_memory_hog_and_own_time_limit(pace: Pace) -> None:
     with busy(cpu=0, memory=True, limit_s=1.0) as load:
         (pid,) = load.pids
         time.sleep(0.3)
         assert load.cpu_s > 0, "the memory hog is not running"
-        assert _gone_within([pid], 10), "a hog outlived its own limit"
+        assert _gone_within([pid], pace.bound(10)), "a hog outlived its own limit"
 
 
-def test_hogs_die_with_a_sigkilled_parent() -> None:
+@pytest.mark.timing
+def test_hogs_die_with_a_sigkilled_parent(pace: Pace) -> None:
     parent = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom conformance.harness.load import busy\n"
          "with busy(cpu=2, limit_s=60) as load:\n    time.sleep(1)\n    print(*load.pids, flush=True)\n"
@@ -66,7 +70,7 @@ def test_hogs_die_with_a_sigkilled_parent() -> None:
         assert len(pids) == 2 and all(_alive(p) for p in pids)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(10)
-        assert _gone_within(pids, 10), "a hog survived its SIGKILLed parent"
+        assert _gone_within(pids, pace.bound(10)), "a hog survived its SIGKILLed parent"
     finally:
         parent.kill()
         parent.wait()

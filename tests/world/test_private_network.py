@@ -17,6 +17,7 @@ import pytest
 from conformance.harness.world import LinkShape, NetworkUnavailable, World, unavailable_reason
 from conformance.harness.world import process_running
 
+from ..conftest import Pace
 from . import _work
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,16 +38,17 @@ def _in_namespace(netns: str) -> list[int]:
     return found
 
 
-def _gone(pids: list[int], netns: str, seconds: float = 5.0) -> None:
-    until = time.monotonic() + seconds
+def _gone(pids: list[int], netns: str, pace: Pace, seconds: float = 5.0) -> None:
+    until = time.monotonic() + pace.bound(seconds)
     while (any(process_running(p) for p in pids) or _in_namespace(netns)) and time.monotonic() < until:
         time.sleep(0.05)
     assert not [p for p in pids if process_running(p)], "processes outlived the world"
     assert not _in_namespace(netns), "the private network namespace outlived the world"
 
 
+@pytest.mark.timing
 @needs_privilege
-def test_ranks_share_a_private_shaped_loopback_and_leave_nothing_behind() -> None:
+def test_ranks_share_a_private_shaped_loopback_and_leave_nothing_behind(pace: Pace) -> None:
     host = os.readlink("/proc/self/ns/net")
     host_qdisc = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
     world = World(2, "gloo", deadline=60, private_network=True)
@@ -65,12 +67,13 @@ def test_ranks_share_a_private_shaped_loopback_and_leave_nothing_behind() -> Non
     assert "tbf" in views[0]["qdisc"] and "rate 200Mbit" in views[0]["qdisc"]
     assert subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout == host_qdisc
     assert holder is not None and tmpdir is not None
-    _gone([*pids, holder], netns)
+    _gone([*pids, holder], netns, pace)
     assert not tmpdir.exists()
 
 
+@pytest.mark.timing
 @needs_privilege
-def test_sigkill_of_the_supervisor_leaves_no_rank_holder_namespace_or_temp_dir(tmp_path: Path) -> None:
+def test_sigkill_of_the_supervisor_leaves_no_rank_holder_namespace_or_temp_dir(tmp_path: Path, pace: Pace) -> None:
     script = tmp_path / "supervisor.py"
     script.write_text(
         "import os, sys, time\n"
@@ -91,8 +94,8 @@ def test_sigkill_of_the_supervisor_leaves_no_rank_holder_namespace_or_temp_dir(t
         assert netns.startswith("net:") and _in_namespace(netns)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        _gone([int(p) for p in pids], netns)
-        until = time.monotonic() + 5
+        _gone([int(p) for p in pids], netns, pace)
+        until = time.monotonic() + pace.bound(5)
         while os.path.exists(tmpdir) and time.monotonic() < until:
             time.sleep(0.05)
         assert not os.path.exists(tmpdir), "the world's temp dir outlived its supervisor"

@@ -100,12 +100,13 @@ def test_a_rank_that_exits_is_named_with_its_exit_code(world: World) -> None:
     assert [r.value for r in world.run(_work.allreduce_sum, 0.0)] == [1.0, 1.0]
 
 
+@pytest.mark.timing
 def test_rank_children_die_with_the_world(pace: Pace) -> None:
     with World(2, "gloo", deadline=pace.bound(DEADLINE)) as w:
         helpers = [r.value for r in w.run(_work.spawn_grandchild)]
         ranks = w.pids
         assert all(process_running(pid) for pid in helpers)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + pace.bound(5)
     while any(process_running(pid) for pid in helpers + ranks) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(process_running(pid) for pid in helpers + ranks)
@@ -132,7 +133,8 @@ def test_nccl_world_puts_one_rank_per_gpu() -> None:
         assert [r.value for r in w.run(_work.allreduce_sum, 1.0)] == [3.0, 3.0]
 
 
-def test_ranks_die_when_the_supervisor_is_killed(tmp_path) -> None:
+@pytest.mark.timing
+def test_ranks_die_when_the_supervisor_is_killed(tmp_path, pace: Pace) -> None:
     """SIGKILL the supervisor itself: its ranks must not outlive it (PR_SET_PDEATHSIG)."""
     import signal
     import subprocess
@@ -160,7 +162,7 @@ def test_ranks_die_when_the_supervisor_is_killed(tmp_path) -> None:
         assert all(process_running(pid) for pid in pids)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + pace.bound(5)
         while any(process_running(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(process_running(pid) for pid in pids), "ranks outlived their supervisor"

@@ -18,6 +18,7 @@ from conformance.harness.world import _zygote
 from conformance.harness.world._containment import marked_pids
 from conformance.harness.world import process_running
 
+from ..conftest import Pace
 from . import _work
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,8 +37,9 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
     return not any(process_running(p) for p in pids)
 
 
+@pytest.mark.timing
 def test_cpu_worlds_fork_fresh_ranks_from_one_zygote_each_contained_by_its_own_cookie(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, pace: Pace) -> None:
     monkeypatch.setenv("DDP_ZYGOTE_TEST", "seen")  # a zygote started before this is replaced
     world = World(2, "gloo", deadline=60.0, threads=2)
     try:
@@ -72,7 +74,7 @@ def test_cpu_worlds_fork_fresh_ranks_from_one_zygote_each_contained_by_its_own_c
         assert all(process_running(p) for p in ranks), "closing one world leaves the other's ranks"
     finally:
         world.close()
-    assert _gone_within(ranks, 5.0), "the ranks are killed with their world"
+    assert _gone_within(ranks, pace.bound(5.0)), "the ranks are killed with their world"
     assert all(process_running(z.pid) for z in zygotes), "the zygotes outlive the worlds they served"
 
 
@@ -99,7 +101,8 @@ def test_a_zygote_that_dies_before_it_forks_fails_the_start() -> None:
         world.close()
 
 
-def test_the_zygote_and_the_ranks_die_with_a_killed_supervisor() -> None:
+@pytest.mark.timing
+def test_the_zygote_and_the_ranks_die_with_a_killed_supervisor(pace: Pace) -> None:
     script = ("import sys, time\n"
               f"sys.path.insert(0, {str(ROOT)!r})\n"
               "from conformance.harness.world import World, _zygote\n"
@@ -117,7 +120,7 @@ def test_the_zygote_and_the_ranks_die_with_a_killed_supervisor() -> None:
         assert len(pids) == 4 and all(process_running(p) for p in pids), pids
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        assert _gone_within(pids, 5.0), "a zygote or a rank outlived the supervisor"
+        assert _gone_within(pids, pace.bound(5.0)), "a zygote or a rank outlived the supervisor"
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
