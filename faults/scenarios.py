@@ -50,6 +50,14 @@ if TYPE_CHECKING:  # at run time these import torch (vehicles) or are only annot
     from .vehicles import VehicleSpec
 
 KINDS = ("ddp", "collectives", "run_loop")
+#: What a run_loop must have done on every rank for its completion to say anything about hangs,
+#: counted as it runs (``_run_loop``), each with what its absence means.
+EXERCISED = {
+    "models_wrapped": "wrapped no model with ctx.wrap",
+    "batches": "ran no training forward of the model ctx.wrap returned",
+    "optimizer_steps": "took no optimizer.step()",
+    "allreduces": "issued no gradient all-reduce through DDP",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +103,8 @@ class ScenarioResult:
     deadline: float
     timings: dict[int, dict[str, float]]
     flight: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank, from torch's recorder
-    # Per answering rank of a run_loop: training batches it ran (DDP forwards with grad) and
-    # Join contexts it entered.
+    # Per answering rank of a run_loop: training batches it ran (DDP forwards with grad), Join
+    # contexts it entered, and what it exercised (:data:`EXERCISED`).
     loop: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def batches(self) -> dict[int, int]:
@@ -111,6 +119,14 @@ class ScenarioResult:
     def joins(self) -> int:
         """Join contexts entered, the most of any rank."""
         return max((v["joins"] for v in self.loop.values()), default=0)
+
+    def exercised(self) -> dict[str, int]:
+        """What the run_loop did, per count of :data:`EXERCISED` the fewest any rank did (a
+        rank that did not answer counts 0); {} for a scenario that is not a run_loop."""
+        if self.scenario.kind != "run_loop":
+            return {}
+        ranks = [self.loop.get(s.rank, {}) for s in self.states]
+        return {name: min((r.get(name, 0) for r in ranks), default=0) for name in EXERCISED}
 
 
 # -- rank side -----------------------------------------------------------------------------
@@ -219,16 +235,39 @@ def _run_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
     scratch.mkdir(parents=True, exist_ok=True)
 
     def instrument(model: Any) -> None:
+        stats["models_wrapped"] += 1
         tracker.attach(model, group)
         _count_batches(model, stats)
 
-    stats.update(batches=0, joins=0)
+    stats.update(dict.fromkeys(("batches", "joins", *EXERCISED), 0))
     loop = LoopContext(rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, steps=sc.steps,
                        tmpdir=scratch, ddp_kwargs={**target.ddp_kwargs, "process_group": group},
                        on_wrap=instrument, target=target)
     # The user's own exception in their loop is a target error (exit 2 with its line).
-    with _join_watched(stats, disabled=sc.without_join):
-        call_target(target, "run_loop", target.run_loop, loop)
+    try:
+        with _join_watched(stats, disabled=sc.without_join), _steps_counted(stats):
+            call_target(target, "run_loop", target.run_loop, loop)
+    finally:
+        # The tracker's layer sees every bucket of every model ctx.wrap returned: the loop's
+        # gradient all-reduces, counted from what it already recorded for the diagnosis.
+        stats["allreduces"] = sum(r["event"] == "enqueued" for r in tracker.records)
+
+
+@contextlib.contextmanager
+def _steps_counted(stats: dict[str, int]) -> Iterator[None]:
+    """``optimizer.step()`` calls counted for the block: torch's global step post-hook, so every
+    ``torch.optim`` optimizer the loop builds is seen however it builds it (an object of the
+    loop's own with a ``step`` method and no hooks is not)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def counted(optimizer: Any, args: Any, kwargs: Any) -> None:
+        stats["optimizer_steps"] += 1
+
+    handle = register_optimizer_step_post_hook(counted)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _barrier_report(ctx: RankContext) -> str:
