@@ -50,11 +50,12 @@ if TYPE_CHECKING:  # at run time these import torch (vehicles) or are only annot
     from .vehicles import VehicleSpec
 
 KINDS = ("ddp", "collectives", "run_loop")
-#: What a run_loop must have done on every rank for its completion to say anything about hangs,
-#: counted as it runs (``_run_loop``), each with what its absence means.
+#: What the target's own code (its run_loop, or its train_step in the default loop) must have
+#: done on every rank for a completed loop to say anything about hangs, counted as it runs
+#: (``_run_loop``, ``_ddp_loop``), each with what its absence means.
 EXERCISED = {
     "models_wrapped": "wrapped no model with ctx.wrap",
-    "batches": "ran no training forward of the model ctx.wrap returned",
+    "batches": "ran no training forward of the DDP model",
     "optimizer_steps": "took no optimizer.step()",
     "allreduces": "issued no gradient all-reduce through DDP",
 }
@@ -108,7 +109,10 @@ class ScenarioResult:
     loop: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def batches(self) -> dict[int, int]:
-        """Training batches per rank (every rank answered), else {}."""
+        """Training batches per rank of a run_loop (every rank answered), else {}: the default
+        loop runs the same steps on every rank, where a hang leaves counts that differ."""
+        if self.scenario.kind != "run_loop":
+            return {}
         counts = {r: v["batches"] for r, v in self.loop.items()}
         return counts if len(counts) == len(self.states) else {}
 
@@ -121,9 +125,10 @@ class ScenarioResult:
         return max((v["joins"] for v in self.loop.values()), default=0)
 
     def exercised(self) -> dict[str, int]:
-        """What the run_loop did, per count of :data:`EXERCISED` the fewest any rank did (a
-        rank that did not answer counts 0); {} for a scenario that is not a run_loop."""
-        if self.scenario.kind != "run_loop":
+        """What the target's code did, per count of :data:`EXERCISED` the fewest any rank did (a
+        rank that did not answer counts 0); {} for a scenario that runs no code of the target's
+        as it is (explicit collectives, an injected fault)."""
+        if self.scenario.kind == "collectives" or self.scenario.fault is not None:
             return {}
         ranks = [self.loop.get(s.rank, {}) for s in self.states]
         return {name: min((r.get(name, 0) for r in ranks), default=0) for name in EXERCISED}
@@ -135,7 +140,7 @@ def _ddp_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
               group: Any, stats: dict[str, int]) -> None:
     import torch
 
-    from conformance.harness.ddp import PROBE_SEED, SCENARIO_DATA_SEED, rank_batch, wrap
+    from conformance.harness.ddp import PROBE_SEED, wrap
 
     from .vehicles import resolve
 
@@ -145,6 +150,20 @@ def _ddp_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
                  target=target)
     tracker.attach(model, group)
     optimizer = target.make_optimizer(model)
+    own = sc.fault is None  # the target's own train_step: what it exercises is counted
+    if own:
+        stats.update(dict.fromkeys(("batches", "joins", *EXERCISED), 0), models_wrapped=1)
+        _count_batches(model, stats)
+    with _steps_counted(stats) if own else contextlib.nullcontext():
+        _ddp_steps(ctx, sc, tracker, log, group, target, model, optimizer)
+    if own:
+        stats["allreduces"] = sum(r["event"] == "enqueued" for r in tracker.records)
+
+
+def _ddp_steps(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog, group: Any,
+               target: Any, model: Any, optimizer: Any) -> None:
+    from conformance.harness.ddp import SCENARIO_DATA_SEED, rank_batch
+
     for step in range(sc.steps):
         tracker.step = step
 

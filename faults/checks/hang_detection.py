@@ -16,10 +16,11 @@ its model, data and ``train_step``) and fails when it hangs or raises, with the 
 hang in which the ranks ran different numbers of training batches (counted per rank) is named
 uneven inputs, with Join advised. A run_loop that completes with ``Join`` over uneven inputs is
 re-run with Join a no-op context, to show the hang it prevents (culprit rank and collective).
-A run_loop that completes is a pass only if it exercised training on every rank: it wrapped a
-model with ``ctx.wrap``, ran a training forward, took an ``optimizer.step()`` and issued a DDP
-all-reduce (counted as it runs, ``scenarios.EXERCISED``); one that returned without doing so
-(``def run_loop(ctx): return``) is skipped with what it did not do, and a pass says the counts.
+A loop that completes is a pass only if the target's code exercised training on every rank: the
+run_loop wrapped a model with ``ctx.wrap``, and the loop (run_loop, or the default loop's
+train_step) ran a training forward, took an ``optimizer.step()`` and issued a DDP all-reduce
+(counted as it runs, ``scenarios.EXERCISED``); one that did not (``def run_loop(ctx): return``,
+a train_step that does nothing) is skipped with what it did not do, and a pass says the counts.
 
 Evidence: per-scenario classification (divergence | transport | dead-rank | error), culprit
 rank, collective (sequence number, op, shape, tag, DDP bucket and its parameter names), DDP's
@@ -194,6 +195,15 @@ def _described(result: ScenarioResult) -> str:
     return d.describe()
 
 
+#: What a loop that exercised nothing should do instead, by what ran (the target's run_loop, or
+#: the default loop of its train_step).
+IDLE_RECOMMENDATIONS = {
+    "run_loop": "run_loop(ctx) should run ctx.steps steps of the production loop: wrap the model with "
+                "ctx.wrap(model), then forward, backward and optimizer.step() each step",
+    "ddp": "train_step(model, optimizer, microbatches, loss_fn) should run forward and backward over the "
+           "microbatches through the model it is given, then call optimizer.step()",
+}
+
 UNEVEN_RECOMMENDATION = ("The ranks run different numbers of batches (uneven inputs): wrap the loop in "
                          "torch.distributed.algorithms.Join([model]) (and every other joinable, e.g. a "
                          "ZeroRedundancyOptimizer), or give every rank the same number of batches "
@@ -237,11 +247,10 @@ def _target(ctx: CheckContext) -> Outcome:
         idle = "; ".join(why for name, why in EXERCISED.items() if not exercised[name])
         metrics["key_figure"] = "run_loop exercised nothing"
         return Outcome.skipped(
-            f"{target.name}: its run_loop completed on every rank in {result.latency_s:.1f} s but {idle} "
+            f"{target.name}: {source} completed on every rank in {result.latency_s:.1f} s but {idle} "
             f"(fewest on any rank: {_exercised_text(exercised)}): a loop that trains nothing cannot hang "
             f"where training would, so nothing about hangs was verified", metrics=metrics, evidence=evidence,
-            recommendation="run_loop(ctx) should run ctx.steps steps of the production loop: wrap the model "
-                           "with ctx.wrap(model), then forward, backward and optimizer.step() each step")
+            recommendation=IDLE_RECOMMENDATIONS[kind])
     if d.classification == "none":
         message = f"{target.name}: {source} completed on every rank in {result.latency_s:.1f} s; no hang"
         if exercised:
