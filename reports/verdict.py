@@ -120,7 +120,8 @@ def _step_unverified(checks: list[Any]) -> list[str]:
     """Rule 2: per target of a correctness record, why the training step was not verified there
     (targets in the same state said together); [] when an equivalence check passed on each."""
     targets = dict.fromkeys(_field(r, "target") for r in checks if _field(r, "kind") == CORRECTNESS_KIND)
-    out, unchecked = [], {}
+    out: list[str] = []
+    unchecked: dict[str, list[Any]] = {}  # what passed there -> the targets without an equivalence check
     for target in targets:
         ran = [r for r in checks if _field(r, "id") in EQUIVALENCE and _field(r, "target") == target]
         if any(status_of(r) == "passed" for r in ran):
