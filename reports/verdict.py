@@ -134,11 +134,14 @@ def _step_unverified(checks: list[Any]) -> list[str]:
             unchecked.setdefault(_passed_on(checks, target), []).append(target)
     for passed, group in unchecked.items():
         named = ", ".join(str(t) for t in group if t)
-        out.append(f"the training step was not verified{f' on {named}' if named else ''}: "
-                   + (f"{passed} passed" if passed else "nothing passed")
-                   + ", but ready needs gradient-equivalence or no-sync-equivalence passed on every target "
-                     "(the ranks agree on a wrong gradient too, e.g. a loss multiplied by the world size): "
-                     "add gradient-equivalence to --checks, or leave --checks out")
+        # What passed is said with why it is not enough: agreement is not correctness.
+        said = (f"{passed} passed, but ready needs gradient-equivalence or no-sync-equivalence passed on "
+                f"every target (the ranks agree on a wrong gradient too, e.g. a loss multiplied by the world "
+                f"size)" if passed else
+                "nothing passed, and ready needs gradient-equivalence or no-sync-equivalence passed on every "
+                "target")
+        out.append(f"the training step was not verified{f' on {named}' if named else ''}: {said}: "
+                   f"add gradient-equivalence to --checks, or leave --checks out")
     return out
 
 

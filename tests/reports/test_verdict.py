@@ -255,5 +255,7 @@ def test_targets_without_an_equivalence_check_are_named_together_and_only_they()
 def test_a_correctness_selection_where_nothing_passed_says_so() -> None:
     records = [_check("sampler-coverage", "skipped", counted=None, message="sampling with replacement")]
     lines = reasons(records, complete=True)
-    assert lines[0].startswith("the training step was not verified on mlp: nothing passed, but ready needs")
+    assert lines[0] == ("the training step was not verified on mlp: nothing passed, and ready needs "
+                        "gradient-equivalence or no-sync-equivalence passed on every target: add "
+                        "gradient-equivalence to --checks, or leave --checks out")
     assert lines[-1] == "no check passed or failed: nothing was actually verified"
