@@ -50,6 +50,15 @@ if TYPE_CHECKING:  # at run time these import torch (vehicles) or are only annot
     from .vehicles import VehicleSpec
 
 KINDS = ("ddp", "collectives", "run_loop")
+#: What the target's own code (its run_loop, or its train_step in the default loop) must have
+#: done on every rank for a completed loop to say anything about hangs, counted as it runs
+#: (``_run_loop``, ``_ddp_loop``), each with what its absence means.
+EXERCISED = {
+    "models_wrapped": "wrapped no model with ctx.wrap",
+    "batches": "ran no training forward of the DDP model",
+    "optimizer_steps": "took no optimizer.step()",
+    "allreduces": "issued no gradient all-reduce through DDP",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +104,15 @@ class ScenarioResult:
     deadline: float
     timings: dict[int, dict[str, float]]
     flight: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank, from torch's recorder
-    # Per answering rank of a run_loop: training batches it ran (DDP forwards with grad) and
-    # Join contexts it entered.
+    # Per answering rank of a run_loop: training batches it ran (DDP forwards with grad), Join
+    # contexts it entered, and what it exercised (:data:`EXERCISED`).
     loop: dict[int, dict[str, int]] = field(default_factory=dict)
 
     def batches(self) -> dict[int, int]:
-        """Training batches per rank (every rank answered), else {}."""
+        """Training batches per rank of a run_loop (every rank answered), else {}: the default
+        loop runs the same steps on every rank, where a hang leaves counts that differ."""
+        if self.scenario.kind != "run_loop":
+            return {}
         counts = {r: v["batches"] for r, v in self.loop.items()}
         return counts if len(counts) == len(self.states) else {}
 
@@ -112,6 +124,15 @@ class ScenarioResult:
         """Join contexts entered, the most of any rank."""
         return max((v["joins"] for v in self.loop.values()), default=0)
 
+    def exercised(self) -> dict[str, int]:
+        """What the target's code did, per count of :data:`EXERCISED` the fewest any rank did (a
+        rank that did not answer counts 0); {} for a scenario that runs no code of the target's
+        as it is (explicit collectives, an injected fault)."""
+        if self.scenario.kind == "collectives" or self.scenario.fault is not None:
+            return {}
+        ranks = [self.loop.get(s.rank, {}) for s in self.states]
+        return {name: min((r.get(name, 0) for r in ranks), default=0) for name in EXERCISED}
+
 
 # -- rank side -----------------------------------------------------------------------------
 
@@ -119,7 +140,7 @@ def _ddp_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
               group: Any, stats: dict[str, int]) -> None:
     import torch
 
-    from conformance.harness.ddp import PROBE_SEED, SCENARIO_DATA_SEED, rank_batch, wrap
+    from conformance.harness.ddp import PROBE_SEED, wrap
 
     from .vehicles import resolve
 
@@ -129,6 +150,20 @@ def _ddp_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
                  target=target)
     tracker.attach(model, group)
     optimizer = target.make_optimizer(model)
+    own = sc.fault is None  # the target's own train_step: what it exercises is counted
+    if own:
+        stats.update(dict.fromkeys(("batches", "joins", *EXERCISED), 0), models_wrapped=1)
+        _count_batches(model, stats)
+    with _steps_counted(stats) if own else contextlib.nullcontext():
+        _ddp_steps(ctx, sc, tracker, log, group, target, model, optimizer)
+    if own:
+        stats["allreduces"] = sum(r["event"] == "enqueued" for r in tracker.records)
+
+
+def _ddp_steps(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog, group: Any,
+               target: Any, model: Any, optimizer: Any) -> None:
+    from conformance.harness.ddp import SCENARIO_DATA_SEED, rank_batch
+
     for step in range(sc.steps):
         tracker.step = step
 
@@ -219,16 +254,39 @@ def _run_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
     scratch.mkdir(parents=True, exist_ok=True)
 
     def instrument(model: Any) -> None:
+        stats["models_wrapped"] += 1
         tracker.attach(model, group)
         _count_batches(model, stats)
 
-    stats.update(batches=0, joins=0)
+    stats.update(dict.fromkeys(("batches", "joins", *EXERCISED), 0))
     loop = LoopContext(rank=ctx.rank, world_size=ctx.world_size, device=ctx.device, steps=sc.steps,
                        tmpdir=scratch, ddp_kwargs={**target.ddp_kwargs, "process_group": group},
                        on_wrap=instrument, target=target)
     # The user's own exception in their loop is a target error (exit 2 with its line).
-    with _join_watched(stats, disabled=sc.without_join):
-        call_target(target, "run_loop", target.run_loop, loop)
+    try:
+        with _join_watched(stats, disabled=sc.without_join), _steps_counted(stats):
+            call_target(target, "run_loop", target.run_loop, loop)
+    finally:
+        # The tracker's layer sees every bucket of every model ctx.wrap returned: the loop's
+        # gradient all-reduces, counted from what it already recorded for the diagnosis.
+        stats["allreduces"] = sum(r["event"] == "enqueued" for r in tracker.records)
+
+
+@contextlib.contextmanager
+def _steps_counted(stats: dict[str, int]) -> Iterator[None]:
+    """``optimizer.step()`` calls counted for the block: torch's global step post-hook, so every
+    ``torch.optim`` optimizer the loop builds is seen however it builds it (an object of the
+    loop's own with a ``step`` method and no hooks is not)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def counted(optimizer: Any, args: Any, kwargs: Any) -> None:
+        stats["optimizer_steps"] += 1
+
+    handle = register_optimizer_step_post_hook(counted)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _barrier_report(ctx: RankContext) -> str:

@@ -6,21 +6,26 @@ positively showed something and nothing went wrong; a run that checked nothing, 
 halfway or tripped over its own harness cannot vouch for the target, so it is
 *inconclusive* — never *ready* (an empty test run is "unknown", as in sonobuoy).
 
-**Ready means verified** (README, "Command line"; docs/architecture.md, "Results"). A run
-whose checks all passed is ready only when it verified DDP's correctness on something:
+**Ready means the training step was verified** (README, "Command line";
+docs/architecture.md, "Results"). A run whose checks all passed is ready only when it verified
+the training step itself, on every target:
 
 1. every passed correctness (``conformance``) record says what it compared
    (``evidence.verified``, :data:`reports.keys.VERIFIED`) and each count reaches its minimum:
    more than one rank; for the equivalence checks at least one ``optimizer.step()``, a gradient
    that is not zero and an all-reduce observed (:func:`unverified`);
-2. on every target the equivalence checks ran on, at least one of them passed (all of them
-   skipped — no gradient reached the optimizer, every gradient zero — verified nothing);
+2. on every target a correctness check ran on, gradient-equivalence or no-sync-equivalence
+   passed (:data:`EQUIVALENCE`). Rank agreement, eval agreement or a hang-free loop do not
+   verify the step: every rank computing the same wrong gradient (a loss multiplied by the
+   world size) agrees with itself. Equivalence checks that all skipped (no gradient reached
+   the optimizer, every gradient zero) verified nothing either;
 3. at least one correctness check passed (a perf- or chaos-only selection verifies nothing
    about correctness).
 
-Otherwise the run is *inconclusive*, with the reason as the report's first line. The rule
-reads records only (their status, kind, target and ``verified`` counts), never a check's
-internals. A user may still select any checks; the verdict just does not over-claim.
+Otherwise the run is *inconclusive*, with the reason as the report's first line: what passed
+on that target and what ready still needs. The rule reads records only (their status, kind,
+target and ``verified`` counts), never a check's internals. A user may still select any
+checks; the verdict just does not over-claim.
 
 Records may be :class:`reports.schema.CheckRecord` objects or their JSON dicts, so the same
 rules apply to a live run and to a ``report.json`` read back from disk.
@@ -45,7 +50,7 @@ EXIT_READY, EXIT_NOT_READY, EXIT_USAGE, EXIT_INCONCLUSIVE = (
 HARNESS_KIND = "harness"
 #: The correctness checks: their passes are what "ready" rests on.
 CORRECTNESS_KIND = "conformance"
-#: DDP's gradient contract: on a target they ran on, one of them must have passed.
+#: DDP's gradient contract, the training step verified: on every target one of them must pass.
 EQUIVALENCE = ("gradient-equivalence", "no-sync-equivalence")
 #: The least a ``verified`` count must reach for a pass to count (any count not named: 1).
 MINIMUM = {"ranks": 2}
@@ -105,9 +110,44 @@ def unverified(record: Any) -> str | None:
     return "; ".join(short) or None
 
 
+def _passed_on(checks: list[Any], target: Any) -> str:
+    """The checks that passed on ``target``, in run order: what was verified there."""
+    ids = [str(_field(r, "id")) for r in checks if _field(r, "target") == target and status_of(r) == "passed"]
+    return ", ".join(dict.fromkeys(ids))
+
+
+def _step_unverified(checks: list[Any]) -> list[str]:
+    """Rule 2: per target of a correctness record, why the training step was not verified there
+    (targets in the same state said together); [] when an equivalence check passed on each."""
+    targets = dict.fromkeys(_field(r, "target") for r in checks if _field(r, "kind") == CORRECTNESS_KIND)
+    out: list[str] = []
+    unchecked: dict[str, list[Any]] = {}  # what passed there -> the targets without an equivalence check
+    for target in targets:
+        ran = [r for r in checks if _field(r, "id") in EQUIVALENCE and _field(r, "target") == target]
+        if any(status_of(r) == "passed" for r in ran):
+            continue  # a pass that compared too little is rule 1's line, not this one's
+        if ran and all(status_of(r) == "skipped" for r in ran):
+            said = str(_field(ran[0], "message") or "").strip()
+            out.append(f"DDP's gradients were not verified{f' on {target}' if target else ''}: "
+                       f"{', '.join(str(_field(r, 'id')) for r in ran)} skipped" + (f" ({said})" if said else ""))
+        elif not ran:
+            unchecked.setdefault(_passed_on(checks, target), []).append(target)
+    for passed, group in unchecked.items():
+        named = ", ".join(str(t) for t in group if t)
+        # What passed is said with why it is not enough: agreement is not correctness.
+        said = (f"{passed} passed, but ready needs gradient-equivalence or no-sync-equivalence passed on "
+                f"every target (the ranks agree on a wrong gradient too, e.g. a loss multiplied by the world "
+                f"size)" if passed else
+                "nothing passed, and ready needs gradient-equivalence or no-sync-equivalence passed on every "
+                "target")
+        out.append(f"the training step was not verified{f' on {named}' if named else ''}: {said}: "
+                   f"add gradient-equivalence to --checks, or leave --checks out")
+    return out
+
+
 def gaps(records: Iterable[Any]) -> list[str]:
-    """Why checks that all passed still verified nothing (the ready rule's 1-3 above), most
-    telling first; empty when the run verified DDP's correctness."""
+    """Why checks that all passed still did not verify the training step (the ready rule's
+    1-3 above), most telling first; empty when the run verified it on every target."""
     checks = [r for r in records if not is_harness(r)]
     out = []
     correct = [r for r in checks if _field(r, "kind") == CORRECTNESS_KIND and status_of(r) == "passed"]
@@ -115,14 +155,7 @@ def gaps(records: Iterable[Any]) -> list[str]:
         why = unverified(record)
         if why is not None:
             out.append(f"{_where(record)} passed without verifying DDP: {why}")
-    targets = dict.fromkeys(_field(r, "target") for r in checks if _field(r, "id") in EQUIVALENCE)
-    for target in targets:
-        ran = [r for r in checks if _field(r, "id") in EQUIVALENCE and _field(r, "target") == target]
-        if all(status_of(r) == "skipped" for r in ran):
-            said = str(_field(ran[0], "message") or "").strip()
-            out.append(f"DDP's gradients were not verified{f' on {target}' if target else ''}: "
-                       f"{', '.join(str(_field(r, 'id')) for r in ran)} skipped"
-                       + (f" ({said})" if said else ""))
+    out += _step_unverified(checks)
     if not correct and any(status_of(r) == "passed" for r in checks):
         ids = ", ".join(dict.fromkeys(str(_field(r, "id")) for r in checks))
         out.append(f"no correctness check passed: the checks that ran ({ids}) measure performance or "

@@ -27,7 +27,8 @@ Evidence: ``metrics`` (per metric: the 1-rank value, every rank's, the tolerance
 ``samples`` (expected, seen per rank, duplicated and missing indices, the DistributedSampler's
 arithmetic), ``hygiene`` (train-mode modules, forwards with autograd, buffers changed, gradients
 written, the training step's error), ``collectives`` per rank, ``causes``. A target without
-``evaluate`` skips the check.
+``evaluate`` skips the check; so does an ``evaluate`` that ran no forward of the model on any rank
+nor on one (metrics returned without evaluating agree on every world size: they verify nothing).
 """
 
 from __future__ import annotations

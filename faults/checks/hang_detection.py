@@ -16,6 +16,11 @@ its model, data and ``train_step``) and fails when it hangs or raises, with the 
 hang in which the ranks ran different numbers of training batches (counted per rank) is named
 uneven inputs, with Join advised. A run_loop that completes with ``Join`` over uneven inputs is
 re-run with Join a no-op context, to show the hang it prevents (culprit rank and collective).
+A loop that completes is a pass only if the target's code exercised training on every rank: the
+run_loop wrapped a model with ``ctx.wrap``, and the loop (run_loop, or the default loop's
+train_step) ran a training forward, took an ``optimizer.step()`` and issued a DDP all-reduce
+(counted as it runs, ``scenarios.EXERCISED``); one that did not (``def run_loop(ctx): return``,
+a train_step that does nothing) is skipped with what it did not do, and a pass says the counts.
 
 Evidence: per-scenario classification (divergence | transport | dead-rank | error), culprit
 rank, collective (sequence number, op, shape, tag, DDP bucket and its parameter names), DDP's
@@ -46,6 +51,7 @@ from ..injectors import (
     UnevenBatches,
 )
 from ..scenarios import (
+    EXERCISED,
     Scenario,
     ScenarioResult,
     run_scenario,
@@ -189,6 +195,15 @@ def _described(result: ScenarioResult) -> str:
     return d.describe()
 
 
+#: What a loop that exercised nothing should do instead, by what ran (the target's run_loop, or
+#: the default loop of its train_step).
+IDLE_RECOMMENDATIONS = {
+    "run_loop": "run_loop(ctx) should run ctx.steps steps of the production loop: wrap the model with "
+                "ctx.wrap(model), then forward, backward and optimizer.step() each step",
+    "ddp": "train_step(model, optimizer, microbatches, loss_fn) should run forward and backward over the "
+           "microbatches through the model it is given, then call optimizer.step()",
+}
+
 UNEVEN_RECOMMENDATION = ("The ranks run different numbers of batches (uneven inputs): wrap the loop in "
                          "torch.distributed.algorithms.Join([model]) (and every other joinable, e.g. a "
                          "ZeroRedundancyOptimizer), or give every rank the same number of batches "
@@ -224,8 +239,22 @@ def _target(ctx: CheckContext) -> Outcome:
     if result.joins():  # the configuration table's Join row: this run and its re-run verify it
         evidence[FEATURES] = {"join": {"used": True, "value": f"{result.joins()} block(s) in run_loop",
                                        "where": f"run_loop (training batches per rank: {_batches_text(result)})"}}
+    exercised = result.exercised()
+    if exercised:
+        entry["exercised"] = exercised
+    if d.classification == "none" and exercised and not all(exercised.values()):
+        # A loop that returned without training verified nothing about hangs: never a pass.
+        idle = "; ".join(why for name, why in EXERCISED.items() if not exercised[name])
+        metrics["key_figure"] = "run_loop exercised nothing"
+        return Outcome.skipped(
+            f"{target.name}: {source} completed on every rank in {result.latency_s:.1f} s but {idle} "
+            f"(fewest on any rank: {_exercised_text(exercised)}): a loop that trains nothing cannot hang "
+            f"where training would, so nothing about hangs was verified", metrics=metrics, evidence=evidence,
+            recommendation=IDLE_RECOMMENDATIONS[kind])
     if d.classification == "none":
         message = f"{target.name}: {source} completed on every rank in {result.latency_s:.1f} s; no hang"
+        if exercised:
+            message += f" ({_exercised_text(exercised)}, the fewest on any rank)"
         if without is not None:
             message += "; " + _join_shown(without, result, evidence)
             metrics["key_figure"] = ("no hang; Join prevents one" if without.diagnosis.classification != "none"
@@ -238,6 +267,13 @@ def _target(ctx: CheckContext) -> Outcome:
                           f"(detected after {result.latency_s:.1f} s)", metrics=metrics,
                           evidence=evidence,
                           recommendation=UNEVEN_RECOMMENDATION if uneven else RECOMMENDATIONS[d.classification])
+
+
+def _exercised_text(exercised: dict[str, int]) -> str:
+    """What a run_loop did, in words: ``2 models wrapped, 4 training batches, ...``."""
+    words = {"models_wrapped": "model(s) wrapped", "batches": "training batches",
+             "optimizer_steps": "optimizer steps", "allreduces": "DDP all-reduces"}
+    return ", ".join(f"{exercised[name]} {words[name]}" for name in EXERCISED)
 
 
 def _join_shown(without: ScenarioResult, result: ScenarioResult, evidence: dict[str, Any]) -> str:

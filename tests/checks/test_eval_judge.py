@@ -151,3 +151,16 @@ def test_mean_of_means_and_no_reduction_are_named_from_the_reduced_values():
     other = EvalRank(**{**{f: getattr(reference, f) for f in REFERENCE.__dataclass_fields__},
                         "metrics": {"accuracy": 0.7}})
     assert "no known cause matched" in verdict(averaged, other).message
+
+
+def test_an_evaluate_that_returns_a_constant_is_skipped_never_passed():
+    """``def evaluate(model, ctx): return {"accuracy": 0.5}``: equal on every world size, and it
+    passed; no rank and not the 1-rank run forwarded the model, so nothing was compared."""
+    idle = [EvalRank(r, 2, {"accuracy": 0.5}, None, "w", ForwardSlice(0, 0, 0, (), ()), SamplesSlice({}, ()),
+                     CollectiveSlice(()), BufferSlice(6, ()), StepSlice(ran=True)) for r in range(2)]
+    reference = EvalRank(0, 1, {"accuracy": 0.5}, None, "w", ForwardSlice(0, 0, 0, (), ()), SamplesSlice({}, ()),
+                         CollectiveSlice(()), BufferSlice(6, ()), StepSlice(ran=False))
+    outcome = verdict(idle, reference)
+    assert outcome.status == "skipped"
+    assert outcome.message == ("evaluate returned accuracy=0.5 without a forward of the model, on 2 ranks and on 1: "
+                               "it evaluated nothing, so there is nothing to compare")

@@ -432,7 +432,8 @@ def test_correct_loop_passes_and_the_kills_leave_nothing_behind(tmp_path: Path) 
                "--report-dir", str(out)], tmp_path)
     done = run.wait(timeout=240)
     record = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
-    assert done.code == 0, (record["message"], done.stderr[-3000:])
+    # Passed; resume-equivalence alone does not verify the training step (exit 3, not ready).
+    assert done.code == 3, (record["message"], done.stderr[-3000:])
     assert record["status"] == "passed"
     scenarios = record["evidence"]["scenarios"]
     assert set(scenarios) == {"killed-between-steps", "killed-during-save"}

@@ -8,6 +8,8 @@ check that hangs or kills ranks opens one fresh world and reuses it across its s
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +22,9 @@ from conformance.harness.timing import (
 )
 
 from .conftest import child_pids, fault_target
+
+#: Targets of the robustness corpus (a train_step that does nothing).
+TARGETS = Path(__file__).resolve().parents[1] / "robustness" / "targets"
 
 pytestmark = pytest.mark.chaos
 
@@ -108,6 +113,33 @@ def test_hang_detection_on_targets(suite_session: Any, pace: Any) -> None:
     assert broken.metrics["detection_latency_s"] <= SCENARIO_DEADLINE_CAP_S + pace.bound(DETECTION_SLACK_S)
     ok, _ = _run(suite_session, "hang-detection", fault_target("loop_ok"))
     assert ok.status == "passed", ok.message
+
+
+def test_hang_detection_on_a_correct_loop_says_what_it_exercised(suite_session: Any) -> None:
+    ok, _ = _run(suite_session, "hang-detection", fault_target("loop_ok"))
+    assert ok.status == "passed", ok.message
+    assert re.search(r"no hang \(1 model\(s\) wrapped, [1-9]\d* training batches, [1-9]\d* optimizer steps, "
+                     r"[1-9]\d* DDP all-reduces, the fewest on any rank\)", ok.message), ok.message
+
+
+@pytest.mark.parametrize(("target", "source", "idle"), [
+    (fault_target("loop_returns_at_once"), "its run_loop",
+     "wrapped no model with ctx.wrap; ran no training forward of the DDP model; took no optimizer.step(); "
+     "issued no gradient all-reduce through DDP"),
+    (fault_target("loop_never_steps"), "its run_loop",
+     "ran no training forward of the DDP model; took no optimizer.step(); issued no gradient all-reduce through DDP"),
+    (str(TARGETS / "step_does_nothing.py"), "a default 4-step loop of its train_step (2 samples per rank)",
+     "ran no training forward of the DDP model; took no optimizer.step(); issued no gradient all-reduce through DDP"),
+], ids=["run_loop-returns-at-once", "run_loop-never-steps", "train_step-does-nothing"])
+def test_hang_detection_skips_a_loop_that_exercised_nothing(suite_session: Any, target: str, source: str,
+                                                            idle: str) -> None:
+    """A loop that completed without training was a pass ("completed on every rank in 0.0 s; no
+    hang") that made ``--suite ci`` look verified; it is skipped with what it did not do."""
+    record, _ = _run(suite_session, "hang-detection", target)
+    assert record.status == "skipped", record.message
+    assert re.fullmatch(rf".*: {re.escape(source)} completed on every rank in \d+\.\d s but {re.escape(idle)} "
+                        r"\(fewest on any rank: .*\): a loop that trains nothing cannot hang where training "
+                        r"would, so nothing about hangs was verified", record.message), record.message
 
 
 def test_straggler_names_injected_rank_in_every_phase(suite_session: Any) -> None:

@@ -2,6 +2,8 @@
 
 The oracle below is written independently of reports.verdict, straight from the verdict rules in docs/architecture.md ("Results"):
 any failed → not-ready; else inconclusive/harness error/incomplete/nothing passed → inconclusive.
+The records it runs on are verified gradient-equivalence passes; the "ready means the training
+step was verified" rule has its own tests below.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ def _oracle(statuses: tuple[str, ...], complete: bool, harness: bool) -> str:
 
 
 def _records(statuses: tuple[str, ...]) -> list[CheckRecord]:
-    return [CheckRecord(f"check-{i}", "t", "conformance", s, 0.1, evidence={VERIFIED: COUNTED})
+    # Equivalence records, each verified when it passes: the status rules alone decide here (what
+    # a pass must have verified is tested below, "ready means the training step was verified").
+    return [CheckRecord("gradient-equivalence", f"t{i}", "conformance", s, 0.1, evidence={VERIFIED: COUNTED})
             for i, s in enumerate(statuses)]
 
 
@@ -205,3 +209,53 @@ def test_the_environment_running_out_is_said_first_with_its_fix() -> None:
     records = [CheckRecord("gradient-equivalence", "t", "conformance", "inconclusive", 0.1, "could not run",
                            target="mlp", evidence={EXHAUSTED: line}), _check("rank-consistency")]
     assert _first(records) == f"inconclusive: {line}"
+
+
+# -- ready means the training step was verified: rank or eval agreement is not enough ---------
+
+RANKS_AGREE = {"ranks": 2, "tensors_compared": 9}
+NEEDS = (r"ready needs gradient-equivalence or no-sync-equivalence passed on every target \(the ranks "
+         r"agree on a wrong gradient too, e.g. a loss multiplied by the world size\): add "
+         r"gradient-equivalence to --checks, or leave --checks out")
+
+
+def test_rank_agreement_alone_is_inconclusive_saying_what_ready_still_needs() -> None:
+    """``--checks rank-consistency`` on a target whose loss is multiplied by the world size:
+    every rank computes the same wrong gradient, the ranks agree, the check passes verified."""
+    records = [_check("rank-consistency", counted=RANKS_AGREE, target="loss_times_world.py")]
+    assert re.fullmatch(r"inconclusive: the training step was not verified on loss_times_world.py: "
+                        r"rank-consistency passed, but " + NEEDS, _first(records))
+    assert exit_code(decide(records, complete=True)) == 3
+    assert decide([r.to_json() for r in records], complete=True) == "inconclusive"  # report.json read back
+
+
+@pytest.mark.parametrize("selection", [("eval-equivalence",),
+                                       ("eval-equivalence", "rank-consistency", "hang-detection")])
+def test_eval_agreement_and_a_hang_free_loop_do_not_verify_the_step(selection: tuple[str, ...]) -> None:
+    counted = {"eval-equivalence": {"ranks": 2, "metrics_compared": 1, "samples_seen": 64},
+               "rank-consistency": RANKS_AGREE, "hang-detection": None}
+    records = [_check(c, kind="chaos" if c == "hang-detection" else "conformance", counted=counted[c],
+                      target="t.py") for c in selection]
+    assert re.fullmatch(r"inconclusive: the training step was not verified on t.py: "
+                        + re.escape(", ".join(selection)) + r" passed, but " + NEEDS, _first(records))
+
+
+def test_targets_without_an_equivalence_check_are_named_together_and_only_they() -> None:
+    records = [_check("rank-consistency", counted=RANKS_AGREE, target=t) for t in ("mlp", "tied-lm", "convbn")]
+    records.append(_check("gradient-equivalence", target="convbn"))
+    assert reasons(records, complete=True) == [
+        "the training step was not verified on mlp, tied-lm: rank-consistency passed, but ready needs "
+        "gradient-equivalence or no-sync-equivalence passed on every target (the ranks agree on a wrong "
+        "gradient too, e.g. a loss multiplied by the world size): add gradient-equivalence to --checks, "
+        "or leave --checks out"]
+    both = records + [_check("no-sync-equivalence", target=t) for t in ("mlp", "tied-lm")]
+    assert decide(both, complete=True) == "ready" and not gaps(both)
+
+
+def test_a_correctness_selection_where_nothing_passed_says_so() -> None:
+    records = [_check("sampler-coverage", "skipped", counted=None, message="sampling with replacement")]
+    lines = reasons(records, complete=True)
+    assert lines[0] == ("the training step was not verified on mlp: nothing passed, and ready needs "
+                        "gradient-equivalence or no-sync-equivalence passed on every target: add "
+                        "gradient-equivalence to --checks, or leave --checks out")
+    assert lines[-1] == "no check passed or failed: nothing was actually verified"

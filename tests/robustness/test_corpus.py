@@ -29,6 +29,10 @@ SETSID = str(TARGETS / "rank_forks_setsid.py")
 INTERRUPT_BUDGET_S = 2.0
 #: ...plus what the supervisor does after the ranks are gone (pytest's teardown, the report).
 EXIT_AFTER_SIGNAL_S = 6.0
+#: The verdict line of a run whose rank-consistency passed alone: the ranks agreeing does not
+#: verify the training step (reports/verdict.py), so it is inconclusive, never ready.
+RANKS_AGREE_ONLY = (r"verdict inconclusive: the training step was not verified on .*: rank-consistency passed, "
+                    r"but ready needs gradient-equivalence")
 
 
 def _assert_clean(run: Run, *, within_s: float = 5.0) -> None:
@@ -51,9 +55,12 @@ def _ready_report(directory: Path) -> str:
     from ddp_conformance.reports import CheckRecord, ResultStore, write_reports
 
     store = ResultStore(directory)
-    store.start({"target": "mlp", "checks_selected": ["rank-consistency"]})
+    store.start({"target": "mlp", "checks_selected": ["gradient-equivalence", "rank-consistency"]})
+    store.append(CheckRecord("gradient-equivalence", "Gradient equivalence", "conformance", "passed", 1.0,
+                             target="mlp", evidence={"verified": {"ranks": 2, "optimizer_steps": 3,
+                                                                  "nonzero_gradients": 4, "allreduce_rounds": 3}}))
     store.append(CheckRecord("rank-consistency", "Rank consistency", "conformance", "passed", 1.0,
-                             evidence={"verified": {"ranks": 2, "tensors_compared": 8}}))
+                             target="mlp", evidence={"verified": {"ranks": 2, "tensors_compared": 8}}))
     store.finish()
     assert write_reports(directory)["verdict"] == "ready"
     assert store.run_id is not None
@@ -131,6 +138,11 @@ CASES = [
     Case("one-rank", ["--target", str(TESTS / "targets" / "loss_times_world.py"), "--world-size", "1",
                       "--checks", "gradient-equivalence"], 3,
          r"verdict inconclusive: gradient-equivalence on .* passed without verifying DDP: 1 rank", 90),
+    # Ready means the training step was verified (issue 34): every rank computes the same wrong
+    # gradient, so the ranks agree -- this came out READY.
+    Case("rank-agreement-on-a-loss-times-world",
+         ["--target", str(TESTS / "targets" / "loss_times_world.py"), "--checks", "rank-consistency"], 3,
+         RANKS_AGREE_ONLY, 60, stdout=r"\[ddp\] rank-consistency on .*: PASSED"),
 ]
 
 
@@ -163,15 +175,16 @@ def test_a_bad_input_or_fault_ends_cleanly(case: Case, tmp_path: Path) -> None:
 
 def test_a_correct_target_under_a_non_utf8_directory_loads_and_runs(tmp_path: Path) -> None:
     """Probe 15: a folder whose name is not UTF-8 (bytes 0xff) holds a correct target: it
-    loads (no "target error") and the run is ready."""
+    loads (no "target error") and its check passes (rank-consistency alone does not verify the
+    training step: exit 3, never a target error's 2)."""
     folder = Path(os.fsdecode(os.fsencode(tmp_path) + b"/dir-\xff"))
     folder.mkdir()
     (folder / "target.py").write_text((TESTS / "targets" / "tiny_loss.py").read_text())
     run = Run(["run", "--report-dir", str(tmp_path / "out"), "--backend", "gloo",
                "--target", str(folder / "target.py"), "--checks", "rank-consistency"], tmp_path)
     done = run.wait()
-    assert done.code == 0, done.stderr[-3000:]
-    _one_line(done, r"verdict ready")
+    assert done.code == 3, done.stderr[-3000:]
+    _one_line(done, RANKS_AGREE_ONLY)
     _assert_clean(run)
 
 
@@ -307,7 +320,9 @@ def test_stray_pytest_config_in_the_working_directory_does_not_change_the_run(tm
                "--checks", "sampler-coverage,rank-consistency"], tmp_path, cwd=work,
               env={"PYTEST_PLUGINS": "conftest", "PYTHONPATH": str(work)})
     done = run.wait()
-    assert done.code == 0, done.stderr[-3000:]
+    # Both checks ran and passed; neither verifies the training step (exit 3, not ready).
+    assert done.code == 3, done.stderr[-3000:]
+    _one_line(done, r"the training step was not verified on mlp: sampler-coverage, rank-consistency passed")
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["checks_run"] == report["checks_requested"] == ["sampler-coverage", "rank-consistency"]
     _assert_clean(run)
@@ -387,8 +402,8 @@ def test_a_passing_run_kills_setsid_children_and_keep_tmp_keeps_only_the_session
     done = run.wait()
     children = [int(f.name.split("-")[1]) for f in pids.iterdir()]
     assert len(children) >= 2, "every rank must have forked its setsid child (or the test proves nothing)"
-    assert done.code == 0, done.stderr[-3000:]
-    _one_line(done, r"verdict ready")
+    assert done.code == 3, done.stderr[-3000:]  # passed; rank-consistency alone verifies no step
+    _one_line(done, RANKS_AGREE_ONLY)
     assert done.elapsed_s <= done.bound(60)
     kept = re.search(r"--keep-tmp: the session's temp dir is kept: (\S+)", done.stdout)
     assert kept, done.stdout[-2000:]

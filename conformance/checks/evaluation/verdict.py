@@ -142,6 +142,17 @@ def verdict(ranks: list[EvalRank], reference: EvalRank) -> Outcome:
                                     "is not deterministic under the suite's seed): nothing comparable")
     if any(r.error is not None for r in ranks):
         return errored(ranks)
+    if not reference.forward.calls and not any(r.forward.calls for r in ranks):
+        # Metrics that no forward produced (a constant, a value logged earlier) agree on every
+        # world size whatever the evaluation would do: equal numbers verified nothing.
+        shown = ", ".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v!r}"
+                          for k, v in list(reference.metrics.items())[:4])
+        return Outcome.skipped(
+            f"evaluate returned {shown} without a forward of the model, on {world_size} ranks and on 1: it "
+            f"evaluated nothing, so there is nothing to compare", metrics={"key_figure": "evaluate ran no forward"},
+            evidence={"forwards_per_rank": {str(r.rank): 0 for r in ranks}, "reference_forwards": 0},
+            recommendation="evaluate(model, ctx) must run the model it is given over its eval data and "
+                           "return the metrics computed from those forwards")
     cov = coverage(ranks, reference)
     comps = compare(ranks, reference, max(cov.expected, 1))
     hyg = hygiene(ranks)
