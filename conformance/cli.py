@@ -10,9 +10,11 @@
     ddp-conformance --version
 
 Exit codes: 0 ready, 1 not ready (a check failed), 2 usage or target error, 3 inconclusive.
-The exit code comes from this run's records only (its run id is stamped on each of them and
-on report.json), and from pytest's own status: an interrupted, crashed or unusable pytest run
-is never 0. SIGTERM is handled like Ctrl-C.
+The exit code comes from this run's own verdict, handed over in memory by the plugin's report
+writer (never read back from the report dir, which other users may be able to change:
+docs/report-dir.md), and from pytest's own status: an interrupted, crashed or unusable pytest
+run is never 0. A report dir other users can write is refused (exit 2). SIGTERM is handled
+like Ctrl-C.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from ddp_conformance.reports.verdict import EXIT_INCONCLUSIVE, EXIT_NOT_READY, EXIT_READY, EXIT_USAGE
 
@@ -132,20 +134,35 @@ def _list() -> int:
 
 
 def _report(directory: Path) -> int:
+    """Re-render DIR's reports from its files. Not a verdict: the dir is checked as a run's
+    is (ownership, mode, no links), and the output says the verdict is only as trustworthy
+    as the dir (docs/report-dir.md)."""
     from ddp_conformance.reports.render import write_reports
+    from ddp_conformance.reports.store import OWN_FILES, RESULTS
+    from ddp_conformance.reports.trust import UntrustedReportDir, check_dir
     from ddp_conformance.reports.verdict import exit_code
 
     if not str(directory):
         raise UsageError("report needs the --report-dir of a run, not an empty path")
-    if not (directory / "results.jsonl").is_file():
-        raise UsageError(f"{directory}/results.jsonl does not exist; pass the --report-dir of a run")
+    missing = UsageError(f"{directory}/{RESULTS} does not exist; pass the --report-dir of a run")
+    if not directory.is_dir():
+        raise missing
     try:
+        warning = check_dir(directory, OWN_FILES)
+        if not (directory / RESULTS).is_file():  # no link any more (check_dir): what is there
+            raise missing
         report = write_reports(directory)
+    except UntrustedReportDir as exc:
+        raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"cannot write the report into {str(directory)!r} ({exc.strerror or exc}); "
                          f"copy the directory somewhere writable and run `report` there") from None
+    if warning:
+        print(f"ddp-conformance: warning: {warning}", file=sys.stderr)
     print(f"verdict: {report['verdict']}{'' if report.get('complete', True) else ' (incomplete run)'}"
           f" — {directory}/report.html")
+    print(f"note: a re-rendered verdict is only as trustworthy as {directory}: anyone who can write there "
+          f"can change its records; the verdict of record is the run's own exit code")
     for reason in report.get("harness_errors", []):
         print(f"ddp-conformance: {reason}", file=sys.stderr)
     return exit_code(report["verdict"])
@@ -234,8 +251,21 @@ def _target_arg(target: str) -> str:
 
 
 def _check_writable(directory: Path) -> None:
+    from ddp_conformance.reports.store import OWN_FILES
+    from ddp_conformance.reports.trust import UntrustedReportDir, check_dir
+
     try:
         directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--report-dir {str(directory)!r} is not writable ({exc.strerror}); "
+                         f"pass a directory you can write to") from None
+    try:
+        # Before the probe writes there: a dir other users can write, or a link planted at
+        # one of the run's names, is refused (docs/report-dir.md). Its warning is _own's to say.
+        check_dir(directory, OWN_FILES)
+    except UntrustedReportDir as exc:
+        raise UsageError(str(exc)) from None
+    try:
         # A probe of its own: under torchrun every rank probes the same (shared) dir, and
         # with one fixed name a rank could unlink the probe another rank was about to.
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=directory)
@@ -248,23 +278,23 @@ def _check_writable(directory: Path) -> None:
     except OSError as exc:
         raise UsageError(f"--report-dir {str(directory)!r} is not writable ({exc.strerror}); "
                          f"pass a directory you can write to") from None
-    for name in ("results.jsonl", "run.json"):
-        path = directory / name
-        if path.exists() and not path.is_file():
-            raise UsageError(f"{path} is not a regular file; remove it or pass another --report-dir")
 
 
 def _own(directory: Path) -> None:
-    """Lock the report dir for this run (held until the process exits)."""
+    """Lock the report dir for this run (held until the process exits); say why a dir its
+    group can write is still used."""
     from ddp_conformance.reports.store import ReportDirBusy, ResultStore
+    from ddp_conformance.reports.trust import UntrustedReportDir
 
     try:
-        ResultStore(directory).lock()
-    except ReportDirBusy as exc:
+        warning = ResultStore(directory).lock()
+    except (ReportDirBusy, UntrustedReportDir) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"--report-dir {str(directory)!r} is not writable ({exc.strerror or exc}); "
                          f"pass a directory you can write to") from None
+    if warning:
+        print(f"ddp-conformance: warning: {warning}", file=sys.stderr)
 
 
 def _plugin_args() -> list[str]:
@@ -302,7 +332,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.link_gbps is not None:
         argv += ["--ddp-link-gbps", str(args.link_gbps)]
     argv += args.pytest_args
-    stopped = _ExitMessage()
+    stopped = _RunOutcome()
     with _isolated_from_user_pytest_config():
         code = pytest.main(argv, plugins=[stopped])
     if code == pytest.ExitCode.USAGE_ERROR:
@@ -319,7 +349,7 @@ def _run(args: argparse.Namespace) -> int:
             return EXIT_READY
         return EXIT_NOT_READY if code == pytest.ExitCode.TESTS_FAILED else EXIT_INCONCLUSIVE
     requested = [spec.id for spec in select(args.checks, args.suite)]
-    return _verdict_exit(report_dir, run_id, int(code), requested=requested)
+    return _verdict_exit(stopped.report, run_id, int(code), requested=requested, report_dir=report_dir)
 
 
 #: Environment variables through which pytest takes options and plugins from outside its
@@ -340,13 +370,23 @@ def _isolated_from_user_pytest_config() -> Iterator[None]:
         os.environ.update(saved)
 
 
-class _ExitMessage:
-    """Keeps the message of a ``pytest.exit`` (the plugin's exit on a target error)."""
+class _RunOutcome:
+    """What the in-process pytest run hands back: the message of a ``pytest.exit`` (the
+    plugin's exit on a target error) and this run's report, in memory."""
 
     message: str | None = None
+    #: report.json's dict as the plugin's writer rendered it from memory; None if it wrote none.
+    report: Mapping[str, Any] | None = None
 
     def pytest_keyboard_interrupt(self, excinfo: Any) -> None:
         self.message = getattr(excinfo.value, "msg", None)
+
+    def pytest_unconfigure(self, config: Any) -> None:
+        from .plugin import RUN_REPORT
+
+        # The writer's own dict, never report.json read back: by now another user who can
+        # write the dir may have replaced that file with a "ready" one.
+        self.report = config.stash.get(RUN_REPORT, None)
 
 
 #: pytest statuses after which the records can be trusted as far as they go; anything else
@@ -354,10 +394,10 @@ class _ExitMessage:
 _PYTEST_RAN = (0, 1)  # OK, TESTS_FAILED
 
 
-def _verdict_exit(report_dir: Path, run_id: str, pytest_code: int, *, requested: list[str] | None = None) -> int:
-    """The exit code from *this* run's report, cross-checked with pytest's own status."""
-    import json
-
+def _verdict_exit(report: Mapping[str, Any] | None, run_id: str, pytest_code: int, *,
+                  requested: list[str] | None = None, report_dir: Path) -> int:
+    """The exit code from *this* run's report (the writer's in-memory dict), cross-checked
+    with pytest's own status."""
     from ddp_conformance.reports.verdict import exit_code
 
     def inconclusive(why: str) -> int:
@@ -365,12 +405,8 @@ def _verdict_exit(report_dir: Path, run_id: str, pytest_code: int, *, requested:
               file=sys.stderr)
         return EXIT_INCONCLUSIVE
 
-    try:
-        report = json.loads((report_dir / "report.json").read_text())
-    except (OSError, ValueError):
-        report = None
-    if not isinstance(report, dict) or report.get("run_id") != run_id:
-        # Whatever sits in the dir belongs to another run (an older one, say): never ours.
+    if not isinstance(report, Mapping) or report.get("run_id") != run_id:
+        # No report handed over (the dir could not be written), or one of another run.
         return inconclusive(f"this run (id {run_id}) wrote no report to {report_dir} "
                             f"(pytest exit status {pytest_code})")
     verdict = str(report.get("verdict"))

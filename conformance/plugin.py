@@ -8,7 +8,9 @@ Import-light: loading this module imports neither torch nor the checks; a world 
 when a test asks for one. Reports are written by the controller process only (never by a
 pytest-xdist worker, nor by a rank other than 0 under --ddp-attach): workers attach each
 check's record to its test report, and the controller appends it to results.jsonl the moment
-that report arrives.
+that report arrives. The report dir is not trusted (docs/report-dir.md): the writer renders
+the run's report from what it wrote, in memory, and leaves that dict in ``config.stash``
+under :data:`RUN_REPORT`, where the CLI (same process) takes its exit code from.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ RECORD_KEY = "ddp_record"
 EVENTS_KEY = "ddp_events"
 CASE_KEY = "ddp_case"
 HOSTNAMES = pytest.StashKey[list]()
+#: This run's report.json dict, as the writer rendered it from memory: the verdict of record.
+RUN_REPORT = pytest.StashKey[dict]()
 MARKERS = {
     "gpu": "needs CUDA GPUs and NCCL; skipped with a reason where there are none",
     "chaos": "injects faults (hangs, dead or slow ranks) into an isolated world",
@@ -76,10 +80,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.ddp_report_dir = os.path.abspath(config.getoption("--ddp-report-dir"))
     if config.getoption("--ddp-report-dir", None) and _is_writer(config):
         from ddp_conformance.reports.store import ReportDirBusy
+        from ddp_conformance.reports.trust import UntrustedReportDir
 
         try:
             writer = _ReportWriter(config)
-        except ReportDirBusy as exc:  # another live run owns the directory: a usage error
+        except (ReportDirBusy, UntrustedReportDir) as exc:
+            # Another live run owns the dir, or another user could change it: a usage error.
             raise pytest.UsageError(str(exc)) from None
         config.pluginmanager.register(writer, "ddp-report-writer")
 
@@ -230,7 +236,9 @@ class _ReportWriter:
 
         self.config = config
         self.store = ResultStore(config.getoption("--ddp-report-dir"))
-        self.store.lock()  # one run per report dir, for the life of this process
+        # One run per report dir, for the life of this process; a dir others can write is
+        # refused here (UntrustedReportDir), a group-writable one is said at the session start.
+        self.warning = self.store.lock()
         self.harness_errors: list[str] = []
         self.session: pytest.Session | None = None
         self.broken: str | None = None  # why the report dir could not be written (a full disk...)
@@ -272,6 +280,8 @@ class _ReportWriter:
         except Exception as exc:  # the run goes on; the report says what could not be read
             meta["environment"] = {"error": f"{type(exc).__name__}: {exc}"}
         self.session = session
+        if self.warning:
+            self._say(f"[ddp] warning: {self.warning}")
         self._write(session, self.store.start, meta)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -308,23 +318,30 @@ class _ReportWriter:
             extra["harness_error"] = "; ".join(self.harness_errors)
         if exitstatus == pytest.ExitCode.USAGE_ERROR:
             extra["harness_error"] = "usage or target error; see the command output"
-        hosts = self.config.stash.get(HOSTNAMES, [])
-        if hosts:  # attach mode: the hosts of every rank, not only rank 0's
-            environment = self.store.run_meta().get("environment") or {}
-            extra["environment"] = {**environment, "hostnames": hosts}
         if self.broken:
             return
+        hosts = self.config.stash.get(HOSTNAMES, [])
+        if hosts:  # attach mode: the hosts of every rank, not only rank 0's
+            environment = self.store.written()[0].get("environment") or {}
+            extra["environment"] = {**environment, "hostnames": hosts}
         if interrupted:
             self._write(None, self.store.update_meta, **extra)  # not finished: incomplete
         else:
             self._write(None, self.store.finish, **extra)
-        from ddp_conformance.reports.render import write_reports
+        if self.broken:
+            return
+        from ddp_conformance.reports.render import write_run_reports
 
         try:
-            report = write_reports(self.store.dir)
+            # From memory, never read back: another user who can write the dir could have
+            # rewritten results.jsonl by now (docs/report-dir.md).
+            report = write_run_reports(self.store)
         except OSError as exc:
             self._say(f"[ddp] cannot write the report into {self.store.dir} ({exc.strerror or exc})")
             return
+        # Handed over only once the files exist: a verdict whose report could not be written
+        # leaves the CLI with none, which it reads as inconclusive.
+        self.config.stash[RUN_REPORT] = report
         self._say(f"[ddp] verdict: {report['verdict']} — report in {self.store.dir}/report.html")
 
     def _say(self, line: str) -> None:

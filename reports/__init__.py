@@ -9,9 +9,10 @@ from .environment import collect as collect_environment
 from .html import render as render_html
 from .markdown import render as render_markdown
 from .recommend import recommend
-from .render import build_report, write_reports
+from .render import build_report, write_reports, write_run_reports
 from .schema import KINDS, SCHEMA_VERSION, STATUSES, VERDICTS, CheckRecord, Event
 from .store import ResultStore
+from .trust import UntrustedReportDir
 from .verdict import decide, exit_code
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "CheckRecord",
     "Event",
     "ResultStore",
+    "UntrustedReportDir",
     "build_report",
     "collect_environment",
     "decide",
@@ -30,4 +32,5 @@ __all__ = [
     "render_html",
     "render_markdown",
     "write_reports",
+    "write_run_reports",
 ]

@@ -1,9 +1,12 @@
-"""Turn a results directory into report.json, report.md and report.html.
+"""Turn a run's results into report.json, report.md and report.html.
 
-Reads what :class:`reports.store.ResultStore` wrote — ``run.json`` and every complete line
-of ``results.jsonl`` — so it works the same on a finished run, on a run killed halfway
-(no ``finished`` in run.json: the report says *incomplete*) and from ``ddp-conformance
-report DIR`` long after the run. Each output file is replaced atomically, so a reader (a CI
+Two sources, one report: :func:`write_run_reports` renders what this process's
+:class:`reports.store.ResultStore` wrote, from memory (the run's own report: its verdict is
+the exit code, so nothing is read back from a dir others may have changed,
+docs/report-dir.md); :func:`write_reports` re-renders a dir from ``run.json`` and every
+complete line of ``results.jsonl`` — a run killed halfway (no ``finished`` in run.json: the
+report says *incomplete*), or ``ddp-conformance report DIR`` long after the run, whose verdict
+is only as trustworthy as the dir. Each output file is replaced atomically, so a reader (a CI
 job uploading artifacts) never sees half a report. Never imports torch.
 """
 
@@ -20,10 +23,11 @@ from ._format import encodable
 from .atomic import atomic_write_text
 from .recommend import recommend, verification
 from .schema import SCHEMA_VERSION, CheckRecord, Event
-from .store import ResultStore
+from .store import OWN_FILES, REPORT_HTML, REPORT_JSON, REPORT_MD, ResultStore
+from .trust import check_dir
 from .verdict import counts, decide, is_harness, reasons
 
-REPORT_JSON, REPORT_MD, REPORT_HTML = "report.json", "report.md", "report.html"
+__all__ = ["REPORT_HTML", "REPORT_JSON", "REPORT_MD", "build_report", "write_reports", "write_run_reports"]
 
 
 def _check_dict(record: CheckRecord) -> dict[str, Any]:
@@ -104,16 +108,29 @@ def _missing(meta: Mapping[str, Any], checks: list[CheckRecord]) -> list[str]:
 
 
 def write_reports(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Write report.json, report.md and report.html into ``directory``; return report.json's dict."""
+    """Re-render ``directory`` from its files into report.json, report.md and report.html;
+    return report.json's dict. Raises ``UntrustedReportDir`` for a dir others can write or a
+    link at one of its names (reports.trust)."""
     store = ResultStore(directory)
     if not store.dir.is_dir():
         raise FileNotFoundError(f"report directory {str(store.dir)!r} does not exist; pass the --report-dir of a run")
+    check_dir(store.dir, OWN_FILES)
     records, events = store.read()
     try:
         meta = store.run_meta()
     except ValueError as exc:  # never expected (run.json is replaced atomically), but say so
         meta = {"harness_error": f"run.json is unreadable ({exc}); the run's metadata is lost"}
-    report = build_report(meta, records, events)
+    return _write(store, build_report(meta, records, events))
+
+
+def write_run_reports(store: ResultStore) -> dict[str, Any]:
+    """Render the run ``store`` wrote, from what it holds in memory (ResultStore.written), into
+    its dir; return report.json's dict — the run's verdict, whatever the files say by then."""
+    meta, records, events = store.written()
+    return _write(store, build_report(meta, records, events))
+
+
+def _write(store: ResultStore, report: dict[str, Any]) -> dict[str, Any]:
     atomic_write_text(store.dir / REPORT_JSON, json.dumps(report, indent=2, sort_keys=True, allow_nan=False, default=str) + "\n")
     atomic_write_text(store.dir / REPORT_MD, markdown.render(report))
     atomic_write_text(store.dir / REPORT_HTML, html.render(report))

@@ -4,7 +4,6 @@ ready. End to end: tests/robustness/test_corpus.py, case pytest-addopts-cannot-s
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -21,20 +20,21 @@ def test_the_environment_s_pytest_options_are_set_aside_for_the_run(monkeypatch:
     assert os.environ["PYTEST_ADDOPTS"] == "--ddp-checks=rank-consistency"  # restored after
 
 
-def _report(directory: Path, verdict: str, requested: list[str]) -> None:
-    directory.mkdir()
-    (directory / "report.json").write_text(json.dumps(
-        {"run_id": "r1", "verdict": verdict, "checks_requested": requested, "reasons": ["why"]}))
+def _report(verdict: str, requested: list[str]) -> dict[str, object]:
+    """The run's report as the plugin's writer hands it to the CLI (in memory)."""
+    return {"run_id": "r1", "verdict": verdict, "checks_requested": requested, "reasons": ["why"]}
 
 
 def test_a_run_of_other_checks_than_requested_is_inconclusive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _report(tmp_path / "out", "ready", ["rank-consistency"])
-    code = cli._verdict_exit(tmp_path / "out", "r1", 0, requested=["gradient-equivalence", "rank-consistency"])
+    report = _report("ready", ["rank-consistency"])
+    code = cli._verdict_exit(report, "r1", 0, requested=["gradient-equivalence", "rank-consistency"],
+                             report_dir=tmp_path / "out")
     assert code == cli.EXIT_INCONCLUSIVE
     assert ("the run checked rank-consistency but gradient-equivalence, rank-consistency was requested"
             in capsys.readouterr().err)
 
 
 def test_the_requested_checks_run_keep_their_verdict(tmp_path: Path) -> None:
-    _report(tmp_path / "out", "ready", ["rank-consistency"])
-    assert cli._verdict_exit(tmp_path / "out", "r1", 0, requested=["rank-consistency"]) == cli.EXIT_READY
+    report = _report("ready", ["rank-consistency"])
+    assert cli._verdict_exit(report, "r1", 0, requested=["rank-consistency"],
+                             report_dir=tmp_path / "out") == cli.EXIT_READY
