@@ -12,6 +12,7 @@ import pytest
 
 from conformance.harness.world import World, unavailable_reason
 from conformance.harness.world._containment import COOKIE_VAR
+from conformance.harness.world._launch_env import TORCHRUN_WORKER_VARS, rank_environment, worker_env
 
 from ._env_work import rendezvous_from_env, what_the_rank_sees
 
@@ -85,3 +86,31 @@ def test_a_private_network_world_names_its_own_rendezvous() -> None:
         answers = [r.value for r in world.run(rendezvous_from_env)]
     assert [(rank, size) for rank, size, _ in answers] == [(0, 2), (1, 2)]
     assert answers[0][2] == answers[1][2]
+
+
+def test_a_rank_environment_is_a_torchrun_workers_over_what_is_left_of_the_supervisors() -> None:
+    worker = worker_env(1, 2, master_addr="127.0.0.1", master_port=4242, run_id="job")
+    assert set(worker) == set(TORCHRUN_WORKER_VARS)
+    inherited = {**LAUNCHER, "PATH": "/bin", "DDP_CONFORMANCE_SHM": "off", COOKIE_VAR: "theirs"}
+    env = rank_environment(inherited, {"GLOO_SOCKET_IFNAME": "lo", "WORLD_SIZE": "7"}, worker)
+    assert env == {"PATH": "/bin", "GLOO_SOCKET_IFNAME": "lo", **worker}  # the worker's win
+    assert env["WORLD_SIZE"] == "2" and env["MASTER_PORT"] == "4242"
+
+
+def test_a_rank_outside_its_world_is_refused_with_the_rule() -> None:
+    with pytest.raises(ValueError, match=r"rank=2 is outside a world of 2; pass 0 <= rank < world_size"):
+        worker_env(2, 2, master_addr="127.0.0.1", master_port=1, run_id="job")
+
+
+def test_the_variables_are_the_ones_this_torchs_elastic_agent_sets() -> None:
+    # Read from torch's own agent, so a torch upgrade that adds a worker variable fails here.
+    import inspect
+    import re
+
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    source = inspect.getsource(LocalElasticAgent._start_workers)
+    block = source[source.index("worker_env = {"):source.index("}", source.index("worker_env = {"))]
+    agent = set(re.findall(r'"([A-Z_]+)":', block)) | {"LOCAL_RANK"}  # _set_local_rank_env
+    # TORCH_NCCL_ASYNC_ERROR_HANDLING is left as the user has it (docs/rank-environment.md).
+    assert agent - {"TORCH_NCCL_ASYNC_ERROR_HANDLING"} == set(TORCHRUN_WORKER_VARS)

@@ -19,7 +19,7 @@ rank's environment, the rank replaces its own with it before any of the user's c
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping
 
 from ._containment import COOKIE_VAR
 
@@ -90,18 +90,8 @@ def worker_env(rank: int, world_size: int, *, master_addr: str, master_port: int
 
 
 def world_environments(inherited: Mapping[str, str], settings: Mapping[str, str], *, world_size: int,
-                       master_addr: str, master_port: int | None,
-                       devices: Sequence[int] | None = None) -> list[dict[str, str]]:
-    """Every rank's whole environment for one world (``rank_environment``), one job: one run id.
-
-    ``devices`` (an NCCL world's GPUs, the supervisor's indices): CUDA_VISIBLE_DEVICES is those
-    GPUs in rank order (``visible_devices``), so user code that does
-    ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` lands on the rank's own device,
-    and the rank uses ``cuda:<rank>``.
-    """
-    settings = dict(settings)
-    if devices:
-        settings["CUDA_VISIBLE_DEVICES"] = visible_devices(devices, inherited.get("CUDA_VISIBLE_DEVICES"))
+                       master_addr: str, master_port: int | None) -> list[dict[str, str]]:
+    """Every rank's whole environment for one world (``rank_environment``), one job: one run id."""
     run_id = new_run_id()
     return [rank_environment(inherited, settings, worker_env(r, world_size, master_addr=master_addr,
                                                              master_port=master_port, run_id=run_id))
@@ -141,15 +131,3 @@ def replace_environ(environ: MutableMapping[str, str], env: Mapping[str, str]) -
     for name in [k for k in environ if k not in env and k != COOKIE_VAR]:
         del environ[name]
     environ.update({k: v for k, v in env.items() if k != COOKIE_VAR})
-
-
-def visible_devices(devices: Sequence[int], inherited: str | None) -> str:
-    """CUDA_VISIBLE_DEVICES for an NCCL world on the supervisor's ``devices``: those devices
-    in rank order, named as the supervisor's own CUDA_VISIBLE_DEVICES names them (indices,
-    UUIDs or MIG ids), so LOCAL_RANK r is ``cuda:r`` and ``cuda:r`` is rank r's device, as in a
-    torchrun worker on a node whose GPUs are exactly the world's."""
-    names = [n.strip() for n in inherited.split(",")] if inherited else None
-    if names is not None and any(d >= len(names) or d < 0 for d in devices):
-        raise ValueError(f"devices={list(devices)} are not all among CUDA_VISIBLE_DEVICES={inherited}; "
-                         f"pass indices below {len(names)}")
-    return ",".join(names[d] if names is not None else str(d) for d in devices)

@@ -237,14 +237,13 @@ class World:
         parents = [z.pid for z in self._zygotes] or [os.getpid()] * self.world_size  # ranks die with it
         # Each rank's whole environment: a torchrun worker's for this world (docs/rank-environment.md).
         # A private network's rendezvous port is known only inside it (_rank.py).
-        gpus = self.devices if self.backend == "nccl" and self.devices else None
-        envs = world_environments(_zygote.environment(), settings, world_size=self.world_size, devices=gpus,
+        envs = world_environments(_zygote.environment(), settings, world_size=self.world_size,
                                   master_addr=LOOPBACK_HOST, master_port=None if self.private_network else port)
         configs = [RankConfig(rank=r, world_size=self.world_size, backend=self.backend, store_host=LOOPBACK_HOST,
                               store_port=port, store_prefix=f"g{self.generation}", tmpdir=self._tmpdir,
                               store_file=store_file, netns=self._network.path if self._network else None,
                               generation=self.generation, pg_timeout_s=self.pg_timeout,
-                              device_index=r if gpus else (self.devices[r] if self.devices else None),
+                              device_index=self.devices[r] if self.devices else None,
                               env=envs[r], threads=self.threads, parent_pid=parents[r], preload=self.preload,
                               cookie=self._cookie if self._zygotes else None)
                    for r in range(self.world_size)]
