@@ -12,8 +12,7 @@ supervisor's environment (torchrun's, Slurm's, MPI's) is cleared first, and so a
 own ``DDP_CONFORMANCE_*`` settings (the supervisor's business) except the containment cookie.
 docs/rank-environment.md lists what each side sees.
 
-Pure functions of their arguments (no torch, no process state): the supervisor builds each
-rank's environment, the rank replaces its own with it before any of the user's code runs.
+No torch and no process state here: the supervisor builds each rank's environment, the rank applies it to its own before any of the user's code runs.
 """
 
 from __future__ import annotations
@@ -125,9 +124,14 @@ def rank_environment(inherited: Mapping[str, str], settings: Mapping[str, str],
     return {**kept, **{k: v for k, v in settings.items() if k != COOKIE_VAR}, **worker}
 
 
-def replace_environ(environ: MutableMapping[str, str], env: Mapping[str, str]) -> None:
-    """Make ``environ`` (``os.environ``: each change reaches the C environment torch reads)
-    exactly ``env``, keeping the cookie this process already carries."""
-    for name in [k for k in environ if k not in env and k != COOKIE_VAR]:
+def apply_environment(environ: MutableMapping[str, str], env: Mapping[str, str]) -> None:
+    """Give ``environ`` (``os.environ``: each change reaches the C environment torch reads)
+    ``env``'s values, and no launcher or suite variable that ``env`` lacks.
+
+    Not a wholesale replacement: a forked rank's environment is its zygote's, whose imports
+    may have set variables (``torch._dynamo`` sets TORCHINDUCTOR_CACHE_DIR) that a spawned rank
+    sets again in its own imports; removing them would make the two kinds of rank differ. The
+    cookie this process already carries is kept."""
+    for name in [k for k in environ if k not in env and is_cleared(k)]:
         del environ[name]
     environ.update({k: v for k, v in env.items() if k != COOKIE_VAR})

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ._containment import die_with_parent
-from ._launch_env import replace_environ
+from ._launch_env import apply_environment
 from ._loopback import LOOPBACK_HOST
 from ._netns import join
 from ._protocol import NO_CALL, ProtocolError, decode, encode
@@ -177,10 +177,11 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
     stacks = open(stack_file(cfg.tmpdir, cfg.rank), "a", buffering=1)
     faulthandler.enable(file=stacks, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
-    # The rank's whole environment, before any of the user's code runs: a torchrun worker's for
-    # this world, nothing of another launcher's (_launch_env.py). A forked rank holds the
-    # zygote's environment and a spawned one the supervisor's: both are replaced, not updated.
-    replace_environ(os.environ, cfg.env)
+    # The rank's environment, before any of the user's code runs: a torchrun worker's for this
+    # world, nothing of another launcher's (_launch_env.py). A forked rank starts from its
+    # zygote's environment and a spawned one from the supervisor's: launcher variables either
+    # may hold are removed, not only overwritten (an srun's SLURM_PROCID has no counterpart).
+    apply_environment(os.environ, cfg.env)
     # The platform's default start method, as in a rank that torchrun exec'd: spawn passes the
     # supervisor's on, and a DataLoader(num_workers=2) in the user's step would then spawn
     # workers that import torch afresh (seconds each, on every step's loader).

@@ -34,7 +34,7 @@ from typing import IO
 
 from ..targets import SEE, TargetError, TargetInfo
 from ._containment import COOKIE_VAR, guardian, new_cookie, reap
-from ._launch_env import describing_environment, replace_environ
+from ._launch_env import apply_environment, describing_environment
 from ._results import first_line
 
 _PR_SET_PDEATHSIG = 1
@@ -172,7 +172,7 @@ def _child(spec: str, world_size: int, write_end: int, cookie: str, output: int,
         if not launched:
             # Before the user's module-level code: it reads WORLD_SIZE/LOCAL_RANK as on a rank
             # (a KeyError here would be a false target error), never a stray launcher's values.
-            replace_environ(os.environ, describing_environment(os.environ, world_size))
+            apply_environment(os.environ, describing_environment(os.environ, world_size))
         # One intra-op thread, before any of the user's code: a parent that already ran torch
         # ops (a pytest process, the user's own tests) forked with OpenMP's pool active, and the
         # child's first parallel op would wait forever on threads that were not forked (the
