@@ -12,7 +12,8 @@ supervisor's environment (torchrun's, Slurm's, MPI's) is cleared first, and so a
 own ``DDP_CONFORMANCE_*`` settings (the supervisor's business) except the containment cookie.
 docs/rank-environment.md lists what each side sees.
 
-No torch and no process state here: the supervisor builds each rank's environment, the rank applies it to its own before any of the user's code runs.
+No torch here: the supervisor builds each rank's environment (``world_environments``), the
+rank applies it to its own before any of the user's code runs (``apply_environment``).
 """
 
 from __future__ import annotations
