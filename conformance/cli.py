@@ -232,7 +232,8 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
         try:
             # In a child, under the run's deadline: the target's import or build_model()
             # may hang, and the supervisor must not hang with it.
-            validate_target(_target_arg(args.target), world_size, deadline=args.deadline)
+            validate_target(_target_arg(args.target), world_size, deadline=args.deadline,
+                            launched=args.attach)
         except TargetError as exc:
             raise UsageError(str(exc)) from None
     return backend, world_size

@@ -148,3 +148,22 @@ def test_standalone_single_node(tmp_path: Path) -> None:
     report = json.loads((report_dir / "report.json").read_text())
     assert report["environment"]["hostnames"] == [socket.gethostname()]  # gathered from every rank
     assert report["world_size"] == 2
+
+
+def test_a_loss_times_the_launchers_world_size_is_not_ready(tmp_path: Path) -> None:
+    # WORLD_SIZE=2 is read at import (world_size_constant.py); the ranks are torchrun's, and the
+    # 1-rank reference that rank 0 starts must see a 1-process job's WORLD_SIZE=1, not the
+    # launcher's 2, or both sides carry x2 and the bug is "ready" (docs/rank-environment.md).
+    report_dir = tmp_path / "report"
+    log = tmp_path / "world_size.log"
+    target = ROOT / "tests" / "targets" / "world_size_constant.py"
+    proc = _launch(["--standalone", "--nproc-per-node", "2", "-m", "conformance", "run", "--attach",
+                    "--backend", "gloo", "--target", str(target), "--checks", "gradient-equivalence",
+                    "--report-dir", str(report_dir)], log)
+    codes = _wait_all([proc], [log])
+    text = log.read_text()[-3000:]
+    assert codes == [1], text  # not ready: rank 0 exits 1, and torchrun with it
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["verdict"] == "not-ready", text
+    ge = _records(report_dir)["gradient-equivalence"]
+    assert ge["status"] == "failed" and "multiplied by the world size (factor 2 = N)" in ge["message"], ge["message"]

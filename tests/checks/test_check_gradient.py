@@ -67,6 +67,17 @@ def test_fails_on_loss_times_world_sgd(suite_session):
     assert record.evidence["gradient_scale"]["uniform_factor"] == pytest.approx(2.0, rel=1e-4)
 
 
+@pytest.mark.parametrize("target", ["world_size_from_env", "world_size_constant"])
+def test_fails_on_loss_times_the_launchers_world_size(suite_session, target):
+    # The ×N bug as torchrun jobs write it: the ranks read WORLD_SIZE=2 (at each step, or once
+    # at import), the 1-rank reference WORLD_SIZE=1 (docs/rank-environment.md).
+    record = run_check(suite_session, "gradient-equivalence", target)
+    assert record.status == "failed", record.message
+    assert record.metrics["max_rel_grad_diff"] == pytest.approx(1.0, rel=1e-3)  # 2x on 2 ranks
+    assert "multiplied by the world size (factor 2 = N)" in record.message
+    assert record.evidence["gradient_scale"]["uniform_factor"] == pytest.approx(2.0, rel=1e-4)
+
+
 def test_fails_on_loss_times_world_adam_through_gradients(suite_session):
     record = run_check(suite_session, "gradient-equivalence", "adam_loss_times_world")
     assert record.status == "failed"

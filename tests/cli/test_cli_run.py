@@ -115,3 +115,17 @@ def test_a_builtin_name_wins_over_a_same_named_folder(tmp_path: Path) -> None:
     # Passed; sampler-coverage alone does not verify the training step (3, never a target error's 2).
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "[ddp] sampler-coverage on mlp: PASSED" in proc.stdout
+
+
+@pytest.mark.parametrize("target", ["world_size_from_env", "world_size_constant"])
+def test_a_loss_times_the_launchers_world_size_is_not_ready_under_the_ci_suite(tmp_path: Path, target: str) -> None:
+    # The ×N bug as torchrun jobs write it (WORLD_SIZE read from the environment, per step or
+    # once at import): the ranks see 2, the 1-rank reference 1 (docs/rank-environment.md).
+    target_file = Path(__file__).resolve().parents[1] / "targets" / f"{target}.py"
+    out = tmp_path / "out"
+    proc = _run("run", "--target", str(target_file), "--suite", "ci", "--report-dir", str(out), timeout=400)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "not-ready"
+    ge = {c["id"]: c for c in report["checks"]}["gradient-equivalence"]
+    assert ge["status"] == "failed" and "multiplied by the world size" in ge["message"], ge["message"]

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ._containment import die_with_parent
+from ._launch_env import apply_environment
+from ._loopback import LOOPBACK_HOST
 from ._netns import join
 from ._protocol import NO_CALL, ProtocolError, decode, encode
 from ._results import RankError, RankResult
@@ -47,6 +49,7 @@ class RankContext:
     store: Any = None  # the rendezvous store (client side), for out-of-band signalling
     pg_timeout_s: float = 60.0
     cache: dict[str, Any] = field(default_factory=dict)  # survives between calls in a persistent world
+    rendezvous: Any = None  # a private network's store at MASTER_ADDR:MASTER_PORT, served by rank 0
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,7 @@ def _init_process_group(cfg: RankConfig) -> RankContext:
         store = dist.TCPStore(cfg.store_host, cfg.store_port, is_master=False,
                               timeout=timedelta(seconds=max(cfg.pg_timeout_s, 30)))
     prefixed = dist.PrefixStore(cfg.store_prefix, store)
+    rendezvous = _serve_private_rendezvous(cfg, prefixed) if cfg.store_file is not None else None
     arrive(prefixed, cfg.rank, cfg.world_size)
     # The timeout bounds how long a collective may wait for a peer. The supervisor's deadline
     # is what protects the run; this only stops a stuck rank from waiting gloo's default 30 min.
@@ -129,7 +133,29 @@ def _init_process_group(cfg: RankConfig) -> RankContext:
     return RankContext(rank=cfg.rank, world_size=cfg.world_size, backend=cfg.backend, device=device,
                        tmpdir=Path(cfg.tmpdir), generation=cfg.generation, local_rank=cfg.rank,
                        group=dist.group.WORLD, side_group=side, store=store,
-                       pg_timeout_s=cfg.pg_timeout_s)
+                       pg_timeout_s=cfg.pg_timeout_s, rendezvous=rendezvous)
+
+
+def _serve_private_rendezvous(cfg: RankConfig, store: Any) -> Any:
+    """Rank 0 serves a TCPStore on the private network's loopback; every rank's MASTER_PORT
+    names it. Returns the server on rank 0 (kept alive with the rank), None elsewhere.
+
+    Why: a rank's MASTER_ADDR:MASTER_PORT must be its world's rendezvous, as in a torchrun
+    worker (``env://`` in the user's code connects there), and in a private network the
+    supervisor's store is another namespace's loopback, out of reach; the ranks themselves
+    rendezvous through a file. The wildcard address TCPStore listens on is harmless here: the
+    namespace's only interface is its own loopback. The port travels through the file store,
+    whose ``get`` waits for rank 0 (bounded by the supervisor's start clock).
+    """
+    import torch.distributed as dist
+
+    server = None
+    if cfg.rank == 0:
+        server = dist.TCPStore(LOOPBACK_HOST, 0, is_master=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=max(cfg.pg_timeout_s, 30)))
+        store.set("master_port", str(server.port))
+    os.environ["MASTER_PORT"] = store.get("master_port").decode()
+    return server
 
 
 def _error(exc: BaseException) -> RankError:
@@ -151,7 +177,11 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
     stacks = open(stack_file(cfg.tmpdir, cfg.rank), "a", buffering=1)
     faulthandler.enable(file=stacks, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
-    os.environ.update(cfg.env)
+    # The rank's environment, before any of the user's code runs: a torchrun worker's for this
+    # world, nothing of another launcher's (_launch_env.py). A forked rank starts from its
+    # zygote's environment and a spawned one from the supervisor's: launcher variables either
+    # may hold are removed, not only overwritten (an srun's SLURM_PROCID has no counterpart).
+    apply_environment(os.environ, cfg.env)
     # The platform's default start method, as in a rank that torchrun exec'd: spawn passes the
     # supervisor's on, and a DataLoader(num_workers=2) in the user's step would then spawn
     # workers that import torch afresh (seconds each, on every step's loader).

@@ -195,6 +195,8 @@ class RankZeroLocalWorld:
     Under a launcher there is no such world, so rank 0 spawns one locally (a supervised
     ``World(1)`` on loopback) and shares its results with every rank; the other ranks only
     wait for that broadcast. Every rank calls ``run`` (they all execute the same check code).
+    The local world's rank sees a 1-process torchrun job (``WORLD_SIZE=1``...), never this
+    launcher's variables, from before the target is imported (docs/rank-environment.md).
     """
 
     def __init__(self, attached: AttachedWorld) -> None:

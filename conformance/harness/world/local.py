@@ -31,6 +31,7 @@ from typing import Any, Callable
 from ..timing import CLOSE_GRACE_S, DEFAULT_DEADLINE_S, WORLD_START_S, pg_timeout_for
 from . import _zygote
 from ._containment import cookie_in_environment, guardian, new_cookie, proc_state, reap
+from ._launch_env import world_environments
 from ._loopback import LOOPBACK_HOST, loopback_interface
 from ._netns import PrivateNetwork
 from ._protocol import ProtocolError, decode, encode
@@ -228,20 +229,22 @@ class World:
             port, store_file = self._serve_store(dist), None
         # gloo picks its interface from the hostname unless told; pin it to loopback so the
         # ranks' own listening sockets are on 127.0.0.1 whatever /etc/hosts says.
-        env = {"GLOO_SOCKET_IFNAME": loopback_interface(), **self.env}
+        settings = {"GLOO_SOCKET_IFNAME": loopback_interface(), **self.env}
         # Zygotes are shared by this process's CPU worlds (one per rank slot); their ranks adopt
-        # this world's cookie and the supervisor's environment (theirs is the zygote's).
+        # this world's cookie and the environment given here (theirs is the zygote's).
         usable = _zygote.usable(self.backend, self.devices)
         self._zygotes = [_zygote.take(self.preload, r) for r in range(self.world_size)] if usable else []
-        if self._zygotes:
-            env = {**_zygote.environment(), **env}
         parents = [z.pid for z in self._zygotes] or [os.getpid()] * self.world_size  # ranks die with it
+        # Each rank's whole environment: a torchrun worker's for this world (docs/rank-environment.md).
+        # A private network's rendezvous port is known only inside it (_rank.py).
+        envs = world_environments(_zygote.environment(), settings, world_size=self.world_size,
+                                  master_addr=LOOPBACK_HOST, master_port=None if self.private_network else port)
         configs = [RankConfig(rank=r, world_size=self.world_size, backend=self.backend, store_host=LOOPBACK_HOST,
                               store_port=port, store_prefix=f"g{self.generation}", tmpdir=self._tmpdir,
                               store_file=store_file, netns=self._network.path if self._network else None,
                               generation=self.generation, pg_timeout_s=self.pg_timeout,
-                              device_index=self.devices[r] if self.devices else None, env=env,
-                              threads=self.threads, parent_pid=parents[r], preload=self.preload,
+                              device_index=self.devices[r] if self.devices else None,
+                              env=envs[r], threads=self.threads, parent_pid=parents[r], preload=self.preload,
                               cookie=self._cookie if self._zygotes else None)
                    for r in range(self.world_size)]
         if not all(z.wait_ready(0) for z in self._zygotes):

@@ -34,6 +34,7 @@ from typing import IO
 
 from ..targets import SEE, TargetError, TargetInfo
 from ._containment import COOKIE_VAR, guardian, new_cookie, reap
+from ._launch_env import apply_environment, describing_environment
 from ._results import first_line
 
 _PR_SET_PDEATHSIG = 1
@@ -47,10 +48,13 @@ PRINTED_TAIL = 300
 _DESCRIBED: dict[str, tuple[TargetInfo, bool]] = {}
 
 
-def describe_target(spec: str, world_size: int, *, deadline: float, build: bool = True) -> TargetInfo:
+def describe_target(spec: str, world_size: int, *, deadline: float, build: bool = True,
+                    launched: bool = False) -> TargetInfo:
     """The target's description, loaded in a child; with ``build`` also ``build_model()`` and
     one ``make_batch()``. Raises TargetError (one line, with the fix) if ``spec`` is broken,
-    ends its process or runs past ``deadline``."""
+    ends its process or runs past ``deadline``. The child sees rank 0's torchrun variables of a
+    world of ``world_size`` (``_launch_env.describing_environment``); ``launched`` (this process
+    is a rank under --attach): the launcher's own, inherited as they are."""
     known = _DESCRIBED.get(spec)
     if known is not None and (known[1] or not build):
         return known[0]
@@ -63,7 +67,7 @@ def describe_target(spec: str, world_size: int, *, deadline: float, build: bool 
         pid = os.fork()
         if pid == 0:  # the child: never returns
             os.close(read_end)
-            _child(spec, world_size, write_end, cookie, printed.fileno(), build)
+            _child(spec, world_size, write_end, cookie, printed.fileno(), build, launched)
         os.close(write_end)
         try:
             answer, status = _await(pid, read_end, cookie, spec, deadline, printed)
@@ -75,9 +79,9 @@ def describe_target(spec: str, world_size: int, *, deadline: float, build: bool 
     return info
 
 
-def validate_target(spec: str, world_size: int, *, deadline: float) -> TargetInfo:
+def validate_target(spec: str, world_size: int, *, deadline: float, launched: bool = False) -> TargetInfo:
     """:func:`describe_target` with the build: what the CLI checks at the edge."""
-    return describe_target(spec, world_size, deadline=deadline, build=True)
+    return describe_target(spec, world_size, deadline=deadline, build=True, launched=launched)
 
 
 def _await(pid: int, read_end: int, cookie: str, spec: str, deadline: float,
@@ -151,7 +155,8 @@ def _printed(printed: IO[bytes]) -> str:
     return f"; it printed: {output!r}" if output else ""
 
 
-def _child(spec: str, world_size: int, write_end: int, cookie: str, output: int, build: bool) -> None:
+def _child(spec: str, world_size: int, write_end: int, cookie: str, output: int, build: bool,
+           launched: bool) -> None:
     """Load (and build, and make one batch); write the answer; exit."""
     code = 0
     try:
@@ -164,6 +169,10 @@ def _child(spec: str, world_size: int, write_end: int, cookie: str, output: int,
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ[COOKIE_VAR] = cookie  # whatever it execs carries the cookie
+        if not launched:
+            # Before the user's module-level code: it reads WORLD_SIZE/LOCAL_RANK as on a rank
+            # (a KeyError here would be a false target error), never a stray launcher's values.
+            apply_environment(os.environ, describing_environment(os.environ, world_size))
         # One intra-op thread, before any of the user's code: a parent that already ran torch
         # ops (a pytest process, the user's own tests) forked with OpenMP's pool active, and the
         # child's first parallel op would wait forever on threads that were not forked (the
