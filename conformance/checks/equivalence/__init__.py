@@ -23,6 +23,7 @@ from .comparison import Equivalence
 from .diagnosis import nonfinite
 from .digests import DIGEST, REFERENCE, compared_by, first_divergence, named_digests, rank_view, who_sees
 from .experiment import MICROBATCH_CHOICES, microbatches_for, run_equivalence
+from .floor import MARGIN, smallest_bug
 from .instruments import first_nonfinite
 from .normalisation import group_batchnorm
 from .presentation import evidence, key_figure, metrics
@@ -34,6 +35,7 @@ from .verdict import judge
 
 __all__ = [
     "DIGEST",
+    "MARGIN",
     "MICROBATCH_CHOICES",
     "REFERENCE",
     "Compared",
@@ -58,6 +60,7 @@ __all__ = [
     "named_digests",
     "nonfinite",
     "rank_view",
+    "smallest_bug",
     "run_equivalence",
     "run_recorded",
     "who_sees",
