@@ -164,3 +164,34 @@ def test_an_evaluate_that_returns_a_constant_is_skipped_never_passed():
     assert outcome.status == "skipped"
     assert outcome.message == ("evaluate returned accuracy=0.5 without a forward of the model, on 2 ranks and on 1: "
                                "it evaluated nothing, so there is nothing to compare")
+
+
+def _by_rows(rank: int, world: int, metrics: dict[str, float], rows: int, calls=()) -> EvalRank:
+    """A rank whose evaluation sliced tensors of its own loader (no DataLoader, so no dataset
+    indices): counted by rows."""
+    return EvalRank(rank, world, metrics, None, "w", ForwardSlice(20, rows, 0, (), ()), SamplesSlice({}, ()),
+                    CollectiveSlice(tuple(calls)), BufferSlice(6, ()), StepSlice(ran=True))
+
+
+def test_a_fixed_number_of_eval_batches_per_rank_is_named_as_a_set_that_grows_with_the_world():
+    """build-nanogpt's validation: val_loss_steps batches per rank, each rank from its own offset,
+    then all-reduced AVG: 2 ranks evaluate 160 rows where 1 evaluates 80, and the loss moves."""
+    reference = _by_rows(0, 1, {"val_loss": 4.855}, 80)
+    calls = [(CollectiveCall("all_reduce", "AVG", (), (v,), (4.857,)),) for v in (4.86, 4.854)]
+    ranks = [_by_rows(r, 2, {"val_loss": 4.857}, 80, calls[r]) for r in range(2)]
+    outcome = verdict(ranks, reference)
+    assert outcome.status == "failed"
+    assert ("cause: the evaluated set grows with the world size: each of the 2 ranks forwarded 80 rows, as many "
+            "as the 1-rank run, so 2 ranks evaluated 160 rows against 80" in outcome.message), outcome.message
+    assert (outcome.recommendation or "").startswith("evaluate one fixed set whatever the world size")
+
+
+def test_every_rank_evaluating_the_same_whole_set_is_not_called_a_growing_set():
+    """The same rows on every rank (each evaluates the whole set) and a SUM where AVG was meant:
+    the ranks' own values agree, so the set did not grow; the cause is elsewhere."""
+    reference = _by_rows(0, 1, {"val_loss": 4.855}, 80)
+    calls = (CollectiveCall("all_reduce", "SUM", (), (4.855,), (9.71,)),)
+    ranks = [_by_rows(r, 2, {"val_loss": 9.71}, 80, calls) for r in range(2)]
+    outcome = verdict(ranks, reference)
+    assert outcome.status == "failed"
+    assert "grows with the world size" not in outcome.message, outcome.message

@@ -159,7 +159,7 @@ def compare(ranks: list[EvalRank], reference: EvalRank, samples: int) -> list[Co
 
 @dataclass(frozen=True)
 class Cause:
-    name: str  # only-some-ranks | padding | missing | mean-of-means | no-reduction | train-mode
+    name: str  # only-some-ranks | padding | missing | per-rank-set | mean-of-means | no-reduction | train-mode
     text: str
 
 
@@ -205,6 +205,29 @@ def no_reduction(ranks: list[EvalRank], comp: Comparison, sizes: dict[int, int])
     return None
 
 
+def per_rank_set(ranks: list[EvalRank], comp: Comparison, cov: Coverage) -> str | None:
+    """Every rank forwarded as many rows as the 1-rank run: the evaluation takes a fixed number of
+    batches *per rank* (build-nanogpt's ``val_loss_steps``, each rank reading from its own offset),
+    so N ranks evaluate N times the data of one, and the metric moves with the world size. Only
+    where samples are counted by rows (no dataset indices to tell sets apart) and the N-rank run
+    forwarded more rows in all than the 1-rank run, and the ranks' own values differ (what each
+    put into its first reduction carrying values, else what each reports): ranks that each
+    evaluated the same whole set would agree there, and their fault would be the reduction."""
+    if cov.by != "rows" or len(ranks) < 2 or not cov.expected:
+        return None
+    rows = {r.rank: r.forward.rows for r in ranks}
+    if any(n != cov.expected for n in rows.values()):
+        return None
+    firsts = [next((c.values_in for c in r.collectives.calls if c.values_in), None) for r in ranks]
+    own = firsts if all(v is not None for v in firsts) else list(comp.per_rank.values())
+    if len(set(own)) < 2:
+        return None
+    return (f"the evaluated set grows with the world size: each of the {len(ranks)} ranks forwarded "
+            f"{cov.expected} rows, as many as the 1-rank run, so {len(ranks)} ranks evaluated "
+            f"{sum(rows.values())} rows against {cov.expected} (a fixed number of eval batches per rank, "
+            f"each rank reading its own part of the data)")
+
+
 def causes(ranks: list[EvalRank], comp: Comparison, cov: Coverage) -> list[Cause]:
     """What the records show about a metric that is not the 1-rank one (or not the same on
     every rank): each cause only where its measurement holds."""
@@ -219,6 +242,9 @@ def causes(ranks: list[EvalRank], comp: Comparison, cov: Coverage) -> list[Cause
     if cov.missing:
         found.append(Cause("missing", f"{len(cov.missing)} of {cov.expected} samples never evaluated "
                                       f"(first: {', '.join(map(str, cov.missing[:5]))})"))
+    grown = per_rank_set(ranks, comp, cov)
+    if grown is not None:
+        found.append(Cause("per-rank-set", grown))
     sizes = _shard_sizes(ranks, cov)
     for name, test in (("mean-of-means", mean_of_means), ("no-reduction", no_reduction)):
         text = test(ranks, comp, sizes)

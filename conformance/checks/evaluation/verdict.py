@@ -16,6 +16,9 @@ REC_PADDING = ("count every sample once: shard without padding (indices rank, ra
                "pytorch/pytorch#25162)")
 REC_REDUCE = ("all-reduce the sums and the counts (SUM) and divide once at the end; never average "
               "per-rank means, never log one rank's own value")
+REC_FIXED_SET = ("evaluate one fixed set whatever the world size: shard it across the ranks (a "
+                 "DistributedSampler over the eval dataset, or total_batches // world_size batches per "
+                 "rank) and reduce sums and counts, so N ranks evaluate what one rank does")
 REC_TRAIN = "call model.eval() (and torch.no_grad()) before evaluating, model.train() after"
 REC_EVERY_RANK = ("run evaluate on every rank (each on its shard, then reduce), or on rank 0 only through "
                   "model.module with no collective inside, while the others wait in a barrier")
@@ -91,6 +94,8 @@ def _recommend(names: set[str]) -> list[str]:
     recs = []
     if names & {"padding", "missing"}:
         recs.append(REC_PADDING)
+    if "per-rank-set" in names:
+        recs.append(REC_FIXED_SET)
     if names & {"mean-of-means", "no-reduction"}:
         recs.append(REC_REDUCE)
     if "train-mode" in names:
