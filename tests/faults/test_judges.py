@@ -63,8 +63,11 @@ def _with(result: ScenarioResult, **diagnosis: Any) -> ScenarioResult:
     return dataclasses.replace(result, diagnosis=dataclasses.replace(result.diagnosis, **diagnosis))
 
 
-def _run_hang_check(monkeypatch: pytest.MonkeyPatch, results: list[ScenarioResult]) -> Any:
+def _run_hang_check(monkeypatch: pytest.MonkeyPatch, results: list[ScenarioResult], *,
+                    contention: float = 1.0) -> Any:
     monkeypatch.setattr(hang_detection, "run_scenarios", lambda ctx, scenarios: results)
+    # The host's contention is the test's to set: measured, it would be this test runner's load.
+    monkeypatch.setattr(hang_detection, "contention", lambda *a, **k: contention)
     ctx = _ctx()
     return hang_detection.run(ctx), ctx
 
@@ -100,6 +103,19 @@ def test_hang_detection_fails_on_a_wrong_diagnosis_and_names_it(
     assert outcome.message.startswith("1 injected hang(s) not diagnosed correctly: ")
     assert outcome.metrics["diagnosed"] == 5
     assert re.search(message, outcome.message), outcome.message
+
+
+def test_the_detection_slack_scales_with_the_hosts_measured_contention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """25 s against a 20 s deadline: late on a quiet host (2 s of slack), in time where every
+    core had two other runnable processes (x3: the supervisor's stack collection and kill took
+    three times longer); still late at x2 (4 s of slack), saying by how much it was scaled."""
+    late = {"dead_rank": lambda r: dataclasses.replace(r, latency_s=25.0)}
+    outcome, _ = _run_hang_check(monkeypatch, _results(**late), contention=3.0)
+    assert outcome.status == "passed", outcome.message
+    assert outcome.metrics["host_contention"] == 3.0
+    outcome, _ = _run_hang_check(monkeypatch, _results(**late), contention=2.0)
+    assert outcome.status == "failed"
+    assert "dead-rank: detected after 25.0 s > deadline 20 s + 4 s (x2 host contention)" in outcome.message
 
 
 def test_hang_judge_lists_every_problem_of_one_scenario() -> None:
