@@ -400,12 +400,18 @@ def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, An
                             f"train (re-run with it). Look for what cuts them off the loss: a reentrant "
                             f"checkpoint of inputs that need no gradient (use_reentrant=False), a detach(), "
                             f"a branch no rank takes" if never else
+                            # The fix re-run and verified leads (one sentence), the fix that saves
+                            # its cost follows as the details.
+                            f"Set find_unused_parameters=True in ddp_kwargs: the failing steps re-ran to "
+                            f"completion with it (verified fix), at a measured cost of {tax_text}. To save "
+                            f"that cost, make every parameter participate every step instead (remove the "
+                            f"data-dependent branch, e.g. multiply the aux output by 0 instead of skipping "
+                            f"it) and keep find_unused_parameters=False."
+                            if remedy is not None and remedy.verified else
                             f"Make every parameter participate every step (remove the data-dependent "
                            f"branch, e.g. multiply the aux output by 0 instead of skipping it) and keep "
                            f"find_unused_parameters=False; or set find_unused_parameters=True at a "
-                           f"measured cost of {tax_text}"
-                           + (" (verified fix: the failing steps re-ran to completion with it)."
-                              if remedy is not None and remedy.verified else ".")))
+                           f"measured cost of {tax_text}."))
     if kwargs.get("static_graph") and not static_ok:
         return Outcome.failed(f"{name}: static_graph=True but the set of used parameters changes "
                               f"between iterations ({params} {_where(table)})", metrics=metrics,
