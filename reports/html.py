@@ -166,12 +166,12 @@ def render(report: Mapping[str, Any]) -> str:
     groups = _groups(views)
     # "relative to" is said only where a path was shortened (a built-in target's name is not a path).
     named = [report.get("target"), *(c.get("target") for c in checks)]
-    shortened = any(relative_path(t, cwd) != str(t) for t in named if t is not None)
+    shortened = any(shorten_paths(relative_path(t, cwd), cwd) != str(t) for t in named if t is not None)
     return _jinja().get_template("report.html.j2").render(
         report=report, verdict=verdict, verdict_title=VERDICT_TITLES[verdict], exit_code=EXIT_CODES[verdict],
-        reasons=[_linked(str(r), anchors) for r in report.get("reasons") or []], complete=bool(report.get("complete", False)),
+        reasons=[_linked(shorten_paths(str(r), cwd), anchors) for r in report.get("reasons") or []], complete=bool(report.get("complete", False)),
         checks=views, failing=failing, groups=groups, several_targets=len(groups) > 1,
-        target=relative_path(report.get("target"), cwd), cwd=cwd if shortened else None,
+        target=shorten_paths(relative_path(report.get("target"), cwd), cwd), cwd=cwd if shortened else None,
         configuration=tables(report), tally=tally, statuses=STATUS_ORDER, facts=facts, settings=settings, env_errors=env_errors,
         harness_errors=[str(e) for e in report.get("harness_errors") or []],
         missing=[str(m) for m in report.get("missing_checks") or []],

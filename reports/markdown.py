@@ -76,7 +76,8 @@ def _header(report: Mapping[str, Any]) -> list[str]:
     verdict = str(report.get("verdict", "inconclusive"))
     title = VERDICT_TITLES.get(verdict, cell(verdict))
     # The first reason in the headline: a verdict that is not ready says why in its first line.
-    first = next(iter(report.get("reasons") or []), None)
+    reasons = [shorten_paths(str(r), report.get("cwd")) for r in report.get("reasons") or []]
+    first = next(iter(reasons), None)
     why = f" — {cell(first, 300)}" if first and verdict != "ready" else ""
     lines = [f"# {VERDICT_ICONS.get(verdict, '🟠')} DDP conformance: **{title}**{why}", ""]
     missing = _missing(report)
@@ -84,11 +85,11 @@ def _header(report: Mapping[str, Any]) -> list[str]:
         not_run = f" Not run: {', '.join(cell(m, 60) for m in missing)}." if missing else ""
         lines += ["> [!WARNING]", ("> **Incomplete run**: the run stopped before it finished (killed or crashed). "
                                    f"This report shows only the checks that completed.{not_run}"), ""]
-    for reason in report.get("reasons") or []:
+    for reason in reasons:
         lines.append(f"- {text(reason)}")
     lines.append("")
     facts = [
-        ("Target", relative_path(report.get("target"), report.get("cwd"))), ("Backend", report.get("backend")),
+        ("Target", shorten_paths(relative_path(report.get("target"), report.get("cwd")), report.get("cwd"))), ("Backend", report.get("backend")),
         ("World size", report.get("world_size")), ("Suite", report.get("suite")),
         ("Started", timestamp(report.get("started"))), ("Duration", seconds(report.get("duration_s"))),
     ]
