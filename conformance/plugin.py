@@ -270,6 +270,8 @@ class _ReportWriter:
             "attach": bool(config.getoption("--ddp-attach")),
             "run_id": config.getoption("--ddp-run-id"),
             "pid": os.getpid(),
+            # Where the user started the run: the report shows target paths relative to it.
+            "cwd": os.getcwd(),
         }
         try:
             settings = settings_from(config)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -52,6 +54,56 @@ def truncate(text: Any, limit: int) -> tuple[str, bool]:
     if len(text) <= limit:
         return text, False
     return text[: max(limit - 1, 0)] + "…", True
+
+
+#: Where a long text may be cut so that what is shown ends a thought: a sentence, a " -- "
+#: (a check's "what failed -- how it failed"), a clause, a list item; a word as the last resort.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'])")
+_CLAUSE_ENDS = (" -- ", " — ", "; ", ": ", ", ")
+
+
+def lead(text: Any, limit: int) -> tuple[str, str]:
+    """``text`` split into what to show first and the rest (``""`` when nothing is left).
+
+    The first sentence when it fits ``limit`` characters; else the text cut at the last
+    clause boundary before ``limit`` (a word boundary as the last resort), never mid-word. A
+    reader shown the lead must be given a way to the rest: the renderers link or fold it.
+    """
+    text = " ".join(("" if text is None else str(text)).split())
+    if len(text) <= limit and not _SENTENCE_END.search(text):
+        return text, ""
+    first = _SENTENCE_END.split(text, maxsplit=1)
+    if len(first[0]) <= limit:
+        return first[0], first[1] if len(first) > 1 else ""
+    window = text[:limit]
+    for mark in _CLAUSE_ENDS:
+        at = window.rfind(mark)
+        if at >= limit // 3:
+            return window[:at].rstrip(), text[at + len(mark):].strip()
+    at = window.rfind(" ")
+    cut = at if at > 0 else limit
+    return text[:cut], text[cut:].strip()
+
+
+def relative_path(value: Any, cwd: Any) -> str:
+    """A path as the user typed it from where the run started: relative to ``cwd`` when it lies
+    under it, else as given (a built-in target's name, a path elsewhere, no ``cwd`` recorded)."""
+    text = "" if value is None else str(value)
+    if not isinstance(cwd, str) or not os.path.isabs(cwd) or not os.path.isabs(text):
+        return text
+    try:
+        rel = os.path.relpath(text, cwd)
+    except ValueError:
+        return text
+    return text if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
+
+
+def shorten_paths(text: str, cwd: Any) -> str:
+    """``text`` with every absolute path under ``cwd`` written relative to it, so a message that
+    names the target file does not repeat a long absolute prefix on every line of a report."""
+    if not isinstance(cwd, str) or not os.path.isabs(cwd) or cwd.rstrip(os.sep) == "":
+        return text
+    return text.replace(cwd.rstrip(os.sep) + os.sep, "")
 
 
 def one_line(text: Any, limit: int = 160) -> str:

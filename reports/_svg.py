@@ -54,10 +54,17 @@ def linear_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     span = hi - lo
     raw = span / max(count, 1)
     mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step) * step
+    nice = [m * mag for m in (0.5, 1, 2, 2.5, 5, 10)]
+    at = next(i for i, step in enumerate(nice) if step >= raw)
+    out = _ticks_every(lo, hi, nice[at])
+    # A span that just misses a nice step leaves two ticks on the axis: halve it, or the
+    # reader cannot tell the scale from two numbers.
+    return out if len(out) >= 3 or at == 0 else _ticks_every(lo, hi, nice[at - 1])
+
+
+def _ticks_every(lo: float, hi: float, step: float) -> list[float]:
     out: list[float] = []
-    v = first
+    v = math.ceil(lo / step) * step
     while v <= hi + step * 1e-9 and len(out) < 50:
         out.append(round(v, 12))
         v += step
@@ -69,6 +76,19 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     mults = (1, 2, 5) if math.log10(hi / lo) <= 3 else (1,)
     out = [m * 10.0**d for d in decades for m in mults if lo * (1 - 1e-9) <= m * 10.0**d <= hi * (1 + 1e-9)]
     return out or [lo, hi]
+
+
+def distinct(ticks: Sequence[float], labels: list[str]) -> list[str]:
+    """``labels`` when no two ticks share one; else the ticks written with the fewest decimals
+    that tell them apart. A narrow axis far from zero (a parameter norm between 10.4301 and
+    10.4312) otherwise reads as five identical "10.43" ticks."""
+    if len(set(labels)) == len(labels) or not any(labels):  # all blank: an axis drawn without words
+        return labels
+    for decimals in range(1, 13):
+        precise = [f"{t:.{decimals}f}" for t in ticks]
+        if len(set(precise)) == len(precise):
+            return precise
+    return [repr(t) for t in ticks]
 
 
 def fmt(v: float) -> str:
@@ -94,14 +114,16 @@ class Canvas:
 
     def axes(self, x: Scale, y: Scale, *, x_label: str, y_label: str, x_fmt: Callable[[float], str] = fmt,
              y_fmt: Callable[[float], str] = fmt, x_ticks: Iterable[float] | None = None) -> None:
-        for t in y.ticks():
+        ys = y.ticks()
+        for t, label in zip(ys, distinct(ys, [y_fmt(t) for t in ys])):
             py = y(t)
             self.add(f'<line class="grid" x1="{r(self.left)}" x2="{r(self.right)}" y1="{r(py)}" y2="{r(py)}"/>')
-            self.add(f'<text class="tick" x="{r(self.left - 6)}" y="{r(py + 4)}" text-anchor="end">{esc(y_fmt(t))}</text>')
-        for t in x_ticks if x_ticks is not None else x.ticks():
+            self.add(f'<text class="tick" x="{r(self.left - 6)}" y="{r(py + 4)}" text-anchor="end">{esc(label)}</text>')
+        xs = list(x_ticks if x_ticks is not None else x.ticks())
+        for t, label in zip(xs, distinct(xs, [x_fmt(t) for t in xs])):
             px = x(t)
             self.add(f'<line class="tickmark" x1="{r(px)}" x2="{r(px)}" y1="{r(self.bottom)}" y2="{r(self.bottom + 5)}"/>')
-            self.add(f'<text class="tick" x="{r(px)}" y="{r(self.bottom + 18)}" text-anchor="middle">{esc(x_fmt(t))}</text>')
+            self.add(f'<text class="tick" x="{r(px)}" y="{r(self.bottom + 18)}" text-anchor="middle">{esc(label)}</text>')
         self.add(f'<line class="axis" x1="{r(self.left)}" x2="{r(self.right)}" y1="{r(self.bottom)}" y2="{r(self.bottom)}"/>')
         self.add(f'<line class="axis" x1="{r(self.left)}" x2="{r(self.left)}" y1="{r(self.top)}" y2="{r(self.bottom)}"/>')
         cx = (self.left + self.right) / 2

@@ -24,12 +24,15 @@ from .keys import (
     CLIFF_WORLD_SIZE,
     CONFIGURED_BUCKET_CAP_MB,
     CULPRIT_RANK,
+    PROJECTION_RELIABLE,
     RESUME_TRAJECTORIES,
+    SIMULATOR_ERROR,
 )
 from .units import fmt_bytes
 
 log = logging.getLogger(__name__)
 Chart = dict[str, Any]  # {"title": str, "svg": Markup, "caption": str}
+UNRELIABLE_GREY = "#94a3b8"
 
 
 def _points(rows: Any, *keys: str) -> list[dict[str, float]]:
@@ -137,12 +140,17 @@ def bandwidth(metrics: Mapping[str, Any]) -> Chart | None:
 
 
 def scaling(metrics: Mapping[str, Any]) -> Chart | None:
-    """Projected scaling efficiency vs world size (log2 x), the cliff marked."""
+    """Projected scaling efficiency vs world size (log2 x), the cliff marked.
+
+    A projection the check calls unreliable (:data:`PROJECTION_RELIABLE` false: its simulator
+    missed the measured step) is drawn grey and dashed, with no cliff, under a title and a
+    caption that say it is not a prediction: a solid curve would show a guess as a finding."""
     pts = sorted(_points(metrics.get("projection"), "world_size", "efficiency"), key=lambda p: p["world_size"])
     pts = [p for p in pts if p["world_size"] >= 1]
     if len(pts) < 2:
         return None
-    c = Canvas("Scaling projection: efficiency vs world size")
+    unreliable = metrics.get(PROJECTION_RELIABLE) is False
+    c = Canvas("Scaling projection: efficiency vs world size" + (" (unreliable, not a prediction)" if unreliable else ""))
     xs = [p["world_size"] for p in pts]
     eff = [p["efficiency"] * 100 if p["efficiency"] <= 1.5 else p["efficiency"] for p in pts]
     x = Scale(min(xs), max(xs), c.left + 10, c.right - 10, log=True)
@@ -151,6 +159,16 @@ def scaling(metrics: Mapping[str, Any]) -> Chart | None:
     c.axes(x, y, x_label="world size (ranks, log scale)", y_label="scaling efficiency (%)",
            x_fmt=lambda v: f"{v:g}", x_ticks=pow2 if len(pow2) >= 2 else None)
     c.add(f'<line class="mark" x1="{r(c.left)}" x2="{r(c.right)}" y1="{r(y(50))}" y2="{r(y(50))}"/>')
+    if unreliable:
+        c.polyline([(x(a), y(b)) for a, b in zip(xs, eff)], color=UNRELIABLE_GREY, label="unreliable projection",
+                   dashed=True)
+        c.add(f'<text class="bad-label" x="{r((c.left + c.right) / 2)}" y="{r(c.top + 28)}" text-anchor="middle">'
+              f"UNRELIABLE: the simulator missed the measured step; not a prediction</text>")
+        error = number(metrics.get(SIMULATOR_ERROR))
+        why = (f"the simulator is off by {error:.0%} against the measured DDP step" if error is not None
+               else "no DDP step was measured to check the simulator against")
+        caption = f"not a prediction: {why}, so no scaling cliff is claimed (shape only)"
+        return {"title": "Scaling projection (unreliable)", "svg": c.render(), "caption": caption}
     cliff = number(metrics.get(CLIFF_WORLD_SIZE))
     if cliff is not None and cliff > 0:
         c.vline(x(cliff), label=f"cliff at {cliff:g} ranks", cls="bad")

@@ -71,6 +71,9 @@ DDP_BUCKET_SPLITS = "ddp_bucket_splits"  # list[list[int]]: per rank, DDPOptimiz
 # conformance/perf/allreduce_bandwidth.py, metrics.
 CLIFF_WORLD_SIZE = "cliff_world_size"  # int | None: first projected world size that stops overlapping
 SIMULATOR_ERROR = "simulator_error"  # float: |predicted - measured| / measured step time
+# bool: the simulator matched the measured step within its bound; False: the message calls the
+# projection unreliable, and the report's chart must not draw it as a prediction
+PROJECTION_RELIABLE = "projection_reliable"
 
 # conformance/harness/resources.py, metrics of every record (what the check cost, on what model).
 MODEL_PARAMETERS = "model_parameters"  # int: parameters of the target's model (absent for vehicles)
@@ -124,6 +127,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     DDP_BUCKET_SPLITS: ("conformance.checks.equivalence.compiled",),
     CLIFF_WORLD_SIZE: ("conformance.perf.allreduce_bandwidth",),
     SIMULATOR_ERROR: ("conformance.perf.allreduce_bandwidth",),
+    PROJECTION_RELIABLE: ("conformance.perf.allreduce_bandwidth",),
     MODEL_PARAMETERS: ("conformance.harness.resources",),
     MODEL_BYTES: ("conformance.harness.resources",),
     SUPERVISOR_PEAK_RSS: ("conformance.harness.resources",),

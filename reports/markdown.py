@@ -22,10 +22,13 @@ from ._format import (
     cost_line,
     encodable,
     key_figure,
+    lead,
     one_line,
     peak_memory,
     pretty_json,
+    relative_path,
     seconds,
+    shorten_paths,
     timestamp,
     truncate,
 )
@@ -73,7 +76,8 @@ def _header(report: Mapping[str, Any]) -> list[str]:
     verdict = str(report.get("verdict", "inconclusive"))
     title = VERDICT_TITLES.get(verdict, cell(verdict))
     # The first reason in the headline: a verdict that is not ready says why in its first line.
-    first = next(iter(report.get("reasons") or []), None)
+    reasons = [shorten_paths(str(r), report.get("cwd")) for r in report.get("reasons") or []]
+    first = next(iter(reasons), None)
     why = f" — {cell(first, 300)}" if first and verdict != "ready" else ""
     lines = [f"# {VERDICT_ICONS.get(verdict, '🟠')} DDP conformance: **{title}**{why}", ""]
     missing = _missing(report)
@@ -81,11 +85,11 @@ def _header(report: Mapping[str, Any]) -> list[str]:
         not_run = f" Not run: {', '.join(cell(m, 60) for m in missing)}." if missing else ""
         lines += ["> [!WARNING]", ("> **Incomplete run**: the run stopped before it finished (killed or crashed). "
                                    f"This report shows only the checks that completed.{not_run}"), ""]
-    for reason in report.get("reasons") or []:
+    for reason in reasons:
         lines.append(f"- {text(reason)}")
     lines.append("")
     facts = [
-        ("Target", report.get("target")), ("Backend", report.get("backend")),
+        ("Target", shorten_paths(relative_path(report.get("target"), report.get("cwd")), report.get("cwd"))), ("Backend", report.get("backend")),
         ("World size", report.get("world_size")), ("Suite", report.get("suite")),
         ("Started", timestamp(report.get("started"))), ("Duration", seconds(report.get("duration_s"))),
     ]
@@ -122,18 +126,26 @@ def _not_run(report: Mapping[str, Any]) -> list[str]:
         + [f"- ⏹️ {cell(m, 80)}" for m in missing] + [""]
 
 
+def _targets(checks: list[Mapping[str, Any]], report: Mapping[str, Any]) -> list[str]:
+    """Each check's target as the user typed it (relative to where the run started)."""
+    return [relative_path(c.get("target") or report.get("target") or DASH, report.get("cwd")) for c in checks]
+
+
 def _table(checks: list[Mapping[str, Any]], report: Mapping[str, Any]) -> list[str]:
     if not checks:
         return ["_No check produced a result._", ""]
+    targets = _targets(checks, report)
+    # One target: it is in the header already; a path repeated on every row only widens the table.
+    several = len(set(targets)) > 1
     rows = []
-    for c in checks:
+    for c, target in zip(checks, targets):
         status = str(c.get("status"))
         rows.append([f"{STATUS_ICONS.get(status, '')} {cell(status, 20)}", cell(c.get("id"), 60),
-                     cell(c.get("target") or report.get("target") or DASH, 60), cell(key_figure(c), 80),
-                     cell(c.get("message") or DASH), cell(seconds(c.get("duration_s")), 20),
-                     cell(peak_memory(c), 40)])
-    table = tabulate(rows, headers=["Status", "Check", "Target", "Key figure", "Evidence", "Time",
-                                    "Peak RSS (supervisor / tree)"],
+                     *([cell(target, 60)] if several else []), cell(key_figure(c), 80),
+                     cell(shorten_paths(str(c.get("message") or DASH), report.get("cwd"))),
+                     cell(seconds(c.get("duration_s")), 20), cell(peak_memory(c), 40)])
+    table = tabulate(rows, headers=["Status", "Check", *(["Target"] if several else []), "Key figure", "Evidence",
+                                    "Time", "Peak RSS (supervisor / tree)"],
                      tablefmt="github", disable_numparse=True)
     return ["## Checks", "", table, ""]
 
@@ -151,10 +163,10 @@ def _configuration(report: Mapping[str, Any]) -> list[str]:
             if lines else [])
 
 
-def _detail(c: Mapping[str, Any]) -> list[str]:
+def _detail(c: Mapping[str, Any], cwd: Any = None) -> list[str]:
     status = str(c.get("status"))
     lines = [f"### {STATUS_ICONS.get(status, '')} {cell(c.get('id'), 80)} — {cell(c.get('title') or '', 120)}", ""]
-    message, cut = truncate(c.get("message") or "", DETAIL_CHARS)
+    message, cut = truncate(shorten_paths(str(c.get("message") or ""), cwd), DETAIL_CHARS)
     if message.strip():
         lines += [fenced(message, "text"), ""]
         if cut:
@@ -165,7 +177,8 @@ def _detail(c: Mapping[str, Any]) -> list[str]:
     advice = c.get("recommendation") or recommend(c)
     if advice:
         # Whether a re-run with the change fixed the failure (reports.recommend.verification).
-        lines += ["", f"> **Recommendation:** {text(advice)}", ">",
+        fix, more = lead(advice, 400)
+        lines += ["", f"> **Recommendation:** **{text(fix)}**" + (f" {text(more)}" if more else ""), ">",
                   f"> _Verification: {text(verification({**c, 'recommendation': advice}) or '')}_", ""]
     evidence = c.get("evidence")
     if isinstance(evidence, Mapping) and evidence:
@@ -211,15 +224,15 @@ def render(report: Mapping[str, Any]) -> str:
     if failing:
         lines += ["## Failures and inconclusive checks", ""]
         for c in failing:
-            lines += _detail(c)
+            lines += _detail(c, report.get("cwd"))
     if advised:
         lines += ["## Other recommendations", ""]
         for c in advised:
-            lines += _detail(c)
+            lines += _detail(c, report.get("cwd"))
     if checks:
         lines += ["## What each check cost", ""] + [
-            f"- {cell(c.get('id'), 60)} on {cell(c.get('target') or report.get('target') or DASH, 60)}: "
-            f"{cell(cost_line(c), 300)}" for c in checks] + [""]
+            f"- {cell(c.get('id'), 60)} on {cell(target, 60)}: "
+            f"{cell(cost_line(c), 300)}" for c, target in zip(checks, _targets(checks, report))] + [""]
     events = report.get("events") or []
     if events:
         lines += [f"_{len(events)} fault injection / event record(s); see report.html for their timelines._", ""]

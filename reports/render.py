@@ -68,6 +68,7 @@ def build_report(meta: Mapping[str, Any], records: Iterable[CheckRecord], events
         "backend": meta.get("backend"),
         "world_size": meta.get("world_size"),
         "suite": meta.get("suite"),
+        "cwd": meta.get("cwd") if isinstance(meta.get("cwd"), str) else None,  # target paths are shown relative to it
         "environment": meta.get("environment") if isinstance(meta.get("environment"), Mapping) else {},
         "started": started,
         "finished": finished,

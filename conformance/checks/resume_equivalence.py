@@ -66,6 +66,7 @@ from .resume import (
     KILLED_BETWEEN,
     KILLED_DURING_SAVE,
     UNINTERRUPTED,
+    Finding,
     KillPlan,
     Life,
     Lives,
@@ -195,6 +196,18 @@ def _unplanned(run: Run) -> Outcome | None:
                           f"{life.raised}", metrics={"key_figure": "run_loop raised"})
 
 
+def _advice(failing: list[tuple[Verdict, Finding]]) -> str:
+    """One fix per cause found, the first scenario's first: a loop with two bugs (an optimizer
+    never saved, a checkpoint written in place) shows both at a restart, and advice for one of
+    them leaves the user to find the other by the next failed run."""
+    fixes: dict[str, list[str]] = {}
+    for verdict, finding in failing:
+        if finding.recommendation:
+            fixes.setdefault(finding.recommendation, []).append(verdict.scenario)
+    said = [f"{fix[:1].upper()}{fix[1:]} ({', '.join(scenarios)})." for fix, scenarios in fixes.items()]
+    return " ".join(said[:1] + [f"Also: {s[:1].lower()}{s[1:]}" for s in said[1:]])
+
+
 def _outcome(verdicts: list[Verdict], skipped: dict[str, str], written: list[str], steps: int) -> Outcome:
     compared = sum(v.steps_compared for v in verdicts)
     metrics: dict[str, Any] = {"steps_compared": compared,
@@ -217,7 +230,7 @@ def _outcome(verdicts: list[Verdict], skipped: dict[str, str], written: list[str
         metrics.update(key_figure=f"{HEADLINES[first.what]}{where} on rank {first.rank}",
                        first_divergence=first.as_dict())
         return Outcome.failed("restart not equivalent to the uninterrupted run: " + " | ".join(parts),
-                              metrics=metrics, evidence=evidence, recommendation=first.recommendation)
+                              metrics=metrics, evidence=evidence, recommendation=_advice(failing))
     if compared == 0:  # e.g. randomness other than dropout not restored: nothing was compared
         why = "; ".join(evidence[WARNINGS]) or "every restart ended before a resumed step"
         return Outcome.inconclusive(f"no resumed step could be compared with the uninterrupted run: {why}",

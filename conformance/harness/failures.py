@@ -22,6 +22,14 @@ from .world import RankFailure, WorldError, WorldHang
 #: Frames on a rank's stack that only a compilation in progress has: dynamo converting a frame,
 #: inductor generating or building kernels. (Running already compiled code shows neither.)
 COMPILING_FRAMES = ("torch/_dynamo/convert_frame.py", "torch/_inductor/")
+#: DDP's own error when a parameter got no gradient in the previous iteration, and the sentence
+#: torch adds only when find_unused_parameters is off: together, the measurement that names the
+#: cause (with the flag on, the same error means an output that no loss uses: another fix).
+DDP_UNUSED_ERROR = "Expected to have finished reduction in the prior iteration"
+DDP_DETECTION_OFF = "You can enable unused parameter detection"
+UNUSED_FIX = ("Make every parameter receive a gradient at every step, or set find_unused_parameters=True in "
+              "ddp_kwargs: DDP raised its error for a parameter that got no gradient in the previous step "
+              "(the unused-parameters check names which, and measures what find_unused_parameters costs).")
 
 
 def _compiling(stack: str) -> bool:
@@ -88,7 +96,8 @@ def world_error_outcome(exc: WorldError, what: str) -> Outcome:
     first = exc.first_error
     rank = str(first.rank) if first is not None else "?"
     verb = "failed" if culprit is not None and culprit.error and culprit.error.kind == "died" else "raised"
+    unused = any(DDP_UNUSED_ERROR in e and DDP_DETECTION_OFF in e for e in errors.values())
     return Outcome.failed(
         f"{what} {verb} on rank {rank}: {exc.headline()}",
         metrics={"key_figure": "DDP step raised", "failed_ranks": exc.failed_ranks},
-        evidence={"rank_errors": errors, "tracebacks": traces})
+        evidence={"rank_errors": errors, "tracebacks": traces}, recommendation=UNUSED_FIX if unused else None)

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from ddp_conformance.reports.keys import CLIFF_WORLD_SIZE, SIMULATOR_ERROR, WARNINGS
+from ddp_conformance.reports.keys import CLIFF_WORLD_SIZE, PROJECTION_RELIABLE, SIMULATOR_ERROR, WARNINGS
 from ddp_conformance.reports.units import fmt_bytes
 
 from ..harness.context import CheckContext
@@ -215,7 +215,7 @@ def _projection_claim(cliff: int | None, largest: int, error: float | None, n: i
     """What the message may say about the projection: a cliff only when the simulator was
     checked against a measured step and stayed within :data:`SIMULATOR_ERROR_BOUND`."""
     reliable = error is not None and error <= SIMULATOR_ERROR_BOUND
-    metrics["projection_reliable"] = reliable
+    metrics[PROJECTION_RELIABLE] = reliable
     metrics[CLIFF_WORLD_SIZE] = cliff if reliable else None
     if not reliable:
         metrics["unconfirmed_cliff_world_size"] = cliff

@@ -44,6 +44,7 @@ from conformance.harness.timing import DETECTION_SLACK_S, STALL_DEADLINE_S
 from ddp_conformance.reports.keys import CULPRIT_RANK, FEATURES
 
 from .._log import record_injections
+from ..diagnosis import HangDiagnosis
 from ..injectors import (
     ConditionalBranch,
     DeadRank,
@@ -277,7 +278,21 @@ def _target(ctx: CheckContext) -> Outcome:
     return Outcome.failed(f"{target.name}: {source} did not complete{cause} -- {_described(result)} "
                           f"(detected after {result.latency_s:.1f} s)", metrics=metrics,
                           evidence=evidence,
-                          recommendation=UNEVEN_RECOMMENDATION if uneven else RECOMMENDATIONS[d.classification])
+                          recommendation=UNEVEN_RECOMMENDATION if uneven else _advice(d))
+
+
+def _advice(d: HangDiagnosis) -> str:
+    """The fix for the cause measured first: parameters DDP's error named as producing no
+    gradient on a rank (that rank raised before the all-reduce its peers entered), then the
+    classification's general advice as the details."""
+    if d.classification != "divergence" or not d.unused:
+        return RECOMMENDATIONS[d.classification]
+    names = sorted({n for names in d.unused.values() for n in names})
+    ranks = ("rank " if len(d.unused) == 1 else "ranks ") + ", ".join(str(r) for r in sorted(d.unused))
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return (f"Make {shown} receive a gradient on every rank at every step ({ranks} produced none, so it "
+            f"never reached the all-reduce its peers waited in): remove the data-dependent branch that skips "
+            f"them, or set find_unused_parameters=True in ddp_kwargs. " + RECOMMENDATIONS[d.classification])
 
 
 def _exercised_text(exercised: dict[str, int]) -> str:

@@ -472,6 +472,29 @@ def test_a_real_kill_during_a_save_leaves_nothing_behind(tmp_path: Path) -> None
     assert not dirs, f"temp dirs left behind: {dirs}"
 
 
+def test_a_loop_with_two_bugs_gets_the_fix_for_each(tmp_path: Path) -> None:
+    """The optimizer is never saved and every rank writes the checkpoint in place: the kill
+    between steps shows the first, the kill during the save the second. The advice a CI job
+    keeps in report.json (and the report's failure card) covers both causes, not only the first."""
+    out = tmp_path / "out"
+    spec = variant(tmp_path, EXAMPLE, "two-bugs", *TORN, *VARIANTS["optimizer-not-saved"][0])
+    run = Run(["run", "--target", spec, "--checks", "resume-equivalence", "--report-dir", str(out)], tmp_path)
+    done = run.wait(timeout=240)
+    (check,) = json.loads((out / "report.json").read_text())["checks"]
+    assert done.code == 1 and check["status"] == "failed", (check["message"], done.stderr[-3000:])
+    causes = check["message"]
+    assert "was reset at the restart: no Optimizer.load_state_dict" in causes, causes
+    assert "was written in place, over the checkpoint of step 2" in causes, causes
+    advice = check["recommendation"]
+    assert advice.startswith("Save optimizer.state_dict() in the checkpoint and load it at the restart "
+                             "(killed-between-steps)."), advice
+    assert "Also: write the checkpoint to a temporary file and rename it (os.replace)" in advice, advice
+    assert "(killed-during-save)" in advice
+    page = (out / "report.html").read_text()
+    failures = page[page.index('id="failures"'):page.index('id="checks"')]
+    assert "temporary file and rename it" in failures and "optimizer.state_dict()" in failures
+
+
 def test_a_loop_that_writes_no_checkpoint_skips_with_the_reason(suite_session: Any) -> None:
     from tests.checks._check_helpers import run_check
 

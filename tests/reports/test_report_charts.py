@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ddp_conformance.reports import charts
+from ddp_conformance.reports import charts, keys
+from ddp_conformance.reports.schema import CheckRecord
+from tests.reports._runs import write_run
 from tests.reports.sample import sample_run
 
 
@@ -127,3 +130,61 @@ def test_resume_trajectories_mark_the_kill_and_the_first_divergence() -> None:
     assert drawn[0]["caption"] == "first divergence: optimizer at step 3 on rank 0"
     broken = {"resume_trajectories": {"x": {**run, "uninterrupted": [1.0, "nan?"], "resumed": None}}}
     assert charts.resume_trajectories(broken) is None
+
+
+# -- what a reader of report.html sees (issue 38) ------------------------------------------------
+
+def _chart_svg(page: str, title: str) -> str:
+    """The one inline SVG of report.html whose title is ``title``."""
+    svgs = re.findall(r"<svg class=\"chart\".*?</svg>", page, flags=re.S)
+    found = [s for s in svgs if f"<title>{title}" in s]
+    assert len(found) == 1, [re.search(r"<title>(.*?)</title>", s).group(1) for s in svgs]  # type: ignore[union-attr]
+    return found[0]
+
+
+def test_a_narrow_axis_far_from_zero_has_distinct_tick_labels(tmp_path: Path) -> None:
+    # A resume run whose parameter norm moves in the fourth decimal around 10.43 (what a small
+    # learning rate on a real model gives): the y axis used to read "10.43" five times.
+    norms = [10.43012, 10.43035, 10.43061, 10.43088, 10.43101, 10.43118]
+    run = {"uninterrupted": norms, "before_kill": norms[:3], "resumed_from": 4, "resumed": norms[3:],
+           "kill_after": 3, "kill": "after-step"}
+    record = CheckRecord("resume-equivalence", "Resume equivalence", "conformance", "passed", 9.0,
+                         "killed-between-steps: resumed at step 4, equal to step 6 on 2 ranks",
+                         metrics={keys.RESUME_TRAJECTORIES: {"killed-between-steps": run}})
+    write_run(tmp_path, [record])
+    svg = _chart_svg((tmp_path / "report.html").read_text(), "Resume: parameter norm")
+    ticks = re.findall(r'<text class="tick" x="[\d.]+" y="[\d.]+" text-anchor="end">([^<]*)</text>', svg)
+    assert len(ticks) >= 3, svg
+    assert len(set(ticks)) == len(ticks), ticks
+    assert all(abs(float(t) - 10.43) < 0.01 for t in ticks), ticks
+
+
+def test_a_projection_the_message_calls_unreliable_is_not_drawn_as_a_prediction(tmp_path: Path) -> None:
+    # allreduce-bandwidth as it ran on a loaded 2-core host (its metrics as written there): the
+    # message says the projection is unreliable; the chart must not show a solid efficiency curve.
+    projection = [{"world_size": 2 ** k, "step_time_s": 1.5e-4 * 2 ** k, "efficiency": round(1 / 2 ** k, 4)}
+                  for k in range(11)]
+    record = CheckRecord(
+        "allreduce-bandwidth", "All-reduce bandwidth", "perf", "passed", 1.3,
+        "all 260 results exact; busbw 1.36 GB/s @16 MiB; alpha 76.8 us, beta 1.01 GB/s; projection unreliable "
+        "here: the simulator is off by 74% against the measured DDP step at 2 ranks (bound 25%), so no scaling "
+        "cliff is claimed",
+        metrics={"projection": projection, keys.PROJECTION_RELIABLE: False, keys.SIMULATOR_ERROR: 0.74,
+                 keys.CLIFF_WORLD_SIZE: None, "unconfirmed_cliff_world_size": 2})
+    write_run(tmp_path, [record])
+    page = (tmp_path / "report.html").read_text()
+    svg = _chart_svg(page, "Scaling projection")
+    series = re.findall(r'<polyline class="series"[^>]*>', svg)
+    assert series and all("stroke-dasharray" in s for s in series), series  # no solid curve
+    assert "cliff at" not in svg
+    assert "UNRELIABLE" in svg and "not a prediction" in svg
+    assert "not a prediction: the simulator is off by 74%" in page  # the caption says why
+
+
+def test_a_reliable_projection_is_still_drawn_solid_with_its_cliff() -> None:
+    checks, _ = _sample_checks()
+    chart = charts.scaling(checks["allreduce-bandwidth"]["metrics"])
+    assert chart is not None and chart["title"] == "Scaling projection"
+    svg = str(chart["svg"])
+    assert "cliff at 512 ranks" in svg and "UNRELIABLE" not in svg
+    assert all("stroke-dasharray" not in s for s in re.findall(r'<polyline class="series"[^>]*>', svg))

@@ -184,3 +184,30 @@ def test_a_lone_surrogate_in_a_name_or_message_renders_escaped(tmp_path: Path) -
     assert report["verdict"] == "not-ready"
     for name in ("report.md", "report.html", "report.json"):
         assert "udc80" in (tmp_path / name).read_text(encoding="utf-8")
+
+
+def test_several_target_files_are_grouped_and_named_once_relative_to_where_the_run_started(tmp_path: Path) -> None:
+    # Two target files of one project, the run started in the project folder: the CLI hands
+    # the records absolute paths; the reports say each path once, as the user typed it.
+    import re
+
+    from tests.reports._runs import write_run
+
+    project = tmp_path / "project"
+    first, second = project / "targets" / "train_a.py", project / "targets" / "train_b.py"
+    outside = "/opt/shared/train_c.py"
+    records = [CheckRecord(cid, cid, "conformance", "passed", 1.0, f"{Path(target).stem}: fine", target=str(target))
+               for cid in ("rank-consistency", "shared-weights") for target in (first, second, outside)]
+    write_run(tmp_path / "out", records, target=f"{first},{second}", cwd=str(project))
+    page = (tmp_path / "out" / "report.html").read_text()
+    table = page[page.index('<table class="checks">'):]
+    table = table[:table.index("</table>")]
+    groups = re.findall(r'<tr class="group"><th colspan="6" scope="rowgroup">Target <span class="path">([^<]*)</span>',
+                        table)
+    assert groups == ["targets/train_a.py", "targets/train_b.py", outside]  # a path elsewhere: as given
+    rows = re.findall(r"<tr class=\"st-passed\".*?</tr>", table, flags=re.S)
+    assert len(rows) == 6 and not any(".py" in row for row in rows), rows
+    assert str(project) + "/" not in re.sub(r"<details.*?</details>", "", page, flags=re.S).replace(
+        f"relative to <span class=\"path\">{project}</span>", "")
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "| Target " in markdown and r"targets/train\_a.py" in markdown and str(project) not in markdown
