@@ -452,6 +452,30 @@ def _worst_rows(head: dict[str, Any], values: list[dict[str, Any]]) -> list[dict
     return rows
 
 
+def _passed(head: dict[str, Any], values: list[dict[str, Any]], rows: list[dict[str, Any] | None],
+            noise: list[dict[str, Any]] | None, metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:
+    """Every shared gradient matched in every DDP mode, within the fixed tolerance or within the
+    control's noise (``noise``: the bounds that widened it, said in the message)."""
+    # What the pass rests on (the ready rule, reports/verdict.py).
+    evidence[VERIFIED] = {"ranks": len(values), "shared_parameters": len(head["shared"])}
+    metrics["key_figure"] = (f"{len(head['shared'])} shared, {len(rows)} DDP modes, max |Δgrad| "
+                             f"{fmt(metrics['max_abs_grad_diff'])}")
+    within = ""
+    if noise:
+        # Over the fixed tolerance, within what DDP does to an unshared parameter here: the
+        # configuration's rounding, not the sharing (_control_noise says why).
+        evidence["noise_floor"] = noise
+        worst = max(noise, key=lambda n: n["shared_max_rel"])
+        within = (f"; over the fixed fp32 tolerance under {', '.join(n['variant'] for n in noise)}, but within "
+                  f"{worst['margin']:g}x the difference DDP makes to the unshared {worst['control']!r} "
+                  f"(shared {fmt(worst['shared_max_rel'])} vs {fmt(worst['control_max_rel'])} of each "
+                  f"tensor's scale): this configuration's rounding, not the sharing")
+    return Outcome.passed(
+        f"{len(head['shared'])} shared parameter(s) ({', '.join(head['shared'])}) get the full "
+        f"gradient under {', '.join(r['variant'] for r in rows if r)}{within}",
+        metrics=metrics, evidence=evidence)
+
+
 def run(ctx: CheckContext) -> Outcome:
     batch_size = ctx.target.batch_size_for(ctx.world_size, 1)
     folder = Path(tempfile.mkdtemp(prefix="shared-reference-", dir=ctx.tmpdir))
@@ -547,21 +571,4 @@ def run(ctx: CheckContext) -> Outcome:
             metrics=metrics, evidence=evidence,
             recommendation="avoid combining shared parameters with find_unused_parameters/static_graph "
                            "modes that disagree; every use must be part of the autograd graph")
-    # What the pass rests on (the ready rule, reports/verdict.py).
-    evidence[VERIFIED] = {"ranks": len(values), "shared_parameters": len(head["shared"])}
-    metrics["key_figure"] = (f"{len(head['shared'])} shared, {len(rows)} DDP modes, max |Δgrad| "
-                             f"{fmt(metrics['max_abs_grad_diff'])}")
-    within = ""
-    if noise:
-        # Over the fixed tolerance, within what DDP does to an unshared parameter here: the
-        # configuration's rounding, not the sharing (_control_noise says why).
-        evidence["noise_floor"] = noise
-        worst = max(noise, key=lambda n: n["shared_max_rel"])
-        within = (f"; over the fixed fp32 tolerance under {', '.join(n['variant'] for n in noise)}, but within "
-                  f"{worst['margin']:g}x the difference DDP makes to the unshared {worst['control']!r} "
-                  f"(shared {fmt(worst['shared_max_rel'])} vs {fmt(worst['control_max_rel'])} of each "
-                  f"tensor's scale): this configuration's rounding, not the sharing")
-    return Outcome.passed(
-        f"{len(head['shared'])} shared parameter(s) ({', '.join(head['shared'])}) get the full "
-        f"gradient under {', '.join(r['variant'] for r in rows if r)}{within}",
-        metrics=metrics, evidence=evidence)
+    return _passed(head, values, rows, noise, metrics, evidence)
