@@ -31,8 +31,8 @@ def test_build_optimizer_returning_no_optimizer_is_named_where_a_rank_gets_it(na
     target = load_target(str(HERE / f"{name}.py"))
     with pytest.raises(TargetError, match=rf"^target '{name}': build_optimizer \(defined at \S*{name}\.py:{line}\) "
                                           rf"{returned}; return the optimizer it builds, e\.g\. "
-                                          rf"torch\.optim\.SGD\(params, lr=0\.1\) \(see the README section "
-                                          rf"'Writing a target'\)$"):
+                                          rf"torch\.optim\.SGD\(params, lr=0\.1\) "
+                                          rf"\(see the README section 'Writing a target'\)$"):
         target.make_optimizer(target.build_model())
 
 
