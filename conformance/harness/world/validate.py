@@ -26,6 +26,7 @@ import faulthandler
 import json
 import os
 import select
+import shutil
 import signal
 import tempfile
 import sys
@@ -34,6 +35,7 @@ from typing import IO, Any
 
 from ..target_calls import takes_model
 from ..targets import SEE, TargetError, TargetInfo, default_build_optimizer, optimizer_checked
+from ._caches import compile_cache_env
 from ._containment import COOKIE_VAR, guardian, new_cookie, reap
 from ._results import first_line
 
@@ -58,19 +60,25 @@ def describe_target(spec: str, world_size: int, *, deadline: float, build: bool 
     import torch  # noqa: F401  (before the fork: the child inherits it instead of importing it)
 
     cookie = new_cookie()
-    guardian().watch(cookie=cookie)
+    # The child's own folder: a target that imports torch._dynamo (torch.compile) creates
+    # inductor's cache folder, which must go with the child (_caches).
+    scratch = tempfile.mkdtemp(prefix="ddp-validate-")
+    cache = compile_cache_env(scratch)
+    guardian().watch(cookie=cookie, path=scratch)
     with tempfile.TemporaryFile() as printed:
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns
             os.close(read_end)
+            os.environ.update(cache)
             _child(spec, world_size, write_end, cookie, printed.fileno(), build)
         os.close(write_end)
         try:
             answer, status = _await(pid, read_end, cookie, spec, deadline, printed)
         finally:
             os.close(read_end)
-            guardian().forget(cookie=cookie)
+            shutil.rmtree(scratch, ignore_errors=True)
+            guardian().forget(cookie=cookie, path=scratch)
         info = _judge(spec, answer, status, _tail(printed))
     _DESCRIBED[spec] = (info, build)
     return info
