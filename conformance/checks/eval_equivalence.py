@@ -38,7 +38,7 @@ from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.timing import EVAL_PG_TIMEOUT_S
 from ..harness.world import RankFailure, WorldHang
-from .evaluation import EvalRank, evaluate_on_rank, failed_world, verdict
+from .evaluation import EvalRank, deadlocked, evaluate_on_rank, failed_world, verdict
 
 
 def _n_ranks(ctx: CheckContext) -> list[EvalRank]:
@@ -63,6 +63,10 @@ def run(ctx: CheckContext) -> Outcome:
         # the deadline: the ranks that returned still say what they did (no forward at all...).
         described = {r.rank: r.error.describe() for r in exc.results if r.error is not None}
         return failed_world(exc.results, described) or world_error_outcome(exc, "the target's evaluate")
+    # Before the reference: the 1-rank run of a deadlocking evaluate raises its own error (no
+    # peer to wait for), or hangs until the deadline, either of which would hide this finding.
+    if (hung := deadlocked(ranks)) is not None:
+        return hung
     try:
         reference = ctx.world(1).run(evaluate_on_rank, ctx.target.spec, train_after=False,
                                      deadline=ctx.deadline)[0].value

@@ -28,7 +28,15 @@ from .resources import CostMeter, model_size_on_rank, size_metrics
 from .root_cause import RootCauses
 from .targets import BUILTINS, TargetError, TargetInfo, load_target, raise_target_error
 from .timing import DEFAULT_DEADLINE_S
-from .world import LaunchedWorldUnreachable, World, WorldError, WorldLike, WorldUnavailable, guardian
+from .world import (
+    LaunchedWorldUnreachable,
+    World,
+    WorldError,
+    WorldLike,
+    WorldUnavailable,
+    compile_cache_env,
+    guardian,
+)
 
 
 def _session_tmp() -> Path:
@@ -174,6 +182,9 @@ class Session:
         devices = check_world(backend, world_size)
         kwargs.setdefault("deadline", self.settings.deadline)
         kwargs.setdefault("preload", PERSISTENT_PRELOAD)
+        # One compile cache for the run's worlds, removed with the session's temp dir: a fresh
+        # world finds what an earlier one compiled, and nothing is left in $TMPDIR (_caches).
+        kwargs["env"] = {**compile_cache_env(self._tmp), **(kwargs.get("env") or {})}
         world = World(world_size, backend, devices=devices, **kwargs)
         world.on_error = _target_error
         return world

@@ -101,6 +101,16 @@ def _is_ddp_error(exc: BaseException) -> bool:
     return any(sig in text for sig in DDP_SIGNATURES)
 
 
+def raised_by_ddp(exc: BaseException) -> bool:
+    """True when ``exc`` is DDP's or torch.distributed's own error: raised in their code (the
+    innermost frame) or carrying one of the C++ errors' signatures. A finding, never blamed on
+    what the target returned."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and any(part in os.path.realpath(frames[-1].filename) for part in _DDP_PARTS):
+        return True
+    return _is_ddp_error(exc)
+
+
 def shown_path(filename: str) -> str:
     """A path as the user would type it: relative to the working directory when below it."""
     path = Path(filename)

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable
 
 from ._layout import batch_error, declaration_error
 from .batches import call_model, is_batch_part
+from .returned import LAYOUTS, optimizer_problem
 from .target_calls import (
     binds,
     blame,
@@ -37,6 +38,7 @@ from .target_calls import (
     is_user_file,
     one_line,
     positional_count,
+    raised_by_ddp,
     shown_path,
     signature_text,
     source_files,
@@ -120,9 +122,24 @@ def call_target(target: Any, what: str, fn: Callable[..., Any], *args: Any, **kw
         where = blame(exc, user_files=getattr(target, "user_files", frozenset()),
                       user_dir=getattr(target, "user_dir", None))
         if where is None:
+            _raise_if_batch_changed(target, what, exc)
             raise
         raise TargetError(f"target {target.name!r}: {what} raised {one_line(exc)} at {where}"
                           f"{_hint(what, exc)}; fix it in your target ({SEE})") from exc
+
+
+def _raise_if_batch_changed(target: Any, what: str, exc: Exception) -> None:
+    """An error that is neither the user's line nor DDP's, after make_batch changed its batch's
+    layout between calls (``returned.BatchLayouts``): what the target returned is the cause
+    the message names, with the error it led to, never DDP."""
+    spec = getattr(target, "spec", None)
+    changed = LAYOUTS.changed(spec) if isinstance(spec, str) else None
+    if changed is None or raised_by_ddp(exc):
+        return
+    raise TargetError(f"target {target.name!r}: make_batch (defined at {defined_at(target.make_batch)}) "
+                      f"returned {changed}, and {what} then raised {one_line(exc)}; return the same "
+                      f"structure, dtypes and shapes on every call, only the batch dimension "
+                      f"following batch_size ({SEE})") from exc
 
 
 def _hint(what: str, exc: BaseException) -> str:
@@ -199,7 +216,9 @@ class TargetCalls:
         fn = self.build_optimizer
         bare = getattr(model, "module", model)
         arg = bare if takes_model(fn) else model.parameters()
-        return call_target(self, "build_optimizer", fn, arg)
+        # Judged here, where every check gets its optimizer: a None or a list would otherwise
+        # fail inside the step as "'NoneType' object has no attribute 'step'", blamed on DDP.
+        return optimizer_checked(self, call_target(self, "build_optimizer", fn, arg))
 
     def run_step(self, model: Any, optimizer: Any, microbatches: list[tuple[Any, Any]], *,
                  step: int = 0) -> None:
@@ -214,6 +233,17 @@ class TargetCalls:
             args.append(self._loss_fn_argument())
         kwargs = {"step": step} if takes_keyword(fn, "step") else {}
         call_target(self, "train_step", fn, *args, **kwargs)
+
+
+def optimizer_checked(target: Any, optimizer: Any) -> Any:
+    """``optimizer``, what ``target.build_optimizer`` returned, or the TargetError saying what
+    it returned instead of an optimizer (``returned.optimizer_problem``)."""
+    problem = optimizer_problem(optimizer, zero_grad=target.train_step is default_train_step)
+    if problem is not None:
+        raise TargetError(f"target {target.name!r}: build_optimizer (defined at "
+                          f"{defined_at(target.build_optimizer)}) {problem}; return the optimizer "
+                          f"it builds, e.g. torch.optim.SGD(params, lr=0.1) ({SEE})")
+    return optimizer
 
 
 def _scalar_loss(target: Any, what: str, fn: Callable[..., Any], loss: Any) -> Any:
@@ -540,4 +570,5 @@ def make_batch_checked(target: Target, generator: Any, batch_size: int) -> tuple
     wrong = batch_error((batch[0], batch[1]), target.batch_dim, batch_size)
     if wrong is not None:
         raise TargetError(f"target {target.name!r}: make_batch(generator, {batch_size}) {wrong} ({SEE})")
+    LAYOUTS.note(target.spec, (batch[0], batch[1]), target.batch_dim)
     return batch[0], batch[1]

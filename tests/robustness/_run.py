@@ -106,7 +106,8 @@ class Run:
         until = time.monotonic() + self.pace.bound(within_s)
         while True:
             procs = [describe(pid) for pid in tagged(self.tag)]
-            dirs = sorted(p.name for p in self.tmp.iterdir() if p.name.startswith("ddp-"))
+            # torchinductor_<user>: inductor's cache folder, which torch._dynamo's import creates.
+            dirs = sorted(p.name for p in self.tmp.iterdir() if p.name.startswith(("ddp-", "torchinductor_")))
             if (not procs and not dirs) or time.monotonic() >= until:
                 if procs:
                     self.kill_everything()

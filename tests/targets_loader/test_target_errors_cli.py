@@ -2,10 +2,11 @@
 line on stderr, and no report claiming ready. The runs go in parallel (each pays the torch
 import, ~3 s; those found inside a rank also start a 2-rank world).
 
-The first cases are refused at the edge, before any process starts; the last four are the
+The first cases are refused at the edge, before any process starts; the next four are the
 user's own mistakes found while the check runs on the ranks (a TypeError in train_step, an
 AttributeError in build_optimizer, shapes that broadcast, a non-scalar loss): each is still one
-line naming the target function and the user's ``file:line``, carried from the rank."""
+line naming the target function and the user's ``file:line``, carried from the rank. The last
+cases are functions that *returned* something wrong (``RETURNED``)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,16 @@ CASES["configure_ddp_attribute_error"] = (MINE / "bad_configure_ddp.py",
                                           "has no attribute 'fp16_compress' at ")
 CASES["evaluate_returns_a_list"] = (MINE / "bad_evaluate.py",
                                     "evaluate (defined at ")
+# What the target *returned* (issue 34 §4): refused at the edge (build_optimizer's None or list,
+# before any world starts) or where a rank first used it (the second batch of another shape
+# meeting the model), each naming the function's `file:line` and what it returned, never "DDP".
+CASES["optimizer_returns_none"] = (MINE / "bad_optimizer_returns_none.py",
+                                   "build_optimizer (defined at ")
+CASES["optimizer_returns_list"] = (MINE / "bad_optimizer_returns_list.py",
+                                   "build_optimizer (defined at ")
+CASES["batch_changes_shape"] = (MINE / "bad_batch_changes_shape.py",
+                                "make_batch (defined at ")
+RETURNED = ("optimizer_returns_none", "optimizer_returns_list", "batch_changes_shape")
 CHECKS = {"type_error_in_hang_detection": "hang-detection", "run_loop_attribute_error": "hang-detection",
           "type_error_in_unused_parameters": "unused-parameters", "evaluate_returns_a_list": "eval-equivalence"}
 
@@ -65,13 +76,16 @@ WHERE = {"type_error_in_step": "bad_train_step_type_error.py:12",
          "type_error_in_unused_parameters": "bad_train_step_type_error.py:12",
          "run_loop_attribute_error": "bad_run_loop.py:11",
          "configure_ddp_attribute_error": "bad_configure_ddp.py:12",
-         "evaluate_returns_a_list": "bad_evaluate.py:19) returned a list, not a dict of metric name -> float"}
+         "evaluate_returns_a_list": "bad_evaluate.py:19) returned a list, not a dict of metric name -> float",
+         "optimizer_returns_none": "bad_optimizer_returns_none.py:12) returned None, not an optimizer",
+         "optimizer_returns_list": "bad_optimizer_returns_list.py:13) returned a list, not an optimizer",
+         "batch_changes_shape": "bad_batch_changes_shape.py:18) returned inputs of shape ("}
 
 
 #: One worker runs them all (pytest-xdist, --dist loadgroup): the module's fixture starts every
 #: run, and split over two workers it ran twice.
 pytestmark = pytest.mark.xdist_group("target-errors-cli")
-#: How many of the runs go at once. All fifteen at once (45 processes importing torch on 2
+#: How many of the runs go at once. All of them at once (45 processes importing torch on 2
 #: cores) thrashed: on a loaded host a loader child missed its deadline and a bad target read
 #: as "did not finish loading" instead of its own error (issue 24). Four keep both cores busy.
 PARALLEL = 4
@@ -123,7 +137,7 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("case", CASES)
 def test_bad_target_exits_2_with_one_line(runs, case, request):
-    # Under xdist the group must have taken effect, or the fixture's fifteen runs happen on
+    # Under xdist the group must have taken effect, or the fixture's runs happen on
     # every worker (seen: twice, 130 s each, when pytest 9.2 broke xdist's groups; pyproject.toml).
     assert "PYTEST_XDIST_WORKER" not in os.environ or request.node.nodeid.endswith("@target-errors-cli")
     code, stdout, stderr, report = runs[case]
@@ -135,5 +149,6 @@ def test_bad_target_exits_2_with_one_line(runs, case, request):
     assert WHERE.get(case, "") in lines[0]
     assert "see the README section 'Writing a target'" in lines[0] or case not in WHERE
     assert "Traceback" not in stderr
+    assert case not in RETURNED or ("DDP" not in lines[0] and "raised on rank" not in lines[0])
     summary = report / "report.json"
     assert not summary.exists() or json.loads(summary.read_text())["verdict"] != "ready"

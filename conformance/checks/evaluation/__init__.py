@@ -7,6 +7,6 @@ from __future__ import annotations
 from .judge import tolerance
 from .rank import EvalContext, evaluate_on_rank
 from .records import EvalRank
-from .verdict import failed_world, verdict
+from .verdict import deadlocked, failed_world, verdict
 
-__all__ = ["EvalContext", "EvalRank", "evaluate_on_rank", "failed_world", "tolerance", "verdict"]
+__all__ = ["EvalContext", "EvalRank", "deadlocked", "evaluate_on_rank", "failed_world", "tolerance", "verdict"]

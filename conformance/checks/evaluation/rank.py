@@ -8,6 +8,7 @@ so both worlds evaluate the same weights (``params_digest`` proves it).
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -59,6 +60,27 @@ def _metrics(target: Any, returned: Any) -> dict[str, float]:
     return out
 
 
+def _distributed_call(target: Any, exc: BaseException) -> str | None:
+    """``"recv at eval.py:16"``: the torch.distributed function the user's innermost line called
+    when ``exc`` was raised in it (a timed-out receive or collective), or None. What a deadlock
+    is named by: the ``Collectives`` observer sees only the collectives it wraps, never ``recv``."""
+    import traceback
+
+    from ...harness.target_calls import is_user_file, shown_path
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [i for i, f in enumerate(frames) if is_user_file(f.filename, target.user_files, target.user_dir)]
+    if not mine:
+        return None
+    line = frames[mine[-1]]
+    below = frames[mine[-1] + 1:]
+    # The first frame of torch.distributed's own below the user's line, past its logging
+    # decorator (c10d_logger's ``wrapper``): the function the user called.
+    called = next((f.name for f in below if f"{os.sep}torch{os.sep}distributed{os.sep}" in f.filename
+                   and f.name != "wrapper"), None)
+    return None if called is None else f"{called} at {shown_path(line.filename)}:{line.lineno}"
+
+
 def _train_step(target: Any, model: Any, rank_ctx: RankContext) -> StepSlice:
     """One step of the target's ``train_step`` after ``model.train()``, as a loop resumes
     training after evaluating. An error of DDP (the reducer's "Expected to have finished
@@ -105,7 +127,7 @@ def evaluate_on_rank(rank_ctx: RankContext, target_spec: str, *, train_after: bo
     for instrument in instruments:
         instrument.attach(ddp)
     metrics: dict[str, float] | None = None
-    error = None
+    error = error_call = None
     started = time.perf_counter()
     try:
         returned = call_target(target, "evaluate", target.evaluate, ddp,
@@ -116,6 +138,7 @@ def evaluate_on_rank(rank_ctx: RankContext, target_spec: str, *, train_after: bo
         error = str(exc)
     except Exception as exc:  # noqa: BLE001 -- a timeout or DDP's error: reported with the slices
         error = one_line(exc)[:400]
+        error_call = _distributed_call(target, exc)
     else:
         metrics = _metrics(target, returned)
     finally:
@@ -126,4 +149,5 @@ def evaluate_on_rank(rank_ctx: RankContext, target_spec: str, *, train_after: bo
     # is released by the process group's (short) timeout, with its own error as data.
     step = _train_step(target, ddp, rank_ctx) if train_after and error is None else StepSlice(ran=False)
     return EvalRank(rank_ctx.rank, rank_ctx.world_size, metrics, error, digest, slices[ForwardSlice],
-                    slices[SamplesSlice], slices[CollectiveSlice], slices[BufferSlice], step, round(seconds, 4))
+                    slices[SamplesSlice], slices[CollectiveSlice], slices[BufferSlice], step, round(seconds, 4),
+                    error_call)

@@ -109,3 +109,6 @@ class EvalRank:
     buffers: BufferSlice
     step: StepSlice = field(default_factory=lambda: StepSlice(ran=False))
     seconds: float = 0.0
+    #: Where evaluate was when it raised: the torch.distributed call and the user's line that
+    #: made it ("recv at eval.py:16"), None when the error came from elsewhere or nothing raised.
+    error_call: str | None = None

@@ -22,6 +22,8 @@ REC_FIXED_SET = ("evaluate one fixed set whatever the world size: shard it acros
 REC_TRAIN = "call model.eval() (and torch.no_grad()) before evaluating, model.train() after"
 REC_EVERY_RANK = ("run evaluate on every rank (each on its shard, then reduce), or on rank 0 only through "
                   "model.module with no collective inside, while the others wait in a barrier")
+REC_DEADLOCK = ("give every blocking receive its send on the peer (or exchange with all_reduce / all_gather, which "
+                "every rank calls alike), and make every rank call the same collectives in the same order")
 REC_GATHER = ("all_gather needs the same shape on every rank: all-reduce sums and counts instead, or "
               "gather the sizes first, pad to the largest and trim after, or use all_gather_object")
 
@@ -134,9 +136,35 @@ def _passed(comps: list[Comparison], cov: Coverage, hyg: Hygiene, world_size: in
     return Outcome.passed(message, metrics=metrics, evidence=evidence)
 
 
+def deadlocked(ranks: list[EvalRank]) -> Outcome | None:
+    """Every rank's evaluate ended waiting for a peer (its own timeout, or the connection a peer
+    closed when its timeout came first): no rank raised first, every rank waited for another.
+    That is the N-rank evaluation's deadlock, named by each rank's call; None otherwise.
+
+    Judged before the 1-rank reference runs and before its error is read: a 1-rank world has no
+    peer to wait for, so there the same evaluate raises at once or returns, and its error
+    ("Pair is not connected") would stand in for the N-rank hang."""
+    if not ranks or any(r.error is None or not _symptom(r.error) for r in ranks):
+        return None
+    where = {r.rank: r.error_call or "a call the suite could not place" for r in ranks}
+    calls = ", ".join(f"rank {r} in {call}" for r, call in where.items())
+    forwards = {str(r.rank): r.forward.calls for r in ranks}
+    return Outcome.failed(
+        f"evaluate deadlocked on all {len(ranks)} ranks: {calls}; no rank raised first, each waited for "
+        f"a peer that never matched its call until the process group's timeout released it "
+        f"({ranks[0].error})",
+        metrics={"key_figure": f"evaluate deadlocked on {len(ranks)} ranks ({', '.join(sorted(set(where.values())))})",
+                 "stuck_ranks": [r.rank for r in ranks]},
+        evidence={"rank_errors": {str(r.rank): r.error for r in ranks},
+                  "calls": {str(r): call for r, call in where.items()}, "forwards_per_rank": forwards},
+        recommendation=REC_DEADLOCK)
+
+
 def verdict(ranks: list[EvalRank], reference: EvalRank) -> Outcome:
     """Judge the N ranks' records (rank order) against the 1-rank reference's."""
     world_size = len(ranks)
+    if (hung := deadlocked(ranks)) is not None:
+        return hung
     if reference.error is not None:
         return Outcome.inconclusive(f"evaluate raised in the 1-rank reference world: {reference.error}",
                                     metrics={"key_figure": "no 1-rank reference"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._caches import compile_cache_env
 from ._containment import guardian, proc_state, process_running
 from ._loopback import loopback_interface
 from ._netns import ETHERNET_MTU, LinkShape, NetworkUnavailable, PrivateNetwork, unavailable_reason
@@ -34,6 +35,7 @@ __all__ = [
     "WorldHang",
     "WorldLike",
     "WorldUnavailable",
+    "compile_cache_env",
     "first_line",
     "guardian",
     "loopback_interface",

@@ -55,6 +55,7 @@ from multiprocessing.context import set_spawning_popen
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
+from ._caches import compile_cache_env
 from ._containment import COOKIE_VAR, cookie_in_environment, die_with_parent, guardian, new_cookie, proc_state, reap
 
 #: ``DDP_CONFORMANCE_START=spawn``: every rank spawned (a fresh interpreter each), no zygote.
@@ -114,8 +115,10 @@ class Zygote:
             listener.listen()
             alive_r, self._alive_w = os.pipe()
             self._ready_r, ready_w = os.pipe()
+            # Its imports (torch._dynamo) create inductor's cache folder: in its own, removed with it.
+            cache = compile_cache_env(self._folder)
             code = (f"from conformance.harness.world._zygote import zygote_main; zygote_main({os.getpid()}, "
-                    f"{listener.fileno()}, {alive_r}, {ready_w}, {modules!r}, {sys.path!r})")
+                    f"{listener.fileno()}, {alive_r}, {ready_w}, {modules!r}, {sys.path!r}, {cache!r})")
             exe = spawn.get_executable()
             try:
                 with cookie_in_environment(self.cookie):
@@ -339,10 +342,12 @@ def adopt(cookie: str) -> None:
 # -- the zygote process --------------------------------------------------------------------
 
 def zygote_main(supervisor_pid: int, listener_fd: int, alive_r: int, ready_w: int, modules: list[str],
-                path: list[str]) -> None:
+                path: list[str], env: dict[str, str] | None = None) -> None:
     """The zygote: die with the supervisor, import, say ready, then serve fork requests
-    (multiprocessing's forkserver loop) until the supervisor is gone or the world is reaped."""
+    (multiprocessing's forkserver loop) until the supervisor is gone or the world is reaped.
+    ``env`` is set before the imports (``_caches``); a rank then applies its world's own."""
     die_with_parent(supervisor_pid)
+    os.environ.update(env or {})
     sys.path[:] = path
     for module in modules:
         try:

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from ..timing import CLOSE_GRACE_S, DEFAULT_DEADLINE_S, WORLD_START_S, pg_timeout_for
 from . import _zygote
+from ._caches import compile_cache_env
 from ._containment import cookie_in_environment, guardian, new_cookie, proc_state, reap
 from ._launch_env import world_environments
 from ._loopback import LOOPBACK_HOST, loopback_interface
@@ -229,7 +230,7 @@ class World:
             port, store_file = self._serve_store(dist), None
         # gloo picks its interface from the hostname unless told; pin it to loopback so the
         # ranks' own listening sockets are on 127.0.0.1 whatever /etc/hosts says.
-        settings = {"GLOO_SOCKET_IFNAME": loopback_interface(), **self.env}
+        settings = {"GLOO_SOCKET_IFNAME": loopback_interface(), **compile_cache_env(self._tmpdir), **self.env}
         # Zygotes are shared by this process's CPU worlds (one per rank slot); their ranks adopt
         # this world's cookie and the environment given here (theirs is the zygote's).
         usable = _zygote.usable(self.backend, self.devices)

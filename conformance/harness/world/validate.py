@@ -26,13 +26,16 @@ import faulthandler
 import json
 import os
 import select
+import shutil
 import signal
 import tempfile
 import sys
 import time
-from typing import IO
+from typing import IO, Any
 
-from ..targets import SEE, TargetError, TargetInfo
+from ..target_calls import takes_model
+from ..targets import SEE, TargetError, TargetInfo, default_build_optimizer, optimizer_checked
+from ._caches import compile_cache_env
 from ._containment import COOKIE_VAR, guardian, new_cookie, reap
 from ._launch_env import apply_environment, describing_environment
 from ._results import first_line
@@ -50,30 +53,37 @@ _DESCRIBED: dict[str, tuple[TargetInfo, bool]] = {}
 
 def describe_target(spec: str, world_size: int, *, deadline: float, build: bool = True,
                     launched: bool = False) -> TargetInfo:
-    """The target's description, loaded in a child; with ``build`` also ``build_model()`` and
-    one ``make_batch()``. Raises TargetError (one line, with the fix) if ``spec`` is broken,
-    ends its process or runs past ``deadline``. The child sees rank 0's torchrun variables of a
-    world of ``world_size`` (``_launch_env.describing_environment``); ``launched`` (this process
-    is a rank under --attach): the launcher's own, inherited as they are."""
+    """The target's description, loaded in a child; with ``build`` also ``build_model()``,
+    ``build_optimizer()`` on it (what it returns) and one ``make_batch()``. Raises TargetError
+    (one line, with the fix) if ``spec`` is broken, ends its process or runs past ``deadline``.
+    The child sees rank 0's torchrun variables of a world of ``world_size``
+    (``_launch_env.describing_environment``); ``launched`` (this process is a rank under
+    --attach): the launcher's own, inherited as they are."""
     known = _DESCRIBED.get(spec)
     if known is not None and (known[1] or not build):
         return known[0]
     import torch  # noqa: F401  (before the fork: the child inherits it instead of importing it)
 
     cookie = new_cookie()
-    guardian().watch(cookie=cookie)
+    # The child's own folder: a target that imports torch._dynamo (torch.compile) creates
+    # inductor's cache folder, which must go with the child (_caches).
+    scratch = tempfile.mkdtemp(prefix="ddp-validate-")
+    cache = compile_cache_env(scratch)
+    guardian().watch(cookie=cookie, path=scratch)
     with tempfile.TemporaryFile() as printed:
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns
             os.close(read_end)
+            os.environ.update(cache)
             _child(spec, world_size, write_end, cookie, printed.fileno(), build, launched)
         os.close(write_end)
         try:
             answer, status = _await(pid, read_end, cookie, spec, deadline, printed)
         finally:
             os.close(read_end)
-            guardian().forget(cookie=cookie)
+            shutil.rmtree(scratch, ignore_errors=True)
+            guardian().forget(cookie=cookie, path=scratch)
         info = _judge(spec, answer, status, _tail(printed))
     _DESCRIBED[spec] = (info, build)
     return info
@@ -97,7 +107,8 @@ def _await(pid: int, read_end: int, cookie: str, spec: str, deadline: float,
             if not readable:
                 raise TargetError(
                     f"the target {spec!r} did not finish loading within the {deadline:g} s deadline "
-                    f"(its import, build_model() or make_batch() never returned){_printed(printed)}; "
+                    f"(its import, build_model(), build_optimizer() or make_batch() never "
+                    f"returned){_printed(printed)}; "
                     f"make them return, or pass a longer --deadline")
             chunk = os.read(read_end, 65536)
             if not chunk:  # EOF: the child is done (or dead)
@@ -205,7 +216,8 @@ def _answer(spec: str, world_size: int, build: bool) -> bytes:
         target = load_target(spec)
         if build:
             torch.manual_seed(0)
-            build_model_checked(target)
+            model = build_model_checked(target)
+            _optimizer_returned(target, model)
             make_batch_checked(target, torch.Generator().manual_seed(0), target.batch_size_for(world_size))
         return _INFO + json.dumps(target.info().to_json()).encode()
     except TargetError as exc:
@@ -215,3 +227,18 @@ def _answer(spec: str, world_size: int, build: bool) -> bytes:
     except BaseException as exc:  # anything else the user's code did: say what, in one line
         first = first_line(str(exc).strip())
         return _CRASH + f"{type(exc).__name__}: {first}".encode(errors="replace")
+
+
+def _optimizer_returned(target: Any, model: Any) -> None:
+    """What ``build_optimizer`` returns, judged before any world starts (a None or a list: a
+    TargetError). Only its return value: an exception is left to the ranks, where it is judged
+    with what a rank has (the process group a ZeroRedundancyOptimizer needs, the launcher's
+    variables), and this child has neither."""
+    fn = target.build_optimizer
+    if fn is default_build_optimizer:
+        return
+    try:
+        returned = fn(model if takes_model(fn) else model.parameters())
+    except Exception:  # noqa: BLE001 -- the ranks call it again and judge what it raises
+        return
+    optimizer_checked(target, returned)
