@@ -109,7 +109,9 @@ def test_the_outcome_fails_naming_the_scenario_the_finding_and_its_cause(tmp_pat
                                       "world SIGKILLed after step 3): the restart trained from step 1 again")
     assert outcome.message.endswith("no checkpoint was loaded at the restart (no torch.load or load_state_dict call)")
     assert outcome.metrics["key_figure"] == "steps repeated or lost at step 1 on rank 0"
-    assert outcome.recommendation == "load the latest complete checkpoint in ctx.checkpoint_dir at start-up"
+    # The fix for the one cause found, with the scenario it showed in (issue 38: the fix leads).
+    assert outcome.recommendation == ("Load the latest complete checkpoint in ctx.checkpoint_dir at start-up "
+                                      "(killed-between-steps).")
     assert outcome.metrics["resume_trajectories"]["killed-between-steps"]["kill_after"] == 3
 
 

@@ -381,12 +381,13 @@ def test_report_of_a_read_only_dir_exits_2_with_one_line(small_tmpfs: Path, tmp_
 def test_report_of_a_nan_line_is_inconclusive_with_one_line(tmp_path: Path) -> None:
     out = tmp_path / "out"
     _ready_report(out)
+    garbled = len((out / "results.jsonl").read_text().splitlines()) + 1
     with open(out / "results.jsonl", "a") as f:
         f.write('{"id": "shared-weights", "status": "passed", "duration_s": NaN}\n')
     run = Run(["report", str(out)], tmp_path)
     done = run.wait(timeout=30)
     assert done.code == 3, done.stderr[-3000:]
-    _one_line(done, r"results.jsonl line 2 is unreadable \(NaN is not JSON\)")
+    _one_line(done, rf"results.jsonl line {garbled} is unreadable \(NaN is not JSON\)")
     _assert_clean(run)
 
 
