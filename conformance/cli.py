@@ -317,7 +317,10 @@ def _run(args: argparse.Namespace) -> int:
     run_id = new_run_id()
     argv = [
         str(SUITE_DIR), "-c", str(SUITE_DIR / "pytest.ini"), "--rootdir", str(SUITE_DIR),
-        *_plugin_args(), "-q", "-rfEs",
+        # The terminal is the product's (--ddp-own-terminal): one line per check and the verdict,
+        # without pytest's progress letters, summaries, tracebacks or captured output.
+        *_plugin_args(), "-qq", "-rN", "--tb=no", "--disable-warnings", "-o", "console_output_style=classic",
+        "--ddp-own-terminal",
         "--ddp-backend", backend, "--ddp-world-size", str(world_size),
         "--ddp-deadline", str(args.deadline), "--ddp-report-dir", str(report_dir),
         "--ddp-suite", args.suite, "--ddp-run-id", run_id,

@@ -61,6 +61,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="the user's interconnect per rank (Gbit/s): scaling-cliff projects the step on it")
     group.addoption("--ddp-keep-tmp", action="store_true", default=False,
                     help="keep the session's temp dir (ddp-session-*) for debugging")
+    group.addoption("--ddp-own-terminal", action="store_true", default=False,
+                    help="the terminal is the suite's: one line per check (a run's only target "
+                         "named once) and no pytest progress characters; under --ddp-attach only "
+                         "rank 0 prints (the ddp-conformance CLI sets it, with -qq --tb=no -rN)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -88,6 +92,67 @@ def pytest_configure(config: pytest.Config) -> None:
             # Another live run owns the dir, or another user could change it: a usage error.
             raise pytest.UsageError(str(exc)) from None
         config.pluginmanager.register(writer, "ddp-report-writer")
+    if _own_terminal(config):
+        config.pluginmanager.register(_OwnTerminal(config), "ddp-own-terminal")
+
+
+def _own_terminal(config: pytest.Config) -> bool:
+    return bool(config.getoption("--ddp-own-terminal", False))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
+    """With --ddp-own-terminal each check's outcome is said by its own line (the writer's): no
+    progress letter (".", "F", "s") glued in front of it. The category still counts."""
+    if not _own_terminal(config):
+        return None
+    if report.when != "call" and report.passed:
+        return "", "", ""  # a passed setup or teardown: pytest's own default, no letter
+    return report.outcome, "", ""
+
+
+class _OwnTerminal:
+    """Registered with --ddp-own-terminal: the CLI says why a run stopped (a target error,
+    Ctrl-C) in its own one line, so pytest's end-of-run repeat of the exception
+    (``!!! _pytest.outcomes.Exit: ...`` or ``!!! KeyboardInterrupt !!!`` with a traceback line)
+    is not printed. pytest offers no option against it: its terminal reporter's private
+    ``_report_keyboardinterrupt`` is silenced on this one instance; a pytest without it prints
+    the repeat, nothing else changes."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and hasattr(reporter, "_report_keyboardinterrupt"):
+            reporter._report_keyboardinterrupt = lambda: None
+
+
+def _target_names(config: pytest.Config) -> dict[str, str]:
+    """How each target spec of the run is named in its lines: a file relative to the folder the
+    run started in (else as given); with --ddp-own-terminal, a run's only target is named once at
+    the start and its lines leave it out (an empty name)."""
+    from .harness.session import Settings
+
+    specs = list(dict.fromkeys(t for spec in _selected(config)
+                               for t in Settings(target=config.getoption("--ddp-target")).targets_for(spec)))
+    names = {t: _relative(t) for t in specs}
+    if _own_terminal(config) and len(specs) == 1:
+        return {specs[0]: ""}
+    return names
+
+
+def _relative(spec: str) -> str:
+    if os.path.isabs(spec):
+        rel = os.path.relpath(spec)
+        return spec if rel.startswith("..") else rel
+    return spec
+
+
+def _on(config: pytest.Config, target: str) -> str:
+    name = _target_names(config).get(target, target)
+    return f" on {name}" if name else ""
 
 
 def _is_writer(config: pytest.Config) -> bool:
@@ -148,6 +213,7 @@ def ddp_session(pytestconfig: pytest.Config) -> Iterator[Any]:
 
     previous = _terminate_as_interrupt(pytestconfig)
     session = Session(settings_from(pytestconfig), progress=lambda line: _progress(pytestconfig, line),
+                      label=lambda check_id, target: f"[ddp] {check_id}{_on(pytestconfig, target)}",
                       root_causes=RootCauses())
     try:
         session.prewarm(reference=any(spec.reference for spec in _selected(pytestconfig)))
@@ -284,6 +350,9 @@ class _ReportWriter:
         self.session = session
         if self.warning:
             self._say(f"[ddp] warning: {self.warning}")
+        only = [t for t, name in _target_names(config).items() if not name]
+        if only:  # named once here; each check's line then leaves it out
+            self._say(f"[ddp] target: {_relative(only[0])}")
         self._write(session, self.store.start, meta)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -295,7 +364,7 @@ class _ReportWriter:
                 self._write(self.session, self.store.append, Event.from_json(data))
             record = CheckRecord.from_json(json.loads(props[RECORD_KEY]))
             self._write(self.session, self.store.append, record)
-            self._say(f"[ddp] {record.id} on {record.target}: {record.status.upper()} "
+            self._say(f"[ddp] {record.id}{_on(self.config, str(record.target))}: {record.status.upper()} "
                       f"({record.duration_s:.1f} s) {record.message}")
         elif CASE_KEY in props and report.failed and RECORD_KEY not in props:
             # The check never produced a record (a fixture or the world failed): the run
@@ -344,7 +413,8 @@ class _ReportWriter:
         # Handed over only once the files exist: a verdict whose report could not be written
         # leaves the CLI with none, which it reads as inconclusive.
         self.config.stash[RUN_REPORT] = report
-        self._say(f"[ddp] verdict: {report['verdict']} — report in {self.store.dir}/report.html")
+        if not _own_terminal(self.config):  # the CLI prints the verdict once, with its reason
+            self._say(f"[ddp] verdict: {report['verdict']} — report in {self.store.dir}/report.html")
 
     def _say(self, line: str) -> None:
         _say(self.config, line)
@@ -362,6 +432,8 @@ def _progress(config: pytest.Config, line: str) -> None:
 
 
 def _say(config: pytest.Config, line: str) -> None:
+    if _own_terminal(config) and not _is_writer(config):
+        return  # under --ddp-attach with the suite's own terminal: rank 0 speaks for the run
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(_printable(line))

@@ -114,6 +114,8 @@ class Session:
     _memory: Path | None = field(default_factory=_session_memory)
     # Where a long check's "still running" line goes (the plugin: the terminal); None: silent.
     progress: Callable[[str], None] | None = None
+    # How that line names a (check id, target spec): the plugin names a run's only target once.
+    label: Callable[[str, str], str] = lambda check_id, target: f"[ddp] {check_id} on {target}"
     # The run's memory of the first DDP error per target (``root_cause``): later checks that
     # hit it say so instead of failing again (the plugin's run; None: every record as it is).
     root_causes: RootCauses | None = None
@@ -252,7 +254,7 @@ class Session:
         """
         started = time.perf_counter()
         ctx: CheckContext | None = None
-        meter = CostMeter(label=f"[ddp] {spec.id} on {target_spec}", progress=self.progress)
+        meter = CostMeter(label=self.label(spec.id, target_spec), progress=self.progress)
         try:
             ctx = self.context(spec, target_spec)
             with meter:

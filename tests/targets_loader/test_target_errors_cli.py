@@ -148,6 +148,10 @@ def test_bad_target_exits_2_with_one_line(runs, case, request):
     assert CASES[case][1] in lines[0]
     assert WHERE.get(case, "") in lines[0]
     assert "see the README section 'Writing a target'" in lines[0] or case not in WHERE
+    # The error is said once, on stderr: the terminal claims no verdict for a run that a target
+    # error stopped, and pytest's repeat of the exception ("!!! _pytest.outcomes.Exit") is not
+    # printed (issue 38).
+    assert "verdict" not in stdout and "!!!" not in stdout and "_pytest" not in stdout, stdout
     assert "Traceback" not in stderr
     assert case not in RETURNED or ("DDP" not in lines[0] and "raised on rank" not in lines[0])
     summary = report / "report.json"
