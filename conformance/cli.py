@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--link-gbps", type=float, default=None,
                      help="your interconnect per rank in Gbit/s: scaling-cliff projects your step on it "
                           "with its validated model, saying how far it extrapolates")
+    run.add_argument("--junit-xml", default=None, metavar="PATH",
+                     help="also write a JUnit XML file: one test case per (check, target), for CI "
+                          "systems that read JUnit")
     run.add_argument("--keep-tmp", action="store_true",
                      help="keep the run's temp dir (ddp-session-*) for debugging; its path is printed")
     run.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
@@ -196,6 +199,8 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
     if not args.report_dir:
         raise UsageError("--report-dir '' is empty; pass a directory (default "
                          f"{DEFAULT_REPORT_DIR})")
+    if args.junit_xml is not None:
+        _check_junit_xml(args)
     for arg in args.pytest_args:
         if arg.startswith(("--ddp-", "--report-dir")):
             # A second report dir (or backend, target...) behind the CLI's back would make the
@@ -237,6 +242,21 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
         except TargetError as exc:
             raise UsageError(str(exc)) from None
     return backend, world_size
+
+
+def _check_junit_xml(args: argparse.Namespace) -> None:
+    """--junit-xml PATH: a file pytest's junitxml plugin will write at the end of the run, so its
+    folder must exist and be writable now (found at the end, a bad path would lose nothing of the
+    report but would fail the CI step that reads the XML)."""
+    path = os.path.abspath(args.junit_xml) if args.junit_xml else ""
+    if not args.junit_xml or os.path.isdir(path):
+        raise UsageError(f"--junit-xml {args.junit_xml!r} must name a file (e.g. ddp-junit.xml), "
+                         f"not {'a directory' if args.junit_xml else 'an empty path'}")
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--junit-xml {args.junit_xml!r}: its folder {folder!r} does not exist or is not "
+                         f"writable; create it or pass another path")
+    args.junit_xml = path  # resolved where the run starts, as --report-dir is
 
 
 def _launched_rank() -> str:
@@ -335,6 +355,8 @@ def _run(args: argparse.Namespace) -> int:
         argv += ["--ddp-keep-tmp"]
     if args.link_gbps is not None:
         argv += ["--ddp-link-gbps", str(args.link_gbps)]
+    if args.junit_xml is not None and (not args.attach or _launched_rank() == "0"):
+        argv += [f"--junitxml={args.junit_xml}"]  # under a launcher rank 0 writes it, as the report
     argv += args.pytest_args
     stopped = _RunOutcome()
     with _isolated_from_user_pytest_config():

@@ -22,8 +22,14 @@ def _run(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
 def test_a_passing_run_is_ready_and_writes_three_reports(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = _run("run", "--target", "mlp", "--checks", "gradient-equivalence,rank-consistency",
-                "--report-dir", str(out))
+                "--report-dir", str(out), "--junit-xml", str(tmp_path / "ddp.xml"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # --junit-xml: one test case per (check, target), for CI systems that read JUnit.
+    import xml.etree.ElementTree as ET
+
+    cases = ET.parse(tmp_path / "ddp.xml").getroot().iter("testcase")
+    assert sorted(c.get("name", "") for c in cases) == ["test_check[gradient-equivalence:mlp]",
+                                                        "test_check[rank-consistency:mlp]"]
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "ready" and report["complete"] is True
     assert [c["id"] for c in report["checks"]] == ["gradient-equivalence", "rank-consistency"]

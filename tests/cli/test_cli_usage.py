@@ -34,6 +34,9 @@ def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
     (["--attach"], "--attach needs a launcher: run it under torchrun or srun"),
     (["--link-gbps", "0"], "--link-gbps 0 must be a positive number of Gbit/s, at most 10000 (e.g. 100 for 100 GbE"),
     (["--link-gbps", "nan"], "--link-gbps nan must be a positive number of Gbit/s"),
+    (["--junit-xml", "/nonexistent-dir/ddp.xml"], "--junit-xml '/nonexistent-dir/ddp.xml': its folder "
+                                                  "'/nonexistent-dir' does not exist or is not writable"),
+    (["--junit-xml", "/tmp"], "--junit-xml '/tmp' must name a file (e.g. ddp-junit.xml), not a directory"),
 ])
 def test_bad_run_options_exit_2(argv: list[str], message: str, tmp_path, capsys, monkeypatch) -> None:
     for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
