@@ -46,6 +46,10 @@ class UsageError(Exception):
     """Bad input: printed as one line, exit code 2."""
 
 
+class TargetRefused(UsageError):
+    """The target failed its validation at the edge: exit 2, and the report files say so."""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddp-conformance", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=_version())
@@ -240,7 +244,7 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
             validate_target(_target_arg(args.target), world_size, deadline=args.deadline,
                             launched=args.attach)
         except TargetError as exc:
-            raise UsageError(str(exc)) from None
+            raise TargetRefused(str(exc)) from None
     return backend, world_size
 
 
@@ -332,9 +336,13 @@ def _run(args: argparse.Namespace) -> int:
 
     from ddp_conformance.reports.store import new_run_id
 
-    backend, world_size = _validate(args)
-    report_dir = Path(args.report_dir)
     run_id = new_run_id()
+    try:
+        backend, world_size = _validate(args)
+    except TargetRefused as exc:
+        _report_target_error(args, run_id, str(exc))
+        raise
+    report_dir = Path(args.report_dir)
     argv = [
         str(SUITE_DIR), "-c", str(SUITE_DIR / "pytest.ini"), "--rootdir", str(SUITE_DIR),
         # The terminal is the product's (--ddp-own-terminal): one line per check and the verdict,
@@ -376,6 +384,26 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_NOT_READY if code == pytest.ExitCode.TESTS_FAILED else EXIT_INCONCLUSIVE
     requested = [spec.id for spec in select(args.checks, args.suite)]
     return _verdict_exit(stopped.report, run_id, int(code), requested=requested, report_dir=report_dir)
+
+
+def _report_target_error(args: argparse.Namespace, run_id: str, message: str) -> None:
+    """The target refused at the edge: the report dir (owned by this run by now) gets report
+    files saying so, in place of whatever an earlier run left there (a CI job uploads them
+    whatever the exit code). Under a launcher only rank 0 writes; a dir that cannot be written
+    changes nothing (exit 2 with the line stands)."""
+    from ddp_conformance.reports.render import write_run_reports
+    from ddp_conformance.reports.store import ResultStore
+
+    if args.attach and _launched_rank() != "0":
+        return
+    store = ResultStore(args.report_dir)
+    try:
+        store.start({"run_id": run_id, "target": args.target, "suite": args.suite, "cwd": os.getcwd(),
+                     "pid": os.getpid(), "target_error": message})
+        store.finish()
+        write_run_reports(store)
+    except OSError:
+        pass
 
 
 #: Environment variables through which pytest takes options and plugins from outside its

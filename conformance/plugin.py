@@ -32,6 +32,8 @@ CASE_KEY = "ddp_case"
 HOSTNAMES = pytest.StashKey[list]()
 #: This run's report.json dict, as the writer rendered it from memory: the verdict of record.
 RUN_REPORT = pytest.StashKey[dict]()
+#: The target error that stopped the run (its one line), for the report files to say what it is.
+TARGET_ERROR = pytest.StashKey[str]()
 MARKERS = {
     "gpu": "needs CUDA GPUs and NCCL; skipped with a reason where there are none",
     "chaos": "injects faults (hangs, dead or slow ranks) into an isolated world",
@@ -278,6 +280,7 @@ def run_case(request: pytest.FixtureRequest, session: Any, check_id: str, target
     try:
         record, ctx = session.run_check(BY_ID[check_id], target)
     except TargetError as exc:
+        request.config.stash[TARGET_ERROR] = str(exc)
         pytest.exit(f"target error: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
     except LaunchedWorldUnreachable as exc:  # under --attach: no check can run, stop at once
         pytest.exit(f"{exc}; nothing was verified, the run is inconclusive",
@@ -388,7 +391,11 @@ class _ReportWriter:
         if self.harness_errors:
             extra["harness_error"] = "; ".join(self.harness_errors)
         if exitstatus == pytest.ExitCode.USAGE_ERROR:
-            extra["harness_error"] = "usage or target error; see the command output"
+            target_error = self.config.stash.get(TARGET_ERROR, None)
+            if target_error:  # the files say what stopped the run, as stderr does
+                extra["target_error"] = target_error
+            else:
+                extra["harness_error"] = "usage or target error; see the command output"
         if self.broken:
             return
         hosts = self.config.stash.get(HOSTNAMES, [])

@@ -28,6 +28,18 @@ from .keys import (
 DASH = "—"
 STATUS_ICONS = {"passed": "✅", "failed": "❌", "inconclusive": "⚠️", "skipped": "⏭️"}
 VERDICT_TITLES = {"ready": "READY", "not-ready": "NOT READY", "inconclusive": "INCONCLUSIVE"}
+#: A run the target's own mistake stopped (exit 2): its files say so, not "inconclusive".
+TARGET_ERROR_TITLE = "TARGET ERROR"
+
+
+def title_of(report: Mapping[str, Any]) -> str:
+    """The word a report leads with: the verdict's, or TARGET ERROR where the target stopped the
+    run (report.json keeps ``verdict`` inconclusive, as nothing was decided, and says why in
+    ``target_error``)."""
+    if report.get("target_error"):
+        return TARGET_ERROR_TITLE
+    verdict = str(report.get("verdict", "inconclusive"))
+    return VERDICT_TITLES.get(verdict, verdict)
 
 
 def encodable(value: Any) -> Any:

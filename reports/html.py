@@ -29,6 +29,7 @@ from ._format import (
     DASH,
     STATUS_ICONS,
     VERDICT_TITLES,
+    title_of,
     cost_line,
     encodable,
     key_figure,
@@ -44,7 +45,7 @@ from ._format import (
 from .charts import charts_for
 from .configuration import tables
 from .recommend import recommend, verification, warnings_of
-from .verdict import EXIT_CODES
+from .verdict import EXIT_CODES, USAGE
 
 TEMPLATES = Path(__file__).parent / "templates"
 MESSAGE_CHARS = 20_000
@@ -168,7 +169,9 @@ def render(report: Mapping[str, Any]) -> str:
     named = [report.get("target"), *(c.get("target") for c in checks)]
     shortened = any(shorten_paths(relative_path(t, cwd), cwd) != str(t) for t in named if t is not None)
     return _jinja().get_template("report.html.j2").render(
-        report=report, verdict=verdict, verdict_title=VERDICT_TITLES[verdict], exit_code=EXIT_CODES[verdict],
+        report=report, verdict=verdict, verdict_title=title_of(report),
+        exit_code=EXIT_CODES[USAGE] if report.get("target_error") else EXIT_CODES[verdict],
+        target_error=str(report.get("target_error") or ""),
         reasons=[_linked(shorten_paths(str(r), cwd), anchors) for r in report.get("reasons") or []], complete=bool(report.get("complete", False)),
         checks=views, failing=failing, groups=groups, several_targets=len(groups) > 1,
         target=shorten_paths(relative_path(report.get("target"), cwd), cwd), cwd=cwd if shortened else None,

@@ -18,7 +18,7 @@ from tabulate import tabulate
 from ._format import (
     DASH,
     STATUS_ICONS,
-    VERDICT_TITLES,
+    title_of,
     cost_line,
     encodable,
     key_figure,
@@ -74,14 +74,17 @@ def _summary_line(report: Mapping[str, Any]) -> str:
 
 def _header(report: Mapping[str, Any]) -> list[str]:
     verdict = str(report.get("verdict", "inconclusive"))
-    title = VERDICT_TITLES.get(verdict, cell(verdict))
+    title = cell(title_of(report))
     # The first reason in the headline: a verdict that is not ready says why in its first line.
     reasons = [shorten_paths(str(r), report.get("cwd")) for r in report.get("reasons") or []]
     first = next(iter(reasons), None)
     why = f" — {cell(first, 300)}" if first and verdict != "ready" else ""
     lines = [f"# {VERDICT_ICONS.get(verdict, '🟠')} DDP conformance: **{title}**{why}", ""]
     missing = _missing(report)
-    if not report.get("complete", False):
+    if report.get("target_error"):
+        lines += ["> [!CAUTION]", (f"> **Target error**: {text(str(report['target_error']))} — the run stopped at "
+                                   "the target's own mistake: fix it and run again (exit code 2)."), ""]
+    elif not report.get("complete", False):
         not_run = f" Not run: {', '.join(cell(m, 60) for m in missing)}." if missing else ""
         lines += ["> [!WARNING]", ("> **Incomplete run**: the run stopped before it finished (killed or crashed). "
                                    f"This report shows only the checks that completed.{not_run}"), ""]

@@ -57,12 +57,20 @@ def build_report(meta: Mapping[str, Any], records: Iterable[CheckRecord], events
             # A finished run that lost a selected check has a harness bug: it cannot be ready.
             harness_errors.append(f"selected check(s) produced no result: {', '.join(missing)}")
     verdict = decide(checks, complete=complete, harness_errors=harness_errors)
+    target_error = meta.get("target_error") if isinstance(meta.get("target_error"), str) else None
+    if target_error:
+        # What stopped the run leads, as the CLI's one line on stderr says it (exit 2); it
+        # stopped at the target's mistake, so "killed or crashed" is not said.
+        why = [f"target error: {target_error}",
+               *reasons(checks, complete=True, harness_errors=harness_errors)]
+    else:
+        why = reasons(checks, complete=complete, harness_errors=harness_errors)
     started, finished = meta.get("started"), meta.get("finished")
     report: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "verdict": verdict,
         "run_id": meta.get("run_id"),  # ties this report to the run that wrote run.json
-        "reasons": reasons(checks, complete=complete, harness_errors=harness_errors),
+        "reasons": why,
         "complete": complete,
         "target": meta.get("target"),
         "backend": meta.get("backend"),
@@ -83,6 +91,8 @@ def build_report(meta: Mapping[str, Any], records: Iterable[CheckRecord], events
         report["checks_run"] = list(dict.fromkeys(r.id for r in checks))
     if harness_errors:
         report["harness_errors"] = harness_errors
+    if target_error:
+        report["target_error"] = target_error
     if missing:
         report["missing_checks"] = missing
     # Names and messages are the user's (a parameter named from non-UTF-8 bytes): escaped once

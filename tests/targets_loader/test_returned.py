@@ -42,6 +42,25 @@ def test_build_optimizer_returning_none_is_refused_before_any_world_starts():
         describe_target(str(HERE / "bad_optimizer_returns_none.py"), 2, deadline=60)
 
 
+def test_build_optimizer_raising_on_its_own_line_is_refused_before_any_world_starts():
+    """Seen by a new user: a build_optimizer written for the model but named `params` surfaced
+    29 s into the run, at its first call on a rank; the edge's child finds it in a second."""
+    with pytest.raises(TargetError, match=r"build_optimizer raised AttributeError: 'generator' object has no "
+                                          r"attribute 'named_modules' at \S*bad_optimizer_takes_model\.py:12"):
+        describe_target(str(HERE / "bad_optimizer_takes_model.py"), 2, deadline=60)
+
+
+def test_build_optimizer_that_needs_the_process_group_is_left_to_the_ranks(tmp_path):
+    """A ZeroRedundancyOptimizer needs the process group the edge's child does not have: the
+    child must not call that a target error (the ranks, which have one, judge it)."""
+    target = tmp_path / "zero_target.py"
+    target.write_text("import torch\nfrom torch.distributed.optim import ZeroRedundancyOptimizer\n"
+                      "from conformance.targets.mlp import build_model, loss_fn, make_batch\n"
+                      "def build_optimizer(params):\n"
+                      "    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, lr=0.1)\n")
+    assert describe_target(str(target), 2, deadline=60).name == "zero_target"
+
+
 BY_HAND = ("import torch\nfrom torch import nn\n"
            "from conformance.targets.mlp import build_model, loss_fn, make_batch\n"
            "class ByHand:\n"

@@ -152,6 +152,17 @@ def test_bad_target_exits_2_with_one_line(runs, case, request):
     # error stopped, and pytest's repeat of the exception ("!!! _pytest.outcomes.Exit") is not
     # printed (issue 38).
     assert "verdict" not in stdout and "!!!" not in stdout and "_pytest" not in stdout, stdout
+    # The files a CI job keeps say the same as stderr: a target error, with its line, found at
+    # the edge or on a rank (issue 38), never "inconclusive: the run did not finish".
+    said = lines[0].removeprefix("ddp-conformance: error: ").removeprefix("target error: ")
+    data = json.loads((report / "report.json").read_text())
+    assert data["target_error"] == said, (data.get("target_error"), said)
+    assert data["reasons"][0] == f"target error: {said}"
+    assert data["verdict"] != "ready"
+    md = (report / "report.md").read_text()
+    assert md.splitlines()[0].startswith("# 🟠 DDP conformance: **TARGET ERROR**"), md[:300]
+    assert "did not finish" not in md
+    assert 'id="target-error"' in (report / "report.html").read_text()
     assert "Traceback" not in stderr
     assert case not in RETURNED or ("DDP" not in lines[0] and "raised on rank" not in lines[0])
     summary = report / "report.json"

@@ -34,7 +34,7 @@ import time
 from typing import IO, Any
 
 from ..target_calls import takes_model
-from ..targets import SEE, TargetError, TargetInfo, default_build_optimizer, optimizer_checked
+from ..targets import SEE, TargetError, TargetInfo, call_target, default_build_optimizer, optimizer_checked
 from ._caches import compile_cache_env
 from ._containment import COOKIE_VAR, guardian, new_cookie, reap
 from ._launch_env import apply_environment, describing_environment
@@ -229,16 +229,25 @@ def _answer(spec: str, world_size: int, build: bool) -> bytes:
         return _CRASH + f"{type(exc).__name__}: {first}".encode(errors="replace")
 
 
+#: What torch says when a call needs a process group: this child has none (a rank has).
+NEEDS_A_PROCESS_GROUP = ("process group", "init_process_group")
+
+
 def _optimizer_returned(target: Any, model: Any) -> None:
-    """What ``build_optimizer`` returns, judged before any world starts (a None or a list: a
-    TargetError). Only its return value: an exception is left to the ranks, where it is judged
-    with what a rank has (the process group a ZeroRedundancyOptimizer needs, the launcher's
-    variables), and this child has neither."""
+    """``build_optimizer`` called and judged before any world starts: what it returns (a None or
+    a list: a TargetError), and an exception raised on the user's own line (a parameter named
+    as if it got the model: found in a second here, not after a world's start on a rank). What
+    needs the process group this child lacks (a ZeroRedundancyOptimizer, ``dist.get_rank()``)
+    and whatever is not the user's own line is left to the ranks, which call it again."""
     fn = target.build_optimizer
     if fn is default_build_optimizer:
         return
     try:
-        returned = fn(model if takes_model(fn) else model.parameters())
-    except Exception:  # noqa: BLE001 -- the ranks call it again and judge what it raises
+        returned = call_target(target, "build_optimizer", fn, model if takes_model(fn) else model.parameters())
+    except TargetError as exc:
+        if any(words in str(exc.__cause__) for words in NEEDS_A_PROCESS_GROUP):
+            return
+        raise
+    except Exception:  # noqa: BLE001 -- not the user's own line: the ranks judge it with a process group
         return
     optimizer_checked(target, returned)
