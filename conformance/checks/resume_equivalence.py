@@ -40,7 +40,9 @@ uninterrupted run; the whole run's samples as a multiset (by dataset index when 
 augmentation makes the content new at every draw).
 
 Skipped: no ``run_loop``; a loop that writes nothing in ``ctx.checkpoint_dir``; under
-``--attach`` (the launcher owns the restart: run the check locally instead).
+``--attach`` (the launcher owns the restart), where the record names the command that runs it
+locally and the run is inconclusive unless the check was deselected (the loop is there, but
+resuming it was not verified: docs/architecture.md, "Results").
 
 Evidence: per scenario the kill, where each rank resumed, steps compared, findings (what,
 rank, step, cause), warnings, the samples multiset; metrics: ``resume_trajectories`` (rank 0's
@@ -88,8 +90,7 @@ EVERY = 2
 HEADLINES = {"parameters": "parameters differ", "optimizer": "optimizer state differs",
              "lr": "learning rate differs", "scaler": "GradScaler state differs", "samples": "other samples trained",
              "steps": "steps repeated or lost", "raised": "run_loop raised on restart"}
-ATTACHED = ("under --attach the launcher (torchrun, srun) owns the restart, and the suite cannot kill and "
-            "restart its ranks; run it locally: ddp-conformance run --target {spec} --checks resume-equivalence")
+ATTACHED = "under --attach the launcher (torchrun, srun) owns the restart, and the suite cannot kill and restart its ranks"
 
 
 def run(ctx: CheckContext) -> Outcome:
@@ -97,7 +98,8 @@ def run(ctx: CheckContext) -> Outcome:
         return Outcome.skipped("the target defines no run_loop: there is no loop to kill and restart (define "
                                "run_loop(ctx) with checkpoints in ctx.checkpoint_dir, see examples/train_resume.py)")
     if ctx.new_world is None:
-        return Outcome.skipped(ATTACHED.format(spec=ctx.target.spec))
+        # The loop is there, so resuming it is not verified: the verdict says so (not_run_here).
+        return Outcome.not_run_here(ATTACHED, check="resume-equivalence", target=ctx.target.spec)
     folder = Path(tempfile.mkdtemp(prefix="resume-", dir=ctx.tmpdir))
     try:
         return _experiment(ctx, folder)
