@@ -305,3 +305,29 @@ def test_a_check_skipped_because_its_subject_is_absent_leaves_the_run_ready() ->
     no_loop = CheckRecord("resume-equivalence", "r", "conformance", "skipped", 0.1, target="mlp",
                           message="the target defines no run_loop")
     assert decide([verified, no_loop], complete=True) == "ready"
+
+
+@pytest.mark.parametrize("check_id", ["hang-detection", "unused-parameters"])
+def test_chaos_attach_cannot_run_marks_a_user_target_but_not_the_builtin_runs_vehicles(check_id: str) -> None:
+    # On a --target its scenarios are the target's own: not run, not verified, with the command.
+    # The default run injects its faults into the suite's own vehicles: nothing of the target
+    # goes unverified when attach cannot run them, so a verified step stays ready.
+    from types import SimpleNamespace
+
+    from ddp_conformance.faults.checks import hang_detection, unused_parameters
+    from ddp_conformance.reports.keys import NOT_RUN_HERE
+
+    entry = {"hang-detection": hang_detection.run, "unused-parameters": unused_parameters.run}[check_id]
+    mine = entry(SimpleNamespace(target=SimpleNamespace(spec="train.py"), new_world=None,  # type: ignore[arg-type]
+                                 injected=False))
+    assert mine.status == "skipped"
+    assert mine.evidence[NOT_RUN_HERE] == {"mode": "--attach",
+                                           "command": f"ddp-conformance run --target train.py --checks {check_id}"}
+    outcome = entry(SimpleNamespace(target=SimpleNamespace(spec="builtin"), new_world=None,  # type: ignore[arg-type]
+                                    injected=True))
+    assert outcome.status == "skipped" and "--attach does not have" in outcome.message, outcome.message
+    verified = CheckRecord("gradient-equivalence", "g", "conformance", "passed", 0.1, target="mlp",
+                           evidence={VERIFIED: COUNTED})
+    skipped = CheckRecord(check_id, check_id, "chaos", outcome.status, 0.1, message=outcome.message,
+                          target="builtin", evidence=outcome.evidence)
+    assert decide([verified, skipped], complete=True) == "ready"
