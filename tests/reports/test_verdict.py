@@ -265,7 +265,8 @@ def test_a_correctness_selection_where_nothing_passed_says_so() -> None:
 
 
 def _attached(check_id: str, spec: str) -> CheckRecord:
-    """The record the check itself returns under --attach on a target with a run_loop."""
+    """The record the check itself returns under --attach on a target whose run_loop saves
+    (rank 0 wrote 2 files in ctx.checkpoint_dir in the launched world)."""
     from types import SimpleNamespace
     from typing import Any
 
@@ -273,8 +274,9 @@ def _attached(check_id: str, spec: str) -> CheckRecord:
     from ddp_conformance.faults.checks import hang_detection
 
     entry: Any = {"resume-equivalence": resume_equivalence.run, "hang-detection": hang_detection.run}[check_id]
+    saved = SimpleNamespace(run=lambda fn, *args, **kwargs: [SimpleNamespace(value=2), SimpleNamespace(value=0)])
     ctx = SimpleNamespace(target=SimpleNamespace(has=lambda name: name == "run_loop", spec=spec),
-                          new_world=None, injected=False)
+                          new_world=None, injected=False, world=lambda: saved, deadline=60.0)
     outcome = entry(ctx)
     kind = "conformance" if check_id == "resume-equivalence" else "chaos"
     return CheckRecord(check_id, check_id, kind, outcome.status, 0.1, message=outcome.message,
