@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import threading
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -94,6 +95,8 @@ def pytest_configure(config: pytest.Config) -> None:
             # Another live run owns the dir, or another user could change it: a usage error.
             raise pytest.UsageError(str(exc)) from None
         config.pluginmanager.register(writer, "ddp-report-writer")
+    if _is_writer(config):  # the controller (rank 0 under --ddp-attach): pytest's exit status is its
+        config.pluginmanager.register(_RunVerdict(config), "ddp-run-verdict")
     if _own_terminal(config):
         config.pluginmanager.register(_OwnTerminal(config), "ddp-own-terminal")
 
@@ -359,43 +362,19 @@ class _ReportWriter:
         self._write(session, self.store.start, meta)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from ddp_conformance.reports.schema import CheckRecord, Event
-
-        props = {str(k): str(v) for k, v in report.user_properties}
-        if RECORD_KEY in props and report.when == "call":
-            for data in json.loads(props.get(EVENTS_KEY, "[]")):
-                self._write(self.session, self.store.append, Event.from_json(data))
-            record = CheckRecord.from_json(json.loads(props[RECORD_KEY]))
+        events, record, harness_error = _case_result(report)
+        for event in events:
+            self._write(self.session, self.store.append, event)
+        if record is not None:
             self._write(self.session, self.store.append, record)
+        if record is not None and harness_error is None:
             self._say(f"[ddp] {record.id}{_on(self.config, str(record.target))}: {record.status.upper()} "
                       f"({record.duration_s:.1f} s) {record.message}")
-        elif CASE_KEY in props and report.failed and RECORD_KEY not in props:
-            # The check never produced a record (a fixture or the world failed): the run
-            # could not decide it, which makes the whole run inconclusive, never ready.
-            check_id, target = json.loads(props[CASE_KEY])
-            message = _first_line(report.longreprtext) or "harness error"
-            spec = BY_ID[check_id]
-            self._write(self.session, self.store.append, CheckRecord(
-                id=check_id, title=spec.title, kind=spec.kind, status="inconclusive",
-                duration_s=report.duration, message=f"harness error: {message}", target=target,
-                evidence={"harness_error": report.longreprtext[-8000:]}))
-            self.harness_errors.append(f"{check_id} on {target}: {message}")
+        if harness_error is not None:
+            self.harness_errors.append(harness_error)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        # Complete only when pytest itself ran to its end: a Ctrl-C (even a second one that
-        # pytest swallowed), an internal error, a usage error or nothing collected leaves the
-        # report incomplete, so it can never read as ready.
-        interrupted = (self.config.stash.get(INTERRUPTED, False)
-                       or exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED))
-        extra: dict[str, Any] = {"pytest_exit": int(exitstatus)}
-        if self.harness_errors:
-            extra["harness_error"] = "; ".join(self.harness_errors)
-        if exitstatus == pytest.ExitCode.USAGE_ERROR:
-            target_error = self.config.stash.get(TARGET_ERROR, None)
-            if target_error:  # the files say what stopped the run, as stderr does
-                extra["target_error"] = target_error
-            else:
-                extra["harness_error"] = "usage or target error; see the command output"
+        interrupted, extra = _finish_meta(self.config, exitstatus, self.harness_errors)
         if self.broken:
             return
         hosts = self.config.stash.get(HOSTNAMES, [])
@@ -418,10 +397,100 @@ class _ReportWriter:
             self._say(f"[ddp] cannot write the report into {self.store.dir} ({exc.strerror or exc})")
             return
         # Handed over only once the files exist: a verdict whose report could not be written
-        # leaves the CLI with none, which it reads as inconclusive.
+        # leaves the CLI with none, which it reads as inconclusive (and _RunVerdict too).
         self.config.stash[RUN_REPORT] = report
+
+    def _say(self, line: str) -> None:
+        _say(self.config, line)
+
+
+def _case_result(report: pytest.TestReport) -> tuple[list[Any], Any, str | None]:
+    """What one test report of the suite brings: its events, its check's record, and the
+    harness error when the check produced no record (a fixture or the world failed: the
+    record made for it is inconclusive, so the run can never read as ready)."""
+    from ddp_conformance.reports.schema import CheckRecord, Event
+
+    props = {str(k): str(v) for k, v in report.user_properties}
+    if RECORD_KEY in props and report.when == "call":
+        events = [Event.from_json(data) for data in json.loads(props.get(EVENTS_KEY, "[]"))]
+        return events, CheckRecord.from_json(json.loads(props[RECORD_KEY])), None
+    if CASE_KEY in props and report.failed and RECORD_KEY not in props:
+        check_id, target = json.loads(props[CASE_KEY])
+        message = _first_line(report.longreprtext) or "harness error"
+        spec = BY_ID[check_id]
+        record = CheckRecord(id=check_id, title=spec.title, kind=spec.kind, status="inconclusive",
+                             duration_s=report.duration, message=f"harness error: {message}", target=target,
+                             evidence={"harness_error": report.longreprtext[-8000:]})
+        return [], record, f"{check_id} on {target}: {message}"
+    return [], None, None
+
+
+def _finish_meta(config: pytest.Config, exitstatus: int, harness_errors: list[str]) -> tuple[bool, dict[str, Any]]:
+    """Whether the run was cut short, and what its run.json gains at the end. Complete only
+    when pytest itself ran to its end: a Ctrl-C (even a second one that pytest swallowed), an
+    internal error, a usage error or nothing collected leaves it incomplete, never ready."""
+    interrupted = (config.stash.get(INTERRUPTED, False)
+                   or exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED))
+    extra: dict[str, Any] = {"pytest_exit": int(exitstatus)}
+    if harness_errors:
+        extra["harness_error"] = "; ".join(harness_errors)
+    if exitstatus == pytest.ExitCode.USAGE_ERROR:
+        target_error = config.stash.get(TARGET_ERROR, None)
+        if target_error:  # the files say what stopped the run, as stderr does
+            extra["target_error"] = target_error
+        else:
+            extra["harness_error"] = "usage or target error; see the command output"
+    return interrupted, extra
+
+
+class _RunVerdict:
+    """The pytest route's exit status follows the run's verdict, as the CLI's does (one rule,
+    ``reports.verdict``): a run whose items all passed but that is not ready (a perf-only
+    selection, a check --attach could not run) must not exit 0 in a CI job that gates on it.
+
+    Registered on the controller only (rank 0 under --ddp-attach, never an xdist worker), and
+    silent unless the suite's checks ran. The verdict is the report writer's (its in-memory
+    report) when a report dir was named, else it is computed here from the same records in
+    memory, without writing anything."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.records: list[Any] = []
+        self.harness_errors: list[str] = []
+        self.suite_ran = False  # an item of the suite's was reported: else this is not its run
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.suite_ran |= any(str(k) == CASE_KEY for k, _ in report.user_properties)
+        _, record, harness_error = _case_result(report)
+        if record is not None:
+            self.records.append(record)
+        if harness_error is not None:
+            self.harness_errors.append(harness_error)
+
+    @pytest.hookimpl(trylast=True)  # after the report writer's: its report is the verdict of record
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if not self.suite_ran:  # the user's own tests, with the plugin installed: not ours to judge
+            return
+        writer = self.config.pluginmanager.get_plugin("ddp-report-writer")
+        if writer is not None:
+            report = self.config.stash.get(RUN_REPORT, None)
+            verdict, reasons = ((report["verdict"], report["reasons"]) if report is not None else
+                                ("inconclusive", [writer.broken or "the run's report could not be written"]))
+        else:
+            from ddp_conformance.reports.render import build_report
+
+            interrupted, extra = _finish_meta(self.config, exitstatus, self.harness_errors)
+            meta = {**extra, "checks_selected": [s.id for s in _selected(self.config)],
+                    "cases_selected": _cases(self.config), "finished": None if interrupted else time.time()}
+            built = build_report(meta, self.records, [])
+            verdict, reasons = built["verdict"], built["reasons"]
         if not _own_terminal(self.config):  # the CLI prints the verdict once, with its reason
-            self._say(f"[ddp] verdict: {report['verdict']} — report in {self.store.dir}/report.html")
+            where = f" — report in {writer.store.dir}/report.html" if writer is not None else ""
+            self._say(f"[ddp] verdict: {verdict}: {reasons[0] if reasons else ''}{where}")
+        if verdict != "ready" and session.exitstatus == pytest.ExitCode.OK:
+            # pytest's "tests failed": a gate that reads only the exit status stops here, as it
+            # does on the CLI's 1 or 3 (the CLI maps the verdict itself, so it is unchanged).
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _say(self, line: str) -> None:
         _say(self.config, line)

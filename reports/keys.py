@@ -36,6 +36,12 @@ VERIFIED = "verified"
 # the verdict says the line first (reports/verdict.py).
 EXHAUSTED = "environment_exhausted"
 
+# conformance/harness/outcome.py (``Outcome.not_run_here``), evidence of a skipped record:
+# {"mode", "command"}: the target has the check's subject (a run_loop, a model to sweep) but
+# this mode (--attach) cannot run the check; the verdict lists it with the command that runs it
+# (reports/verdict.py, ``not_run``) and the run is inconclusive unless it was deselected.
+NOT_RUN_HERE = "not_run_here"
+
 # conformance/checks/equivalence/ (presentation.py, verdict.py), measured hypotheses behind a gradient mismatch.
 DROPOUT_DISABLED = "dropout_disabled"  # evidence list[str]: dropout switched off in both runs
 GRADIENT_FACTOR = "gradient_factor"  # metric float | None: one N-rank/reference factor on every gradient
@@ -105,6 +111,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
                "conformance.checks.shared_weights", "conformance.checks.sampler_coverage",
                "conformance.checks.evaluation.verdict", "conformance.checks.resume_equivalence"),
     EXHAUSTED: ("conformance.harness.failures", "conformance.harness.session"),
+    NOT_RUN_HERE: ("conformance.harness.outcome",),
     DROPOUT_DISABLED: ("conformance.checks.equivalence.presentation",),
     GRADIENT_FACTOR: ("conformance.checks.equivalence.presentation",),
     HYPOTHESES: ("conformance.checks.equivalence.verdict",),

@@ -20,7 +20,12 @@ the training step itself, on every target:
    world size) agrees with itself. Equivalence checks that all skipped (no gradient reached
    the optimizer, every gradient zero) verified nothing either;
 3. at least one correctness check passed (a perf- or chaos-only selection verifies nothing
-   about correctness).
+   about correctness);
+4. no selected check was left unrun by the mode while the target has its subject
+   (``evidence.not_run_here``, :data:`reports.keys.NOT_RUN_HERE`: resume-equivalence on a
+   target with a ``run_loop`` under ``--attach``): it was not verified, so it is listed first
+   with the command that runs it (:func:`not_run`). Deselecting it (``--checks``) is how a
+   user says it is not wanted.
 
 Otherwise the run is *inconclusive*, with the reason as the report's first line: what passed
 on that target and what ready still needs. The rule reads records only (their status, kind,
@@ -36,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .keys import EXHAUSTED, VERIFIED
+from .keys import EXHAUSTED, NOT_RUN_HERE, VERIFIED
 from .schema import STATUSES, VERDICTS
 
 READY, NOT_READY, INCONCLUSIVE = VERDICTS
@@ -145,11 +150,29 @@ def _step_unverified(checks: list[Any]) -> list[str]:
     return out
 
 
+def not_run(records: Iterable[Any]) -> str | None:
+    """Rule 4: the selected checks this mode could not run on a target that has their subject,
+    each with the command that runs it, in one line; None when there are none."""
+    unrun = []
+    for record in records:
+        evidence = _field(record, "evidence")
+        said = evidence.get(NOT_RUN_HERE) if isinstance(evidence, Mapping) else None
+        if status_of(record) == "skipped" and isinstance(said, Mapping):
+            unrun.append((_where(record), str(said.get("mode") or "this mode"), str(said.get("command") or "")))
+    if not unrun:
+        return None
+    modes = " and ".join(dict.fromkeys(mode for _, mode, _ in unrun))
+    listed = "; ".join(f"{where} ({command})" if command else where for where, _, command in unrun)
+    return (f"not verified: {len(unrun)} selected check(s) cannot run under {modes} but the target has what "
+            f"they check: {listed}; run them so, or leave them out of --checks")
+
+
 def gaps(records: Iterable[Any]) -> list[str]:
     """Why checks that all passed still did not verify the training step (the ready rule's
-    1-3 above), most telling first; empty when the run verified it on every target."""
+    1-4 above), most telling first; empty when the run verified it on every target."""
     checks = [r for r in records if not is_harness(r)]
-    out = []
+    unrun = not_run(checks)
+    out = [unrun] if unrun else []
     correct = [r for r in checks if _field(r, "kind") == CORRECTNESS_KIND and status_of(r) == "passed"]
     for record in correct:
         why = unverified(record)

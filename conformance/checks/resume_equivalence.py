@@ -40,7 +40,10 @@ uninterrupted run; the whole run's samples as a multiset (by dataset index when 
 augmentation makes the content new at every draw).
 
 Skipped: no ``run_loop``; a loop that writes nothing in ``ctx.checkpoint_dir``; under
-``--attach`` (the launcher owns the restart: run the check locally instead).
+``--attach`` (the launcher owns the restart) a loop that saves (one uninterrupted run in the
+launched world, ``resume/probe.py``), where the record names the command that runs it locally
+and the run is inconclusive unless the check was deselected (the loop saves, but resuming it
+was not verified: docs/architecture.md, "Results").
 
 Evidence: per scenario the kill, where each rank resumed, steps compared, findings (what,
 rank, step, cause), warnings, the samples multiset; metrics: ``resume_trajectories`` (rank 0's
@@ -61,7 +64,7 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
-from ..harness.world import WorldHang
+from ..harness.world import RankFailure, WorldHang
 from .resume import (
     KILLED_BETWEEN,
     KILLED_DURING_SAVE,
@@ -77,6 +80,7 @@ from .resume import (
     during_save_plan,
     files_in,
     judge_run,
+    saves_in_checkpoint_dir,
     worlds_ahead,
 )
 
@@ -88,8 +92,10 @@ EVERY = 2
 HEADLINES = {"parameters": "parameters differ", "optimizer": "optimizer state differs",
              "lr": "learning rate differs", "scaler": "GradScaler state differs", "samples": "other samples trained",
              "steps": "steps repeated or lost", "raised": "run_loop raised on restart"}
-ATTACHED = ("under --attach the launcher (torchrun, srun) owns the restart, and the suite cannot kill and "
-            "restart its ranks; run it locally: ddp-conformance run --target {spec} --checks resume-equivalence")
+NOTHING_WRITTEN = (f"run_loop wrote nothing in ctx.checkpoint_dir over {{steps}} (ctx.checkpoint_every={EVERY}): "
+                   f"there is no checkpoint to resume from; save there and resume from it at start-up "
+                   f"(ctx.tmpdir is each rank's own and is not kept across a restart; see examples/train_resume.py)")
+ATTACHED = "under --attach the launcher (torchrun, srun) owns the restart, and the suite cannot kill and restart its ranks"
 
 
 def run(ctx: CheckContext) -> Outcome:
@@ -97,12 +103,26 @@ def run(ctx: CheckContext) -> Outcome:
         return Outcome.skipped("the target defines no run_loop: there is no loop to kill and restart (define "
                                "run_loop(ctx) with checkpoints in ctx.checkpoint_dir, see examples/train_resume.py)")
     if ctx.new_world is None:
-        return Outcome.skipped(ATTACHED.format(spec=ctx.target.spec))
+        return _attached(ctx)
     folder = Path(tempfile.mkdtemp(prefix="resume-", dir=ctx.tmpdir))
     try:
         return _experiment(ctx, folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)  # the journals and every checkpoint written
+
+
+def _attached(ctx: CheckContext) -> Outcome:
+    """Under --attach: a loop that saves is there, so resuming it is not verified (the verdict
+    lists the check with its command); a loop that saves nothing has nothing to resume."""
+    try:
+        # In the launched world, the only one there is (as rank-consistency runs the loop).
+        written = [r.value for r in ctx.world().run(saves_in_checkpoint_dir, ctx.target.spec, steps=STEPS,
+                                                     every=EVERY, deadline=ctx.deadline)]
+    except (RankFailure, WorldHang) as exc:
+        return world_error_outcome(exc, "the target's run_loop (looking for its checkpoints)")
+    if not any(written):
+        return Outcome.skipped(NOTHING_WRITTEN.format(steps=f"a run of ctx.steps={STEPS}"))
+    return Outcome.not_run_here(ATTACHED, check="resume-equivalence", target=ctx.target.spec)
 
 
 def _experiment(ctx: CheckContext, folder: Path) -> Outcome:
@@ -126,10 +146,7 @@ def _scenarios(ctx: CheckContext, lives: Lives) -> Outcome:
         return Outcome.skipped("run_loop took no optimizer step: there is nothing to resume")
     written = files_in(lives.checkpoints(UNINTERRUPTED))
     if not written:
-        return Outcome.skipped(f"run_loop wrote nothing in ctx.checkpoint_dir over {len(a[0].steps)} optimizer steps "
-                               f"(ctx.checkpoint_every={EVERY}): there is no checkpoint to resume from; save there "
-                               f"and resume from it at start-up (ctx.tmpdir is each rank's own and is not kept "
-                               f"across a restart; see examples/train_resume.py)")
+        return Outcome.skipped(NOTHING_WRITTEN.format(steps=f"{len(a[0].steps)} optimizer steps"))
     plans = {KILLED_BETWEEN: between_steps_plan(a), KILLED_DURING_SAVE: during_save_plan(a)}
     skipped = {scenario: plan for scenario, plan in plans.items() if isinstance(plan, str)}
     kills = {scenario: plan for scenario, plan in plans.items() if not isinstance(plan, str)}

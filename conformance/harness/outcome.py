@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from ddp_conformance.reports.keys import NOT_RUN_HERE
 from ddp_conformance.reports.schema import STATUSES
 
 #: A record's status (``reports.schema.STATUSES``).
@@ -43,3 +44,16 @@ class Outcome:
     @classmethod
     def skipped(cls, message: str, **kw: Any) -> Outcome:
         return cls("skipped", message, **kw)
+
+    @classmethod
+    def not_run_here(cls, why: str, *, check: str, target: str) -> Outcome:
+        """Skipped: ``target`` has the subject of ``check``, but --attach cannot run the check.
+
+        Not verified, so never silently absent: the record carries the command that runs it
+        (:data:`reports.keys.NOT_RUN_HERE`), the verdict's first line lists it and the run is
+        inconclusive unless the user deselects it (docs/architecture.md, "Results"). Only for a
+        subject the target has: a check with nothing to examine skips with that reason instead.
+        """
+        command = f"ddp-conformance run --target {target} --checks {check}"
+        return cls.skipped(f"{why}; not verified: run it without --attach: {command}",
+                           evidence={NOT_RUN_HERE: {"mode": "--attach", "command": command}})

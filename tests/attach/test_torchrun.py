@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -167,3 +168,27 @@ def test_a_loss_times_the_launchers_world_size_is_not_ready(tmp_path: Path) -> N
     assert report["verdict"] == "not-ready", text
     ge = _records(report_dir)["gradient-equivalence"]
     assert ge["status"] == "failed" and "multiplied by the world size (factor 2 = N)" in ge["message"], ge["message"]
+
+
+def test_a_checkpointing_run_loop_whose_resume_attach_cannot_run_is_inconclusive(tmp_path: Path) -> None:
+    # train_resume.py's run_loop saves and resumes: under the launcher the suite cannot kill and
+    # restart its ranks, so resuming was not verified; the verdict's first line says so, with the
+    # command that runs it, instead of a green "ready" (issue 38). Deselected, the same run is ready
+    # (tests/reports/test_verdict.py).
+    report_dir = tmp_path / "report"
+    log = tmp_path / "resume.log"
+    target = ROOT / "examples" / "train_resume.py"
+    proc = _launch(["--standalone", "--nproc-per-node", "2", "-m", "conformance", "run", "--attach",
+                    "--backend", "gloo", "--target", str(target), "--checks", "gradient-equivalence,resume-equivalence",
+                    "--report-dir", str(report_dir)], log)
+    codes = _wait_all([proc], [log])
+    text = log.read_text()[-3000:]
+    # Inconclusive: rank 0 exits 3 (torchrun itself exits 1 for any worker's non-zero exit).
+    assert codes == [1] and re.search(r"rank\s*: 0 \(local_rank: 0\)\s*exitcode\s*: 3 ", text), text
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["verdict"] == "inconclusive", text
+    command = f"ddp-conformance run --target {target} --checks resume-equivalence"
+    assert report["reasons"][0].startswith("not verified: 1 selected check(s) cannot run under --attach"), report["reasons"]
+    assert f"resume-equivalence on {target} ({command})" in report["reasons"][0], report["reasons"]
+    assert f"ddp-conformance: verdict inconclusive: not verified: 1 selected check(s)" in text, text
+    assert _records(report_dir)["gradient-equivalence"]["status"] == "passed", text

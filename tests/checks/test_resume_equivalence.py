@@ -503,18 +503,36 @@ def test_a_loop_that_writes_no_checkpoint_skips_with_the_reason(suite_session: A
     assert record.message.startswith("run_loop wrote nothing in ctx.checkpoint_dir over 6 optimizer steps")
 
 
-def test_no_run_loop_and_attach_mode_skip_without_starting_a_world() -> None:
+def test_no_run_loop_skips_without_starting_a_world() -> None:
     from types import SimpleNamespace
 
     from conformance.checks.resume_equivalence import run
 
     no_loop = SimpleNamespace(target=SimpleNamespace(has=lambda name: False, spec="mlp"), new_world=None)
     assert run(no_loop).message.startswith("the target defines no run_loop")  # type: ignore[arg-type]
-    attached = SimpleNamespace(target=SimpleNamespace(has=lambda name: name == "run_loop", spec="train.py"), new_world=None)
-    outcome = run(attached)  # type: ignore[arg-type]
+
+
+def test_under_attach_a_loop_that_saves_is_not_verified_and_one_that_saves_nothing_skips() -> None:
+    # --attach: no fresh world to kill; the loop runs once in the launched world (here: ranks that
+    # report how many files it wrote in ctx.checkpoint_dir) to learn whether it saves at all.
+    from types import SimpleNamespace
+
+    from conformance.checks.resume_equivalence import run
+    from ddp_conformance.reports.keys import NOT_RUN_HERE
+
+    def attached(written: list[int]) -> SimpleNamespace:
+        world = SimpleNamespace(run=lambda fn, *args, **kwargs: [SimpleNamespace(value=n) for n in written])
+        return SimpleNamespace(target=SimpleNamespace(has=lambda name: name == "run_loop", spec="train.py"),
+                               new_world=None, world=lambda: world, deadline=60.0)
+
+    outcome = run(attached([2, 0]))  # type: ignore[arg-type]  # rank 0 saves, rank 1 does not
     assert outcome.status == "skipped"
     assert outcome.message.startswith("under --attach the launcher (torchrun, srun) owns the restart")
     assert "ddp-conformance run --target train.py --checks resume-equivalence" in outcome.message
+    assert outcome.evidence[NOT_RUN_HERE]["command"] == "ddp-conformance run --target train.py --checks resume-equivalence"
+    nothing = run(attached([0, 0]))  # type: ignore[arg-type]
+    assert nothing.status == "skipped" and NOT_RUN_HERE not in nothing.evidence
+    assert nothing.message.startswith("run_loop wrote nothing in ctx.checkpoint_dir over a run of ctx.steps=6")
 
 
 def test_scenarios_side_by_side_all_end_before_an_error_is_raised(tmp_path: Path) -> None:

@@ -146,3 +146,30 @@ def test_sigterm_of_plain_pytest_is_an_interrupt_with_an_incomplete_report(pytes
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
     run = json.loads((out / "run.json").read_text())
     assert run["finished"] is None and run["pytest_exit"] == int(pytest.ExitCode.INTERRUPTED)
+
+
+# -- the session's exit status follows the verdict (issue 38: one verdict on every route) ----------
+
+
+@pytest.mark.parametrize("report_dir", [False, True], ids=["no-report-dir", "report-dir"])
+def test_a_perf_only_selection_fails_the_session_with_the_verdicts_reason(pytester: pytest.Pytester,
+                                                                         tmp_path, report_dir: bool) -> None:
+    # Every item passes, yet nothing verified the training step: the CLI exits 3 for this run,
+    # so a CI job gating on pytest's status must not go green either.
+    out = ["--ddp-report-dir", str(tmp_path / "out")] if report_dir else []
+    result = pytester.runpytest_subprocess("--pyargs", "conformance.suite", "--ddp-target", "mlp",
+                                           "--ddp-checks", "allreduce-bandwidth", "--ddp-backend", "gloo",
+                                           "-p", "no:cacheprovider", *out, timeout=240)
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*[[]ddp[]] verdict: inconclusive: no correctness check passed: the checks that "
+                                 "ran (allreduce-bandwidth) measure performance or diagnosis*"])
+
+
+def test_a_verified_step_without_a_report_dir_exits_0(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--pyargs", "conformance.suite", "--ddp-target", "mlp",
+                                           "--ddp-checks", "gradient-equivalence", "--ddp-backend", "gloo",
+                                           "-p", "no:cacheprovider", timeout=180)
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*[[]ddp[]] verdict: ready: all 1 executed check(s) passed"])

@@ -259,3 +259,77 @@ def test_a_correctness_selection_where_nothing_passed_says_so() -> None:
                         "gradient-equivalence or no-sync-equivalence passed on every target: add "
                         "gradient-equivalence to --checks, or leave --checks out")
     assert lines[-1] == "no check passed or failed: nothing was actually verified"
+
+
+# -- a check the mode cannot run, on a target that has its subject (issue 38) ----------------------
+
+
+def _attached(check_id: str, spec: str) -> CheckRecord:
+    """The record the check itself returns under --attach on a target whose run_loop saves
+    (rank 0 wrote 2 files in ctx.checkpoint_dir in the launched world)."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from conformance.checks import resume_equivalence
+    from ddp_conformance.faults.checks import hang_detection
+
+    entry: Any = {"resume-equivalence": resume_equivalence.run, "hang-detection": hang_detection.run}[check_id]
+    saved = SimpleNamespace(run=lambda fn, *args, **kwargs: [SimpleNamespace(value=2), SimpleNamespace(value=0)])
+    ctx = SimpleNamespace(target=SimpleNamespace(has=lambda name: name == "run_loop", spec=spec),
+                          new_world=None, injected=False, world=lambda: saved, deadline=60.0)
+    outcome = entry(ctx)
+    kind = "conformance" if check_id == "resume-equivalence" else "chaos"
+    return CheckRecord(check_id, check_id, kind, outcome.status, 0.1, message=outcome.message,
+                       target=spec, evidence=outcome.evidence)
+
+
+def test_a_check_attach_cannot_run_on_a_target_that_has_its_subject_is_inconclusive_with_its_command() -> None:
+    verified = CheckRecord("gradient-equivalence", "g", "conformance", "passed", 0.1, target="train.py",
+                           evidence={VERIFIED: COUNTED})
+    records = [verified, _attached("resume-equivalence", "train.py"), _attached("hang-detection", "train.py")]
+    assert decide(records, complete=True) == "inconclusive"
+    first = reasons(records, complete=True)[0]
+    assert re.fullmatch(
+        r"not verified: 2 selected check\(s\) cannot run under --attach but the target has what they check: "
+        r"resume-equivalence on train\.py \(ddp-conformance run --target train\.py --checks resume-equivalence\); "
+        r"hang-detection on train\.py \(ddp-conformance run --target train\.py --checks hang-detection\); "
+        r"run them so, or leave them out of --checks", first), first
+    # The same from report.json read back, and never "all ... passed".
+    assert decide([r.to_json() for r in records], complete=True) == "inconclusive"
+    assert not any("executed check(s) passed" in line for line in reasons(records, complete=True))
+    # Deselected (--checks without them): the training step was verified, the run is ready.
+    assert decide([verified], complete=True) == "ready"
+
+
+def test_a_check_skipped_because_its_subject_is_absent_leaves_the_run_ready() -> None:
+    verified = CheckRecord("gradient-equivalence", "g", "conformance", "passed", 0.1, target="mlp",
+                           evidence={VERIFIED: COUNTED})
+    no_loop = CheckRecord("resume-equivalence", "r", "conformance", "skipped", 0.1, target="mlp",
+                          message="the target defines no run_loop")
+    assert decide([verified, no_loop], complete=True) == "ready"
+
+
+@pytest.mark.parametrize("check_id", ["hang-detection", "unused-parameters"])
+def test_chaos_attach_cannot_run_marks_a_user_target_but_not_the_builtin_runs_vehicles(check_id: str) -> None:
+    # On a --target its scenarios are the target's own: not run, not verified, with the command.
+    # The default run injects its faults into the suite's own vehicles: nothing of the target
+    # goes unverified when attach cannot run them, so a verified step stays ready.
+    from types import SimpleNamespace
+
+    from ddp_conformance.faults.checks import hang_detection, unused_parameters
+    from ddp_conformance.reports.keys import NOT_RUN_HERE
+
+    entry = {"hang-detection": hang_detection.run, "unused-parameters": unused_parameters.run}[check_id]
+    mine = entry(SimpleNamespace(target=SimpleNamespace(spec="train.py"), new_world=None,  # type: ignore[arg-type]
+                                 injected=False))
+    assert mine.status == "skipped"
+    assert mine.evidence[NOT_RUN_HERE] == {"mode": "--attach",
+                                           "command": f"ddp-conformance run --target train.py --checks {check_id}"}
+    outcome = entry(SimpleNamespace(target=SimpleNamespace(spec="builtin"), new_world=None,  # type: ignore[arg-type]
+                                    injected=True))
+    assert outcome.status == "skipped" and "--attach does not have" in outcome.message, outcome.message
+    verified = CheckRecord("gradient-equivalence", "g", "conformance", "passed", 0.1, target="mlp",
+                           evidence={VERIFIED: COUNTED})
+    skipped = CheckRecord(check_id, check_id, "chaos", outcome.status, 0.1, message=outcome.message,
+                          target="builtin", evidence=outcome.evidence)
+    assert decide([verified, skipped], complete=True) == "ready"

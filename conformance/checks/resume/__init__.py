@@ -11,6 +11,7 @@ slice of a step's journal record).
 from __future__ import annotations
 
 from .judge import Finding, Verdict, judge_run
+from .probe import saves_in_checkpoint_dir
 from .records import KILLED_BETWEEN, KILLED_DURING_SAVE, UNINTERRUPTED, KillPlan, Life
 from .scenarios import (
     Lives,
@@ -25,4 +26,4 @@ from .scenarios import (
 
 __all__ = ["KILLED_BETWEEN", "KILLED_DURING_SAVE", "UNINTERRUPTED", "Finding", "KillPlan", "Life", "Lives", "Run",
            "Verdict", "between_steps_plan", "copied_at", "during_save_guess",
-           "during_save_plan", "files_in", "judge_run", "worlds_ahead"]
+           "during_save_plan", "files_in", "judge_run", "saves_in_checkpoint_dir", "worlds_ahead"]
