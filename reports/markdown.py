@@ -88,7 +88,8 @@ def _header(report: Mapping[str, Any]) -> list[str]:
         not_run = f" Not run: {', '.join(cell(m, 60) for m in missing)}." if missing else ""
         lines += ["> [!WARNING]", ("> **Incomplete run**: the run stopped before it finished (killed or crashed). "
                                    f"This report shows only the checks that completed.{not_run}"), ""]
-    for reason in reasons:
+    # A target error is said by the block above already: its reason is not repeated.
+    for reason in reasons[1:] if report.get("target_error") else reasons:
         lines.append(f"- {text(reason)}")
     lines.append("")
     facts = [
