@@ -146,9 +146,19 @@ def run(ctx: CheckContext) -> Outcome:
     return _injected(ctx) if ctx.injected else _target(ctx)
 
 
+#: Scenarios the CI subset (``--suite ci``) leaves to the full suite. A frozen rank is the one
+#: hang no timeout inside the world reaches: only the supervisor's deadline (8 s) ends it, and
+#: the killed rank forces a world restart -- about half the CI subset's wall time on the
+#: built-ins (benchmarks/ci_wall_time.py) for a fault of the node's transport (a stalled NIC or
+#: driver), not of the training code a CI gate judges. The full suite runs it.
+FULL_SUITE_ONLY = ("stalled-transport",)
+
+
 def _injected(ctx: CheckContext) -> Outcome:
     entries, bad, stacks = [], [], {}
     cases = injected_scenarios()
+    left = [sc.name for sc, _ in cases if ctx.suite == "ci" and sc.name in FULL_SUITE_ONLY]
+    cases = [(sc, expected) for sc, expected in cases if sc.name not in left]
     results = run_scenarios(ctx, [sc for sc, _ in cases])
     # Measured as the scenarios end, on the host they ran on: what the detection slack scales by.
     pace = contention()
@@ -163,14 +173,17 @@ def _injected(ctx: CheckContext) -> Outcome:
     metrics = {"key_figure": f"{len(entries) - len(bad)}/{len(entries)} hangs diagnosed, worst {worst:.1f} s",
                "scenarios": len(entries), "diagnosed": len(entries) - len(bad),
                "max_detection_latency_s": worst, "host_contention": round(pace, 2),
-               "latency_s": {e["scenario"]: e["latency_s"] for e in entries}}
+               "latency_s": {e["scenario"]: e["latency_s"] for e in entries},
+               **({"left_to_full_suite": left} if left else {})}
+    # Said in the message too: a CI pass covers fewer hang classes than a full one.
+    rest = f" ({', '.join(left)}: run by --suite full)" if left else ""
     evidence = {"scenarios": entries, **({"stacks": stacks} if stacks else {})}
     if bad:
-        return Outcome.failed(f"{len(bad)} injected hang(s) not diagnosed correctly: {' | '.join(bad)}",
+        return Outcome.failed(f"{len(bad)} injected hang(s) not diagnosed correctly: {' | '.join(bad)}{rest}",
                               metrics=metrics, evidence=evidence)
     return Outcome.passed(
         f"all {len(entries)} injected hangs detected within {worst:.1f} s and the culprit rank, "
-        f"collective and bucket parameters named", metrics=metrics, evidence=evidence,
+        f"collective and bucket parameters named{rest}", metrics=metrics, evidence=evidence,
         recommendation="Keep process-group timeouts short in production and enable "
                        "TORCH_DISTRIBUTED_DEBUG=INFO so a hang names its parameters; use Join for "
                        "uneven inputs.")

@@ -25,10 +25,10 @@ def _injection(name: str, rank: int, step: int, phase: str, **data: Any) -> Inje
     return Injection(name, rank, step, phase, T0, T0 + 0.01, data)
 
 
-def _ctx() -> Any:
-    """What the checks touch of a CheckContext here: its id, its events, and the mode."""
+def _ctx(suite: str = "full") -> Any:
+    """What the checks touch of a CheckContext here: its id, its events, the mode and the suite."""
     return SimpleNamespace(spec=SimpleNamespace(id="chaos"), events=[], injected=True, new_world=object(),
-                           deadline=60.0, world_size=2)
+                           deadline=60.0, world_size=2, suite=suite)
 
 
 # -- hang-detection ------------------------------------------------------------------------------
@@ -76,6 +76,24 @@ def test_hang_detection_passes_on_the_right_diagnosis_of_every_injected_hang(mon
     outcome, ctx = _run_hang_check(monkeypatch, _results())
     assert outcome.status == "passed", outcome.message
     assert len(ctx.events) == 6 and {e.check for e in ctx.events} == {"chaos"}
+    assert "run by --suite full" not in outcome.message and "left_to_full_suite" not in outcome.metrics
+
+
+def test_the_ci_subset_leaves_the_frozen_rank_to_the_full_suite_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--suite ci`: the frozen transport (an 8 s deadline and a world restart) is not run, and
+    # the pass says which hang it did not inject, so a CI pass never reads as the full one.
+    ran: list[Any] = []
+    results = [r for r in _results() if r.scenario.name != "stalled-transport"]
+    monkeypatch.setattr(hang_detection, "run_scenarios", lambda ctx, scenarios: ran.extend(scenarios) or results)
+    monkeypatch.setattr(hang_detection, "contention", lambda *a, **k: 1.0)
+    outcome = hang_detection.run(_ctx(suite="ci"))
+    assert [sc.name for sc in ran] == ["rank-dependent-branch", "skipped-collective", "shape-mismatch",
+                                       "dead-rank", "uneven-batches"]
+    assert outcome.status == "passed", outcome.message
+    assert re.search(r"^all 5 injected hangs detected .* \(stalled-transport: run by --suite full\)$",
+                     outcome.message), outcome.message
+    assert outcome.metrics["left_to_full_suite"] == ["stalled-transport"]
+    assert outcome.metrics["key_figure"].startswith("5/5 hangs diagnosed")
 
 
 @pytest.mark.parametrize(("wrong", "message"), [
