@@ -6,7 +6,7 @@ pipeline (``epoch_batches``), a checkpointing loop (``run_loop``) and a distribu
     ddp-conformance run --target conformance/targets/trainer.py --checks resume-equivalence,eval-equivalence
     torchrun --standalone --nproc-per-node 2 -m conformance run --attach --target trainer
 
-What each part does right (docs/targets.md, "The run_loop context"; the longer examples with
+What each part does right (docs/targets.md, "The `run_loop` context"; the longer examples with
 their bug variants are ``examples/train_resume.py`` and ``examples/eval_classifier.py``):
 
 - ``epoch_batches`` returns the very loader ``run_loop`` trains from: a ``DistributedSampler``
