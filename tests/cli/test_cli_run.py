@@ -140,7 +140,7 @@ def test_a_loss_times_the_launchers_world_size_is_not_ready_under_the_ci_suite(t
     assert ge["status"] == "failed" and "multiplied by the world size" in ge["message"], ge["message"]
 
 
-def test_the_ci_suite_leaves_the_frozen_rank_to_the_full_suite_and_reports_the_startup_apart(tmp_path: Path) -> None:
+def test_the_ci_suite_runs_one_hang_per_diagnosis_path_and_reports_the_startup_apart(tmp_path: Path) -> None:
     # The CI subset is the fast gate (issue 38): its hang-detection runs one injected hang per
     # diagnosis path, names the ones it leaves to the full suite, and the run's start-up
     # (worlds forked and joined) is its own figure, not the first check's time.

@@ -79,7 +79,7 @@ def test_hang_detection_passes_on_the_right_diagnosis_of_every_injected_hang(mon
     assert "run by --suite full" not in outcome.message and "left_to_full_suite" not in outcome.metrics
 
 
-def test_the_ci_subset_leaves_the_frozen_rank_to_the_full_suite_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_ci_subset_runs_one_hang_per_diagnosis_path_and_names_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
     # `--suite ci`: the hangs that wait out a timeout for a diagnosis path CI already covers
     # are not run, and the pass names them, so a CI pass never reads as the full one.
     ran: list[Any] = []
