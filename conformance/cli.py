@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the suite and write a readiness report")
     run.add_argument("--target", default=None, help="target file, module or built-in name "
-                     "(mlp, tied-lm, branchy, convbn); default: all built-in targets")
+                     "(mlp, tied-lm, branchy, convbn, trainer); default: all built-in targets")
     run.add_argument("--backend", default="auto", help="auto | gloo | nccl (default auto)")
     run.add_argument("--world-size", type=int, default=None, help="ranks (default: GPUs for nccl, 2 for gloo)")
     run.add_argument("--suite", default="full", help="ci | full (default full)")

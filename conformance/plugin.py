@@ -184,11 +184,13 @@ def settings_from(config: pytest.Config) -> Any:
     return Settings(backend=backend, world_size=world_size, deadline=config.getoption("--ddp-deadline"),
                     target=config.getoption("--ddp-target"), attach=attach,
                     keep_tmp=bool(config.getoption("--ddp-keep-tmp", False)),
-                    link_gbps=config.getoption("--ddp-link-gbps", None))
+                    link_gbps=config.getoption("--ddp-link-gbps", None),
+                    suite=config.getoption("--ddp-suite", "full"))
 
 
 INTERRUPTED = pytest.StashKey[bool]()
 KEPT_TMP = pytest.StashKey[str]()
+STARTUP = pytest.StashKey[float]()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -222,6 +224,8 @@ def ddp_session(pytestconfig: pytest.Config) -> Iterator[Any]:
                       root_causes=RootCauses())
     try:
         session.prewarm(reference=any(spec.reference for spec in _selected(pytestconfig)))
+        # The run's start-up, waited for before the first check so that check's time is its own.
+        pytestconfig.stash[STARTUP] = round(session.ready(), 3)
         yield session
     finally:
         pytestconfig.stash[HOSTNAMES] = session.hostnames  # for the report, written after teardown
@@ -377,6 +381,8 @@ class _ReportWriter:
         interrupted, extra = _finish_meta(self.config, exitstatus, self.harness_errors)
         if self.broken:
             return
+        if STARTUP in self.config.stash:  # absent on an xdist controller: its workers start worlds
+            extra["startup_s"] = self.config.stash[STARTUP]
         hosts = self.config.stash.get(HOSTNAMES, [])
         if hosts:  # attach mode: the hosts of every rank, not only rank 0's
             environment = self.store.written()[0].get("environment") or {}

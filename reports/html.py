@@ -180,5 +180,6 @@ def render(report: Mapping[str, Any]) -> str:
         missing=[str(m) for m in report.get("missing_checks") or []],
         loose_events=[e for e in events if id(e) not in checked], all_events=events,
         started=timestamp(report.get("started")), duration=seconds(report.get("duration_s")),
+        startup=seconds(report.get("startup_s")) if report.get("startup_s") is not None else None,
         show=_show,
     )

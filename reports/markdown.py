@@ -97,6 +97,8 @@ def _header(report: Mapping[str, Any]) -> list[str]:
         ("World size", report.get("world_size")), ("Suite", report.get("suite")),
         ("Started", timestamp(report.get("started"))), ("Duration", seconds(report.get("duration_s"))),
     ]
+    if report.get("startup_s") is not None:  # the worlds' start, outside every check's duration
+        facts.append(("Start-up", seconds(report.get("startup_s"))))
     lines.append(" · ".join(f"**{k}:** {cell(v if v is not None else DASH, 80)}" for k, v in facts))
     lines += ["", _summary_line(report), ""]
     requested = report.get("checks_requested")

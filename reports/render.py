@@ -81,6 +81,9 @@ def build_report(meta: Mapping[str, Any], records: Iterable[CheckRecord], events
         "started": started,
         "finished": finished,
         "duration_s": (finished - started) if isinstance(started, (int, float)) and isinstance(finished, (int, float)) else None,
+        # The suite's own start-up (worlds launched and joined before the first check), kept out
+        # of every check's duration_s; None when the run did not measure it (xdist workers).
+        "startup_s": meta.get("startup_s") if isinstance(meta.get("startup_s"), (int, float)) else None,
         "generated": time.time(),
         "counts": counts(checks),
         "checks": [_check_dict(r) for r in checks],

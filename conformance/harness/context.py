@@ -45,6 +45,9 @@ class CheckContext:
     memory_dir: Path | None = None
     # The user's interconnect per rank in Gbit/s (--link-gbps), for checks that project onto it.
     link_gbps: float | None = None
+    # The suite the run selected (``ci`` | ``full``): the CI subset may run a check on a
+    # smaller subject, saying in its record what it left to the full suite.
+    suite: str = "full"
 
     def world(self, world_size: int | None = None) -> WorldLike:
         """The persistent world of this session (``world_size`` ranks; default the run's).

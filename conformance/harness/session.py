@@ -95,6 +95,7 @@ class Settings:
     attach: bool = False
     keep_tmp: bool = False  # keep the session's temp dir (scratch of every check) for debugging
     link_gbps: float | None = None  # the user's interconnect per rank (--link-gbps): scaling-cliff
+    suite: str = "full"  # ci | full: a check may run a smaller subject in the CI subset
 
     def targets_for(self, spec: CheckSpec) -> list[str]:
         """Conformance checks run on every built-in target; chaos and perf checks run once,
@@ -175,6 +176,27 @@ class Session:
             if isinstance(world, World):
                 world.launch()
 
+    def ready(self) -> float:
+        """Wait until the prewarmed worlds have joined; return the seconds this took.
+
+        The run's start-up (ranks forked, torch imported, process groups joined) is the suite's
+        own cost, not a check's: waited for here, it is the report's ``startup_s``, and the
+        first check's time column no longer carries it. A world that fails to start is dropped,
+        so the first check that needs it starts it again and reports the failure as its own.
+        """
+        started = time.perf_counter()
+        for key, world in list(self._worlds.items()):
+            if not isinstance(world, World):
+                continue
+            try:
+                world.start()
+            except BaseException as exc:
+                world.kill()
+                del self._worlds[key]
+                if not isinstance(exc, Exception):
+                    raise
+        return time.perf_counter() - started
+
     def new_world(self, *, backend: str | None = None, world_size: int | None = None,
                   **kwargs: Any) -> World:
         from .world.devices import check_world
@@ -243,7 +265,7 @@ class Session:
             injected=target_spec == "builtin", tmpdir=Path(tempfile.mkdtemp(dir=self._tmp)),
             memory_dir=self._memory,
             pool=self.world, new_world=None if self.settings.attach else self.new_world,
-            attached=self.settings.attach, link_gbps=self.settings.link_gbps)
+            attached=self.settings.attach, link_gbps=self.settings.link_gbps, suite=self.settings.suite)
 
     def run_check(self, spec: CheckSpec, target_spec: str) -> tuple[CheckRecord, CheckContext | None]:
         """Run one check into its record. Never raises, except TargetError (a usage error) and

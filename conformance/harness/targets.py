@@ -46,7 +46,7 @@ from .target_calls import (
     takes_model,
 )
 
-BUILTINS = ("mlp", "tied-lm", "branchy", "convbn")
+BUILTINS = ("mlp", "tied-lm", "branchy", "convbn", "trainer")
 #: Every target error cites the README section that documents the names, by its real title
 #: (tests/test_architecture.py holds every citation in the code to the headings of README.md).
 SEE = "see the README section 'Writing a target'"

@@ -149,9 +149,23 @@ def run(ctx: CheckContext) -> Outcome:
     return _injected(ctx) if ctx.injected else _target(ctx)
 
 
+#: Scenarios the CI subset (``--suite ci``) leaves to the full suite, so that the subset stays at
+#: most half the full suite's wall time on the built-ins (benchmarks/ci_wall_time.py --full).
+#: CI keeps one hang per diagnosis path -- a DDP bucket never reduced (rank, bucket, parameter
+#: names), a collective told apart by its tag (shape-mismatch), a dead rank -- and leaves the
+#: ones that wait out a timeout for a path CI already covers: a skipped all-reduce and a rank
+#: out of batches (2 s of subgroup timeout each, the same divergence class as the branch) and
+#: the frozen transport (its 8 s deadline and a world restart: a fault of the node, not of the
+#: training code a CI gate judges). With --target, hang-detection runs the target's own loop in
+#: either suite; these are only the built-ins' injected hangs.
+FULL_SUITE_ONLY = ("skipped-collective", "uneven-batches", "stalled-transport")
+
+
 def _injected(ctx: CheckContext) -> Outcome:
     entries, bad, stacks = [], [], {}
     cases = injected_scenarios()
+    left = [sc.name for sc, _ in cases if ctx.suite == "ci" and sc.name in FULL_SUITE_ONLY]
+    cases = [(sc, expected) for sc, expected in cases if sc.name not in left]
     results = run_scenarios(ctx, [sc for sc, _ in cases])
     # Measured as the scenarios end, on the host they ran on: what the detection slack scales by.
     pace = contention()
@@ -166,14 +180,17 @@ def _injected(ctx: CheckContext) -> Outcome:
     metrics = {"key_figure": f"{len(entries) - len(bad)}/{len(entries)} hangs diagnosed, worst {worst:.1f} s",
                "scenarios": len(entries), "diagnosed": len(entries) - len(bad),
                "max_detection_latency_s": worst, "host_contention": round(pace, 2),
-               "latency_s": {e["scenario"]: e["latency_s"] for e in entries}}
+               "latency_s": {e["scenario"]: e["latency_s"] for e in entries},
+               **({"left_to_full_suite": left} if left else {})}
+    # Said in the message too: a CI pass covers fewer hang classes than a full one.
+    rest = f" ({', '.join(left)}: run by --suite full)" if left else ""
     evidence = {"scenarios": entries, **({"stacks": stacks} if stacks else {})}
     if bad:
-        return Outcome.failed(f"{len(bad)} injected hang(s) not diagnosed correctly: {' | '.join(bad)}",
+        return Outcome.failed(f"{len(bad)} injected hang(s) not diagnosed correctly: {' | '.join(bad)}{rest}",
                               metrics=metrics, evidence=evidence)
     return Outcome.passed(
         f"all {len(entries)} injected hangs detected within {worst:.1f} s and the culprit rank, "
-        f"collective and bucket parameters named", metrics=metrics, evidence=evidence,
+        f"collective and bucket parameters named{rest}", metrics=metrics, evidence=evidence,
         recommendation="Keep process-group timeouts short in production and enable "
                        "TORCH_DISTRIBUTED_DEBUG=INFO so a hang names its parameters; use Join for "
                        "uneven inputs.")

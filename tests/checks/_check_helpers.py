@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 TARGETS = Path(__file__).resolve().parents[1] / "targets"
-BUILTINS = ("mlp", "tied-lm", "branchy", "convbn")
+BUILTINS = ("mlp", "tied-lm", "branchy", "convbn", "trainer")
 
 
 def target_spec(name: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 from ._check_helpers import run_check
 
 
-@pytest.mark.parametrize("target", ["mlp", "adam_mlp", "tiny_buckets", "convbn", "nanogpt_order",
+@pytest.mark.parametrize("target", ["mlp", "adam_mlp", "tiny_buckets", "convbn", "trainer", "nanogpt_order",
                                     "bn_joined", "bn_split_microbatches", "dropout_mlp",
                                     "no_accumulation", "step_per_microbatch"])
 def test_passes_on_correct_targets(suite_session, target):

@@ -12,7 +12,7 @@ import pytest
 from ._check_helpers import run_check
 
 
-@pytest.mark.parametrize("target", ["mlp", "tiny_buckets", "nanogpt_order", "dropout_mlp", "convbn",
+@pytest.mark.parametrize("target", ["mlp", "tiny_buckets", "nanogpt_order", "dropout_mlp", "convbn", "trainer",
                                     "bn_split_microbatches"])
 def test_passes_with_one_round_per_step(suite_session, target):
     record = run_check(suite_session, "no-sync-equivalence", target)

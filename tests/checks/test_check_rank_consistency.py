@@ -8,7 +8,7 @@ import pytest
 from ._check_helpers import run_check
 
 
-@pytest.mark.parametrize("target", ["mlp", "convbn", "tied-lm"])
+@pytest.mark.parametrize("target", ["mlp", "convbn", "tied-lm", "trainer"])
 def test_passes_on_builtins(suite_session, target):
     record = run_check(suite_session, "rank-consistency", target)
     assert record.status == "passed", record.message

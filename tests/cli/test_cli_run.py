@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,3 +147,25 @@ def test_a_loss_times_the_launchers_world_size_is_not_ready_under_the_ci_suite(t
     assert report["verdict"] == "not-ready"
     ge = {c["id"]: c for c in report["checks"]}["gradient-equivalence"]
     assert ge["status"] == "failed" and "multiplied by the world size" in ge["message"], ge["message"]
+
+
+def test_the_ci_suite_runs_one_hang_per_diagnosis_path_and_reports_the_startup_apart(tmp_path: Path) -> None:
+    # The CI subset is the fast gate (issue 38): its hang-detection runs one injected hang per
+    # diagnosis path, names the ones it leaves to the full suite, and the run's start-up
+    # (worlds forked and joined) is its own figure, not the first check's time.
+    out = tmp_path / "out"
+    proc = _run("run", "--suite", "ci", "--checks", "gradient-equivalence,hang-detection",
+                "--report-dir", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert isinstance(report["startup_s"], float) and report["startup_s"] > 0, report.get("startup_s")
+    assert re.search(r"\*\*Start-up:\*\* [\d.]+ m?s\b", (out / "report.md").read_text())
+    hang = {c["id"]: c for c in report["checks"]}["hang-detection"]
+    assert hang["status"] == "passed", hang["message"]
+    assert {s["scenario"] for s in hang["evidence"]["scenarios"]} == {
+        "rank-dependent-branch", "shape-mismatch", "dead-rank"}
+    assert hang["metrics"]["left_to_full_suite"] == ["skipped-collective", "uneven-batches", "stalled-transport"]
+    assert hang["message"].endswith("(skipped-collective, uneven-batches, stalled-transport: run by --suite full)"), \
+        hang["message"]
+    assert sorted(c["target"] for c in report["checks"] if c["id"] == "gradient-equivalence") == \
+        ["branchy", "convbn", "mlp", "tied-lm", "trainer"]

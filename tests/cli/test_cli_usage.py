@@ -69,7 +69,7 @@ def test_list_names_every_check_and_builtin_target(capsys) -> None:
     out = capsys.readouterr().out
     for spec in CHECKS:
         assert spec.id in out
-    assert "built-in targets: mlp, tied-lm, branchy, convbn" in out
+    assert "built-in targets: mlp, tied-lm, branchy, convbn, trainer" in out
 
 
 def test_version_names_the_package_and_its_torch_without_importing_torch(capsys) -> None:

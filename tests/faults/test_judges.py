@@ -25,10 +25,10 @@ def _injection(name: str, rank: int, step: int, phase: str, **data: Any) -> Inje
     return Injection(name, rank, step, phase, T0, T0 + 0.01, data)
 
 
-def _ctx() -> Any:
-    """What the checks touch of a CheckContext here: its id, its events, and the mode."""
+def _ctx(suite: str = "full") -> Any:
+    """What the checks touch of a CheckContext here: its id, its events, the mode and the suite."""
     return SimpleNamespace(spec=SimpleNamespace(id="chaos"), events=[], injected=True, new_world=object(),
-                           deadline=60.0, world_size=2)
+                           deadline=60.0, world_size=2, suite=suite)
 
 
 # -- hang-detection ------------------------------------------------------------------------------
@@ -76,6 +76,24 @@ def test_hang_detection_passes_on_the_right_diagnosis_of_every_injected_hang(mon
     outcome, ctx = _run_hang_check(monkeypatch, _results())
     assert outcome.status == "passed", outcome.message
     assert len(ctx.events) == 6 and {e.check for e in ctx.events} == {"chaos"}
+    assert "run by --suite full" not in outcome.message and "left_to_full_suite" not in outcome.metrics
+
+
+def test_the_ci_subset_runs_one_hang_per_diagnosis_path_and_names_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `--suite ci`: the hangs that wait out a timeout for a diagnosis path CI already covers
+    # are not run, and the pass names them, so a CI pass never reads as the full one.
+    ran: list[Any] = []
+    left = ["skipped-collective", "uneven-batches", "stalled-transport"]
+    results = [r for r in _results() if r.scenario.name not in left]
+    monkeypatch.setattr(hang_detection, "run_scenarios", lambda ctx, scenarios: ran.extend(scenarios) or results)
+    monkeypatch.setattr(hang_detection, "contention", lambda *a, **k: 1.0)
+    outcome = hang_detection.run(_ctx(suite="ci"))
+    assert [sc.name for sc in ran] == ["rank-dependent-branch", "shape-mismatch", "dead-rank"]
+    assert outcome.status == "passed", outcome.message
+    assert re.search(r"^all 3 injected hangs detected .* \(skipped-collective, uneven-batches, stalled-transport: "
+                     r"run by --suite full\)$", outcome.message), outcome.message
+    assert outcome.metrics["left_to_full_suite"] == left
+    assert outcome.metrics["key_figure"].startswith("3/3 hangs diagnosed")
 
 
 @pytest.mark.parametrize(("wrong", "message"), [
