@@ -149,6 +149,17 @@ def test_standalone_single_node(tmp_path: Path) -> None:
     report = json.loads((report_dir / "report.json").read_text())
     assert report["environment"]["hostnames"] == [socket.gethostname()]  # gathered from every rank
     assert report["world_size"] == 2
+    # Rank 0 speaks for the run (issue 38): one line per record, not one per rank.
+    lines = log.read_text().splitlines()
+    for check_id in _records(report_dir):
+        records = [c for c in report["checks"] if c["id"] == check_id]
+        said = [line for line in lines if line.startswith(f"[ddp] {check_id}")
+                and any(f": {s.upper()} (" in line for s in ("passed", "failed", "skipped", "inconclusive"))]
+        assert len(said) == len(records), (check_id, said)
+    # and no rank's pytest adds its own summary, skip list or progress (each rank used to).
+    noise = [line for line in lines if " passed in " in line or " passed, " in line
+             or line.startswith("SKIPPED [") or "[100%]" in line or line.startswith("=====")]
+    assert not noise, noise
 
 
 def test_a_loss_times_the_launchers_world_size_is_not_ready(tmp_path: Path) -> None:
