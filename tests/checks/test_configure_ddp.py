@@ -22,14 +22,26 @@ from ddp_conformance.reports.keys import FEATURES
 from tests.checks._check_helpers import run_check, target_spec
 
 ONCE = "can only be called once"
+NOISY = "the machine was too noisy to tell"
 
 
 @pytest.mark.parametrize("check_id", ["no-sync-equivalence", "rank-consistency", "hang-detection",
                                       "straggler"])
 def test_fp16_hook_in_configure_ddp_composes_with_every_suite_hook(suite_session, check_id):
-    record = run_check(suite_session, check_id, "fp16_hook")
+    if check_id == "straggler":
+        from conformance.harness.registry import BY_ID
+
+        record, _ = suite_session.run_check(BY_ID[check_id], target_spec("fp16_hook"))
+    else:
+        record = run_check(suite_session, check_id, "fp16_hook")
     text = record.message + json.dumps(record.evidence, default=str)
     assert ONCE not in text
+    if record.status == "inconclusive" and NOISY in record.message:
+        # The straggler check ran with the target's hook composed and measured; on a loaded
+        # 2-core host (three xdist workers) it may honestly say the host was too noisy (seen
+        # once in CI). Composition is what this test is about: no harness error, no ONCE.
+        assert "harness_error" not in record.evidence, record.evidence["harness_error"]
+        return
     if check_id == "no-sync-equivalence":
         # K=4 microbatches per rank, one synchronising backward: the counting layer saw exactly
         # one round per step on each rank, in front of the target's fp16 compression.

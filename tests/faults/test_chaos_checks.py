@@ -197,8 +197,12 @@ def test_bucket_config_flags_tiny_buckets(suite_session: Any) -> None:
     assert record.status == "failed", record.message
     assert "bucket_cap_mb" in (record.recommendation or "")
     # The recommended cap re-run side by side with the configured one: the penalty is gone.
-    (remedy,) = record.evidence["remedies"]
-    assert remedy["change"] == f"bucket_cap_mb={record.metrics['best_bucket_cap_mb']:g}"
-    assert remedy["status"] == "verified fix", remedy
-    assert remedy["evidence"]["step_s_recommended"] < remedy["evidence"]["step_s_configured"]
+    # One re-run when the sweep's gap was clear; two when it was within the sweep's noise (the
+    # second must agree before the configuration fails; seen in CI): each a verified fix.
+    remedies = record.evidence["remedies"]
+    assert 1 <= len(remedies) <= 2, remedies
+    for remedy in remedies:
+        assert remedy["change"] == f"bucket_cap_mb={record.metrics['best_bucket_cap_mb']:g}"
+        assert remedy["status"] == "verified fix", remedy
+        assert remedy["evidence"]["step_s_recommended"] < remedy["evidence"]["step_s_configured"]
     assert "re-run side by side with bucket_cap_mb=" in record.message
