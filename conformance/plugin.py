@@ -14,7 +14,8 @@ under :data:`RUN_REPORT`, where the CLI (same process) takes its exit code from.
 
 This module is the face pytest loads: it hands on the hooks and fixtures of the plugin's parts
 (``conformance/_plugin/``, one concept each) and registers, in ``pytest_configure``, the
-objects that act for the controller alone (the report writer, the run verdict).
+objects that act on this process's run: the report writer and the run verdict on the
+controller alone, the own-terminal silencer where --ddp-own-terminal asks for it.
 """
 
 from __future__ import annotations
