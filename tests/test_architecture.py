@@ -2,7 +2,10 @@
 
 - import-linter keeps the layers of ``[tool.importlinter]`` in pyproject.toml, and is shown to
   catch a deliberate back-import in a copy of the packages;
-- mypy is clean on the three packages (``[tool.mypy]``);
+- mypy is clean on the packages (``[tool.mypy]``);
+- the tools read the packages as a wheel installs them: ``faults/`` and ``reports/`` staged as
+  ``ddp_conformance/faults`` and ``ddp_conformance/reports`` (tests/_installed.py), since they
+  read folders and the installed names come from the packaging's mapping;
 - the repository stands alone: no file cites a document that is not in it, and every docs/
   page or README section that the code cites by title exists.
 """
@@ -10,17 +13,17 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("conformance", "faults", "reports", "ddp_conformance")
+from tests._installed import ROOT, as_in_repo, stage, staged_path
+
 BIN = Path(sys.executable).parent
 
 
@@ -38,8 +41,8 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_the_layer_contracts_are_kept() -> None:
-    result = _lint_imports(ROOT)
+def test_the_layer_contracts_are_kept(tmp_path: Path) -> None:
+    result = _lint_imports(stage(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
 
@@ -58,19 +61,12 @@ def test_the_layer_contracts_are_kept() -> None:
     ("conformance/_plugin/options.py", "import conformance._plugin.writer"),  # plugin's options -> the writer
 ])
 def test_a_back_import_breaks_the_contract(tmp_path: Path, module: str, back_import: str) -> None:
-    for package in PACKAGES:
-        # symlinks=True: ddp_conformance/ links to faults/ and reports/, and must in the copy too.
-        shutil.copytree(ROOT / package, tmp_path / package, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    target = tmp_path / module
+    target = stage(tmp_path) / staged_path(module)
     target.write_text(target.read_text() + f"\n{back_import}  # the deliberate back-import\n")
     result = _lint_imports(tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "BROKEN" in result.stdout
-    importer = module.removesuffix(".py").replace("/", ".")
-    if not importer.startswith("conformance."):  # faults/ and reports/ import as ddp_conformance.*
-        importer = f"ddp_conformance.{importer}"
+    importer = staged_path(module).removesuffix(".py").replace("/", ".")  # reports/x.py: ddp_conformance.reports.x
     assert importer in result.stdout, result.stdout
 
 
@@ -154,12 +150,33 @@ def _cycles(graph: object) -> list[list[str]]:
     return cycles
 
 
-def test_no_import_cycle_anywhere() -> None:
-    """grimp (import-linter's graph) over every package: function-level imports count too."""
-    import grimp
+class _Imports:
+    """A module graph read back from grimp's in another process (``_cycles`` asks only these two)."""
 
-    graph = grimp.build_graph("conformance", "ddp_conformance", cache_dir=None)
+    def __init__(self, imports: dict[str, list[str]]) -> None:
+        self.modules = set(imports)
+        self._imports = imports
+
+    def find_modules_directly_imported_by(self, module: str) -> set[str]:
+        return set(self._imports[module])
+
+
+# grimp finds a package by importing its name: in a process of its own whose sys.path starts at
+# the staged tree, so that ddp_conformance is the staged one (faults/ and reports/ inside), not
+# this process's editable install, whose folder holds neither.
+_GRAPH = ("import grimp, json; g = grimp.build_graph('conformance', 'ddp_conformance', cache_dir=None); "
+          "print(json.dumps({m: sorted(g.find_modules_directly_imported_by(m)) for m in g.modules}))")
+
+
+def test_no_import_cycle_anywhere(tmp_path: Path) -> None:
+    """grimp (import-linter's graph) over every package: function-level imports count too."""
+    root = stage(tmp_path)
+    result = subprocess.run([sys.executable, "-c", _GRAPH], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    graph = _Imports(json.loads(result.stdout))
     assert len(graph.modules) > 100
+    assert {"ddp_conformance.faults.scenarios", "ddp_conformance.reports.schema"} <= graph.modules
     assert _cycles(graph) == []
 
 
@@ -174,10 +191,13 @@ def test_the_cycle_search_finds_a_cycle() -> None:
     assert _cycles(Graph()) == [["a", "b", "c"]]
 
 
-def test_mypy_is_clean_on_the_packages() -> None:
-    result = subprocess.run([_tool("mypy"), "--no-incremental"], cwd=ROOT, capture_output=True,
+def test_mypy_is_clean_on_the_packages(tmp_path: Path) -> None:
+    root = stage(tmp_path)
+    result = subprocess.run([_tool("mypy"), "--no-incremental"], cwd=root, capture_output=True,
                             text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert result.returncode == 0, as_in_repo(result.stdout[-6000:] + result.stderr[-2000:])
+    # Not vacuous: mypy read faults/ and reports/ under their installed names.
+    assert re.search(r"Success: no issues found in \d+ source files", result.stdout), result.stdout
 
 
 # -- the repository stands alone ------------------------------------------------------------
@@ -243,11 +263,11 @@ _BARE = re.compile(r"^\s*(?:from|import)\s+(?:faults|reports)(?:[.\s]|$)", re.M)
 
 def test_nothing_imports_the_bare_faults_or_reports_names() -> None:
     """faults/ and reports/ import as ``ddp_conformance.faults``/``ddp_conformance.reports``
-    (ddp_conformance/__init__.py): a bare ``import reports`` would load a second copy of the
-    module beside the namespaced one in a source checkout, and a user's own ``reports``
-    package in an installed one."""
+    (the packaging's mapping, pyproject.toml): a bare ``import reports`` would load a second copy
+    of the module beside the namespaced one in a source checkout, and a user's own ``reports``
+    package in an installed one (tests/test_packaging.py holds it for a whole run too)."""
     offenders = [str(path.relative_to(ROOT)) for path in _tracked_text_files()
-                 if path.suffix == ".py" and not path.is_symlink() and _BARE.search(path.read_text())]
+                 if path.suffix == ".py" and _BARE.search(path.read_text())]
     assert not offenders, f"import ddp_conformance.faults / ddp_conformance.reports instead in: {offenders}"
 
 

@@ -33,8 +33,9 @@ from typing import Any, Callable, Iterable
 _HERE = Path(__file__).resolve()
 #: The suite's own packages: a frame there is the harness, a check, a fault or a report —
 #: never the user's, except the built-in targets (which are plain target files).
-# Both spellings of faults/ and reports/: the folders themselves and the ddp_conformance link to
-# them (a frame carries the path its module was imported by: the link's, in a source checkout).
+# faults/ and reports/ in both layouts: the folders themselves (a source checkout, which the
+# packaging maps to ddp_conformance.*) and ddp_conformance/ (where a wheel installs them), that
+# one also unresolved (a frame carries the path its module was imported by).
 _SUITE_DIRS = tuple(str(p) for p in (_HERE.parents[1], _HERE.parents[2] / "faults",
                                      _HERE.parents[2] / "reports", _HERE.parents[2] / "ddp_conformance",
                                      Path(__file__).parents[2] / "ddp_conformance"))
