@@ -30,6 +30,20 @@ def _zygote_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(_zygote.START_ENV, raising=False)
 
 
+def test_a_conformance_package_in_the_working_directory_is_not_what_the_zygote_imports(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # A user's project with its own top-level `conformance/`, the suite run from its root.
+    (tmp_path / "conformance").mkdir()
+    (tmp_path / "conformance" / "__init__.py").write_text("raise ImportError('the user project decoy')\n")
+    monkeypatch.chdir(tmp_path)
+    world = World(2, "gloo", deadline=60.0, threads=1)
+    try:
+        facts = [r.value for r in world.run(_work.start_facts)]
+        assert [f["ppid"] for f in facts] == [z.pid for z in world._zygotes], "ranks forked by the zygotes"
+    finally:
+        world.close()
+
+
 def _gone_within(pids: list[int], seconds: float) -> bool:
     until = time.monotonic() + seconds
     while any(process_running(p) for p in pids) and time.monotonic() < until:

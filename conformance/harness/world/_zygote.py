@@ -117,7 +117,10 @@ class Zygote:
             self._ready_r, ready_w = os.pipe()
             # Its imports (torch._dynamo) create inductor's cache folder: in its own, removed with it.
             cache = compile_cache_env(self._folder)
-            code = (f"from conformance.harness.world._zygote import zygote_main; zygote_main({os.getpid()}, "
+            # The supervisor's sys.path before the first import: `-c` puts the working directory
+            # first, and a user's own top-level `conformance/` there would be imported instead.
+            code = (f"import sys; sys.path[:] = {sys.path!r}; "
+                    f"from conformance.harness.world._zygote import zygote_main; zygote_main({os.getpid()}, "
                     f"{listener.fileno()}, {alive_r}, {ready_w}, {modules!r}, {sys.path!r}, {cache!r})")
             exe = spawn.get_executable()
             try:
