@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..harness.ddp import PROBE_SEED, build_model, effective_ddp_kwargs, logging_data, sync_device, wrap
-from ..harness.patching import replaced
+from ..harness.observe import AllReduceBytes
 from .host_barrier import HostBarrier
 from .profile import GradReadyRecorder, local_batch
 from .sweep import sweep_on
@@ -147,15 +147,7 @@ def hook_all_reduces(sent: list[int]) -> contextlib.AbstractContextManager[None]
     comm hook's (the stock fp16/bf16 compression and PowerSGD hooks call it, from DDP's thread
     and from their futures' callbacks, which complete before backward returns). DDP's own
     buckets go through its C++ reducer and are not counted: an empty list is DDP's layout."""
-    import torch.distributed as dist
-
-    def make(original: Any) -> Any:
-        def counted(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            sent.append(tensor.numel() * tensor.element_size())
-            return original(tensor, *args, **kwargs)
-        return counted
-
-    return replaced(dist, "all_reduce", make)
+    return AllReduceBytes(sent).attached()
 
 
 def steady_steps(hooked: Sequence[Sequence[int]]) -> list[int]:
