@@ -25,6 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conformance.harness.observe import OptimizerSteps
 from conformance.harness.targets import TargetError, call_target
 from conformance.harness.timing import (
     COMPILE_PG_TIMEOUT_S,
@@ -272,21 +273,15 @@ def _run_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
         stats["allreduces"] = sum(r["event"] == "enqueued" for r in tracker.records)
 
 
-@contextlib.contextmanager
-def _steps_counted(stats: dict[str, int]) -> Iterator[None]:
-    """``optimizer.step()`` calls counted for the block: torch's global step post-hook, so every
-    ``torch.optim`` optimizer the loop builds is seen however it builds it (an object of the
-    loop's own with a ``step`` method and no hooks is not)."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+def _steps_counted(stats: dict[str, int]) -> AbstractContextManager[None]:
+    """``optimizer.step()`` calls counted for the block: the optimizer-step probe (torch's global
+    step post-hook), so every ``torch.optim`` optimizer the loop builds is seen however it
+    builds it (an object of the loop's own with a ``step`` method and no hooks is not)."""
 
     def counted(optimizer: Any, args: Any, kwargs: Any) -> None:
         stats["optimizer_steps"] += 1
 
-    handle = register_optimizer_step_post_hook(counted)
-    try:
-        yield
-    finally:
-        handle.remove()
+    return OptimizerSteps(post=counted).attached()
 
 
 def _barrier_report(ctx: RankContext) -> str:

@@ -323,3 +323,119 @@ def test_the_link_check_catches_a_broken_link(tmp_path: Path) -> None:
     broken = _broken_links(page, tmp_path)
     assert broken == ["docs/_link_probe.md: link to missing missing.md",
                       "docs/_link_probe.md: link to ../README.md#no-such, which is no heading there"]
+
+
+# -- one way to watch the user's code (docs/architecture.md, "The rank side: probes") ---------
+
+#: The check families that watch the user's code on the rank side through ``harness.observe``.
+WATCHING_FAMILIES = ("conformance/checks", "conformance/perf")
+#: What stands for ``torch.distributed`` (or its ``distributed_c10d``) in an expression.
+_DIST_MODULES = ("torch.distributed",)
+#: Calls that replace an attribute of their first argument.
+_REPLACERS = {"setattr", "delattr", "replaced", "_replaced", "object"}  # object: mock.patch.object
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def _dist_aliases(tree: ast.AST) -> set[str]:
+    """Local names bound to torch.distributed or a module inside it (``import torch.distributed
+    as dist``, ``from torch import distributed``, ``from torch.distributed import
+    distributed_c10d as c10d``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.asname for a in node.names if a.asname and a.name.startswith(_DIST_MODULES)}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                if f"{node.module}.{a.name}".startswith(_DIST_MODULES) and a.name[:1].islower():
+                    names.add(a.asname or a.name)
+    return names
+
+
+def _is_dist(node: ast.AST, aliases: set[str]) -> bool:
+    name = _dotted(node)
+    return name is not None and (name in aliases or name.startswith(_DIST_MODULES))
+
+
+def watching_on_its_own(source: str) -> list[str]:
+    """What a module does that only ``conformance/harness/observe/`` may: define a ``Protocol``
+    (a second observation contract), touch ``_BaseDataLoaderIter`` (the loader-index probe's
+    patch), or replace an attribute of ``torch.distributed`` (the collectives probe's patch:
+    ``setattr``/``replaced``/``monkeypatch.setattr``/``mock.patch.object`` on it, an assignment
+    to one of its attributes, or ``mock.patch("torch.distributed....")``). One line each."""
+    tree = ast.parse(source)
+    aliases = _dist_aliases(tree)
+    found = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.ClassDef):
+            bases = [_dotted(b.value if isinstance(b, ast.Subscript) else b) or "" for b in node.bases]
+            if any(b.rsplit(".", 1)[-1] == "Protocol" for b in bases):
+                found.append(f"line {line}: class {node.name} is a Protocol (a second observation contract)")
+        elif (isinstance(node, ast.Name) and node.id == "_BaseDataLoaderIter") or (
+                isinstance(node, ast.Attribute) and node.attr == "_BaseDataLoaderIter") or (
+                isinstance(node, ast.alias) and node.name == "_BaseDataLoaderIter"):
+            found.append(f"line {line}: _BaseDataLoaderIter (the loader-index probe's patch)")
+        elif isinstance(node, ast.Call):
+            callee = _dotted(node.func) or ""
+            first = node.args[0] if node.args else None
+            if callee.rsplit(".", 1)[-1] in _REPLACERS and first is not None and _is_dist(first, aliases):
+                found.append(f"line {line}: {callee}({_dotted(first)}, ...) patches torch.distributed")
+            elif (callee.rsplit(".", 1)[-1] == "patch" and isinstance(first, ast.Constant)
+                    and str(first.value).startswith(_DIST_MODULES)):
+                found.append(f"line {line}: {callee}({first.value!r}) patches torch.distributed")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                owner = target.value if isinstance(target, (ast.Attribute, ast.Subscript)) else None
+                if isinstance(owner, ast.Attribute) and owner.attr == "__dict__":
+                    owner = owner.value
+                if owner is not None and _is_dist(owner, aliases):
+                    found.append(f"line {line}: assigns {_dotted(owner)}.* (patches torch.distributed)")
+    return found
+
+
+def test_no_check_family_watches_the_users_code_its_own_way() -> None:
+    """One way to watch the user's code: no Protocol under conformance/checks/ or
+    conformance/perf/, and no second patch of _BaseDataLoaderIter or torch.distributed there
+    (a probe in conformance/harness/observe/ does it, once)."""
+    found = [f"{path.relative_to(ROOT)} {what}"
+             for family in WATCHING_FAMILIES for path in sorted((ROOT / family).rglob("*.py"))
+             for what in watching_on_its_own(path.read_text())]
+    assert not found, ("write a probe against conformance.harness.observe.Probe, or tap the one patch "
+                       "(observe.collectives.tap, observe.LoaderIndices), instead:\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("planted", [
+    "from typing import Protocol\nclass Instrument(Protocol):\n    def attach(self) -> None: ...\n",
+    "import typing\nclass Watch(typing.Protocol[T]):\n    pass\n",
+    "from torch.utils.data.dataloader import _BaseDataLoaderIter\n",
+    "import torch\nwith replaced(torch.utils.data.dataloader._BaseDataLoaderIter, '__next__', f):\n    pass\n",
+    "import torch.distributed as dist\nfrom x import replaced as _replaced\n_replaced(dist, 'all_reduce', make)\n",
+    "import torch.distributed as d\nfor name in names:\n    setattr(d, name, wrap(name))\n",
+    "import torch\ntorch.distributed.all_reduce = counted\n",
+    "from torch import distributed\ndistributed.__dict__['barrier'] = counted\n",
+    "from torch.distributed import distributed_c10d as c10d\nc10d.all_gather = counted\n",
+    "def test(monkeypatch):\n    import torch.distributed as dist\n    monkeypatch.setattr(dist, 'all_reduce', f)\n",
+    "from unittest import mock\nwith mock.patch('torch.distributed.all_reduce', f):\n    pass\n",
+])
+def test_the_watch_rule_catches_a_back_slide(planted: str) -> None:
+    """The rule above, fed a deliberate back-slide: each planted module is caught."""
+    assert watching_on_its_own(planted), planted
+
+
+def test_the_watch_rule_lets_plain_use_through() -> None:
+    """Calling and reading torch.distributed, and the shared probes, are no patch."""
+    plain = ("import torch.distributed as dist\nfrom typing import Protocol as _P\n"
+             "from conformance.harness.observe import LoaderIndices, Probe\n"
+             "class Mine(Probe):\n    pass\n"
+             "dist.all_reduce(x)\nf = getattr(dist, 'all_reduce', None)\nmodel.step = wrapped\n"
+             "setattr(optimizer, 'step', wrapped)\n")
+    assert watching_on_its_own(plain) == []

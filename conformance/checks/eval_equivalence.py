@@ -16,8 +16,8 @@ and that a forward with autograd on prepares a reduction for a backward.
 What runs: the target's ``evaluate(model, ctx)`` on the DDP model built from the suite's seed,
 on N ranks in a fresh world with a short process-group timeout (an evaluation that hangs
 releases its ranks by that timeout and dies with that world), then one training step on every
-rank; and the same ``evaluate`` in the 1-rank world, the reference. Observers on each rank
-(``evaluation.observers``) record the sample indices the DataLoaders fetched, the forward's calls,
+rank; and the same ``evaluate`` in the 1-rank world, the reference. Probes on each rank
+(``harness.observe``, ``evaluation.observers``) record the sample indices the DataLoaders fetched, the forward's calls,
 rows, mode and autograd state, the collectives with their small inputs and outputs, the buffers
 before and after, the gradients. The judge (``evaluation.judge``) compares every metric with the
 1-rank value within sqrt(n) float32 epsilons (docs/numerics.md) and across ranks, and names a

@@ -13,9 +13,9 @@ while the loop runs, and cheap to count:
   pairs with another collective on the others (an evaluation's ``all_reduce`` of its loss on
   rank 0 alone).
 
-Rank side: :class:`Counts` (what the recorder puts in every checkpoint, cumulative) filled by
-:func:`counting_collectives` and :func:`watch_forwards` (forwards traced into a compiled graph
-are not counted: the hook stays out of the user's graph). Supervisor side: :func:`uneven` says
+Rank side: a ``Counts`` tally (what the recorder puts in every checkpoint, cumulative) filled by
+the shared probes (``harness.observe``: ``CallCounts`` for the collectives, ``Forwards`` for
+the forwards, training or not). Supervisor side, here: :func:`uneven` says
 which counts differ across ranks at a checkpoint, and :func:`advice` what to do about it. The
 judge names these only where the ranks' parameters differ: counts that differ by design (rank 0
 logging an evaluation that changes nothing) are no finding on their own.
@@ -23,72 +23,8 @@ logging an evaluation that changes nothing) are no finding on their own.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
-from typing import Any
+from ..harness.observe import OUTSIDE, TRAINING
 
-from ..harness.patching import replaced
-
-#: Forwards of a wrapped model with autograd on and the module in training mode.
-TRAINING = "training forward"
-#: Forwards of a wrapped model with autograd off (``no_grad``) or the module in eval mode.
-OUTSIDE = "forward outside training"
-#: The collectives counted when the loop calls them as ``torch.distributed.<name>``.
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "reduce", "gather", "scatter", "barrier", "all_to_all",
-               "all_to_all_single", "all_gather_object", "broadcast_object_list", "gather_object",
-               "scatter_object_list", "send", "recv", "isend", "irecv")
-
-
-class Counts(dict[str, int]):
-    """This rank's counts so far, by what was counted (``TRAINING``, ``OUTSIDE``, a collective's
-    name). Mutable by nature: the hooks add as the loop runs; checkpoints take copies."""
-
-    def add(self, key: str) -> None:
-        self[key] = self.get(key, 0) + 1
-
-
-@contextlib.contextmanager
-def counting_collectives(counts: Counts) -> Iterator[None]:
-    """``torch.distributed.<collective>`` counted for the block (the module's attributes, as
-    ``dist.all_reduce(...)`` finds them; a name imported before the loop ran is not seen)."""
-    import torch.distributed as dist
-
-    def counted(name: str) -> Callable[[Any], Any]:
-        def make(original: Any) -> Any:
-            def call(*args: Any, **kwargs: Any) -> Any:
-                counts.add(name)
-                return original(*args, **kwargs)
-            return call
-        return make
-
-    with contextlib.ExitStack() as stack:
-        for name in COLLECTIVES:
-            if callable(getattr(dist, name, None)):
-                stack.enter_context(replaced(dist, name, counted(name)))
-        yield
-
-
-def watch_forwards(model: Any, counts: Counts, on_training: Callable[[], None]) -> Any:
-    """Count the forwards of ``model`` (the module a DDP wrapper wraps, or the model itself:
-    a forward through ``model.module`` is counted too) as training or not; ``on_training`` runs
-    at the start of each training forward. Returns the hook's handle."""
-    import torch
-
-    inner = getattr(model, "module", model)
-
-    def pre(module: Any, args: Any) -> None:
-        if torch.compiler.is_compiling():
-            return  # traced into a compiled forward, it would be a graph break of the suite's own
-        training = torch.is_grad_enabled() and module.training
-        counts.add(TRAINING if training else OUTSIDE)
-        if training:
-            on_training()
-
-    return inner.register_forward_pre_hook(pre)
-
-
-# -- supervisor side --------------------------------------------------------------------------
 
 def _per_rank(values: dict[int, int]) -> str:
     return ", ".join(f"rank {r} {n}" for r, n in sorted(values.items()))

@@ -38,10 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..harness.observe import CallCounts, Counts, Forwards, OptimizerSteps
 from ..harness.patching import replaced as _replaced
 from ..harness.world import RankContext
-from .loop_calls import Counts, counting_collectives, uneven, watch_forwards
 from .loop_calls import advice as calls_advice
+from .loop_calls import uneven
 
 #: What a loop that never creates a checkpoint is told (nothing mid-run was compared).
 NO_STEPS = "run_loop took no optimizer step"
@@ -203,22 +204,17 @@ class Recorder:
 
 @contextlib.contextmanager
 def watching(recorder: Recorder) -> Iterator[None]:
-    """The recorder's hooks installed for the block: a global optimizer step post-hook,
-    GradScaler.step and Join's enter/exit wrapped (at class level: the loop creates its own)."""
-    from torch.amp.grad_scaler import GradScaler
+    """The recorder's hooks installed for the block: the optimizer-step probe (torch's global
+    step hooks, GradScaler.step wrapped) and Join's enter/exit wrapped (at class level: the
+    loop creates its own)."""
     from torch.distributed.algorithms.join import Join
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    pre = register_optimizer_step_pre_hook(recorder.optimizer_stepping)
-    handle = register_optimizer_step_post_hook(recorder.optimizer_stepped)
-    try:
-        with _replaced(GradScaler, "step", recorder.scaler_step), \
-                _replaced(Join, "__enter__", recorder.join_enter), \
-                _replaced(Join, "__exit__", recorder.join_exit):
-            yield
-    finally:
-        handle.remove()
-        pre.remove()
+    with contextlib.ExitStack() as stack:
+        OptimizerSteps(pre=recorder.optimizer_stepping, post=recorder.optimizer_stepped,
+                       scaler_step=recorder.scaler_step).attach(stack)
+        stack.enter_context(_replaced(Join, "__enter__", recorder.join_enter))
+        stack.enter_context(_replaced(Join, "__exit__", recorder.join_exit))
+        yield
 
 
 @contextlib.contextmanager
@@ -279,11 +275,12 @@ def watch_loop(rank_ctx: RankContext, target_spec: str, steps: int) -> dict[str,
     recorder = Recorder(loop.models)
     # Every model the loop wraps: its forwards counted (training or not), and a checkpoint at
     # each training forward's start while no optimizer step has been seen.
-    loop.on_wrap = lambda model: watch_forwards(model, recorder.counts, recorder.training_forward)
+    forwards = Forwards(kinds=recorder.counts, on_training=recorder.training_forward)
+    loop.on_wrap = forwards.watch
     error = None
     try:
         with watching(recorder), _hookless_optimizers(target.module, recorder), \
-                counting_collectives(recorder.counts):
+                CallCounts(recorder.counts).attached(), forwards.attached():
             call_target(target, "run_loop", target.run_loop, loop)
     except TargetError:
         raise

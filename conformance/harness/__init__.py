@@ -6,7 +6,9 @@
 - :mod:`.session`, :mod:`.context`, :mod:`.outcome` — running one check into one record;
 - :mod:`.failures` — the outcome of a world that raised or hung under any check;
 - :mod:`.targets` — loading and validating what is checked;
-- :mod:`.ddp` — the one rank-side DDP module (seeds, wrap, shard, device sync, timing).
+- :mod:`.ddp` — the one rank-side DDP module (seeds, wrap, shard, device sync, timing);
+- :mod:`.observe` — the rank side's one way to watch the user's code (the ``Probe`` contract,
+  its driver, the shared probes).
 
 Import-light: nothing imported here imports torch.
 """

@@ -4,7 +4,7 @@ DDP accepts exactly one comm hook per model: a second ``register_comm_hook`` (or
 ``_register_builtin_comm_hook``) raises "... can only be called once". Production registers its
 own right after wrapping (fp16/bf16 compression, PowerSGD) — in a target, in
 ``configure_ddp(ddp_model)`` (README, "Writing a target"); the suite registers its own to
-*observe* the bucket all-reduces (``ddp.counting_allreduce`` counts rounds, faults' collective
+*observe* the bucket all-reduces (``observe.comm_rounds`` counts rounds, faults' collective
 tracker records enqueue/complete). Both must hold at once, so the hook DDP gets is a chain:
 
     suite layer 1 → suite layer 2 → … → the target's hook (its state, its compression)

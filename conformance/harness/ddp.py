@@ -14,12 +14,11 @@ rank order, which is what makes a single-process reference comparable.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .batches import move, part_dims, rows, take_rows
 
@@ -311,32 +310,6 @@ def ddp_timing(ddp_model: Any) -> dict[str, float]:
     """DDP's own sampled averages in seconds (gloo on CPU fills these in too, torch 2.13)."""
     data = ddp_model._get_ddp_logging_data()
     return {k: float(data.get(k) or 0) / 1e9 for k in _TIMING_KEYS}
-
-
-@contextlib.contextmanager
-def counting_allreduce(ddp_model: Any) -> Iterator[dict[str, Any]]:
-    """Count bucket all-reduces with a layer of the model's comm hook chain (``comm_hooks``).
-
-    A comm hook is called once per *bucket* whose gradients are ready in a synchronising
-    backward; ``bucket.is_last()`` marks the end of one synchronisation round. Rounds per
-    optimizer step is the quantity the no_sync contract fixes at 1 per K microbatches.
-    The bucket then goes on to the target's own hook (registered in ``configure_ddp``: its
-    compression still applies) or to the stock ``allreduce_hook``. Add it before the first
-    backward (DDP refuses a hook afterwards).
-    """
-    from .comm_hooks import add_layer
-
-    counts: dict[str, Any] = {"calls": 0, "rounds": 0, "indices": set()}
-
-    def count(bucket: Any, reduce: Callable[[Any], Any]) -> Any:
-        counts["calls"] += 1
-        counts["indices"].add(bucket.index())
-        if bucket.is_last():
-            counts["rounds"] += 1
-        return reduce(bucket)
-
-    add_layer(ddp_model, count)
-    yield counts
 
 
 # -- the run_loop context -----------------------------------------------------------------

@@ -85,7 +85,8 @@ def _rank_side(rank_ctx: Any, loop_spec: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from conformance.harness.comm_hooks import ddp_of, user_hook
-    from conformance.harness.ddp import LoopContext, configure, counting_allreduce
+    from conformance.harness.ddp import LoopContext, configure
+    from conformance.harness.observe import counting_allreduce
     from conformance.harness.targets import TargetError, load_target
     from ddp_conformance.faults.tracker import CollectiveTracker
 

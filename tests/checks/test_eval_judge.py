@@ -8,14 +8,11 @@ import pytest
 from conformance.checks.evaluation import tolerance, verdict
 from conformance.checks.evaluation.records import (
     BufferSlice,
-    CollectiveCall,
-    CollectiveSlice,
     EvalRank,
     ForwardSlice,
-    SamplerSeen,
-    SamplesSlice,
     StepSlice,
 )
+from conformance.harness.observe import CollectiveCall, CollectiveSlice, SamplerSeen, SamplesSlice
 
 KEY = "TensorDataset[51]"
 

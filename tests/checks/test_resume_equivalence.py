@@ -567,7 +567,7 @@ def test_the_dataset_indices_are_those_of_the_batch_last_yielded(workers: int) -
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from conformance.checks.resume.observers import Indices
+    from conformance.harness.observe import LoaderIndices as Indices
 
     class TensorBatches:
         def __iter__(self) -> Iterator[Any]:

@@ -125,7 +125,7 @@ def scale_causes(factor: float, *, world_size: int, microbatches: int,
 
 def unsynchronised_cause(ranks: Sequence[Mapping[str, Any]], *, step: int) -> str | None:
     """Measured: at the compared ``step``, DDP forwards whose backward no all-reduce round
-    followed before ``optimizer.step()`` (``instruments.ForwardCounter.unsynchronised``).
+    followed before ``optimizer.step()`` (``harness.observe.Forwards.unsynchronised``).
 
     DDP reads ``require_backward_grad_sync`` (which ``no_sync()`` clears) in ``forward``: a
     backward synchronises when its forward saw the flag set. Set after the last micro-step's

@@ -8,19 +8,17 @@ Each instrument observes the target's own ``train_step`` without changing what i
   compares it in place). Judging ``.grad`` after ``train_step`` returned is wrong for
   real code: nanoGPT calls ``zero_grad(set_to_none=True)`` *after* the step, which leaves no
   gradient to inspect (and a comparison of nothing against nothing "passes").
-- :class:`ForwardCounter` — forwards through the DDP wrapper and through the inner module.
-  Forwards through the inner module only mean DDP was bypassed (``model.module(x)``); one
-  forward per optimizer step means ``train_step`` does no accumulation.
 - :class:`ClipProbe` — wraps ``torch.nn.utils.clip_grad_norm_`` to see (copy or observe) the
   gradients it is about to clip and the total norm it measured: a gradient K times too large and then clipped
   to ``max_norm`` is indistinguishable from a correct one after clipping.
 - :func:`first_nonfinite` — the first NaN/Inf among named tensors.
 
-The recorded step's instruments (``records.Instrument``: attach, observe each step, return
-a typed slice) are built on them: :class:`AllReduceCount`, :class:`Forwards`,
-:class:`BatchDigests`, :class:`Routing`, :class:`CompileWatch`, :class:`Features` here;
-the gradient recorder and the clip probe, which write or compare what they see against the
-reference's snapshots, in ``recording``.
+The recorded step's own probes (``harness.observe.Probe``: attach, observe each step, return
+a typed slice) are built on them: :class:`BatchDigests`, :class:`Routing`,
+:class:`CompileWatch`, :class:`Features` here; the gradient recorder and the clip probe, which
+write or compare what they see against the reference's snapshots, in ``recording``. The
+bucket all-reduces and the forwards are counted by the shared probes (``harness.observe``:
+``CommRounds``, ``Forwards``).
 
 Functions here run inside rank processes; torch is imported lazily.
 """
@@ -34,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...harness.features import FeatureProbe
+from ...harness.observe import Probe, Step
 from .compiled import watch_compile
-from .records import AllReduceSlice, Batch, CompileSlice, DataSlice, FeaturesSlice, ForwardSlice, RoutingSlice
+from .records import CompileSlice, DataSlice, FeaturesSlice, RoutingSlice
 from .routing import RoutingProbe
 
 
@@ -154,59 +153,6 @@ class _StepWrapper:
 
 
 @dataclass
-class ForwardCounter:
-    """Forward calls through the DDP wrapper and through the module it wraps.
-
-    With ``rounds`` (the all-reduce rounds completed so far, from the counting comm hook), each
-    DDP forward with autograd on also notes how many rounds had completed when it started:
-    ``unsynchronised`` then counts the forwards whose backward no round followed before the
-    optimizer step — DDP decides at *forward* time whether that backward synchronises."""
-
-    ddp: int = 0
-    inner: int = 0
-    handles: list[Any] = field(default_factory=list)
-    rounds: Callable[[], int] | None = None
-    starts: list[int] = field(default_factory=list)  # rounds completed at each grad forward
-
-    @classmethod
-    def attach(cls, ddp_model: Any, inner: Any, *, rounds: Callable[[], int] | None = None) -> ForwardCounter:
-        import torch
-
-        counter = cls(rounds=rounds)
-
-        def on_ddp(module: Any, args: Any) -> None:
-            counter.ddp += 1
-            if counter.rounds is not None and torch.is_grad_enabled():
-                counter.starts.append(counter.rounds())
-
-        def on_inner(module: Any, args: Any) -> None:
-            counter.inner += 1
-
-        counter.handles = [ddp_model.register_forward_pre_hook(on_ddp),
-                           inner.register_forward_pre_hook(on_inner)]
-        return counter
-
-    def take(self) -> tuple[int, int]:
-        counts = (self.ddp, self.inner)
-        self.ddp = self.inner = 0
-        return counts
-
-    def unsynchronised(self) -> int | None:
-        """This step's DDP forwards (with autograd) after whose start no all-reduce round
-        completed: their backward's gradients stayed rank-local (None: rounds not counted)."""
-        if self.rounds is None:
-            return None
-        now = self.rounds()
-        late = sum(1 for start in self.starts if start == now)
-        self.starts = []
-        return late
-
-    def close(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
-@dataclass
 class ClipProbe:
     """``clip_grad_norm_`` observed: the gradients before clipping and the norms it measured.
 
@@ -271,82 +217,11 @@ class ClipProbe:
         self._restore.clear()
 
 
-# -- the recorded step's instruments (``records.Instrument``) -------------------------------
+# -- the recorded step's own probes ---------------------------------------------------------
 
 
 @dataclass
-class AllReduceCount:
-    """Bucket all-reduces and rounds per step, through a counting layer of the comm hook chain
-    (``harness.ddp.counting_allreduce``); counts nothing when ``enabled`` is False."""
-
-    ddp: Any
-    enabled: bool = True
-    counts: dict[str, Any] | None = None
-    before: tuple[int, int] = (0, 0)
-    out: AllReduceSlice = field(default_factory=lambda: AllReduceSlice(
-        allreduce_calls=[], allreduce_rounds=[], buckets_per_step=[]))
-
-    def attach(self, stack: contextlib.ExitStack) -> None:
-        from ...harness.ddp import counting_allreduce
-
-        if self.enabled:
-            self.counts = stack.enter_context(counting_allreduce(self.ddp))
-
-    def rounds(self) -> Callable[[], int] | None:
-        """The rounds completed so far, as a callable (None: not counted)."""
-        counts = self.counts
-        return (lambda: counts["rounds"]) if counts is not None else None
-
-    def begin(self, step: int, batch: Batch) -> None:
-        if self.counts is not None:
-            self.before = (self.counts["calls"], self.counts["rounds"])
-            self.counts["indices"] = set()
-
-    def end(self, step: int) -> None:
-        if self.counts is None:
-            return
-        self.out["allreduce_calls"].append(self.counts["calls"] - self.before[0])
-        self.out["allreduce_rounds"].append(self.counts["rounds"] - self.before[1])
-        # DDP rebuilds its buckets after the first iteration (in gradient-ready order), so the
-        # bucket count is measured per step, not once.
-        self.out["buckets_per_step"].append(len(self.counts["indices"]))
-
-    def result(self) -> AllReduceSlice:
-        return self.out
-
-
-@dataclass
-class Forwards:
-    """Forwards through DDP and through the inner module per step (``ForwardCounter``), and the
-    DDP forwards no all-reduce round followed (with the all-reduce count's rounds)."""
-
-    ddp: Any
-    inner: Any
-    allreduce: AllReduceCount  # attached first: its rounds, when it counts them
-    counter: ForwardCounter | None = None
-    out: ForwardSlice = field(default_factory=lambda: ForwardSlice(
-        ddp_forwards=[], inner_forwards=[], unsynchronised_forwards=[]))
-
-    def attach(self, stack: contextlib.ExitStack) -> None:
-        self.counter = ForwardCounter.attach(self.ddp, self.inner, rounds=self.allreduce.rounds())
-        stack.callback(self.counter.close)
-
-    def begin(self, step: int, batch: Batch) -> None:
-        pass
-
-    def end(self, step: int) -> None:
-        assert self.counter is not None
-        self.out["unsynchronised_forwards"].append(self.counter.unsynchronised())
-        ddp_fw, inner_fw = self.counter.take()
-        self.out["ddp_forwards"].append(ddp_fw)
-        self.out["inner_forwards"].append(inner_fw)
-
-    def result(self) -> ForwardSlice:
-        return self.out
-
-
-@dataclass
-class BatchDigests:
+class BatchDigests(Probe):
     """The digest of every step's global batch: every rank draws the *same* global batch from
     the same seed, unless the data it draws from was built differently in this process."""
 
@@ -355,20 +230,17 @@ class BatchDigests:
     def attach(self, stack: contextlib.ExitStack) -> None:
         pass
 
-    def begin(self, step: int, batch: Batch) -> None:
+    def begin_step(self, step: Step) -> None:
         from ...harness.batches import digest
 
-        self.out["batch_digests"].append(digest(batch[0]) + digest(batch[1]))
-
-    def end(self, step: int) -> None:
-        pass
+        self.out["batch_digests"].append(digest(step.batch[0]) + digest(step.batch[1]))
 
     def result(self) -> DataSlice:
         return self.out
 
 
 @dataclass
-class Routing:
+class Routing(Probe):
     """Top-k decisions (a mixture of experts' routing) per step (``routing.RoutingProbe``)."""
 
     probe: RoutingProbe | None = None
@@ -377,19 +249,17 @@ class Routing:
     def attach(self, stack: contextlib.ExitStack) -> None:
         self.probe = stack.enter_context(RoutingProbe.watching())
 
-    def begin(self, step: int, batch: Batch) -> None:
-        pass
-
-    def end(self, step: int) -> None:
+    def end_step(self, step: Step) -> dict[str, Any]:
         assert self.probe is not None
         self.out["routing"].append(self.probe.take())
+        return {}  # the steps are a list in ``result``
 
     def result(self) -> RoutingSlice:
         return self.out
 
 
 @dataclass
-class CompileWatch:
+class CompileWatch(Probe):
     """The step run compiled as the target has it, or eagerly (``eager``), with dynamo's graph
     breaks and DDP's bucket splits measured (``compiled.watch_compile``)."""
 
@@ -401,18 +271,12 @@ class CompileWatch:
     def attach(self, stack: contextlib.ExitStack) -> None:
         self.found = stack.enter_context(watch_compile(self.ddp, self.inner, eager=self.eager))
 
-    def begin(self, step: int, batch: Batch) -> None:
-        pass
-
-    def end(self, step: int) -> None:
-        pass
-
     def result(self) -> CompileSlice:
         return CompileSlice(compile=self.found or None)
 
 
 @dataclass
-class Features:
+class Features(Probe):
     """Which production features the step uses (autocast, GradScaler, checkpointing…), seen
     while it runs: the report's configuration table (``harness.features``)."""
 
@@ -421,12 +285,6 @@ class Features:
 
     def attach(self, stack: contextlib.ExitStack) -> None:
         self.probe = stack.enter_context(FeatureProbe.watching(self.ddp))
-
-    def begin(self, step: int, batch: Batch) -> None:
-        pass
-
-    def end(self, step: int) -> None:
-        pass
 
     def result(self) -> FeaturesSlice:
         assert self.probe is not None

@@ -59,17 +59,16 @@ from ...harness.ddp import (
     unwrap,
     wrap,
 )
+from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step
 from ...harness.world import RankContext
 from .compiled import output_site, run_eagerly
 from .compression import comm_hook_of
 from .digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
 from .instruments import (
-    AllReduceCount,
     BatchDigests,
     ClipProbe,
     CompileWatch,
     Features,
-    Forwards,
     Routing,
     StepRecorder,
     first_nonfinite,
@@ -77,7 +76,7 @@ from .instruments import (
 from .hypotheses import loss_split
 from .normalisation import group_batchnorm, sizes_seen
 from .randomness import disable_dropout, forward_is_random
-from .records import Batch, ClipSlice, GradientSlice, Instrument, LossSplit, RankRecord, SetupSlice
+from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 from .tensors import Compared
 
@@ -203,7 +202,7 @@ class Destination:
 
 
 @dataclass
-class Clipping:
+class Clipping(Probe):
     """``clip_grad_norm_`` observed (``ClipProbe``): what it measured per step, and the
     gradients before the last clip of the first step that ran, written or compared
     (``take``n by the gradient recorder once that step ran)."""
@@ -232,16 +231,17 @@ class Clipping:
         elif self.to.sees and has_snapshot(self.to.folder, PRE_CLIP0):
             self.found["pre_clip"] = compare_snapshot(named, self.to.folder, PRE_CLIP0, self.to.device, grad=True)
 
-    def begin(self, step: int, batch: Batch) -> None:
+    def begin_step(self, step: Step) -> None:
         assert self.probe is not None
         self.probe.calls = []
         if not self.done:
             self.found.clear()
             self.probe.frozen = False
 
-    def end(self, step: int) -> None:
+    def end_step(self, step: Step) -> Slice:
         assert self.probe is not None
         self.calls.append(list(self.probe.calls))
+        return {}  # the steps are a list in ``result``
 
     def take(self) -> dict[str, Any]:
         """What the first step that ran saw before clipping; later clips are not recorded."""
@@ -254,7 +254,7 @@ class Clipping:
 
 
 @dataclass
-class Gradients:
+class Gradients(Probe):
     """What the optimizer consumed (``StepRecorder``'s step pre-hook), recorded where it lives:
     the gradients of the first ``optimizer.step()`` that ran, the parameters after every step,
     and the first NaN/Inf (forward output, gradient, parameter)."""
@@ -348,17 +348,18 @@ class Gradients:
             self.found["grads_digest"] = named_digests(named)
         self.found["grads"] = self.to.gradients(GRADS0, named)
 
-    def begin(self, step: int, batch: Batch) -> None:
+    def begin_step(self, step: Step) -> None:
         assert self.recorder is not None
-        self.step = step
+        self.step = step.index
         self.recorder.reset()
         self.bad = None
         if "grads0" not in self.out:
             self.found.clear()
         self.last, self.hand_updates = self._fingerprint(), 0
 
-    def end(self, step: int) -> None:
+    def end_step(self, at: Step) -> Slice:
         assert self.recorder is not None
+        step = at.index
         live = [(name, p.detach()) for name, p in self.inner.named_parameters()]
         self.stepped = self.stepped or self.recorder.steps > 0
         self._by_hand()  # counts this step's hand-written updates and reads their gradients
@@ -381,6 +382,7 @@ class Gradients:
         elif self.to.record and self.to.sees:
             self.out["params"].append(compare_snapshot(live, self.to.folder, f"{PARAMS}{step}",
                                                        self.to.device, grad=False))
+        return {}  # the steps are lists in ``result``
 
     def _by_hand(self) -> bool:
         """train_step changed the parameters while no optimizer step ran (``p -= lr * p.grad``
@@ -443,13 +445,13 @@ class Prepared:
     to: Destination
     setup: SetupSlice
 
-    def instruments(self, plan: RunPlan) -> list[Instrument]:
-        """The run's instruments, in the order they attach (and detach in reverse)."""
+    def probes(self, plan: RunPlan) -> list[Probe]:
+        """The run's probes, in the order they attach (and detach in reverse)."""
         namespaces = [vars(self.target.module), getattr(self.target.train_step, "__globals__", {})]
-        allreduce = AllReduceCount(self.ddp, enabled=plan.count_allreduce)
+        allreduce = CommRounds(self.ddp, enabled=plan.count_allreduce)
         clipping = Clipping(self.inner, namespaces, self.to)
         return [allreduce, Gradients(self.ddp, self.inner, self.optimizer, self.to, clipping),
-                Forwards(self.ddp, self.inner, allreduce), clipping, BatchDigests(),
+                Forwards(wrapper=self.ddp, inner=self.inner, rounds=allreduce), clipping, BatchDigests(),
                 CompileWatch(self.ddp, self.inner, eager=plan.eager), Features(self.ddp), Routing()]
 
 
@@ -560,27 +562,24 @@ def run_recorded(rank_ctx: RankContext, plan: RunPlan) -> RankRecord:
     live, at the moment they are what the optimizer consumed.
     """
     run = prepare(rank_ctx, plan)
-    instruments = run.instruments(plan)
+    observation = Observation(run.probes(plan))
+    steps = (Step(step, global_batch(run.target, plan.global_batch, seed=plan.seed + step))
+             for step in range(plan.steps))
+
+    def train(step: Step) -> None:
+        micro = to_device(shard(step.batch, rank_ctx.rank, rank_ctx.world_size, plan.microbatches,
+                                dims=batch_dims(run.target)), rank_ctx.device)
+        # train_step runs forward/backward on every rank: each backward that is not under
+        # no_sync is a collective, so all ranks execute the same number of steps.
+        run.target.run_step(run.ddp, run.optimizer, micro[::-1] if plan.reverse_microbatches else micro,
+                            step=step.index)
+
     with contextlib.ExitStack() as stack:
         if run.to.writer is not None:
             # A step that raises: the pending write still finishes before the error leaves this
             # rank (the supervisor then removes the folder under no thread's feet).
             stack.callback(run.to.writer.settle)
-        for instrument in instruments:
-            instrument.attach(stack)
-        for step in range(plan.steps):
-            batch = global_batch(run.target, plan.global_batch, seed=plan.seed + step)
-            micro = to_device(shard(batch, rank_ctx.rank, rank_ctx.world_size, plan.microbatches,
-                                    dims=batch_dims(run.target)), rank_ctx.device)
-            for instrument in instruments:
-                instrument.begin(step, batch)
-            # train_step runs forward/backward on every rank: each backward that is not under
-            # no_sync is a collective, so all ranks execute the same number of steps.
-            run.target.run_step(run.ddp, run.optimizer, micro[::-1] if plan.reverse_microbatches else micro,
-                                step=step)
-            for instrument in instruments:
-                instrument.end(step)
+        observation.run_steps(steps, train)
     record: dict[str, Any] = {**run.setup, "batchnorm_sizes_seen": sizes_seen(run.inner)}
-    for instrument in instruments:
-        record.update(instrument.result())
+    record.update(observation.result())
     return cast(RankRecord, record)

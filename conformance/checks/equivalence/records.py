@@ -1,47 +1,23 @@
-"""What one rank returns from a recorded run: typed slices, one per instrument, and the
-``Instrument`` protocol every rank-side observer of the recorded step satisfies.
+"""What one rank returns from a recorded run: typed slices, one per probe.
 
-An instrument attaches itself to the model, the optimizer or the torch functions the step
-goes through (``attach``: hooks and patches, undone when the run's ``ExitStack`` closes),
-observes each step (``begin``/``end``) and returns its own slice of the rank's record
-(``result``). ``recording.run_recorded`` only iterates over them; nothing outside an
-instrument reads or sets its internals. Every slice is plain Python (summaries, never a
-tensor): it crosses the world's pipe to the supervisor.
+Every rank-side observer of the recorded step is a probe (``harness.observe.Probe``): it
+attaches itself to the model, the optimizer or the torch functions the step goes through,
+observes each step and returns its own slice of the rank's record; ``recording.run_recorded``
+hands them to one ``Observation``, and nothing outside a probe reads or sets its internals.
+The bucket all-reduces and the forwards are the shared probes' (``AllReduceSlice``,
+``ForwardCountSlice``); the rest are this engine's own. Every slice is plain Python
+(summaries, never a tensor): it crosses the world's pipe to the supervisor.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Mapping
-from typing import Any, Protocol, TypedDict
+from typing import Any, TypedDict
 
+from ...harness.observe import AllReduceSlice, ForwardCountSlice
 from .tensors import Compared
 
-#: A step's global batch as the target made it: (inputs, targets), each a tensor or a
-#: tuple/list/dict of tensors (``harness.batches``).
-Batch = tuple[Any, Any]
 #: (what was digested, [(tensor name, digest or None)]): ``digests``.
 Digested = tuple[str, list[tuple[str, str | None]]]
-
-
-class Instrument(Protocol):
-    """One rank-side observer of the recorded step."""
-
-    def attach(self, stack: contextlib.ExitStack) -> None:
-        """Hook into the run; every hook is removed when ``stack`` closes."""
-        ...
-
-    def begin(self, step: int, batch: Batch) -> None:
-        """Step ``step`` is about to run on ``batch`` (the whole global batch)."""
-        ...
-
-    def end(self, step: int) -> None:
-        """Step ``step``'s ``train_step`` returned."""
-        ...
-
-    def result(self) -> Mapping[str, Any]:
-        """This instrument's slice of the rank's record (after the stack closed)."""
-        ...
 
 
 class LossSplit(TypedDict):
@@ -76,24 +52,6 @@ class SetupSlice(TypedDict, total=False):
     # build (then copied in), and how this rank compared (``digests.REFERENCE`` | ``DIGEST``).
     initial_differs_from_reference: str | None
     compared_by: str
-
-
-class AllReduceSlice(TypedDict):
-    """Per step: bucket all-reduces, synchronisation rounds, distinct buckets (empty lists when
-    not counted: the reference)."""
-
-    allreduce_calls: list[int]
-    allreduce_rounds: list[int]
-    buckets_per_step: list[int]
-
-
-class ForwardSlice(TypedDict):
-    """Per step: forwards through the DDP wrapper, through the inner module, and DDP forwards
-    whose backward no all-reduce round followed (None: rounds not counted)."""
-
-    ddp_forwards: list[int]
-    inner_forwards: list[int]
-    unsynchronised_forwards: list[int | None]
 
 
 class DataSlice(TypedDict):
@@ -145,6 +103,6 @@ class GradientSlice(TypedDict, total=False):
     manual_update: list[int]
 
 
-class RankRecord(SetupSlice, AllReduceSlice, ForwardSlice, DataSlice, RoutingSlice, CompileSlice,
+class RankRecord(SetupSlice, AllReduceSlice, ForwardCountSlice, DataSlice, RoutingSlice, CompileSlice,
                  FeaturesSlice, ClipSlice, GradientSlice, total=False):
-    """One rank's record of a recorded run: the union of its instruments' slices."""
+    """One rank's record of a recorded run: the union of its probes' slices."""

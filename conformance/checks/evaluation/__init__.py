@@ -1,4 +1,4 @@
-"""The eval-equivalence engine: rank-side observers of the target's ``evaluate``, their typed
+"""The eval-equivalence engine: rank-side probes of the target's ``evaluate``, their typed
 records, and the judge that compares N ranks with one (``conformance/checks/eval_equivalence.py``
 is the check's entry)."""
 

@@ -25,8 +25,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...harness.observe import SamplerSeen
 from .observers import index_counts
-from .records import EvalRank, SamplerSeen
+from .records import EvalRank
 
 #: float32's machine epsilon: evaluation sums are float32 (or float64) tensors.
 EPS32 = 2.0 ** -23

@@ -1,4 +1,4 @@
-"""The rank side: the target's ``evaluate`` on the DDP model, watched by the observers.
+"""The rank side: the target's ``evaluate`` on the DDP model, watched by the probes.
 
 Runs on every rank of the N-rank world and on the 1-rank reference world. The model is built
 from the suite's seed and wrapped in DDP with the target's ``ddp_kwargs`` (what training uses),
@@ -15,8 +15,9 @@ from typing import Any, Mapping
 
 from ...harness.batches import first_dim
 from ...harness.world import RankContext
-from .observers import Buffers, Collectives, Forward, Instrument, SampleIndices, UnevenGather
-from .records import BufferSlice, CollectiveSlice, EvalRank, ForwardSlice, SamplesSlice, StepSlice
+from ...harness.observe import CallRecords, LoaderIndices, Observation, UnevenGather
+from .observers import Buffers, Forward
+from .records import EvalRank, StepSlice
 
 #: The seed of the global batch of the training step run right after evaluate.
 STEP_SEED = 4321
@@ -63,7 +64,7 @@ def _metrics(target: Any, returned: Any) -> dict[str, float]:
 def _distributed_call(target: Any, exc: BaseException) -> str | None:
     """``"recv at eval.py:16"``: the torch.distributed function the user's innermost line called
     when ``exc`` was raised in it (a timed-out receive or collective), or None. What a deadlock
-    is named by: the ``Collectives`` observer sees only the collectives it wraps, never ``recv``."""
+    is named by: the ``CallRecords`` probe sees only the collectives it taps, never ``recv``."""
     import traceback
 
     from ...harness.target_calls import is_user_file, shown_path
@@ -119,19 +120,16 @@ def evaluate_on_rank(rank_ctx: RankContext, target_spec: str, *, train_after: bo
     # Construction broadcasts rank 0's parameters and buffers: a collective on every rank.
     ddp = wrap(model, rank_ctx.device, effective_ddp_kwargs(target), target=target)
     digest = _params_digest(ddp)
-    forward, samples, buffers = Forward(dim=first_dim(target.batch_dim)), SampleIndices(), Buffers()
-    collectives = Collectives(side_group=rank_ctx.side_group, world_size=rank_ctx.world_size)
-    # The two that replace torch attributes come first, so they are put back first: in a
-    # persistent world a patch left behind would reach the next check.
-    instruments: list[Instrument] = [samples, collectives, forward, buffers]
-    for instrument in instruments:
-        instrument.attach(ddp)
+    # Detached in reverse order (the Observation's stack), and before any slice is read.
+    observation = Observation([LoaderIndices(fetched=True),
+                               CallRecords(side_group=rank_ctx.side_group, world_size=rank_ctx.world_size),
+                               Forward(ddp, dim=first_dim(target.batch_dim)), Buffers(ddp)])
+    evaluate, eval_ctx = target.evaluate, EvalContext(rank_ctx.rank, rank_ctx.world_size, rank_ctx.device)
     metrics: dict[str, float] | None = None
     error = error_call = None
     started = time.perf_counter()
     try:
-        returned = call_target(target, "evaluate", target.evaluate, ddp,
-                               EvalContext(rank_ctx.rank, rank_ctx.world_size, rank_ctx.device))
+        returned = observation.run(lambda: call_target(target, "evaluate", evaluate, ddp, eval_ctx))
     except TargetError:
         raise
     except UnevenGather as exc:
@@ -143,11 +141,11 @@ def evaluate_on_rank(rank_ctx: RankContext, target_spec: str, *, train_after: bo
         metrics = _metrics(target, returned)
     finally:
         seconds = time.perf_counter() - started
-        # Each observer returns its own typed slice; the record takes them by type.
-        slices = {type(part): part for part in (instrument.detach() for instrument in instruments)}
+        # Each probe returns its own typed slice; the record takes them by field.
+        slices = observation.result()
     # A rank whose evaluate raised does not train on: its peers' step then waits for it and
     # is released by the process group's (short) timeout, with its own error as data.
     step = _train_step(target, ddp, rank_ctx) if train_after and error is None else StepSlice(ran=False)
-    return EvalRank(rank_ctx.rank, rank_ctx.world_size, metrics, error, digest, slices[ForwardSlice],
-                    slices[SamplesSlice], slices[CollectiveSlice], slices[BufferSlice], step, round(seconds, 4),
+    return EvalRank(rank_ctx.rank, rank_ctx.world_size, metrics, error, digest, slices["forward"],
+                    slices["samples"], slices["collectives"], slices["buffers"], step, round(seconds, 4),
                     error_call)

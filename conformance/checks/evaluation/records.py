@@ -1,4 +1,4 @@
-"""What one rank's evaluation left behind: each observer's typed slice, and the rank's record.
+"""What one rank's evaluation left behind: each probe's typed slice, and the rank's record.
 
 Plain data (no torch): a rank returns an :class:`EvalRank` to the supervisor, which judges the
 ranks' records against the 1-rank reference's (``judge``). Every field is something measured on
@@ -8,6 +8,10 @@ the rank; nothing here is a conclusion.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
+
+# The shared probes' slices (``harness.observe``): the samples fetched and the collectives called.
+from ...harness.observe import CollectiveSlice, SamplesSlice
 
 
 @dataclass(frozen=True)
@@ -26,56 +30,8 @@ class ForwardSlice:
     grads_written: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class SamplerSeen:
-    """A ``DistributedSampler`` a DataLoader of ``evaluate`` drew from: its padding arithmetic."""
-
-    dataset_len: int
-    num_replicas: int
-    total_size: int
-    drop_last: bool
-
-
-@dataclass(frozen=True)
-class SamplesSlice:
-    """Sample indices the DataLoaders of ``evaluate`` fetched on this rank (see ``observers``).
-
-    Indices are those of the root dataset: through every ``Subset`` (a ``random_split``) down
-    to the dataset the Subsets are cut from, keyed by that dataset's type and length.
-    """
-
-    #: dataset key ("TypeName[len]") -> the indices fetched, in order (repeats kept)
-    indices: dict[str, tuple[int, ...]]
-    samplers: tuple[SamplerSeen, ...]
-    #: Batches from loaders whose samples carry no index (an IterableDataset): not counted.
-    unindexed_batches: int = 0
-
-
-@dataclass(frozen=True)
-class CollectiveCall:
-    """One collective ``evaluate`` called (through ``torch.distributed``), in call order."""
-
-    op: str  # "all_reduce", "all_gather", ...
-    reduce_op: str | None  # "SUM", "MAX"... for reductions
-    shape: tuple[int, ...]
-    #: The input's values before the call (small tensors only: metrics, counts), else None.
-    values_in: tuple[float, ...] | None
-    values_out: tuple[float, ...] | None
-
-
-@dataclass(frozen=True)
-class UnevenCollective:
-    """A gather whose tensors differ in shape across ranks, found before it was issued."""
-
-    op: str
-    call_index: int  # its position among this rank's collectives
-    shapes: dict[int, tuple[int, ...]]  # rank -> the shape it would have sent
-
-
-@dataclass(frozen=True)
-class CollectiveSlice:
-    calls: tuple[CollectiveCall, ...]
-    uneven: UnevenCollective | None = None
+class ForwardPart(TypedDict):
+    forward: ForwardSlice
 
 
 @dataclass(frozen=True)
@@ -84,6 +40,10 @@ class BufferSlice:
 
     compared: int
     changed: tuple[str, ...]
+
+
+class BufferPart(TypedDict):
+    buffers: BufferSlice
 
 
 @dataclass(frozen=True)

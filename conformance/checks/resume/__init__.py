@@ -4,8 +4,8 @@ step against the uninterrupted run.
 
 The face the check entry (``conformance/checks/resume_equivalence.py``) and the tests use:
 ``Lives`` (runs lives), the kill plans, ``judge_run`` and the typed records. Rank side:
-``life.live`` with the observers of ``observers`` (each attaches itself and fills its own
-slice of a step's journal record).
+``life.live`` with the probes of ``observers`` and the shared ones of ``harness.observe``
+(each attaches itself and fills its own slice of a step's journal record).
 """
 
 from __future__ import annotations

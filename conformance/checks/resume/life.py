@@ -1,4 +1,4 @@
-"""One life of the target's run_loop on one rank: the loop run with the observers attached,
+"""One life of the target's run_loop on one rank: the loop run with the probes attached,
 every optimizer step journaled, and the planned kill carried out (``live``, a world's work
 function). The uninterrupted run is a life with no kill; a killed run is two lives on the
 same checkpoint folder, each in a fresh world (or the uninterrupted life's folder copied at
@@ -11,17 +11,16 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ...harness.batches import first_dim
+from ...harness.observe import LoaderIndices, Observation, OptimizerSteps, Probe, Slice, Step
 from ...harness.world import RankContext
 from .observers import (
     KILL_BARRIER_S,
     VALUES_CAP,
-    Indices,
-    Instrument,
     Journal,
     Listing,
     Loads,
@@ -35,24 +34,28 @@ from .observers import (
 from .records import KillPlan, Snapshot, StepRecord, journal_path, marker, values_path
 
 
-class Steps:
-    """The optimizer steps, seen through torch's global optimizer step pre/post hooks (every
-    optimizer the loop creates, however it creates it) and ``GradScaler.step`` (the scalers
-    the loop uses are found there). At each step's entry the state it starts from is taken, at
-    its return the state it produced; then every other instrument's slice is merged in, the
-    step journaled, and the kill planned after this step (if any) carried out."""
+class Steps(Probe):
+    """The optimizer steps, seen through the optimizer-step probe (torch's global step pre/post
+    hooks: every optimizer the loop creates, however it creates it; and ``GradScaler.step``: the
+    scalers the loop uses are found there). At each step's entry the state it starts from is
+    taken, at its return the state it produced; then the step ends for every probe (``ended``:
+    the driver's ``end_step``, which merges their slices and journals the step), and the kill
+    planned after this step (if any) is carried out."""
 
-    def __init__(self, journal: Journal, models: list[Any], others: list[Instrument], plan: KillPlan,
+    def __init__(self, journal: Journal, models: list[Any], plan: KillPlan,
                  rank: int, world_size: int, markers: Callable[[str], Path],
                  copy: tuple[Path, Path] | None = None) -> None:
-        self.journal, self.models, self.others, self.plan = journal, models, others, plan
+        self.journal, self.models, self.plan = journal, models, plan
         self.rank, self.world_size, self.markers = rank, world_size, markers
         self.copy = copy  # (the checkpoint folder, where to copy it): see ``_copy_here``
         self.optimizers: list[Any] = []
         self.scalers: list[Any] = []
         self.index = 0
         self.before: Snapshot | None = None
+        self.after: Snapshot | None = None
         self.rng_at_step: str | None = None  # torch's RNG state at optimizer.step()'s entry
+        #: Every probe's slice of a step, merged and journaled (``Observation.end_step``).
+        self.ended: Callable[[Step], dict[str, Any]] = lambda step: {}
 
     def count(self) -> int:
         return self.index
@@ -115,18 +118,8 @@ class Steps:
 
     def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.index += 1
-        after = self.snapshot(values=True)
-        fields: dict[str, Any] = {}
-        for other in self.others:
-            fields.update(other.step_slice())
-        assert self.before is not None
-        self.journal.write("step", StepRecord(index=self.index, before=self.before, after=after,
-                                              samples=fields.get("samples", []), rng=fields.get("rng"),
-                                              dropout=bool(fields.get("dropout")),
-                                              listing=str(fields.get("listing", "")),
-                                              files=int(fields.get("files", 0)),
-                                              drew=fields.get("rng") not in (None, self.rng_at_step),
-                                              indices=list(fields.get("indices", []))))
+        self.after = self.snapshot(values=True)
+        fields = self.ended(Step(self.index))
         if self.copy is not None:
             self._copy_here(int(fields.get("files", 0)))
         if self.plan.kind == "after-step" and self.index == self.plan.step:
@@ -209,24 +202,28 @@ class Steps:
 
         return step
 
-    def step_slice(self) -> dict[str, Any]:
-        return {}  # the step record's owner: its own fields are written in ``post``
+    def end_step(self, step: Step) -> Slice:
+        return {"before": self.before, "after": self.after, "rng_at_step": self.rng_at_step}
 
-    @contextlib.contextmanager
-    def attached(self) -> Iterator[None]:
-        from torch.amp.grad_scaler import GradScaler
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        OptimizerSteps(pre=self.pre, post=self.post, scaler_step=self.scaler_step).attach(stack)
 
-        from .observers import _replaced
 
-        pre = register_optimizer_step_pre_hook(self.pre)
-        post = register_optimizer_step_post_hook(self.post)
-        try:
-            with _replaced(GradScaler, "step", self.scaler_step):
-                yield
-        finally:
-            pre.remove()
-            post.remove()
+def _journaled(journal: Journal) -> Callable[[Step, dict[str, Any]], None]:
+    """Each step's merged slices written as the journal's step record: on disk before the kill
+    planned after that step (the judge reads a killed life's steps from there)."""
+
+    def write(step: Step, fields: dict[str, Any]) -> None:
+        assert fields["before"] is not None and fields["after"] is not None
+        journal.write("step", StepRecord(index=step.index, before=fields["before"], after=fields["after"],
+                                         samples=fields.get("samples", []), rng=fields.get("rng"),
+                                         dropout=bool(fields.get("dropout")),
+                                         listing=str(fields.get("listing", "")),
+                                         files=int(fields.get("files", 0)),
+                                         drew=fields.get("rng") not in (None, fields["rng_at_step"]),
+                                         indices=list(fields.get("indices", []))))
+
+    return write
 
 
 def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: str, scenario: str, life: int,
@@ -257,23 +254,23 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
     scratch = Path(rank_ctx.tmpdir) / f"resume-rank{rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     journal = Journal(journal_path(record_dir, scenario, life, rank), values_path(record_dir, scenario, life, rank))
-    indices = Indices()
+    indices = LoaderIndices()
     samples = Samples(dim=first_dim(target.batch_dim), batches=indices)
     loop = LoopContext(rank=rank, world_size=rank_ctx.world_size, device=rank_ctx.device, steps=steps,
                        tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target), target=target,
                        on_wrap=lambda model: _watched(model, samples), checkpoint_dir=Path(checkpoints),
                        checkpoint_every=every,
                        restarts=life - 1)
-    stepper = Steps(journal, loop.models, [samples, Listing(Path(checkpoints))], plan, rank,
-                    rank_ctx.world_size, markers, (Path(checkpoints), Path(copy_to)) if copy_to else None)
+    stepper = Steps(journal, loop.models, plan, rank, rank_ctx.world_size, markers,
+                    (Path(checkpoints), Path(copy_to)) if copy_to else None)
     saves = Saves(journal, Path(checkpoints), plan, rank, stepper.count, markers, rank_ctx.world_size,
                   (copy_in_save[0], Path(copy_in_save[1])) if copy_in_save else None)
-    instruments: list[Instrument] = [stepper, samples, indices, saves, Loads(journal, Path(checkpoints))]
+    observation = Observation([stepper, samples, Listing(Path(checkpoints)), indices, saves,
+                               Loads(journal, Path(checkpoints))], journal=_journaled(journal))
+    stepper.ended = observation.end_step
+    run_loop = target.run_loop
     try:
-        with contextlib.ExitStack() as stack:
-            for instrument in instruments:
-                stack.enter_context(instrument.attached())
-            call_target(target, "run_loop", target.run_loop, loop)
+        observation.run(lambda: call_target(target, "run_loop", run_loop, loop))
     except Exception as exc:
         text = str(exc) if isinstance(exc, TargetError) else plain(one_line(exc))[:400] + _user_line(target, exc)
         journal.write("end", {"how": "raised", "raised": text})

@@ -1,5 +1,8 @@
-"""Rank-side observers of a run_loop life: each attaches itself for the loop's duration and
-returns its own slice of the journal; the step observer only iterates over them.
+"""Resume's own probes of a run_loop life (``harness.observe.Probe``): each attaches itself for
+the loop's duration and returns its own slice of each step's journal record (``end_step``);
+the steps are signalled by the optimizer-step probe (``life.Steps``) and journaled by the
+driver (``harness.observe.Observation``). The batches' dataset indices come from the shared
+loader-index probe (``harness.observe.LoaderIndices``).
 
 How a checkpoint is seen without touching the user's code — both ways, for different needs:
 
@@ -22,17 +25,17 @@ import collections
 import contextlib
 import hashlib
 import io
-import operator
 import os
 import re
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ...harness.batches import sample_rows
+from ...harness.observe import LoaderIndices, Probe, Slice, Step
 from ...harness.patching import replaced as _replaced
 from ...harness.world import proc_state
 
@@ -44,15 +47,6 @@ from .records import KillPlan, LoadRecord, SaveRecord, in_place_copy, to_line
 VALUES_CAP = 16 << 20
 #: How long a rank waits at a kill point for its peers (marker files) before going alone.
 KILL_BARRIER_S = 30.0
-
-
-class Instrument(Protocol):
-    """One rank-side observer: attached for the loop's duration, it fills its own fields of
-    each step's record (``step_slice``, reset per step)."""
-
-    def attached(self) -> contextlib.AbstractContextManager[None]: ...
-
-    def step_slice(self) -> dict[str, Any]: ...
 
 
 class Journal:
@@ -184,13 +178,13 @@ def die(peers: Sequence[int] = ()) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class Samples:
+class Samples(Probe):
     """The input rows each step trained on (a digest per row of the first tensor a training
     forward got), torch's RNG state at the step's first training forward, and whether a
     dropout was active there. Eval forwards (no grad or eval mode) are not counted. ``dim``:
     the batch dimension of that tensor (the target's ``batch_dim``, ``batches.first_dim``)."""
 
-    def __init__(self, *, dim: int = 0, batches: Indices | None = None) -> None:
+    def __init__(self, *, dim: int = 0, batches: LoaderIndices | None = None) -> None:
         self.dim = dim
         self.batches = batches
         self.rows: list[str] = []
@@ -221,15 +215,14 @@ class Samples:
         for i in range(rows.shape[0]):
             self.rows.append(hashlib.sha1(b"" if as_bytes is None else as_bytes[i].tobytes()).hexdigest()[:12])
 
-    @contextlib.contextmanager
-    def attached(self) -> Iterator[None]:
-        try:
-            yield
-        finally:
-            for handle in self._handles:
-                handle.remove()
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        stack.callback(self._remove)
 
-    def step_slice(self) -> dict[str, Any]:
+    def _remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def end_step(self, step: Step) -> Slice:
         out = {"samples": self.rows, "rng": self.rng, "dropout": self.dropout, "indices": self.indices}
         self.rows, self.rng, self.dropout, self.indices = [], None, False, []
         return out
@@ -248,77 +241,16 @@ def _first_tensor(obj: Any) -> Any:
     return None
 
 
-class Indices:
-    """The dataset indices of the batches torch DataLoaders yield (map-style datasets): who
-    the samples are, whatever a random augmentation made of their content. The k-th batch an
-    iterator yields is the k-th index batch its sampler gave, with workers or without (indices
-    go to the workers in order and their batches come back in order; ``in_order=False`` and
-    iterable datasets are not recorded). A step's indices are those of the batch last yielded
-    before each of its training forwards (``take``, by ``Samples``): batches a loop draws and
-    skips (resuming in an epoch), or an eval loader's, are not the step's."""
-
-    def __init__(self) -> None:
-        self.latest: list[str] = []
-
-    def take(self) -> list[str]:
-        taken, self.latest = self.latest, []
-        return taken
-
-    def _next_index(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def next_index(it: Any) -> Any:
-            index = original(it)  # StopIteration at the epoch's end: nothing recorded
-            it.__dict__.setdefault("_resume_indices", collections.deque()).append(index)
-            return index
-
-        return next_index
-
-    def _next(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def next_(it: Any) -> Any:
-            data = original(it)
-            queue = it.__dict__.get("_resume_indices")
-            index = queue.popleft() if queue else None
-            if index is not None and getattr(it, "_in_order", True):
-                name = type(getattr(it, "_dataset", None)).__name__
-                if hasattr(index, "tolist"):  # a tensor or an array of indices from a custom batch sampler
-                    index = index.tolist()
-                batch = index if isinstance(index, (list, tuple)) else [index]
-                self.latest = [f"{name}[{_index_text(i)}]" for i in batch]
-            else:
-                self.latest = []
-            return data
-
-        return next_
-
-    @contextlib.contextmanager
-    def attached(self) -> Iterator[None]:
-        from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-        with _replaced(_BaseDataLoaderIter, "_next_index", self._next_index), \
-                _replaced(_BaseDataLoaderIter, "__next__", self._next):
-            yield
-
-    def step_slice(self) -> dict[str, Any]:
-        return {}  # the step's indices are taken by Samples, at its training forwards
-
-
-def _index_text(index: Any) -> str:
-    try:
-        return str(operator.index(index))  # an int, a numpy integer, a 0-d integer tensor
-    except TypeError:
-        return str(index)
-
-
-class Listing:
+class Listing(Probe):
     """The checkpoint folder's listing (relative names and sizes) after each step."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
 
-    @contextlib.contextmanager
-    def attached(self) -> Iterator[None]:
-        yield
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        pass  # read from the filesystem at each step's end: nothing to hook
 
-    def step_slice(self) -> dict[str, Any]:
+    def end_step(self, step: Step) -> Slice:
         entries = []
         for root, _, files in os.walk(self.folder):
             for name in files:
@@ -329,7 +261,7 @@ class Listing:
         return {"listing": hashlib.sha1("\n".join(entries).encode()).hexdigest()[:16], "files": len(entries)}
 
 
-class Saves:
+class Saves(Probe):
     """``torch.save`` wrapped: each save's start and end journaled; the planned kill during a
     save done here (half the bytes written and synced, then the world torn down), or its copy
     (``copy``: the plan and where to copy the folder; ``_torn_copy``)."""
@@ -464,18 +396,13 @@ class Saves:
                     pids.append(int(path.read_text()))
         return pids
 
-    @contextlib.contextmanager
-    def attached(self) -> Iterator[None]:
+    def attach(self, stack: contextlib.ExitStack) -> None:
         import torch
 
-        with _replaced(torch, "save", self._save):
-            yield
-
-    def step_slice(self) -> dict[str, Any]:
-        return {}
+        stack.enter_context(_replaced(torch, "save", self._save))
 
 
-class Loads:
+class Loads(Probe):
     """The restore calls of the loop journaled: ``load_state_dict`` on modules, optimizers,
     schedulers and scalers (strict, missing and unexpected keys), ``torch.load`` and its error."""
 
@@ -532,18 +459,13 @@ class Loads:
 
         return load
 
-    @contextlib.contextmanager
-    def attached(self) -> Iterator[None]:
+    def attach(self, stack: contextlib.ExitStack) -> None:
         import torch
         from torch.amp.grad_scaler import GradScaler
         from torch.optim.lr_scheduler import LRScheduler
 
-        with _replaced(torch.nn.Module, "load_state_dict", self._module), \
-                _replaced(torch.optim.Optimizer, "load_state_dict", self._other("optimizer")), \
-                _replaced(LRScheduler, "load_state_dict", self._other("scheduler")), \
-                _replaced(GradScaler, "load_state_dict", self._other("scaler")), \
-                _replaced(torch, "load", self._load):
-            yield
-
-    def step_slice(self) -> dict[str, Any]:
-        return {}
+        stack.enter_context(_replaced(torch.nn.Module, "load_state_dict", self._module))
+        stack.enter_context(_replaced(torch.optim.Optimizer, "load_state_dict", self._other("optimizer")))
+        stack.enter_context(_replaced(LRScheduler, "load_state_dict", self._other("scheduler")))
+        stack.enter_context(_replaced(GradScaler, "load_state_dict", self._other("scaler")))
+        stack.enter_context(_replaced(torch, "load", self._load))

@@ -54,7 +54,7 @@ class StepRecord:
     #: the step drew random numbers (dropout, stochastic depth, random masking, noise)
     drew: bool = False
     #: the dataset indices of the batches torch DataLoaders yielded since the previous step
-    #: (``observers.Indices``; empty when the loop draws its batches otherwise)
+    #: (``harness.observe.LoaderIndices``; empty when the loop draws its batches otherwise)
     indices: list[str] = field(default_factory=list)
 
     @staticmethod

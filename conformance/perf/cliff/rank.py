@@ -2,7 +2,7 @@
 (for that rate's alpha-beta fit), then the target's own DDP steps, each after a plain (no-DDP)
 forward+backward pass that times each gradient's readiness, in one call. The time between two
 timed steps (the plain pass, the ranks lining up) is recorded too: the shaped link idles
-through it and its token bucket refills (``cliff_model.ShapedLink``).
+through it and its token bucket refills (``shaped_link.ShapedLink``).
 
 One call per rate, every part side by side: the link's rate is what the supervisor changed
 between calls, so the fit and the step it predicts are measured under the same shaping; and
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...harness.ddp import PROBE_SEED, build_model, effective_ddp_kwargs, logging_data, sync_device, wrap
-from ...harness.patching import replaced
+from ...harness.observe import AllReduceBytes
 from ..measure import GradReadyRecorder, local_batch, sweep_on
 from .host_barrier import HostBarrier
 
@@ -106,7 +106,7 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
 class FirstGradient:
     """When, in each timed DDP step, the gradient that the plain pass readied first is ready on
     this rank (s from the step's start; None if it never was): the ranks' readiness skew
-    (``cliff_model.launch_skew``). One hook on one parameter, a timestamp and nothing else --
+    (``model.launch_skew``). One hook on one parameter, a timestamp and nothing else --
     DDP's own hooks and buckets are untouched."""
 
     def __init__(self) -> None:
@@ -146,15 +146,7 @@ def hook_all_reduces(sent: list[int]) -> contextlib.AbstractContextManager[None]
     comm hook's (the stock fp16/bf16 compression and PowerSGD hooks call it, from DDP's thread
     and from their futures' callbacks, which complete before backward returns). DDP's own
     buckets go through its C++ reducer and are not counted: an empty list is DDP's layout."""
-    import torch.distributed as dist
-
-    def make(original: Any) -> Any:
-        def counted(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            sent.append(tensor.numel() * tensor.element_size())
-            return original(tensor, *args, **kwargs)
-        return counted
-
-    return replaced(dist, "all_reduce", make)
+    return AllReduceBytes(sent).attached()
 
 
 def steady_steps(hooked: Sequence[Sequence[int]]) -> list[int]:

@@ -1,0 +1,64 @@
+"""The rank side's one way to watch the user's code (docs/architecture.md, "The rank side: probes").
+
+- :mod:`.probe` — the ``Probe`` contract (attach on an ``ExitStack``, per-step slices, a typed
+  result slice) and the ``Observation`` driver (a body once or per step, journaled per step
+  when asked; the union of the slices);
+- :mod:`.loader` — the loader-index probe (the one patch of torch's DataLoader iterator);
+- :mod:`.collectives` — the collectives probe (the one patch of ``torch.distributed``) and its taps;
+- :mod:`.comm_rounds` — DDP's bucket all-reduces, counted inside its comm hook chain;
+- :mod:`.forwards` — forwards through DDP and through the inner module, training or not;
+- :mod:`.optimizer_steps` — every optimizer step (torch's global step hooks, ``GradScaler.step``).
+
+A check family adds probes of its own against this contract; it never adds a second contract
+or patches these functions again (``tests/test_architecture.py`` holds it). Import-light:
+nothing imported here imports torch.
+"""
+
+from __future__ import annotations
+
+from .collectives import (
+    COLLECTIVES,
+    AllReduceBytes,
+    CallCounts,
+    CallRecords,
+    Called,
+    CollectiveCall,
+    CollectiveSlice,
+    UnevenCollective,
+    UnevenGather,
+    tap,
+)
+from .comm_rounds import AllReduceSlice, CommRounds, counting_allreduce
+from .forwards import OUTSIDE, TRAINING, ForwardCountSlice, Forwards
+from .loader import LoaderIndices, SamplerSeen, SamplesSlice
+from .optimizer_steps import OptimizerSteps
+from .probe import Counts, Observation, Probe, Slice, Step
+
+__all__ = [
+    "COLLECTIVES",
+    "OUTSIDE",
+    "TRAINING",
+    "AllReduceBytes",
+    "AllReduceSlice",
+    "CallCounts",
+    "CallRecords",
+    "Called",
+    "CollectiveCall",
+    "CollectiveSlice",
+    "CommRounds",
+    "Counts",
+    "ForwardCountSlice",
+    "Forwards",
+    "LoaderIndices",
+    "Observation",
+    "OptimizerSteps",
+    "Probe",
+    "SamplerSeen",
+    "SamplesSlice",
+    "Slice",
+    "Step",
+    "UnevenCollective",
+    "UnevenGather",
+    "counting_allreduce",
+    "tap",
+]
