@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conformance.harness.ddp import shard
+from conformance.harness.sharding import shard
 from conformance.harness.targets import TargetError, call_target, load_target
 
 HERE = Path(__file__).resolve().parent / "targets"

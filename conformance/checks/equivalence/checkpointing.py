@@ -160,7 +160,8 @@ def probe_rank(rank_ctx: RankContext, spec: str, rows: int) -> dict[str, Any]:
     error here), on ``rows`` rows of its first global batch; the checkpoint calls it made, and
     the parameters left without a gradient (``WITHOUT_GRADIENT``)."""
     from ...harness.batches import move
-    from ...harness.ddp import MODEL_SEED, build_model, global_batch
+    from ...harness.ddp import MODEL_SEED, build_model
+    from ...harness.sharding import global_batch
     from ...harness.targets import load_target
 
     target = load_target(spec)
