@@ -101,8 +101,8 @@ def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) 
     run = RankRun.load(rank_ctx, target_spec)
     target = run.target
     # Construction broadcasts rank 0's parameters and buffers (a collective on every rank).
-    started = run.start()
-    ddp, optimizer = started.ddp, started.make_optimizer()
+    wrapped = run.build_wrapped()
+    ddp, optimizer = wrapped.ddp, wrapped.make_optimizer()
     checkpoints: list[dict[str, Any]] = [
         {"when": "after DDP construction", "step": None, "kind": "parameter",
          "digests": _snapshot(unwrap(ddp).named_parameters())},

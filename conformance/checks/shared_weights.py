@@ -206,10 +206,11 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
         # As in the equivalence checks: dropout masks cannot match between N ranks and one
         # process, and BatchNorm must normalise the same groups of samples on both sides.
         # Construction broadcasts rank 0's weights: the reference below starts from them.
-        started = run.start(seed=MODEL_SEED, ddp_overrides=overrides,
-                            before_wrap=lambda fresh: (disable_dropout(fresh), group_batchnorm(fresh, batch_size // n)))
-        out["dropout_disabled"], out["batchnorm_grouped"] = started.settled
-        ddp = started.ddp
+        wrapped = run.build_wrapped(
+            seed=MODEL_SEED, ddp_overrides=overrides,
+            before_wrap=lambda fresh: (disable_dropout(fresh), group_batchnorm(fresh, batch_size // n)))
+        out["dropout_disabled"], out["batchnorm_grouped"] = wrapped.settled
+        ddp = wrapped.ddp
         if not referenced:
             if rank == 0:
                 out.update(_reference(unwrap(ddp), groups, shared, control, batches, target, device, snapshots))
@@ -238,7 +239,7 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
                          if sees else [])
             del live
         variants.append({"label": label, "kwargs": repr(kwargs), "grads": grads})
-        del ddp, started
+        del ddp, wrapped
     out["variants"] = variants
     return out
 

@@ -6,15 +6,15 @@ model built from the suite's seed on this rank's device, wrapped as production w
 the wrapped model. :class:`RankRun` is that preamble, written once:
 
     run = RankRun.load(rank_ctx, target_spec)          # TF32 off, the target loaded
-    started = run.start(seed=MODEL_SEED)               # built, seeded, wrapped
-    optimizer = started.make_optimizer()
+    wrapped = run.build_wrapped(seed=MODEL_SEED)       # built, seeded, wrapped
+    optimizer = wrapped.make_optimizer()
 
 An engine that must act on the model between building and wrapping (dropout off, BatchNorm
 grouped, the reference's initial weights checked) passes ``before_wrap``; what it returns
-comes back as ``started.settled``. A check that runs the target's own loop builds no model:
+comes back as ``wrapped.settled``. A check that runs the target's own loop builds no model:
 ``run.loop_context(...)`` is the ``ctx`` its ``run_loop`` receives, whose ``ctx.wrap`` wraps the
-same way: :meth:`RankRun.start` and ``ctx.wrap`` are the two doors to ``ddp.wrap``, the one
-place a model is wrapped.
+same way: :meth:`RankRun.build_wrapped` and ``ctx.wrap`` are the two doors to ``ddp.wrap``,
+the one place a model is wrapped.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ S = TypeVar("S")
 
 
 @dataclass(frozen=True, slots=True)
-class Started(Generic[S]):
-    """The model of one run on this rank, built and wrapped (:meth:`RankRun.start`)."""
+class Wrapped(Generic[S]):
+    """The model of one run on this rank, built and wrapped (:meth:`RankRun.build_wrapped`)."""
 
     run: RankRun
     #: What the step trains: the DDP model, or the module around it that ``configure_ddp`` returned.
@@ -75,15 +75,15 @@ class RankRun:
         return effective_ddp_kwargs(self.target, overrides)
 
     @overload
-    def start(self, *, seed: int = ..., ddp_overrides: dict[str, Any] | None = ...,
-              before_wrap: None = ...) -> Started[None]: ...
+    def build_wrapped(self, *, seed: int = ..., ddp_overrides: dict[str, Any] | None = ...,
+                      before_wrap: None = ...) -> Wrapped[None]: ...
 
     @overload
-    def start(self, *, seed: int = ..., ddp_overrides: dict[str, Any] | None = ...,
-              before_wrap: Callable[[Any], S]) -> Started[S]: ...
+    def build_wrapped(self, *, seed: int = ..., ddp_overrides: dict[str, Any] | None = ...,
+                      before_wrap: Callable[[Any], S]) -> Wrapped[S]: ...
 
-    def start(self, *, seed: int = MODEL_SEED, ddp_overrides: dict[str, Any] | None = None,
-              before_wrap: Callable[[Any], Any] | None = None) -> Started[Any]:
+    def build_wrapped(self, *, seed: int = MODEL_SEED, ddp_overrides: dict[str, Any] | None = None,
+                      before_wrap: Callable[[Any], Any] | None = None) -> Wrapped[Any]:
         """The model built from ``seed``, handed to ``before_wrap`` (the engine's own step
         before DDP sees it), then wrapped as production wraps it: DDP on this rank's device with
         the target's ``ddp_kwargs`` (``ddp_overrides`` on top), then its ``configure_ddp``."""
@@ -93,7 +93,7 @@ class RankRun:
         # DDP's construction broadcasts rank 0's parameters and buffers: a collective, so every
         # rank of the group starts the same runs in the same order.
         ddp = wrap(model, self.device, kwargs, target=self.target)
-        return Started(self, ddp, unwrap(ddp), kwargs, settled)
+        return Wrapped(self, ddp, unwrap(ddp), kwargs, settled)
 
     def loop_context(self, *, steps: int, tmpdir: Path, **extra: Any) -> LoopContext:
         """The ``ctx`` the target's ``run_loop`` receives on this rank: ``ctx.wrap`` wraps with

@@ -28,14 +28,14 @@ def _rank_side(rank_ctx: RankContext) -> dict[str, Any]:
         out["wrapped_before"] = isinstance(model, DDP)
         return [p.detach().clone() for p in model.parameters()]
 
-    started = run.start(ddp_overrides={"bucket_cap_mb": 1}, before_wrap=before_wrap)
-    out["seeded"] = all(torch.equal(a, b) for a, b in zip(started.settled, expected))
-    out["wrapped"] = isinstance(started.ddp, DDP) and started.model is started.ddp.module
-    out["kwargs"] = started.ddp_kwargs
-    out["optimizer"] = type(started.make_optimizer()).__name__
+    wrapped = run.build_wrapped(ddp_overrides={"bucket_cap_mb": 1}, before_wrap=before_wrap)
+    out["seeded"] = all(torch.equal(a, b) for a, b in zip(wrapped.settled, expected))
+    out["wrapped"] = isinstance(wrapped.ddp, DDP) and wrapped.model is wrapped.ddp.module
+    out["kwargs"] = wrapped.ddp_kwargs
+    out["optimizer"] = type(wrapped.make_optimizer()).__name__
     loop = run.loop_context(steps=1, tmpdir=rank_ctx.tmpdir / f"rank-run-{rank_ctx.rank}")
     out["loop"] = (loop.rank, loop.world_size, loop.ddp_kwargs, loop.target is run.target)
-    out["plain"] = run.start().settled
+    out["plain"] = run.build_wrapped().settled
     return out
 
 

@@ -528,16 +528,16 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     from the reference's initial weights, wrapped in DDP with the target's ``ddp_kwargs``."""
     to = _destination(rank_ctx, plan)
     run = RankRun.load(rank_ctx, plan.target_spec)
-    started = run.start(seed=plan.seed, ddp_overrides=plan.ddp_overrides,
-                        before_wrap=lambda model: _settle(run.target, model, plan, rank_ctx, to))
-    settled, ddp, inner = started.settled, started.ddp, started.model
-    setup = SetupSlice(rank=rank_ctx.rank, ddp_kwargs=repr(started.ddp_kwargs),
+    wrapped = run.build_wrapped(seed=plan.seed, ddp_overrides=plan.ddp_overrides,
+                                before_wrap=lambda model: _settle(run.target, model, plan, rank_ctx, to))
+    settled, ddp, inner = wrapped.settled, wrapped.ddp, wrapped.model
+    setup = SetupSlice(rank=rank_ctx.rank, ddp_kwargs=repr(wrapped.ddp_kwargs),
                        comm_hook=comm_hook_of(ddp, uncompressed=plan.uncompressed),
                        dropout_disabled=settled.dropout, rng_in_forward=settled.rng_left,
                        batchnorm_grouped=settled.grouped, batchnorm_group=settled.group if settled.grouped else None)
     if settled.split is not None:
         setup["loss_split"] = settled.split
-    optimizer = started.make_optimizer()
+    optimizer = wrapped.make_optimizer()
     differs = settled.differs
     if to.writer is not None:
         to.writer.write(INITIAL, inner.state_dict().items(), norms=False)

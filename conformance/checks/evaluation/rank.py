@@ -116,7 +116,7 @@ def evaluate_on_rank(rank_ctx: RankContext, target_spec: str, *, train_after: bo
     if target.evaluate is None:
         raise ValueError(f"target {target.name!r} defines no evaluate")
     # Construction broadcasts rank 0's parameters and buffers: a collective on every rank.
-    ddp = run.start().ddp
+    ddp = run.build_wrapped().ddp
     digest = _params_digest(ddp)
     forward, samples, buffers = Forward(dim=first_dim(target.batch_dim)), SampleIndices(), Buffers()
     collectives = Collectives(side_group=rank_ctx.side_group, world_size=rank_ctx.world_size)
