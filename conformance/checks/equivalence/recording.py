@@ -50,6 +50,7 @@ from ...harness.patching import replaced
 from ...harness.ddp import MODEL_SEED
 from ...harness.rank_run import RankRun
 from ...harness.sharding import batch_dims, global_batch, shard, to_device
+from ...harness.targets import Target
 from ...harness.world import RankContext
 from .compiled import output_site, run_eagerly
 from .compression import comm_hook_of
@@ -495,7 +496,7 @@ class Settled:
     differs: str | None  # rank 0 of a comparing run: how its build differed from the reference's
 
 
-def _settle(target: Any, model: Any, plan: RunPlan, rank_ctx: RankContext, to: Destination) -> Settled:
+def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to: Destination) -> Settled:
     """Between building and wrapping: dropout off, what randomness is left measured, BatchNorm
     grouped, the loss split measured and (rank 0 of a comparing run) the reference's initial
     weights loaded and checked."""
