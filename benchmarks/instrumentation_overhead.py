@@ -4,7 +4,7 @@
     python benchmarks/instrumentation_overhead.py --rounds 10 --target tests/perf/wide_target.py
 
 In one persistent 2-rank gloo World, rounds alternate a bare DDP step loop and the same loop
-with the suite's timers and per-gradient hooks (conformance.perf.profile.GradReadyRecorder,
+with the suite's timers and per-gradient hooks (conformance.perf.measure.profile.GradReadyRecorder,
 perf_counter around each step) — alternation in one world, so machine noise hits both sides
 alike. Prints each round's ratio and the median ratio instrumented / bare.
 """
@@ -31,7 +31,7 @@ def step_loop(ctx: RankContext, target_spec: str, instrumented: bool, steps: int
         wrap,
     )
     from conformance.harness.targets import load_target
-    from conformance.perf.profile import GradReadyRecorder, local_batch
+    from conformance.perf.measure.profile import GradReadyRecorder, local_batch
 
     target = load_target(target_spec)
     if "ddp" not in ctx.cache:  # built once: the comparison is of steps, not of construction

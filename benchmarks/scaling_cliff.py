@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from conformance.harness.world import World
 from conformance.harness.world import unavailable_reason
-from conformance.perf import cliff_model as cm
+from conformance.perf.cliff import model as cm
 from conformance.perf.scaling_cliff import SweepData, measure
 
 

@@ -52,6 +52,10 @@ def test_the_layer_contracts_are_kept() -> None:
     ("conformance/checks/gradient_equivalence.py", "import conformance.checks.no_sync_equivalence"),  # entry -> entry
     ("conformance/checks/equivalence/checkpointing.py", "import conformance.checks.no_sync_equivalence"),  # engine -> entry
     ("conformance/checks/equivalence/tensors.py", "import conformance.checks.equivalence.verdict"),  # engine leaf -> its top
+    ("conformance/perf/allreduce_bandwidth.py", "import conformance.perf.scaling_cliff"),  # perf entry -> entry
+    ("conformance/perf/measure/sweep.py", "import conformance.perf.cliff.rank"),  # shared measurement -> the cliff engine
+    ("conformance/perf/cliff/shaped_link.py", "import conformance.perf.cliff.model"),  # cliff leaf -> its model
+    ("conformance/_plugin/options.py", "import conformance._plugin.writer"),  # plugin's options -> the writer
 ])
 def test_a_back_import_breaks_the_contract(tmp_path: Path, module: str, back_import: str) -> None:
     for package in PACKAGES:

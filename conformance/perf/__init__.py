@@ -1,52 +1,15 @@
-"""Performance and scale: the ``allreduce-bandwidth`` check and the maths beside it.
+"""The perf checks: one entry module per check id, named after it (``allreduce_bandwidth`` for
+``allreduce-bandwidth``, ``scaling_cliff`` for ``scaling-cliff``; see
+conformance.harness.registry), beside what they stand on:
 
-Pure maths: ``bandwidth_math`` (nccl-tests bus bandwidth), ``alphabeta`` (the ring model fit)
-and ``simulator`` (the overlapped DDP step and the scaling projection). Rank-side work
-functions (module-level, so a World pickles them by reference): ``sweep``, ``profile`` and
-``overlap``. The check itself: ``allreduce_bandwidth``."""
+- ``maths/``: pure models both checks fit and simulate (nccl-tests bus bandwidth, the ring
+  all-reduce's alpha-beta fit, the bucketed overlapped DDP step and its scaling projection);
+- ``measure/``: rank-side work functions both checks run (the exact all-reduce sweep, each
+  gradient's readiness in backward, DDP steps with DDP's own overlap accounting), module-level
+  so a World pickles them by reference;
+- ``cliff/``: the scaling-cliff engine (a DDP step behind a shaped link, held to the simulator:
+  the link model, the knee, the rank side, the bucket layout re-run, the ``--link-gbps``
+  projection).
 
-from __future__ import annotations
-
-from .alphabeta import AlphaBeta, fit_alpha_beta, ring_allreduce_time
-from .bandwidth_math import (
-    SweepPoint,
-    algbw,
-    bus_factor,
-    busbw,
-    key_figure,
-    median_of_slowest,
-    nccl_tests_table,
-)
-from .simulator import (
-    BackwardProfile,
-    Projection,
-    StepTiming,
-    ddp_bucket_caps,
-    greedy_buckets,
-    project,
-    simulate,
-    simulate_layers,
-    step_at,
-)
-
-__all__ = [
-    "AlphaBeta",
-    "BackwardProfile",
-    "Projection",
-    "StepTiming",
-    "SweepPoint",
-    "algbw",
-    "bus_factor",
-    "busbw",
-    "ddp_bucket_caps",
-    "fit_alpha_beta",
-    "greedy_buckets",
-    "key_figure",
-    "median_of_slowest",
-    "nccl_tests_table",
-    "project",
-    "ring_allreduce_time",
-    "simulate",
-    "simulate_layers",
-    "step_at",
-]
+allreduce-bandwidth runs on ``maths`` and ``measure`` alone; ``cliff`` builds on both. Entries
+import the faces of these packages, never each other."""

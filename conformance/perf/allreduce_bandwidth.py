@@ -38,19 +38,20 @@ from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.timing import DEFAULT_DEADLINE_S
 from ..harness.world import WorldError, WorldLike
-from . import bandwidth_math as bw
-from .alphabeta import AlphaBeta, fit_alpha_beta
-from .overlap import OverlapSample, ddp_steps, parse_bucket_indices
-from .profile import profile_backward, to_profile
-from .simulator import (
-    MB,
-    BackwardProfile,
-    ddp_bucket_caps,
-    greedy_buckets,
-    project,
-    step_at,
+from .maths import MB, AlphaBeta, BackwardProfile, ddp_bucket_caps, fit_alpha_beta, greedy_buckets, project, step_at
+from .maths import bandwidth as bw
+from .measure import (
+    ITERS,
+    WARMUP,
+    OverlapSample,
+    allreduce_sweep,
+    ddp_steps,
+    default_sizes,
+    parse_bucket_indices,
+    profile_backward,
+    split_sweep,
+    to_profile,
 )
-from .sweep import ITERS, WARMUP, allreduce_sweep, default_sizes, split_sweep
 
 SPLIT_SIZES = tuple(4096 << k for k in range(0, 13, 3))  # a shorter sweep per link kind
 # The projection to 1024 ranks stands on the simulator, and the only world it can be checked

@@ -9,7 +9,7 @@ reproduced: the world's ranks run in a private network namespace whose loopback 
 
 Evidence, at each rate of a sweep from unshaped down to where the exposed communication is
 several times the compute (rates chosen from the model's gradient bytes and compute): the
-DDP step (the later rank's, lower quartile: ``cliff_model.measured_step``), the compute side
+DDP step (the later rank's, lower quartile: ``cliff.model.measured_step``), the compute side
 by side (a plain no-DDP pass before each step: the simulator's input), DDP's own
 communication time, that rate's alpha-beta fit (an all-reduce sweep under the same shaping,
 every result checked exact) and the simulator's predicted step from the backward profile,
@@ -20,10 +20,10 @@ prediction, and the unshaped fits' median latency is the software's part of ever
 latency (what a shaped rate's fit adds beyond it is bytes on the link, which the burst pays
 for: ``ShapedLink.with_unshaped_latency``); every shaped point is a validation. The sweep
 runs :data:`REPEATS` times in one world at the first one's rates and is judged by its medians
-per rate (``cliff_model.median_report``): one sweep's fast rates are mostly a small host's
-scheduling noise. The knee (``cliff_model.knees``), measured and predicted.
+per rate (``cliff.model.median_report``): one sweep's fast rates are mostly a small host's
+scheduling noise. The knee (``cliff.model.knees``), measured and predicted.
 
-The bucket layout that moves the knee (``_cliff_layout``): proposed by the simulator at the
+The bucket layout that moves the knee (``cliff.layout``): proposed by the simulator at the
 measured knee, then re-run side by side at that rate against the configured one, and reported
 as a remedy ("verified fix" / "did not fix" / "suggested, not verified") -- never claimed from
 the model alone; the recommendation is made only when verified.
@@ -32,7 +32,7 @@ Verdict: failed if an all-reduce result was wrong; skipped without the privilege
 (the reason named), on one rank, or under --attach; inconclusive when a rate's timings cannot
 be fitted or the sweep reproduced no cliff (the lowest rate's step under
 :data:`CLIFF_MIN_RATIO` x the unshaped one); passed otherwise. The simulator is "validated"
-only when every shaped rate is within ``cliff_model.ERROR_BOUND`` and the predicted knee
+only when every shaped rate is within ``cliff.model.ERROR_BOUND`` and the predicted knee
 within one sweep point of the measured one; otherwise the message says it is unvalidated and
 by how much.
 
@@ -66,10 +66,8 @@ from ..harness.context import CheckContext
 from ..harness.outcome import Outcome
 from ..harness.remedies import REMEDIES, Remedy, to_json
 from ..harness.world import ETHERNET_MTU, LinkShape, NetworkUnavailable, World, WorldLike, unavailable_reason
-from . import cliff_model as cm
-from ._cliff_layout import verify_layout
-from ._cliff_rank import link_point
-from .link_projection import project_link
+from .cliff import link_point, project_link, verify_layout
+from .cliff import model as cm
 
 #: Exposed communication the shaped rates aim at, as multiples of the compute measured
 #: unshaped first: from well hidden (a tenth) to six times the compute, where the cliff is
@@ -78,12 +76,12 @@ EXPOSURES = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4)
 #: The lowest rate's step over the unshaped one below which no cliff was reproduced.
 CLIFF_MIN_RATIO = 1.5
 #: Timed DDP steps (each after a plain pass) and timed all-reduces per size, at each rate.
-#: 24 steps: the step is read per step on the later rank (``cliff_model.measured_step``), so
+#: 24 steps: the step is read per step on the later rank (``cliff.model.measured_step``), so
 #: these are its samples (12 gave a tiny model's lower quartile in a host's slow mode, 3-4 ms
 #: on a 1 ms step, at one rate in three on a quiet host); a step costs 1-40 ms here.
 STEPS, ITERS = 24, 6
 #: Sweeps measured (in one world, at the first one's rates) and judged by their medians per
-#: rate (``cliff_model.median_report``): on a 2-core host one sweep validated tied-lm's
+#: rate (``cliff.model.median_report``): on a 2-core host one sweep validated tied-lm's
 #: simulator 7 times in 21, the medians of three 6 times in 7.
 REPEATS = 3
 #: The target of the default run (no --target): the built-in with the most gradient bytes

@@ -11,10 +11,10 @@ import pytest
 
 from conformance.harness.registry import BY_ID
 from conformance.perf.allreduce_bandwidth import SIMULATOR_ERROR_BOUND, judge, measure
-from conformance.perf.alphabeta import AlphaBeta, ring_allreduce_time
-from conformance.perf.overlap import ddp_steps
-from conformance.perf.profile import profile_backward, to_profile
-from conformance.perf.simulator import ddp_bucket_caps, greedy_buckets, step_at
+from conformance.perf.maths.alphabeta import AlphaBeta, ring_allreduce_time
+from conformance.perf.maths.simulator import ddp_bucket_caps, greedy_buckets, step_at
+from conformance.perf.measure.overlap import ddp_steps
+from conformance.perf.measure.profile import profile_backward, to_profile
 
 WIDE = str(Path(__file__).with_name("wide_target.py"))
 SMALL_SIZES = [4096 << k for k in range(0, 9, 2)]  # 4 KB .. 1 MB: enough to fit a line, fast

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.perf.host_barrier import HostBarrier
+from conformance.perf.cliff.host_barrier import HostBarrier
 from tests._processes import run_forked
 from ..conftest import Pace
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conformance.perf import (
+from conformance.perf.maths import (
     BackwardProfile,
     SweepPoint,
     bus_factor,
@@ -23,8 +23,8 @@ from conformance.perf import (
     simulate_layers,
 )
 from conformance.perf.allreduce_bandwidth import judge
-from conformance.perf.alphabeta import AlphaBeta
-from conformance.perf.overlap import OverlapSample, parse_bucket_indices
+from conformance.perf.maths.alphabeta import AlphaBeta
+from conformance.perf.measure.overlap import OverlapSample, parse_bucket_indices
 
 MB = 1 << 20
 

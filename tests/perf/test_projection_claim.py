@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conformance.perf.allreduce_bandwidth import SIMULATOR_ERROR_BOUND, judge, measure
-from conformance.perf.alphabeta import ring_allreduce_time
+from conformance.perf.maths.alphabeta import ring_allreduce_time
 from ddp_conformance.reports import keys
 from ddp_conformance.reports.recommend import recommend
 

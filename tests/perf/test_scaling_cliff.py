@@ -15,7 +15,7 @@ import pytest
 
 from conformance.harness.registry import BY_ID
 from conformance.harness.world import NetworkUnavailable, unavailable_reason
-from conformance.perf import cliff_model as cm
+from conformance.perf.cliff import model as cm
 from conformance.perf import scaling_cliff
 from conformance.perf.scaling_cliff import SweepData, judge
 from ddp_conformance.reports import keys
@@ -217,8 +217,8 @@ def test_the_first_gradient_s_readiness_is_timed_with_one_hook() -> None:
     import torch
     from torch import nn
 
-    from conformance.perf._cliff_rank import FirstGradient
-    from conformance.perf.profile import GradReadyRecorder
+    from conformance.perf.cliff.rank import FirstGradient
+    from conformance.perf.measure.profile import GradReadyRecorder
 
     def build() -> nn.Module:
         torch.manual_seed(0)
@@ -270,7 +270,7 @@ def test_each_dtype_of_buffers_is_a_broadcast_of_its_own() -> None:
     profiler: two ``gloo:broadcast`` for the convbn target), each paying the link's latency."""
     import torch
 
-    from conformance.perf._cliff_rank import broadcast_sizes
+    from conformance.perf.cliff.rank import broadcast_sizes
 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.BatchNorm2d(4))
     ddp = SimpleNamespace(modules_buffers=list(model.buffers()), broadcast_bucket_size=250 << 20,
@@ -356,7 +356,7 @@ def test_a_comm_hook_s_all_reduces_replace_the_buckets_in_the_model(monkeypatch:
     import torch
     import torch.distributed as dist
 
-    from conformance.perf._cliff_rank import _hook_traffic, hook_all_reduces
+    from conformance.perf.cliff.rank import _hook_traffic, hook_all_reduces
 
     monkeypatch.setattr(dist, "all_reduce", lambda tensor, *args, **kwargs: "work")
     sent: list[int] = []
@@ -372,7 +372,7 @@ def test_the_step_judged_is_the_one_a_comm_hook_settled_into() -> None:
     """PowerSGD sends plain all-reduces until start_powerSGD_iter, then three small ones per
     bucket (examples/train_compressed.py: plain steps of 1-3 ms, compressed ones of 4-15 ms on
     this CPU); the prediction is made for the settled traffic, so only those steps are judged."""
-    from conformance.perf._cliff_rank import MIN_STEADY, steady_steps
+    from conformance.perf.cliff.rank import MIN_STEADY, steady_steps
 
     powersgd = [[15384]] * 8 + [[408, 1104, 672]] * 16
     assert steady_steps(powersgd) == list(range(8, 24))
@@ -474,7 +474,7 @@ def test_a_short_real_sweep_through_the_session(suite_session: Any, monkeypatch:
     monkeypatch.setattr(scaling_cliff, "STEPS", 3)
     monkeypatch.setattr(scaling_cliff, "ITERS", 2)
     monkeypatch.setattr(scaling_cliff, "REPEATS", 2)  # the check's sweeps share their rates
-    from conformance.perf import _cliff_layout
+    from conformance.perf.cliff import layout as _cliff_layout
 
     monkeypatch.setattr(_cliff_layout, "ROUNDS", 1)
     monkeypatch.setattr(_cliff_layout, "STEPS", 2)
@@ -576,14 +576,14 @@ def test_a_size_the_burst_paid_for_is_left_out_of_the_rate_s_fit() -> None:
 
 def _front_loaded_profile() -> Any:
     """Most bytes ready early in backward: a split into buckets lets them overlap the rest."""
-    from conformance.perf.simulator import BackwardProfile
+    from conformance.perf.maths.simulator import BackwardProfile
 
     return BackwardProfile(ready_s=(0.001, 0.002, 0.010), nbytes=(60_000, 60_000, 1_000), backward_end_s=0.010,
                            forward_s=0.002)
 
 
 def test_the_simulator_proposes_a_layout_only_where_it_moves_the_knee() -> None:
-    from conformance.perf import _cliff_layout as layout
+    from conformance.perf.cliff import layout
 
     report = cm.validate([cm.LinkPoint(None, 0.012, 0.012, 0.012, 0, 1e9, 0, 1),
                           cm.LinkPoint(1e7, 0.030, 0.030, 0.012, 1e-4, 1.2e7, 0, 1),
@@ -592,7 +592,7 @@ def test_the_simulator_proposes_a_layout_only_where_it_moves_the_knee() -> None:
     assert not isinstance(proposal, str)
     cap, configured, proposed = proposal
     assert proposed < configured * (1 - layout.LAYOUT_GAIN) and cap < 0.1
-    from conformance.perf.simulator import BackwardProfile
+    from conformance.perf.maths.simulator import BackwardProfile
 
     back_loaded = BackwardProfile(ready_s=(0.001, 0.009, 0.010), nbytes=(1_000, 1_000, 120_000),
                                   backward_end_s=0.010, forward_s=0.002)
@@ -625,7 +625,7 @@ class _Link:
                                                     (0.028, "suggested, not verified")])
 def test_the_layout_is_verified_only_by_its_side_by_side_rerun(proposed_s: float, status: str) -> None:
     from conformance.harness.remedies import verify
-    from conformance.perf import _cliff_layout as layout
+    from conformance.perf.cliff import layout
 
     world = _FakeWorld(0.030, proposed_s)
     remedy = verify("bucket_cap_mb=0.03", layout.rerun_layout(world, "mlp", 1e7, 0.03))  # type: ignore[arg-type]

@@ -46,7 +46,8 @@ def test_fmt_bytes_uses_binary_units_with_their_iec_names(n: int, text: str) -> 
 
 
 def test_the_perf_check_and_the_charts_write_sizes_with_the_same_function() -> None:
-    from conformance.perf import allreduce_bandwidth, bandwidth_math
+    from conformance.perf import allreduce_bandwidth
+    from conformance.perf.maths import bandwidth as bandwidth_math
     from ddp_conformance.reports import charts
 
     assert allreduce_bandwidth.fmt_bytes is fmt_bytes

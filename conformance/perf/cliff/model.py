@@ -1,11 +1,11 @@
 """The scaling cliff, measured and predicted: one link rate's numbers, the knee, the projection.
 
-Pure maths over what ``_cliff_rank.link_point`` measured on every rank at each rate of a
+Pure maths over what ``rank.link_point`` measured on every rank at each rate of a
 sweep (docs/ddp-background.md, "Scaling cliffs"): a bucket's all-reduce can start only once its
 last gradient is ready on *every* rank, so the profile the simulator is given is the
 per-gradient latest of the ranks' side-by-side no-DDP passes; each rate gets its own alpha-beta
 fit from the all-reduce sweep measured under the same shaping; the simulator
-(:func:`~conformance.perf.simulator.step_at`) overlaps DDP's own bucket layout with that
+(:func:`~conformance.perf.maths.simulator.step_at`) overlaps DDP's own bucket layout with that
 backward.
 
 The knee is the fastest rate of the sweep at which the communication the shaping exposes (the
@@ -25,10 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .alphabeta import AlphaBeta, fit_alpha_beta
-from .overlap import parse_bucket_indices
+from ..maths import AlphaBeta, BackwardProfile, ddp_bucket_caps, fit_alpha_beta, greedy_buckets
+from ..measure import parse_bucket_indices
 from .shaped_link import HookTraffic, ShapedLink, burst_credit_s
-from .simulator import BackwardProfile, ddp_bucket_caps, greedy_buckets
 
 # HookTraffic, ShapedLink and burst_credit_s are re-exported: the judge and its tests reach them here.
 __all__ = ["CliffReport", "HookTraffic", "LinkPoint", "ShapedLink", "UnfittableRate", "burst_credit_s",
@@ -191,7 +190,7 @@ def fit_point(sizes: Sequence[int], per_rank_times: Sequence[Sequence[Sequence[f
 
 def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: Sequence[int],
                cap_mb: float | None) -> LinkPoint:
-    """One rate's LinkPoint from every rank's ``_cliff_rank.link_point`` value."""
+    """One rate's LinkPoint from every rank's ``rank.link_point`` value."""
     n = len(values)
     profile, order = combined_profile([v["profile"] for v in values])
     fit = fit_point(sizes, [v["sweep"]["times"] for v in values], n, unshaped=rate is None, rate_bits_per_s=rate)
@@ -214,7 +213,7 @@ def link_point(rate: float | None, values: Sequence[Mapping[str, Any]], sizes: S
 def launch_skew(values: Sequence[Mapping[str, Any]]) -> float:
     """How much earlier the first rank readies its gradients than the last one, in a typical
     timed DDP step: per step the spread over ranks of the watched gradient's readiness
-    (``_cliff_rank.FirstGradient``), median over steps. The early rank's share of an
+    (``rank.FirstGradient``), median over steps. The early rank's share of an
     all-reduce goes on the link as soon as it is ready, so the link's token bucket stops
     refilling that much before the all-reduce the simulator starts at the last rank's readiness.
 

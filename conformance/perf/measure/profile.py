@@ -12,14 +12,14 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..harness.ddp import PROBE_SEED, build_model, sync_device
-from ..harness.sharding import rank_batch
-from ..harness.timing import DEFAULT_DEADLINE_S, sweep_reps
-from .simulator import BackwardProfile
+from ...harness.ddp import PROBE_SEED, build_model, sync_device
+from ...harness.sharding import rank_batch
+from ...harness.timing import DEFAULT_DEADLINE_S, sweep_reps
+from ..maths import BackwardProfile
 
 if TYPE_CHECKING:
-    from ..harness.targets import Target
-    from ..harness.world import RankContext
+    from ...harness.targets import Target
+    from ...harness.world import RankContext
 
 # Untimed warm-up passes; the timed repeats then follow the last warm-up's time
 # (timing.sweep_reps: a fast model gets many, a production one the floor).
@@ -74,7 +74,7 @@ def profile_backward(ctx: RankContext, target_spec: str, *, warmup: int = WARMUP
 
     Returns a plain dict (picklable) that ``to_profile`` turns into a BackwardProfile.
     """
-    from ..harness.targets import load_target
+    from ...harness.targets import load_target
 
     target = load_target(target_spec)
     model = build_model(target, ctx.device, seed=PROBE_SEED)

@@ -18,14 +18,13 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..harness.ddp import PROBE_SEED, build_model, effective_ddp_kwargs, logging_data, sync_device, wrap
-from ..harness.patching import replaced
+from ...harness.ddp import PROBE_SEED, build_model, effective_ddp_kwargs, logging_data, sync_device, wrap
+from ...harness.patching import replaced
+from ..measure import GradReadyRecorder, local_batch, sweep_on
 from .host_barrier import HostBarrier
-from .profile import GradReadyRecorder, local_batch
-from .sweep import sweep_on
 
 if TYPE_CHECKING:
-    from ..harness.world import RankContext
+    from ...harness.world import RankContext
 
 #: Untimed DDP steps first: iteration 0 rebuilds the buckets, iteration 1 is still cold.
 STEP_WARMUP = 2
@@ -38,7 +37,7 @@ def link_point(ctx: RankContext, target_spec: str, sizes: Sequence[int], *, step
     """World work function: the all-reduce sweep over ``sizes`` (``iters`` timed iterations
     each), then ``steps`` timed forward+backward steps of the target under DDP (``bucket_cap_mb``
     overrides the target's cap: the side-by-side re-run of another bucket layout)."""
-    from ..harness.targets import load_target
+    from ...harness.targets import load_target
 
     sweep = sweep_on(ctx.group, ctx.rank, ctx.world_size, ctx.device, sizes, warmup=1, iters=iters)
     target = load_target(target_spec)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..harness.ddp import (
+from ...harness.ddp import (
     PROBE_SEED,
     build_model,
     effective_ddp_kwargs,
@@ -26,7 +26,7 @@ from ..harness.ddp import (
 from .profile import local_batch
 
 if TYPE_CHECKING:
-    from ..harness.world import RankContext
+    from ...harness.world import RankContext
 
 STEPS, WARMUP = 12, 2
 _NS = 1e-9
@@ -69,7 +69,7 @@ def ddp_steps(ctx: RankContext, target_spec: str, *, steps: int = STEPS, warmup:
     Returns the median step time after ``warmup`` (bucket rebuild happens in iteration 0)
     and the DDP logging fields above.
     """
-    from ..harness.targets import load_target
+    from ...harness.targets import load_target
 
     target = load_target(target_spec)
     ddp = wrap(build_model(target, ctx.device, seed=PROBE_SEED), ctx.device, effective_ddp_kwargs(target),

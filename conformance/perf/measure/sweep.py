@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..harness.world import RankContext
+    from ...harness.world import RankContext
 
 CPU_SIZES = tuple(4096 << k for k in range(13))  # 4 KB .. 16 MB: the whole check stays seconds
 GPU_SIZES = tuple(4096 << k for k in range(17))  # 4 KB .. 256 MB, as nccl-tests' default range

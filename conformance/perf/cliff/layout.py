@@ -16,12 +16,11 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..harness.remedies import Remedy, Rerun, verify
-from ..harness.world import LinkShape, World
-from . import cliff_model as cm
-from ._cliff_rank import link_point
-from .alphabeta import AlphaBeta
-from .simulator import MB, BackwardProfile, ddp_bucket_caps, greedy_buckets, step_at
+from ...harness.remedies import Remedy, Rerun, verify
+from ...harness.world import LinkShape, World
+from ..maths import MB, AlphaBeta, BackwardProfile, ddp_bucket_caps, greedy_buckets, step_at
+from . import model as cm
+from .rank import link_point
 
 #: A predicted (and then a measured) gain below this is within a loaded host's noise.
 LAYOUT_GAIN = 0.10

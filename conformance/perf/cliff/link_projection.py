@@ -9,11 +9,10 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .alphabeta import AlphaBeta
-from .simulator import BackwardProfile
+from ..maths import AlphaBeta, BackwardProfile
 
 if TYPE_CHECKING:
-    from .cliff_model import CliffReport
+    from .model import CliffReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +51,7 @@ def project_link(report: CliffReport, profile: BackwardProfile, *, link_gbps: fl
                  cap_mb: float | None) -> LinkProjection:
     """Weak scaling on a ``link_gbps`` per-rank link: the sweep's median fitted latency, the
     user's bandwidth, DDP's fixed cost measured unshaped, the model's own backward profile."""
-    from .simulator import project
+    from ..maths import project
 
     if not link_gbps > 0:
         raise ValueError(f"link_gbps={link_gbps} must be positive")

@@ -1,9 +1,9 @@
 """One link rate's DDP step on a token-bucket link (``tc tbf``), in the simulator's terms.
 
-What the overlapped-step simulator (``simulator.py``) does not know about a real shaped link:
+What the overlapped-step simulator (``maths.simulator``) does not know about a real shaped link:
 its burst, refilled while the link is idle and paid from by each all-reduce; the buffers DDP
 broadcasts before every forward; a message's latency split into the software's part and bytes
-on the link (docs/ddp-background.md, "Scaling cliffs"). ``cliff_model`` builds one per rate of
+on the link (docs/ddp-background.md, "Scaling cliffs"). ``model`` builds one per rate of
 a sweep and holds it to the measured step.
 """
 
@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..harness.world import LinkShape
-from .alphabeta import AlphaBeta
-from .simulator import BackwardProfile
+from ...harness.world import LinkShape
+from ..maths import AlphaBeta, BackwardProfile
 
 
 def burst_credit_s(rate: float | None) -> float:
@@ -29,7 +28,7 @@ def burst_credit_s(rate: float | None) -> float:
 
 @dataclass(frozen=True, slots=True)
 class HookTraffic:
-    """What a DDP comm hook all-reduced per step, measured (``_cliff_rank.hook_all_reduces``).
+    """What a DDP comm hook all-reduced per step, measured (``rank.hook_all_reduces``).
 
     The simulator's buckets are DDP's gradients; a hook sends something else in their place.
     Measured without it (examples/train_compressed.py, fp16_compress_hook): the slowest rates'
