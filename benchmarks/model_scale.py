@@ -94,14 +94,8 @@ def target_source(width: int) -> str:
 def bare_step(ctx: RankContext, target_spec: str, warmup: int, steps: int) -> float:
     """Median time of a plain DDP training step of the target on this rank (nothing of the suite
     around it but a clock); the model is freed before returning."""
-    from conformance.harness.ddp import (
-        PROBE_SEED,
-        build_model,
-        effective_ddp_kwargs,
-        rank_batch,
-        sync_device,
-        wrap,
-    )
+    from conformance.harness.ddp import PROBE_SEED, build_model, effective_ddp_kwargs, sync_device, wrap
+    from conformance.harness.sharding import rank_batch
     from conformance.harness.targets import load_target
 
     target = load_target(target_spec)

@@ -163,7 +163,8 @@ def _ddp_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
 
 def _ddp_steps(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog, group: Any,
                target: Any, model: Any, optimizer: Any) -> None:
-    from conformance.harness.ddp import SCENARIO_DATA_SEED, rank_batch
+    from conformance.harness.ddp import SCENARIO_DATA_SEED
+    from conformance.harness.sharding import rank_batch
 
     for step in range(sc.steps):
         tracker.step = step

@@ -107,6 +107,33 @@ def test_the_measure_sees_a_long_function(tmp_path: Path) -> None:
     assert functions == [f"long/m.py:1 f: {FUNCTION_LINES + 1} lines"] and not modules
 
 
+#: The rank-side preamble (TF32 off, the target loaded, the model built and wrapped, the
+#: run_loop's ctx) is written once, in conformance/harness/rank_run.py: a check's rank side
+#: starts through ``RankRun`` and never imports these pieces of it again.
+PREAMBLE = ("disable_tf32", "wrap", "LoopContext")
+
+
+def _preamble_copies(root: Path, folder: str) -> list[str]:
+    found = []
+    for path in sorted((root / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("harness.ddp"):
+                found += [f"{path.relative_to(root)}:{node.lineno} {alias.name}"
+                          for alias in node.names if alias.name in PREAMBLE]
+    return found
+
+
+def test_the_checks_start_their_rank_side_through_rank_run() -> None:
+    found = _preamble_copies(ROOT, "conformance/checks")
+    assert not found, "start the rank side with harness.rank_run.RankRun instead:\n" + "\n".join(found)
+
+
+def test_the_preamble_search_finds_a_copy(tmp_path: Path) -> None:
+    (tmp_path / "checks").mkdir()
+    (tmp_path / "checks" / "m.py").write_text("def f():\n    from ..harness.ddp import MODEL_SEED, disable_tf32, wrap\n")
+    assert _preamble_copies(tmp_path, "checks") == ["checks/m.py:2 disable_tf32", "checks/m.py:2 wrap"]
+
+
 def _cycles(graph: object) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     imports = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in graph.modules}  # type: ignore[attr-defined]

@@ -259,17 +259,16 @@ def watch_loop(rank_ctx: RankContext, target_spec: str, steps: int) -> dict[str,
     any other (a collective's timeout, DDP's own error) comes back as data with the
     checkpoints taken before it.
     """
-    from ..harness.ddp import LoopContext, disable_tf32, effective_ddp_kwargs
+    from ..harness.rank_run import RankRun
     from ..harness.target_calls import one_line
-    from ..harness.targets import TargetError, call_target, load_target
+    from ..harness.targets import TargetError, call_target
 
-    disable_tf32()
-    target = load_target(target_spec)
+    run = RankRun.load(rank_ctx, target_spec)
+    target = run.target
     scratch = Path(rank_ctx.tmpdir) / f"midrun-rank{rank_ctx.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
-    # target: its configure_ddp runs on every model ctx.wrap returns, as in production.
-    loop = LoopContext(rank=rank_ctx.rank, world_size=rank_ctx.world_size, device=rank_ctx.device,
-                       steps=steps, tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target), target=target)
+    # The target's configure_ddp runs on every model ctx.wrap returns, as in production.
+    loop = run.loop_context(steps=steps, tmpdir=scratch)
     if target.run_loop is None:
         raise ValueError(f"target {target.name!r} defines no run_loop: there is no loop to watch")
     recorder = Recorder(loop.models)

@@ -52,20 +52,9 @@ from ddp_conformance.reports.keys import FEATURES, NONFINITE, VERIFIED
 
 from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
-from ..harness.ddp import (
-    MODEL_SEED,
-    batch_dims,
-    build_model,
-    disable_tf32,
-    effective_ddp_kwargs,
-    global_batch,
-    shard,
-    tensor_digest,
-    to_device,
-    unwrap,
-    wrap,
-)
+from ..harness.ddp import MODEL_SEED, build_model, tensor_digest, unwrap
 from ..harness.outcome import Outcome
+from ..harness.sharding import batch_dims, global_batch, shard, to_device
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
 from ..harness.world import RankContext, RankFailure, WorldHang
 from .midrun import NO_STEPS, watch_loop
@@ -107,14 +96,13 @@ def _nonfinite(digests: dict[str, tuple[str, float]]) -> str | None:
 
 def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) -> list[dict[str, Any]]:
     """Digests of parameters and buffers at every checkpoint of a short DDP run on this rank."""
-    from ..harness.targets import load_target
+    from ..harness.rank_run import RankRun
 
-    disable_tf32()
-    target = load_target(target_spec)
-    model = build_model(target, rank_ctx.device, seed=MODEL_SEED)
+    run = RankRun.load(rank_ctx, target_spec)
+    target = run.target
     # Construction broadcasts rank 0's parameters and buffers (a collective on every rank).
-    ddp = wrap(model, rank_ctx.device, effective_ddp_kwargs(target), target=target)
-    optimizer = target.make_optimizer(ddp)
+    wrapped = run.build_wrapped()
+    ddp, optimizer = wrapped.ddp, wrapped.make_optimizer()
     checkpoints: list[dict[str, Any]] = [
         {"when": "after DDP construction", "step": None, "kind": "parameter",
          "digests": _snapshot(unwrap(ddp).named_parameters())},

@@ -56,19 +56,9 @@ from ddp_conformance.reports.keys import NONFINITE, VERIFIED
 from ..harness.batches import digest as batch_digest
 from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
-from ..harness.ddp import (
-    MODEL_SEED,
-    batch_dims,
-    build_model,
-    disable_tf32,
-    effective_ddp_kwargs,
-    global_batch,
-    shard,
-    to_device,
-    unwrap,
-    wrap,
-)
+from ..harness.ddp import MODEL_SEED, unwrap
 from ..harness.outcome import Outcome
+from ..harness.sharding import batch_dims, global_batch, shard, to_device
 from ..harness.world import RankContext, RankFailure, WorldHang
 from .equivalence import (
     DIGEST,
@@ -182,17 +172,17 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
     """
     import torch.distributed as dist
 
-    from ..harness.targets import load_target
+    from ..harness.rank_run import RankRun
 
-    disable_tf32()
-    target = load_target(target_spec)
+    run = RankRun.load(rank_ctx, target_spec)
+    target = run.target
     device, rank, n = rank_ctx.device, rank_ctx.rank, rank_ctx.world_size
     snapshots = Path(folder) if rank == 0 else rank_view(Path(folder), rank)
     batches = [global_batch(target, batch_size, seed=MODEL_SEED + step) for step in range(ITERATIONS)]
     # Every rank draws the same global batch from the same seed, unless make_batch reads state
     # built differently in this process: then rank 0's reference is not this rank's batch.
     out: dict[str, Any] = {"rank": rank, "batch_digests": [batch_digest(x) + batch_digest(y) for x, y in batches]}
-    model = build_model(target, device, seed=MODEL_SEED)
+    model = run.build(seed=MODEL_SEED)
     groups = _alias_groups(model)
     # Counted on the discovery model itself: it is dropped right after (never trained), so a
     # BatchNorm statistic its no_grad forward moves reaches nothing.
@@ -210,16 +200,17 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
     variants: list[dict[str, Any]] = []
     referenced, sees, digest = False, True, False
     for label, overrides in VARIANTS:
-        kwargs = effective_ddp_kwargs(target, overrides)
+        kwargs = run.ddp_kwargs(overrides)
         if any(v["kwargs"] == repr(kwargs) for v in variants):
             continue
-        fresh = build_model(target, device, seed=MODEL_SEED)
         # As in the equivalence checks: dropout masks cannot match between N ranks and one
         # process, and BatchNorm must normalise the same groups of samples on both sides.
-        out["dropout_disabled"] = disable_dropout(fresh)
-        out["batchnorm_grouped"] = group_batchnorm(fresh, batch_size // n)
         # Construction broadcasts rank 0's weights: the reference below starts from them.
-        ddp = wrap(fresh, device, kwargs, target=target)
+        wrapped = run.build_wrapped(
+            seed=MODEL_SEED, ddp_overrides=overrides,
+            before_wrap=lambda fresh: (disable_dropout(fresh), group_batchnorm(fresh, batch_size // n)))
+        out["dropout_disabled"], out["batchnorm_grouped"] = wrapped.settled
+        ddp = wrapped.ddp
         if not referenced:
             if rank == 0:
                 out.update(_reference(unwrap(ddp), groups, shared, control, batches, target, device, snapshots))
@@ -248,7 +239,7 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
                          if sees else [])
             del live
         variants.append({"label": label, "kwargs": repr(kwargs), "grads": grads})
-        del ddp, fresh
+        del ddp, wrapped
     out["variants"] = variants
     return out
 

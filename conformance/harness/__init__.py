@@ -6,7 +6,9 @@
 - :mod:`.session`, :mod:`.context`, :mod:`.outcome` — running one check into one record;
 - :mod:`.failures` — the outcome of a world that raised or hung under any check;
 - :mod:`.targets` — loading and validating what is checked;
-- :mod:`.ddp` — the one rank-side DDP module (seeds, wrap, shard, device sync, timing);
+- :mod:`.rank_run` — a check's rank side, from the target's spec to the trained model;
+- :mod:`.ddp` — the one rank-side DDP module (seeds, wrap, device sync, timing);
+- :mod:`.sharding` — the seeded global batch and each rank's share of it;
 - :mod:`.observe` — the rank side's one way to watch the user's code (the ``Probe`` contract,
   its driver, the shared probes).
 

@@ -76,13 +76,8 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
 
     import torch
 
-    from conformance.harness.ddp import (
-        PROBE_SEED,
-        bucket_count,
-        rank_batch,
-        sync_device,
-        wrap,
-    )
+    from conformance.harness.ddp import PROBE_SEED, bucket_count, sync_device, wrap
+    from conformance.harness.sharding import rank_batch
     from conformance.harness.resources import agreed_reps
 
     target = resolve(source, ctx.rank)
@@ -130,7 +125,8 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
     difference between the two runs' final parameters (it must be 0)."""
     import torch
 
-    from conformance.harness.ddp import PROBE_SEED, rank_batch, wrap
+    from conformance.harness.ddp import PROBE_SEED, wrap
+    from conformance.harness.sharding import rank_batch
 
     # Recorded to a file too: a run that aborts never hands back its results.
     log = InjectionLog(directory=log_dir, rank=ctx.rank)

@@ -55,13 +55,8 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
     as many as the last warm-up step's time allows (timing.sweep_reps, within ``deadline_s``)."""
     import torch
 
-    from conformance.harness.ddp import (
-        PROBE_SEED,
-        ddp_timing,
-        rank_batch,
-        sync_device,
-        wrap,
-    )
+    from conformance.harness.ddp import PROBE_SEED, ddp_timing, sync_device, wrap
+    from conformance.harness.sharding import rank_batch
     from conformance.harness.resources import agreed_reps
 
     from ..tracker import CollectiveTracker

@@ -82,7 +82,8 @@ def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singl
     """Names of the parameters without a gradient, per step (this rank's chunk) and sample."""
     import torch
 
-    from conformance.harness.ddp import PROBE_SEED, rank_batch
+    from conformance.harness.ddp import PROBE_SEED
+    from conformance.harness.sharding import rank_batch
 
     log = InjectionLog()
     target = resolve(source, ctx.rank, log)
@@ -118,7 +119,8 @@ def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s:
     steps as the warm-up's step time allows (the same count on every rank)."""
     import torch
 
-    from conformance.harness.ddp import PROBE_SEED, rank_batch, sync_device, wrap
+    from conformance.harness.ddp import PROBE_SEED, sync_device, wrap
+    from conformance.harness.sharding import rank_batch
     from conformance.harness.resources import agreed_reps
 
     target = resolve(source, ctx.rank)
@@ -156,7 +158,8 @@ def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str
     target's accumulation path: no_sync, where its train_step uses it)."""
     import torch
 
-    from conformance.harness.ddp import PROBE_SEED, batch_dims, rank_batch, shard, unwrap, wrap
+    from conformance.harness.ddp import PROBE_SEED, unwrap, wrap
+    from conformance.harness.sharding import batch_dims, rank_batch, shard
 
     target = resolve(source, ctx.rank, InjectionLog())
     torch.manual_seed(PROBE_SEED)

@@ -13,7 +13,7 @@ import torch
 
 from conformance.checks.sampling import read_epoch
 from conformance.harness.batches import first_dim, take_rows
-from conformance.harness.ddp import shard
+from conformance.harness.sharding import shard
 from conformance.harness.targets import TargetError, load_target, make_batch_checked
 
 from ..checks._check_helpers import run_check, target_spec

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conformance.harness.batches import call_model, rows, take_rows
-from conformance.harness.ddp import shard
+from conformance.harness.sharding import shard
 from conformance.harness.targets import TargetError, load_target, make_batch_checked
 
 from ..checks._check_helpers import run_check, target_spec

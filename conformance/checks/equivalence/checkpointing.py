@@ -58,6 +58,7 @@ from ...harness.world import RankContext, RankFailure, WorldError, WorldHang
 from .buffers import name_buffer_overlap
 from .experiment import microbatches_for
 from .records import RankRecord
+from .tensors import Compared
 from .recording import RunPlan, run_recorded
 
 #: DDP's error text for a parameter reported ready twice in one backward (torch 2.13).
@@ -160,7 +161,8 @@ def probe_rank(rank_ctx: RankContext, spec: str, rows: int) -> dict[str, Any]:
     error here), on ``rows`` rows of its first global batch; the checkpoint calls it made, and
     the parameters left without a gradient (``WITHOUT_GRADIENT``)."""
     from ...harness.batches import move
-    from ...harness.ddp import MODEL_SEED, build_model, global_batch
+    from ...harness.ddp import MODEL_SEED, build_model
+    from ...harness.sharding import global_batch
     from ...harness.targets import load_target
 
     target = load_target(spec)
@@ -180,6 +182,13 @@ def run_remedied(rank_ctx: RankContext, plan: RunPlan, nonreentrant: bool) -> Ra
 
 
 # -- supervisor side ---------------------------------------------------------------------
+
+
+def _first_step(record: RankRecord) -> list[Compared]:
+    """A comparing rank's comparisons of the gradients its first step consumed (a reference's
+    record holds their norms under the same key)."""
+    grads0 = record.get("grads0")
+    return grads0 if isinstance(grads0, list) else []
 
 
 def _accumulation(ctx: CheckContext) -> int:
@@ -208,11 +217,11 @@ def rerun(ctx: CheckContext, *, overrides: dict[str, object], nonreentrant: bool
                                                        nonreentrant, deadline=ctx.deadline)]
     except (RankFailure, WorldHang) as exc:
         return Rerun(False, {"completed": False, "error": exc.headline(), "microbatches_per_rank": k})
-    diffs = [c.diff for v in values for c in (v.get("grads0") or [])]
+    diffs = [c.diff for v in values for c in _first_step(v)]
     diffs += [c.diff for v in values for step in (v.get("params") or []) for c in step]
     bad = sorted({d.name for d in diffs if not d.ok})
     nonfinite = [v["nonfinite"] for v in values if v.get("nonfinite")]
-    never = sorted({c.name for v in values for c in (v.get("grads0") or [])
+    never = sorted({c.name for v in values for c in _first_step(v)
                     if c.name in need_gradient and not c.got_present})
     evidence = {"completed": True, "ranks": n, "steps": REMEDY_STEPS, "microbatches_per_rank": k,
                 "tensors_compared": len(diffs),

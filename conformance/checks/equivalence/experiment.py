@@ -100,7 +100,9 @@ def _reference_and_ranks(ctx: CheckContext, plan: RunPlan, group: int, folder: P
     ref = ctx.world(world_size=1).run(run_recorded, ref_plan, deadline=ctx.deadline)[0].value
     values = [r.value for r in ctx.world().run(run_recorded, replace(plan, snapshots=str(folder)),
                                                deadline=ctx.deadline)]
-    return ref, values
+    # The engine below reads a record by role (the reference's norms, the ranks' comparisons
+    # under the same keys), as a plain dict.
+    return dict(ref), [dict(v) for v in values]
 
 
 def _at_gradient_scale(values: list[dict[str, Any]]) -> list[dict[str, Any]]:

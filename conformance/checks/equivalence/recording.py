@@ -47,19 +47,11 @@ from typing import Any, cast
 
 from ...harness.batches import part_dims, take_rows
 from ...harness.patching import replaced
-from ...harness.ddp import (
-    MODEL_SEED,
-    batch_dims,
-    build_model,
-    disable_tf32,
-    effective_ddp_kwargs,
-    global_batch,
-    shard,
-    to_device,
-    unwrap,
-    wrap,
-)
+from ...harness.ddp import MODEL_SEED
 from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step
+from ...harness.rank_run import RankRun
+from ...harness.sharding import batch_dims, global_batch, shard, to_device
+from ...harness.targets import Target
 from ...harness.world import RankContext
 from .compiled import output_site, run_eagerly
 from .compression import comm_hook_of
@@ -494,16 +486,23 @@ def _loss_split(target: Any, model: Any, plan: RunPlan, rank_ctx: RankContext) -
         return None
 
 
-def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
-    """The target's model built from the suite's seed, dropout off, BatchNorm grouped, started
-    from the reference's initial weights, wrapped in DDP with the target's ``ddp_kwargs``."""
-    from ...harness.targets import load_target
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What :func:`_settle` did to the model and measured on it before DDP saw it."""
 
-    to = _destination(rank_ctx, plan)
+    dropout: list[str]
+    rng_left: bool
+    group: int
+    grouped: list[str]
+    split: LossSplit | None
+    differs: str | None  # rank 0 of a comparing run: how its build differed from the reference's
+
+
+def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to: Destination) -> Settled:
+    """Between building and wrapping: dropout off, what randomness is left measured, BatchNorm
+    grouped, the loss split measured and (rank 0 of a comparing run) the reference's initial
+    weights loaded and checked."""
     writes, n, rank = to.writer is not None, rank_ctx.world_size, rank_ctx.rank
-    disable_tf32()
-    target = load_target(plan.target_spec)
-    model = build_model(target, rank_ctx.device, seed=plan.seed)
     dims = batch_dims(target)
     first = to_device(shard(global_batch(target, plan.global_batch, seed=plan.seed), rank, n,
                             plan.microbatches, dims=dims), rank_ctx.device)[0]
@@ -521,29 +520,38 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     grouped = group_batchnorm(model, group)
     # After grouping BatchNorm: the whole batch then normalises in the pieces' groups.
     split = _loss_split(target, model, plan, rank_ctx) if plan.measure_loss_split else None
-    kwargs = effective_ddp_kwargs(target, plan.ddp_overrides)
     # Before wrapping, on rank 0 only: DDP's construction broadcast then carries rank 0's
     # (reference-checked) weights to every rank, including ranks that cannot read the files.
     differs = _verify_initial(model, to.folder, rank_ctx.device) if not writes and rank == 0 else None
-    ddp = wrap(model, rank_ctx.device, kwargs, target=target)
-    setup = SetupSlice(rank=rank, ddp_kwargs=repr(kwargs),
+    return Settled(dropout, rng_left, group, grouped, split, differs)
+
+
+def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
+    """The target's model built from the suite's seed, dropout off, BatchNorm grouped, started
+    from the reference's initial weights, wrapped in DDP with the target's ``ddp_kwargs``."""
+    to = _destination(rank_ctx, plan)
+    run = RankRun.load(rank_ctx, plan.target_spec)
+    wrapped = run.build_wrapped(seed=plan.seed, ddp_overrides=plan.ddp_overrides,
+                                before_wrap=lambda model: _settle(run.target, model, plan, rank_ctx, to))
+    settled, ddp, inner = wrapped.settled, wrapped.ddp, wrapped.model
+    setup = SetupSlice(rank=rank_ctx.rank, ddp_kwargs=repr(wrapped.ddp_kwargs),
                        comm_hook=comm_hook_of(ddp, uncompressed=plan.uncompressed),
-                       dropout_disabled=dropout, rng_in_forward=rng_left, batchnorm_grouped=grouped,
-                       batchnorm_group=group if grouped else None)
-    if split is not None:
-        setup["loss_split"] = split
-    inner = unwrap(ddp)
-    optimizer = target.make_optimizer(ddp)
+                       dropout_disabled=settled.dropout, rng_in_forward=settled.rng_left,
+                       batchnorm_grouped=settled.grouped, batchnorm_group=settled.group if settled.grouped else None)
+    if settled.split is not None:
+        setup["loss_split"] = settled.split
+    optimizer = wrapped.make_optimizer()
+    differs = settled.differs
     if to.writer is not None:
         to.writer.write(INITIAL, inner.state_dict().items(), norms=False)
     else:
-        if rank != 0 and to.sees:
+        if rank_ctx.rank != 0 and to.sees:
             # After the construction broadcast, as a second look: with broadcast_buffers=False
             # DDP leaves buffers rank-local, and a rank that can read the files fixes its own.
             differs = _verify_initial(inner, to.folder, rank_ctx.device, buffers_only=True)
         setup["initial_differs_from_reference"] = differs
         setup["compared_by"] = REFERENCE if to.sees else DIGEST
-    return Prepared(target, ddp, inner, optimizer, to, setup)
+    return Prepared(run.target, ddp, inner, optimizer, to, setup)
 
 
 def run_recorded(rank_ctx: RankContext, plan: RunPlan) -> RankRecord:

@@ -48,8 +48,7 @@ def bit_identical(twin: dict[str, Any]) -> bool:
 
 def _run_twin(ctx: CheckContext, plan: RunPlan) -> dict[str, Any]:
     try:
-        value: dict[str, Any] = ctx.world(world_size=1).run(run_recorded, plan, deadline=ctx.deadline)[0].value
-        return value
+        return dict(ctx.world(world_size=1).run(run_recorded, plan, deadline=ctx.deadline)[0].value)
     except (TargetError, RankFailure, WorldHang) as exc:
         # A step that refuses N·K microbatches (a fixed accumulation count, a memory limit) is
         # no finding about DDP, and no error in the target (its real split runs): no floor, the

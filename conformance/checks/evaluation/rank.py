@@ -86,7 +86,7 @@ def _train_step(target: Any, model: Any, rank_ctx: RankContext) -> StepSlice:
     """One step of the target's ``train_step`` after ``model.train()``, as a loop resumes
     training after evaluating. An error of DDP (the reducer's "Expected to have finished
     reduction in the prior iteration" after an eval forward with autograd on) is data."""
-    from ...harness.ddp import batch_dims, global_batch, shard, to_device
+    from ...harness.sharding import batch_dims, global_batch, shard, to_device
     from ...harness.target_calls import one_line
     from ...harness.targets import TargetError
 
@@ -108,17 +108,16 @@ def evaluate_on_rank(rank_ctx: RankContext, target_spec: str, *, train_after: bo
     """Build and wrap the model, run ``evaluate`` with every observer attached, then (with
     ``train_after``) one training step. The user's own exception is a TargetError (exit 2);
     any other (a collective's timeout, an uneven gather, DDP's error) comes back as data."""
-    from ...harness.ddp import MODEL_SEED, build_model, disable_tf32, effective_ddp_kwargs, wrap
+    from ...harness.rank_run import RankRun
     from ...harness.target_calls import one_line
-    from ...harness.targets import TargetError, call_target, load_target
+    from ...harness.targets import TargetError, call_target
 
-    disable_tf32()
-    target = load_target(target_spec)
+    run = RankRun.load(rank_ctx, target_spec)
+    target = run.target
     if target.evaluate is None:
         raise ValueError(f"target {target.name!r} defines no evaluate")
-    model = build_model(target, rank_ctx.device, seed=MODEL_SEED)
     # Construction broadcasts rank 0's parameters and buffers: a collective on every rank.
-    ddp = wrap(model, rank_ctx.device, effective_ddp_kwargs(target), target=target)
+    ddp = run.build_wrapped().ddp
     digest = _params_digest(ddp)
     # Detached in reverse order (the Observation's stack), and before any slice is read.
     observation = Observation([LoaderIndices(fetched=True),

@@ -239,12 +239,12 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
     (``Steps._copy_here``); ``copy_in_save``: a during-save kill plan and where to copy the
     folder at its point (``observers.Saves._torn_copy``).
     """
-    from ...harness.ddp import LoopContext, disable_tf32, effective_ddp_kwargs
+    from ...harness.rank_run import RankRun
     from ...harness.target_calls import one_line
-    from ...harness.targets import TargetError, call_target, load_target
+    from ...harness.targets import TargetError, call_target
 
-    disable_tf32()
-    target = load_target(target_spec)
+    run = RankRun.load(rank_ctx, target_spec)
+    target = run.target
     if target.run_loop is None:
         raise ValueError(f"target {target.name!r} defines no run_loop: there is no loop to restart")
     record_dir = Path(folder)
@@ -256,11 +256,8 @@ def live(rank_ctx: RankContext, target_spec: str, *, folder: str, checkpoints: s
     journal = Journal(journal_path(record_dir, scenario, life, rank), values_path(record_dir, scenario, life, rank))
     indices = LoaderIndices()
     samples = Samples(dim=first_dim(target.batch_dim), batches=indices)
-    loop = LoopContext(rank=rank, world_size=rank_ctx.world_size, device=rank_ctx.device, steps=steps,
-                       tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target), target=target,
-                       on_wrap=lambda model: _watched(model, samples), checkpoint_dir=Path(checkpoints),
-                       checkpoint_every=every,
-                       restarts=life - 1)
+    loop = run.loop_context(steps=steps, tmpdir=scratch, on_wrap=lambda model: _watched(model, samples),
+                            checkpoint_dir=Path(checkpoints), checkpoint_every=every, restarts=life - 1)
     stepper = Steps(journal, loop.models, plan, rank, rank_ctx.world_size, markers,
                     (Path(checkpoints), Path(copy_to)) if copy_to else None)
     saves = Saves(journal, Path(checkpoints), plan, rank, stepper.count, markers, rank_ctx.world_size,

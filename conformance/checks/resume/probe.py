@@ -24,18 +24,16 @@ def saves_in_checkpoint_dir(rank_ctx: RankContext, target_spec: str, *, steps: i
     start a loop resumes from nothing, so what it writes there is what it saves. The folder is
     removed afterwards: checkpoints are the model's size several times over.
     """
-    from ...harness.ddp import LoopContext, disable_tf32, effective_ddp_kwargs
-    from ...harness.targets import call_target, load_target
+    from ...harness.rank_run import RankRun
+    from ...harness.targets import call_target
 
-    disable_tf32()
-    target = load_target(target_spec)
+    run = RankRun.load(rank_ctx, target_spec)
+    target = run.target
     if target.run_loop is None:
         raise ValueError(f"target {target.name!r} defines no run_loop: there is no loop to probe")
     scratch = Path(rank_ctx.tmpdir) / f"resume-probe-rank{rank_ctx.rank}"
     try:
-        loop = LoopContext(rank=rank_ctx.rank, world_size=rank_ctx.world_size, device=rank_ctx.device, steps=steps,
-                           tmpdir=scratch, ddp_kwargs=effective_ddp_kwargs(target), target=target,
-                           checkpoint_every=every)
+        loop = run.loop_context(steps=steps, tmpdir=scratch, checkpoint_every=every)
         call_target(target, "run_loop", target.run_loop, loop)
         assert loop.checkpoint_dir is not None  # set by LoopContext.__post_init__
         return len(files_in(Path(loop.checkpoint_dir)))

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+#: What the work function returns on a rank: ``World.run(fn) -> list[RankResult[T]]`` for
+#: ``fn(ctx, ...) -> T``, so a reader indexes the typed value instead of casting it.
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +40,13 @@ class RankError:
 
 
 @dataclass(frozen=True, slots=True)
-class RankResult:
+class RankResult(Generic[T]):
+    """One rank's answer to a world call: the work function's return value, or its error."""
+
     rank: int
-    value: Any = None
+    # None exactly where ``error`` is set; a call that returns gave every rank a value (a
+    # failed rank raises RankFailure instead), so readers of returned results get a ``T``.
+    value: T = None  # type: ignore[assignment]
     duration_s: float = 0.0
     error: RankError | None = None
     pid: int | None = None
@@ -62,8 +70,8 @@ def first_line(text: str) -> str:
 class WorldError(RuntimeError):
     """A world call that did not complete on every rank."""
 
-    def __init__(self, message: str, *, results: list[RankResult], stacks: dict[int, str] | None = None,
-                 elapsed_s: float = 0.0, culprit: RankResult | None = None) -> None:
+    def __init__(self, message: str, *, results: list[RankResult[Any]], stacks: dict[int, str] | None = None,
+                 elapsed_s: float = 0.0, culprit: RankResult[Any] | None = None) -> None:
         super().__init__(message)
         self.results = results
         self.stacks = stacks or {}
@@ -78,7 +86,7 @@ class WorldError(RuntimeError):
         return [r.rank for r in self.results if r.error is not None]
 
     @property
-    def first_error(self) -> RankResult | None:
+    def first_error(self) -> RankResult[Any] | None:
         """The rank a headline names: the culprit, else the first rank with an error."""
         if self.culprit is not None and self.culprit.error is not None:
             return self.culprit

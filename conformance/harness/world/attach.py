@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ..timing import DEFAULT_DEADLINE_S, pg_timeout_for
 from ._loopback import loopback_interface
 from ._rank import RankContext, _error
-from ._results import LaunchedWorldUnreachable, RankFailure, RankResult, WorldError, WorldUnavailable, first_line
+from ._results import LaunchedWorldUnreachable, RankFailure, RankResult, T, WorldError, WorldUnavailable, first_line
 from .local import World
 
 
@@ -138,8 +138,8 @@ class AttachedWorld:
                                 side_group=side, pg_timeout_s=self.pg_timeout)
         return self
 
-    def run(self, fn: Callable[..., Any], *args: Any, deadline: float | None = None,
-            **kwargs: Any) -> list[RankResult]:
+    def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None,
+            **kwargs: Any) -> list[RankResult[T]]:
         import torch.distributed as dist
 
         ctx = self.start()._ctx
@@ -154,7 +154,7 @@ class AttachedWorld:
                 mine = RankResult(self.rank, fn(ctx, *args, **kwargs), time.perf_counter() - start,
                                   pid=os.getpid(), hostname=ctx.hostname)
             except Exception as exc:
-                mine = RankResult(self.rank, None, time.perf_counter() - start, error=_error(exc),
+                mine = RankResult(self.rank, duration_s=time.perf_counter() - start, error=_error(exc),
                                   pid=os.getpid(), hostname=ctx.hostname)
             gathered: list[Any] = [None] * self.world_size
             # Every rank reaches this gather whether fn raised or not, so no rank is left
@@ -215,8 +215,8 @@ class RankZeroLocalWorld:
         self.attached.start()
         return self
 
-    def run(self, fn: Callable[..., Any], *args: Any, deadline: float | None = None,
-            **kwargs: Any) -> list[RankResult]:
+    def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None,
+            **kwargs: Any) -> list[RankResult[T]]:
         import torch.distributed as dist
 
         ctx = self.attached.start()._ctx

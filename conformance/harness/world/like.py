@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from ._results import RankResult
+from ._results import RankResult, T
 
 
 @runtime_checkable
@@ -30,8 +30,8 @@ class WorldLike(Protocol):
         """Make the ranks ready (a no-op when they are); returns the world."""
         ...
 
-    def run(self, fn: Callable[..., Any], *args: Any, deadline: float | None = None,
-            **kwargs: Any) -> list[RankResult]:
+    def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None,
+            **kwargs: Any) -> list[RankResult[T]]:
         """``fn(rank_ctx, *args, **kwargs)`` on every rank; RankFailure or WorldHang if a rank
         raised, died or ran past ``deadline``."""
         ...

@@ -37,7 +37,7 @@ from ._loopback import LOOPBACK_HOST, loopback_interface
 from ._netns import PrivateNetwork
 from ._protocol import ProtocolError, decode, encode
 from ._rank import RankConfig, rank_main, stack_file
-from ._results import RankError, RankFailure, RankResult, WorldError, WorldHang, WorldUnavailable
+from ._results import RankError, RankFailure, RankResult, T, WorldError, WorldHang, WorldUnavailable
 
 BACKENDS = ("gloo", "nccl")
 
@@ -336,7 +336,7 @@ class World:
             detail = "; ".join(f"rank {r} {e.describe()}" for r, e in sorted(errors.items()))
             if waiting and not errors:
                 detail = f"ranks {sorted(waiting)} did not join within {self.start_timeout:.0f} s"
-            results = [RankResult(r, error=errors.get(r)) for r in range(self.world_size)]
+            results: list[RankResult[Any]] = [RankResult(r, error=errors.get(r)) for r in range(self.world_size)]
             raise RankFailure(f"{self.backend} world of {self.world_size} failed to start: {detail}",
                               results=results, stacks=stacks)
 
@@ -414,8 +414,8 @@ class World:
 
     # -- calls ---------------------------------------------------------------------------
 
-    def run(self, fn: Callable[..., Any], *args: Any, deadline: float | None = None,
-            **kwargs: Any) -> list[RankResult]:
+    def run(self, fn: Callable[..., T], *args: Any, deadline: float | None = None,
+            **kwargs: Any) -> list[RankResult[T]]:
         """Run ``fn(ctx, *args, **kwargs)`` on every rank; one RankResult per rank, in rank order.
 
         Raises RankFailure when a rank raised or died (``.results`` has every rank's outcome)

@@ -12,7 +12,8 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...harness.ddp import PROBE_SEED, build_model, rank_batch, sync_device
+from ...harness.ddp import PROBE_SEED, build_model, sync_device
+from ...harness.sharding import rank_batch
 from ...harness.timing import DEFAULT_DEADLINE_S, sweep_reps
 from ..maths import BackwardProfile
 
