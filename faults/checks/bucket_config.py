@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,7 +118,9 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
                     n = WARMUP + -(-rounds // PASSES)
             buckets[i] = bucket_count(model)
             # Synchronisation point: every rank drops this cap's DDP (its reducer's hooks and
-            # buckets) before the next wrap's broadcast, so only one is ever alive.
+            # buckets) and the gradients it left on the module before the next wrap's
+            # broadcast, so only one step's worth is ever alive.
+            module.zero_grad(set_to_none=True)
             del model, optimizer
             gc.collect()
     return {"times": times, "buckets": buckets, "rounds": rounds, "step_s": step_s}
@@ -132,14 +135,19 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
 
     from conformance.harness.ddp import PROBE_SEED, rank_batch, wrap
 
+    import gc
+
     # Recorded to a file too: a run that aborts never hands back its results.
     log = InjectionLog(directory=log_dir, rank=ctx.rank)
     target = resolve(source, ctx.rank)
     matched = {**target.ddp_kwargs, "find_unused_parameters": find_unused, "bucket_cap_mb": config.cap_for(0)}
     site = Site("wrap", ctx.rank, 0, "data", log, device=ctx.device, ddp_kwargs=dict(matched))
     config.inject(site)
-    first: list[Any] = []  # the first run's final parameters: the one copy this check keeps
-    max_diff = 0.0
+    # The first run's final parameters wait in files (the check's temp dir), not in memory:
+    # a copy of the model held while the second run trains would be a fourth copy on a rank
+    # whose training step holds three (parameters, gradients, buckets).
+    kept = Path(log_dir) / f"rank{ctx.rank}-first-run"
+    max_diff, first = 0.0, True
     for kwargs in (site.ddp_kwargs, matched):
         torch.manual_seed(PROBE_SEED)
         model = wrap(target.build_model(), ctx.device, kwargs, target=target)
@@ -147,13 +155,41 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
         for step in range(steps):
             batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_MISMATCH_DATA_SEED + step, device=ctx.device)
             target.run_step(model, optimizer, [batch], step=step)
-        if not first:
-            first = [p.detach().cpu().clone() for p in model.parameters()]
+        if first:
+            _keep(kept, list(model.parameters()))
         else:
-            max_diff = max((float((p.detach().cpu() - f).abs().max()) for p, f in zip(model.parameters(), first)),
-                           default=0.0)
-        del model, optimizer  # freed before the next run builds its own
+            max_diff = max(_max_diff(kept, list(model.parameters())), default=0.0)
+        first = False
+        # Freed before the next run builds its own (DDP sits in a reference cycle: collected).
+        del model, optimizer
+        gc.collect()
     return {"max_diff": max_diff, "injections": log.items}
+
+
+def _keep(folder: Path, params: list[Any]) -> None:
+    """Each parameter's bytes to its own file in ``folder`` (one tensor in memory at a time)."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, p in enumerate(params):
+        # Raw bytes (a uint8 view): numpy has no bfloat16.
+        p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tofile(folder / f"{i}.bin")
+
+
+def _max_diff(folder: Path, params: list[Any]) -> Iterator[float]:
+    """The largest |difference| of each parameter from its kept file, read back one at a time
+    (memory-mapped: a tensor's pages, not a copy of the model)."""
+    import numpy as np
+    import torch
+
+    for i, p in enumerate(params):
+        live = p.detach().cpu().reshape(-1)
+        if not live.numel():
+            yield 0.0
+            continue
+        kept = torch.from_numpy(np.memmap(folder / f"{i}.bin", dtype=np.uint8, mode="c")).view(live.dtype)
+        yield float((live.float() - kept.float()).abs().max())
+        del kept
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
