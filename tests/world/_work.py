@@ -221,3 +221,19 @@ def leave_a_cycle(ctx: Any, nbytes: int) -> int:
     """Hold ``nbytes`` in a reference cycle and return: only a full collection frees them."""
     _Holder(nbytes)
     return rss_now(ctx)
+
+
+def leave_a_device_cycle(ctx: Any, nbytes: int) -> int:
+    """Like ``leave_a_cycle``, on the rank's CUDA device: the bytes reserved there on return."""
+    import torch
+
+    holder = _Holder(0)
+    holder.tensor = torch.ones(nbytes // 4, device=ctx.device)
+    del holder
+    return int(torch.cuda.memory_reserved(ctx.device))
+
+
+def device_reserved(ctx: Any) -> int:
+    import torch
+
+    return int(torch.cuda.memory_reserved(ctx.device))
