@@ -80,6 +80,7 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
     from conformance.harness.ddp import (
         PROBE_SEED,
         bucket_count,
+        bucket_layout,
         rank_batch,
         sync_device,
         wrap,
@@ -93,12 +94,14 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
     times: list[list[float]] = [[] for _ in caps]
     buckets = [0] * len(caps)
     rounds, step_s, step = 0, 0.0, 0
+    layouts: dict[str, int] = {}  # a rebuilt bucket layout -> the first cap that gave it
+    same: dict[int, int] = {}  # a cap -> the earlier cap with its layout, whose times it shares
     for pass_ in range(PASSES):
         order = list(range(len(caps)))[:: 1 if pass_ % 2 == 0 else -1]
         for i in order:
             # This pass's share of the cap's timed steps: half (rounded up), then the rest.
             todo = -(-rounds // PASSES) if pass_ == 0 else rounds - len(times[i])
-            if rounds and todo <= 0:
+            if (rounds and todo <= 0) or i in same:
                 continue
             model = wrap(module, ctx.device, {**kwargs, "bucket_cap_mb": caps[i]}, target=target)
             optimizer = target.make_optimizer(model)
@@ -116,6 +119,15 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
                 if k == WARMUP and not rounds:  # the first cap's warm-up sizes the whole sweep
                     rounds, step_s = agreed_reps(ctx, elapsed, points=len(caps), deadline_s=deadline_s)
                     n = WARMUP + -(-rounds // PASSES)
+                if k == WARMUP + 1 and pass_ == 0:
+                    # The same rebuilt layout as an earlier cap: the same all-reduces, so the
+                    # same step; its timed steps would only measure noise twice (the one taken
+                    # is dropped). Every rank agrees (DDP's rebuild adopts rank 0's layout on
+                    # every rank). Known once DDP logged the rebuild, at the third forward.
+                    layout = bucket_layout(model)
+                    if layout and layouts.setdefault(layout, i) != i:
+                        same[i] = layouts[layout]
+                        break
             buckets[i] = bucket_count(model)
             # Synchronisation point: every rank drops this cap's DDP (its reducer's hooks and
             # buckets) and the gradients it left on the module before the next wrap's
@@ -123,7 +135,10 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
             module.zero_grad(set_to_none=True)
             del model, optimizer
             gc.collect()
-    return {"times": times, "buckets": buckets, "rounds": rounds, "step_s": step_s}
+    for i, j in same.items():
+        times[i] = times[j]
+    return {"times": times, "buckets": buckets, "rounds": rounds, "step_s": step_s,
+            "same_layout": {caps[i]: caps[j] for i, j in same.items()}}
 
 
 def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketConfig, find_unused: bool,
@@ -204,8 +219,12 @@ def sweep(world: WorldLike, source: VehicleSpec | str, configured: float, *, dea
     # A step ends for every rank at the last all-reduce: take the slowest rank's time per round.
     per_round = [[max(r.value["times"][i][k] for r in results) for k in range(rounds)]
                  for i in range(len(caps))]
+    shared = results[0].value.get("same_layout") or {}
     curve = [{"bucket_cap_mb": cap, "step_time_s": round(statistics.median(t), 6),
-              "buckets": results[0].value["buckets"][i]} for i, (cap, t) in enumerate(zip(caps, per_round))]
+              "buckets": results[0].value["buckets"][i],
+              # Not timed again: the same bucket layout as this cap, hence the same step.
+              **({"timed_as": shared[cap]} if cap in shared else {})}
+             for i, (cap, t) in enumerate(zip(caps, per_round))]
     best_i = min(range(len(caps)), key=lambda i: curve[i]["step_time_s"])
     conf_i = caps.index(configured)
     penalty = curve[conf_i]["step_time_s"] / curve[best_i]["step_time_s"]
