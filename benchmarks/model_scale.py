@@ -28,11 +28,14 @@ its physical work is 3 DDP steps + 3 reference steps; want <= 1.5), ``suite_cost
 selected checks' times summed, in bare steps; want <= 60 for the full suite) and the
 supervisor's peak at the largest size vs the smallest (``ratio:``, want <= 1.2).
 
-A size whose projected process-tree peak exceeds the host's available memory is skipped with
-the reason printed (``--force`` runs it anyway). The tree's peak is a fixed cost (torch in
-every process, measured before any model is built) plus a number of model copies: the
-projection is a line through the two largest sizes that ran, or through the one size that ran
-and its fixed cost, with HEADROOM on top.
+A size is skipped only when the host cannot hold the training itself (STEP_COPIES copies of
+the model on each rank and in the reference, with HEADROOM); otherwise it runs under a guard
+that closes its worlds when less than LOW_MEMORY of host memory is left (``--force`` runs
+every size). A projection of the tree's peak from a smaller size is not used to skip: what
+does not grow with the model (torch and a step's buffers in every process, the fresh worlds'
+processes) dominates a small size's peak, and a line through it over-predicted 100 M several
+times over. Sizes beyond the host are projected per rank instead (``projection_1B``): a rank's
+peak over torch's is model copies, so the largest size's ratio carries over.
 """
 
 from __future__ import annotations
@@ -56,8 +59,13 @@ if TYPE_CHECKING:
 SIZES = {"0.1M": 100_000, "2M": 2_000_000, "8M": 8_000_000, "34M": 34_000_000, "100M": 100_000_000}
 LAYERS, OUT = 4, 16  # LAYERS square Linear(W, W) layers and a Linear(W, OUT) head: ~LAYERS x W^2
 BARE_WARMUP, BARE_STEPS = 2, 5
-#: Room left on top of the projection: a projection from a smaller size is not exact.
+#: Room left on top of a size's least need (the training step's copies).
 HEADROOM = 1.2
+#: Copies of the model a rank's training step holds: parameters, gradients, DDP's buckets, and
+#: an optimizer state's (SGD with momentum; Adam holds two).
+STEP_COPIES = 4
+#: The host memory a size's run may leave before MemoryGuard stops it.
+LOW_MEMORY = 2 << 30
 GRADIENT_CHECK = "gradient-equivalence"
 
 
@@ -184,6 +192,7 @@ class Row:
     rank_label: str = ""
     #: Per device: the sum of the suite's processes' CUDA peaks there / the training step's.
     device_ratio: float | None = None
+    step_rss: int = 0  # the training step's per-rank peak over the baseline, at this size
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,26 +205,48 @@ class Baseline:
     labels: dict[int, str]  # pid -> "rank r" / "reference"
 
 
-def tree_slope(seen: list[tuple[int, int, int]]) -> float:
-    """Extra tree bytes per extra model byte: a line through the two largest sizes that ran,
-    or, with one, through its peak and the tree's fixed cost (every process with torch in it,
-    measured before any model was built)."""
-    if not seen:
-        return 0.0
-    if len(seen) >= 2 and seen[-1][0] != seen[-2][0]:
-        (b0, t0, _), (b1, t1, _) = seen[-2], seen[-1]
-        return max((t1 - t0) / (b1 - b0), 1.0)
-    nbytes, peak, fixed = seen[-1]
-    return max((peak - fixed) / nbytes, 1.0)
+def training_need(nbytes: int, world_size: int = 2) -> int:
+    """The least a size needs: the user's own training at it, on every rank and in the
+    reference (STEP_COPIES copies of the model each), with HEADROOM. A size that cannot hold
+    this is skipped; above it, the size runs under :class:`MemoryGuard`."""
+    return int((world_size + 1) * STEP_COPIES * nbytes * HEADROOM)
 
 
-def projected_tree(seen: list[tuple[int, int, int]], nbytes: int) -> int:
-    """The process tree's projected peak for a model of ``nbytes``, with HEADROOM (0: nothing
-    ran yet, nothing to project from)."""
-    if not seen:
-        return 0
-    base_bytes, base_peak, _ = seen[-1]
-    return int((base_peak + tree_slope(seen) * (nbytes - base_bytes)) * HEADROOM)
+class MemoryGuard:
+    """Stops a size when the host runs low, instead of projecting its peak beforehand.
+
+    A projection from a smaller size is dominated by what does not grow with the model (torch
+    and a step's buffers in every process, fresh worlds' processes): from 2 M it predicted
+    31 GiB (then 57 GiB) for a 100 M run that peaks near 10 GiB. So the size runs, and a
+    thread watching MemAvailable closes the session's worlds (their ranks exit) when less than
+    LOW_MEMORY is left: the size is reported as stopped, and the host never swaps or kills."""
+
+    def __init__(self, session: Any, label: str) -> None:
+        import threading
+
+        self.session, self.label, self.tripped = session, label, False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="memory-guard", daemon=True)
+
+    def _watch(self) -> None:
+        from conformance.harness.resources import available_memory
+
+        while not self._stop.wait(0.2):
+            left = available_memory()
+            if left is not None and left < LOW_MEMORY:
+                self.tripped = True
+                print(f"[{self.label}] stopped: {left / 2**30:.1f} GiB of host memory left "
+                      f"(< {LOW_MEMORY / 2**30:.0f} GiB); closing this size's worlds", flush=True)
+                self.session.close()
+                return
+
+    def __enter__(self) -> MemoryGuard:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 def _labels(worlds: list[Any]) -> dict[int, str]:
@@ -264,8 +295,8 @@ def rank_memory(peaks: dict[str, int], baseline: Baseline) -> tuple[float | None
     return (peak - baseline.rss) / baseline.step_rss, label
 
 
-def run_size(label: str, path: str, checks: list[str], deadline: float) -> tuple[list[Row], int]:
-    """Every selected check on one size: its rows, and the tree's fixed cost (for projecting)."""
+def run_size(label: str, path: str, checks: list[str], deadline: float) -> list[Row]:
+    """Every selected check on one size, under a MemoryGuard: its rows."""
     from conformance.harness.registry import BY_ID
     from conformance.harness.resources import model_size
     from conformance.harness.session import Session, Settings
@@ -278,18 +309,22 @@ def run_size(label: str, path: str, checks: list[str], deadline: float) -> tuple
     params, nbytes = size
     session = Session(Settings(target=path, deadline=deadline),
                       progress=lambda line: print(line, file=sys.stderr, flush=True))
-    rows = []
+    rows: list[Row] = []
+    guard = MemoryGuard(session, label)
     try:
+        guard.__enter__()
         # As `ddp-conformance run` does at session start: both worlds launch now, in parallel.
         reference = any(BY_ID[cid].reference for cid in checks)
         session.prewarm(reference=reference)
         worlds = [session.world()] + ([session.world(world_size=1)] if reference else [])
-        step_s, base, fixed = measure_baseline(session, path, worlds)
+        step_s, base, _ = measure_baseline(session, path, worlds)
         print(f"[{label}] {params / 1e6:.2f} M parameters ({nbytes / 2**20:.1f} MiB), bare DDP step "
               f"{step_s * 1e3:.1f} ms, its per-rank peak {base.step_rss / 2**20:.0f} MiB over "
               f"{base.rss / 2**20:.0f} MiB with torch imported"
               + (f", CUDA {base.step_cuda / 2**20:.0f} MiB" if base.step_cuda is not None else ""), flush=True)
         for cid in checks:
+            if guard.tripped:
+                break
             cuda = base.step_cuda is not None
             if cuda:
                 _cuda(worlds, reset=True)
@@ -299,14 +334,16 @@ def run_size(label: str, path: str, checks: list[str], deadline: float) -> tuple
             ratio, who = rank_memory(m.get(PROCESS_PEAK_RSS) or {}, replace(base, labels=_labels(worlds)))
             rows.append(Row(label, params, nbytes, step_s, cid, record.status, record.duration_s,
                             m.get(SUPERVISOR_PEAK_RSS), m.get(TREE_PEAK_RSS), ratio, who,
-                            max(device.values()) / base.step_cuda if device and base.step_cuda else None))
+                            max(device.values()) / base.step_cuda if device and base.step_cuda else None,
+                            base.step_rss))
             print("  " + fmt_row(rows[-1]), flush=True)
             if record.status in ("failed", "inconclusive"):  # a cost is read with its outcome
                 print(f"    {record.status}: {record.message.strip().splitlines()[0][:300] if record.message else ''}",
                       flush=True)
     finally:
+        guard.__exit__()
         session.close()
-    return rows, fixed
+    return rows
 
 
 def _copies(value: int | None, nbytes: int) -> str:
@@ -331,6 +368,12 @@ def summary(rows: list[Row], largest: str, smallest: str) -> list[str]:
     if ranked:
         top = max(ranked, key=lambda r: r.rank_ratio or 0.0)
         lines.append(f"per_rank_memory: {top.rank_ratio:.2f} ({top.check}, {top.rank_label}; want <= 1.25)")
+        # A rank's peak over torch's is copies of the model (the step's, the check's extra), so
+        # it scales with the model: the ratio at the largest size carried to 1 B parameters.
+        at_1b = top.step_rss * (4e9 / top.model_bytes)
+        lines.append(f"projection_1B: per rank ~{at_1b * (top.rank_ratio or 0.0) / 2**30:.1f} GiB over torch's "
+                     f"(the training step ~{at_1b / 2**30:.1f} GiB, {top.step_rss / top.model_bytes:.1f} model "
+                     f"copies at {largest}, x{top.rank_ratio:.2f})")
     else:
         lines.append("per_rank_memory: n/a (no process peak measured)")
     devices = [r for r in at if r.device_ratio is not None]
@@ -379,24 +422,19 @@ def main() -> int:
     sizes.sort(key=SIZES.__getitem__)
 
     rows: list[Row] = []
-    seen: list[tuple[int, int, int]] = []  # (model bytes, the tree's peak, its fixed cost) per size run
     with tempfile.TemporaryDirectory(prefix="model-scale-") as tmp:
         for label in sizes:
             width = width_for(SIZES[label])
             path = Path(tmp) / f"mlp_{label.replace('.', '_')}.py"
             path.write_text(target_source(width))
             nbytes = 4 * (LAYERS * (width * width + width) + width * OUT + OUT)
-            need, slope, avail = projected_tree(seen, nbytes), tree_slope(seen), available_memory()
+            need, avail = training_need(nbytes), available_memory()
             if avail is not None and need > avail and not args.force:
-                print(f"[{label}] skipped: projected process-tree peak {need / 2**30:.1f} GiB "
-                      f"(~{slope:.0f} tree bytes per extra model byte, a {nbytes / 2**20:.0f} MiB model, "
+                print(f"[{label}] skipped: its training alone needs ~{need / 2**30:.1f} GiB ({STEP_COPIES} "
+                      f"copies of a {nbytes / 2**20:.0f} MiB model on each of 2 ranks and the reference, "
                       f"x{HEADROOM}) > {avail / 2**30:.1f} GiB available (--force runs it anyway)", flush=True)
                 continue
-            done, fixed = run_size(label, str(path), checks, args.deadline)
-            rows += done
-            peaks = [r.tree_peak for r in done if r.tree_peak is not None]
-            if peaks:
-                seen.append((nbytes, max(peaks), fixed))
+            rows += run_size(label, str(path), checks, args.deadline)
 
     print()
     print(f"{'size':>6s} {'check':24s} {'status':12s} {'time':>9s} {'in steps':>13s}")
