@@ -64,6 +64,9 @@ HEADROOM = 1.2
 #: Copies of the model a rank's training step holds: parameters, gradients, DDP's buckets, and
 #: an optimizer state's (SGD with momentum; Adam holds two).
 STEP_COPIES = 4
+#: Model copies in the training step's per-rank peak up to which that peak is the model's
+#: (parameters, gradients, buckets, optimizer state: 3-5), so its ratio projects to 1 B.
+MODEL_DOMINATED = 8.0
 #: The host memory a size's run may leave before MemoryGuard stops it.
 LOW_MEMORY = 2 << 30
 GRADIENT_CHECK = "gradient-equivalence"
@@ -270,20 +273,17 @@ def _cuda(worlds: list[Any], *, reset: bool) -> dict[str, int]:
     return total
 
 
-def measure_baseline(session: Any, path: str, worlds: list[Any]) -> tuple[float, Baseline, int]:
-    """(the bare step's time, the baseline, the tree's fixed cost): every persistent process's
-    RSS before any model is built, then the user's training step on the N-rank world."""
-    from conformance.harness.resources import tree_rss_bytes
-
+def measure_baseline(session: Any, path: str, worlds: list[Any]) -> tuple[float, Baseline]:
+    """(the bare step's time, the baseline): every persistent process's RSS before any model
+    is built, then the user's training step on the N-rank world."""
     rss = [r.value for world in worlds for r in world.run(rank_rss)]
-    fixed = tree_rss_bytes() or 0
     # The bare step: the same world the checks then use, so the ratio is of like to like.
     steps: list[Step] = [r.value for r in session.world().run(bare_step, path, BARE_WARMUP, BARE_STEPS)]
     base = min(rss)
     cuda = [v for s in steps for v in (s.cuda_peak or {}).values()]
     baseline = Baseline(rss=base, step_rss=max(s.peak_rss for s in steps) - base,
                         step_cuda=max(cuda) if cuda else None, labels=_labels(worlds))
-    return max(s.seconds for s in steps), baseline, fixed
+    return max(s.seconds for s in steps), baseline
 
 
 def rank_memory(peaks: dict[str, int], baseline: Baseline) -> tuple[float | None, str]:
@@ -317,7 +317,7 @@ def run_size(label: str, path: str, checks: list[str], deadline: float) -> list[
         reference = any(BY_ID[cid].reference for cid in checks)
         session.prewarm(reference=reference)
         worlds = [session.world()] + ([session.world(world_size=1)] if reference else [])
-        step_s, base, _ = measure_baseline(session, path, worlds)
+        step_s, base = measure_baseline(session, path, worlds)
         print(f"[{label}] {params / 1e6:.2f} M parameters ({nbytes / 2**20:.1f} MiB), bare DDP step "
               f"{step_s * 1e3:.1f} ms, its per-rank peak {base.step_rss / 2**20:.0f} MiB over "
               f"{base.rss / 2**20:.0f} MiB with torch imported"
@@ -370,10 +370,13 @@ def summary(rows: list[Row], largest: str, smallest: str) -> list[str]:
         lines.append(f"per_rank_memory: {top.rank_ratio:.2f} ({top.check}, {top.rank_label}; want <= 1.25)")
         # A rank's peak over torch's is copies of the model (the step's, the check's extra), so
         # it scales with the model: the ratio at the largest size carried to 1 B parameters.
-        at_1b = top.step_rss * (4e9 / top.model_bytes)
+        copies = top.step_rss / top.model_bytes
+        at_1b = copies * 4e9
         lines.append(f"projection_1B: per rank ~{at_1b * (top.rank_ratio or 0.0) / 2**30:.1f} GiB over torch's "
-                     f"(the training step ~{at_1b / 2**30:.1f} GiB, {top.step_rss / top.model_bytes:.1f} model "
-                     f"copies at {largest}, x{top.rank_ratio:.2f})")
+                     f"(the training step ~{at_1b / 2**30:.1f} GiB, {copies:.1f} model copies at {largest}, "
+                     f"x{top.rank_ratio:.2f})" if copies <= MODEL_DOMINATED else
+                     f"projection_1B: n/a (the training step's peak at {largest} is {copies:.0f} model copies: "
+                     f"not the model's, buffers and imports that do not grow with it; run a larger size)")
     else:
         lines.append("per_rank_memory: n/a (no process peak measured)")
     devices = [r for r in at if r.device_ratio is not None]

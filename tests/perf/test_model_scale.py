@@ -58,3 +58,16 @@ def test_the_per_rank_figure_is_the_largest_process_over_the_baseline(scale: Mod
     ratio, who = scale.rank_memory({"11": 700 * MIB, "12": 820 * MIB, "13": 310 * MIB}, base)
     assert (ratio, who) == (pytest.approx(1.3), "reference")
     assert scale.rank_memory({"99": 800 * MIB}, base)[1] == "pid 99"
+
+
+def test_the_1b_projection_needs_a_model_dominated_size(scale: ModuleType) -> None:
+    def row(size: str, model_bytes: int, step_rss: int) -> object:
+        return scale.Row(size, model_bytes // 4, model_bytes, 1.0, "gradient-equivalence", "passed", 6.0,
+                         200 * MIB, 2 * GIB, 1.2, "reference", None, step_rss)
+
+    big = [line for line in scale.summary([row("100M", 400 * MIB, 1200 * MIB)], "100M", "100M")
+           if line.startswith("projection_1B")]
+    assert big and "~13.4 GiB" in big[0]  # 3 copies x 4e9 bytes x 1.2 = 13.4 GiB
+    small = [line for line in scale.summary([row("0.1M", 400_000, 25 * MIB)], "0.1M", "0.1M")
+             if line.startswith("projection_1B")]
+    assert small and small[0].startswith("projection_1B: n/a")
