@@ -86,6 +86,9 @@ MODEL_PARAMETERS = "model_parameters"  # int: parameters of the target's model (
 MODEL_BYTES = "model_bytes"  # int: bytes of those parameters
 SUPERVISOR_PEAK_RSS = "supervisor_peak_rss_bytes"  # int | None: the supervisor's peak RSS during the check
 TREE_PEAK_RSS = "tree_peak_rss_bytes"  # int | None: peak RSS of supervisor + ranks + their children, summed
+# dict[str(pid), int]: each process under the supervisor (ranks, references, what they started;
+# not the idle zygotes), its own peak RSS during the check (VmHWM, reset at the check's start)
+PROCESS_PEAK_RSS = "process_peak_rss_bytes"
 
 # conformance/perf/scaling_cliff.py, metrics.
 CLIFF_SWEEP = "cliff_sweep"  # list[{"rate_gbps" (None: unshaped), "measured_step_s", "predicted_step_s", ...}]
@@ -139,6 +142,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     MODEL_BYTES: ("conformance.harness.resources",),
     SUPERVISOR_PEAK_RSS: ("conformance.harness.resources",),
     TREE_PEAK_RSS: ("conformance.harness.resources",),
+    PROCESS_PEAK_RSS: ("conformance.harness.resources",),
     CLIFF_SWEEP: ("conformance.perf.scaling_cliff",),
     CLIFF_KNEE: ("conformance.perf.scaling_cliff",),
     CLIFF_RATIO: ("conformance.perf.scaling_cliff",),

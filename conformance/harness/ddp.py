@@ -244,6 +244,13 @@ def bucket_count(ddp_model: Any) -> int:
     return int(data.get("num_buckets_reduced") or 0)
 
 
+def bucket_layout(ddp_model: Any) -> str:
+    """DDP's rebuilt bucket layout: the parameter indices of each bucket, in order ("" until
+    DDP logged its rebuild, at the third step's forward). Two wraps of one model with the same
+    layout issue the same all-reduces."""
+    return str(ddp_model._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices") or "").strip()
+
+
 def ddp_timing(ddp_model: Any) -> dict[str, float]:
     """DDP's own sampled averages in seconds (gloo on CPU fills these in too, torch 2.13)."""
     data = ddp_model._get_ddp_logging_data()

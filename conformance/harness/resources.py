@@ -13,7 +13,13 @@ the session ends. Instead:
 - the process tree's peak is the largest *sum* of the RSS of the supervisor and of every
   descendant (the ranks, a fresh world's ranks, what they started), sampled every
   :data:`SAMPLE_INTERVAL_S` by a daemon thread. A peak shorter than one interval can be missed;
-  the sum of per-process peaks would over-count processes whose peaks never coincide.
+  the sum of per-process peaks would over-count processes whose peaks never coincide;
+- each descendant's own peak (a rank's, a reference's: what one device or one rank's share of
+  the host must hold) is exact while it lives: the meter resets every descendant's ``VmHWM``
+  at the check's start (``/proc/<pid>/clear_refs``, allowed for a process of the same user)
+  and reads it at every sample, so a transient peak between samples is still seen; a process
+  born during the check counts from its birth, one that exits counts up to its last sample.
+  The zygotes (idle, forked from, never working) are left out.
 
 The same thread says, every :data:`PROGRESS_EVERY_S`, that a long check is still running: users
 watch a 10-minute GPU run and must not mistake it for a hang.
@@ -30,7 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -38,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from ddp_conformance.reports.keys import (
     MODEL_BYTES,
     MODEL_PARAMETERS,
+    PROCESS_PEAK_RSS,
     SUPERVISOR_PEAK_RSS,
     TREE_PEAK_RSS,
 )
@@ -63,14 +70,21 @@ _PROC = Path("/proc")
 
 def _status_kib(pid: int | str, field: str) -> int | None:
     """A ``kB`` field of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``), in KiB; None if gone."""
+    return _status_fields(pid, (field,)).get(field)
+
+
+def _status_fields(pid: int | str, fields: tuple[str, ...]) -> dict[str, int]:
+    """Several ``kB`` fields of ``/proc/<pid>/status`` in one read, in KiB; {} if gone."""
+    out: dict[str, int] = {}
     try:
         with open(_PROC / str(pid) / "status") as fh:
             for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
+                name = line.split(":", 1)[0]
+                if name in fields:
+                    out[name] = int(line.split()[1])
     except (OSError, ValueError, IndexError):
-        return None
-    return None
+        return {}
+    return out
 
 
 def _children(pid: int) -> list[int]:
@@ -102,31 +116,53 @@ def available_memory() -> int | None:
 
 def tree_rss_bytes(root: int | None = None) -> int | None:
     """RSS of ``root`` (default: this process) and all its descendants, in bytes."""
+    total, _ = _tree(root)
+    return total
+
+
+def _tree(root: int | None = None) -> tuple[int | None, dict[int, int]]:
+    """(RSS of ``root`` and all its descendants, each descendant's VmHWM), in bytes; one read
+    of ``status`` per process. (None, {}) when ``root`` is gone."""
     root = os.getpid() if root is None else root
     total, seen, todo = 0, set(), [root]
+    peaks: dict[int, int] = {}
     while todo:
         pid = todo.pop()
         if pid in seen:
             continue
         seen.add(pid)
-        kib = _status_kib(pid, "VmRSS")
-        if kib is None:
+        kib = _status_fields(pid, ("VmRSS", "VmHWM"))
+        if "VmRSS" not in kib:
             if pid == root:
-                return None
+                return None, {}
             continue  # exited between the listing and the read
-        total += kib * 1024
+        total += kib["VmRSS"] * 1024
+        if pid != root:
+            peaks[pid] = max(kib["VmRSS"], kib.get("VmHWM", 0)) * 1024
         todo += _children(pid)
-    return total
+    return total, peaks
 
 
-def _reset_own_peak() -> bool:
-    """Reset this process's VmHWM to its current RSS (Linux >= 4.0); False where refused."""
+def reset_peak(pid: int | str = "self") -> bool:
+    """Reset a process's VmHWM to its current RSS (Linux >= 4.0; another process: of the same
+    user); False where refused or gone."""
     try:
-        with open(_PROC / "self" / "clear_refs", "w") as fh:
+        with open(_PROC / str(pid) / "clear_refs", "w") as fh:
             fh.write("5")
         return True
     except OSError:
         return False
+
+
+def _reset_own_peak() -> bool:
+    return reset_peak("self")
+
+
+def _idle_helpers() -> set[int]:
+    """Descendants that never work for a check (the zygotes the ranks are forked from)."""
+    from .world._zygote import zygote_pids
+
+    return set(zygote_pids())
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +172,13 @@ class Cost:
     duration_s: float
     supervisor_peak_rss: int | None
     tree_peak_rss: int | None
+    #: Each process under the supervisor (a rank, a reference, what they started): its own peak
+    #: RSS during the check, by pid. Empty where /proc could not say.
+    process_peak_rss: dict[int, int] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, Any]:
-        return {SUPERVISOR_PEAK_RSS: self.supervisor_peak_rss, TREE_PEAK_RSS: self.tree_peak_rss}
+        return {SUPERVISOR_PEAK_RSS: self.supervisor_peak_rss, TREE_PEAK_RSS: self.tree_peak_rss,
+                PROCESS_PEAK_RSS: {str(pid): peak for pid, peak in sorted(self.process_peak_rss.items())}}
 
 
 def progress_interval() -> float:
@@ -166,6 +206,8 @@ class CostMeter:
         self._t0 = 0.0
         self._own_peak: int | None = None
         self._tree_peak: int | None = None
+        self._process_peaks: dict[int, int] = {}
+        self._skip: set[int] = set()
         self._exact_own = False
         self.cost: Cost | None = None
         self.progress_lines = 0
@@ -174,9 +216,12 @@ class CostMeter:
         own = _status_kib("self", "VmRSS")
         if own is not None:
             self._own_peak = max(self._own_peak or 0, own * 1024)
-        tree = tree_rss_bytes()
+        tree, peaks = _tree()
         if tree is not None:
             self._tree_peak = max(self._tree_peak or 0, tree)
+        for pid, peak in peaks.items():
+            if pid not in self._skip:
+                self._process_peaks[pid] = max(self._process_peaks.get(pid, 0), peak)
 
     def _loop(self) -> None:
         next_line = self._every
@@ -193,6 +238,11 @@ class CostMeter:
 
     def __enter__(self) -> CostMeter:  # noqa: PYI034 -- a final class in practice
         self._exact_own = _reset_own_peak()
+        self._skip = _idle_helpers()
+        # Every descendant starts the check from its current RSS: a persistent rank's peak of
+        # an earlier check is not this one's.
+        for pid in _tree()[1]:
+            reset_peak(pid)
         self._t0 = time.perf_counter()
         self._sample()
         # A daemon: a check that never returns (the supervisor is killed) never waits for it.
@@ -216,7 +266,8 @@ class CostMeter:
         tree = self._tree_peak
         if tree is not None and own is not None:
             tree = max(tree, own)  # the tree includes the supervisor's exact peak
-        self.cost = Cost(duration_s=duration, supervisor_peak_rss=own, tree_peak_rss=tree)
+        self.cost = Cost(duration_s=duration, supervisor_peak_rss=own, tree_peak_rss=tree,
+                         process_peak_rss=dict(self._process_peaks))
 
 
 _MODEL_SIZES: dict[str, tuple[int, int] | None] = {}

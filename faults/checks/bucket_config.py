@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +77,7 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
 
     import torch
 
-    from conformance.harness.ddp import PROBE_SEED, bucket_count, sync_device, wrap
+    from conformance.harness.ddp import PROBE_SEED, bucket_count, bucket_layout, sync_device, wrap
     from conformance.harness.sharding import rank_batch
     from conformance.harness.resources import agreed_reps
 
@@ -87,12 +88,14 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
     times: list[list[float]] = [[] for _ in caps]
     buckets = [0] * len(caps)
     rounds, step_s, step = 0, 0.0, 0
+    layouts: dict[str, int] = {}  # a rebuilt bucket layout -> the first cap that gave it
+    same: dict[int, int] = {}  # a cap -> the earlier cap with its layout, whose times it shares
     for pass_ in range(PASSES):
         order = list(range(len(caps)))[:: 1 if pass_ % 2 == 0 else -1]
         for i in order:
             # This pass's share of the cap's timed steps: half (rounded up), then the rest.
             todo = -(-rounds // PASSES) if pass_ == 0 else rounds - len(times[i])
-            if rounds and todo <= 0:
+            if (rounds and todo <= 0) or i in same:
                 continue
             model = wrap(module, ctx.device, {**kwargs, "bucket_cap_mb": caps[i]}, target=target)
             optimizer = target.make_optimizer(model)
@@ -110,12 +113,26 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
                 if k == WARMUP and not rounds:  # the first cap's warm-up sizes the whole sweep
                     rounds, step_s = agreed_reps(ctx, elapsed, points=len(caps), deadline_s=deadline_s)
                     n = WARMUP + -(-rounds // PASSES)
+                if k == WARMUP + 1 and pass_ == 0:
+                    # The same rebuilt layout as an earlier cap: the same all-reduces, so the
+                    # same step; its timed steps would only measure noise twice (the one taken
+                    # is dropped). Every rank agrees (DDP's rebuild adopts rank 0's layout on
+                    # every rank). Known once DDP logged the rebuild, at the third forward.
+                    layout = bucket_layout(model)
+                    if layout and layouts.setdefault(layout, i) != i:
+                        same[i] = layouts[layout]
+                        break
             buckets[i] = bucket_count(model)
             # Synchronisation point: every rank drops this cap's DDP (its reducer's hooks and
-            # buckets) before the next wrap's broadcast, so only one is ever alive.
+            # buckets) and the gradients it left on the module before the next wrap's
+            # broadcast, so only one step's worth is ever alive.
+            module.zero_grad(set_to_none=True)
             del model, optimizer
             gc.collect()
-    return {"times": times, "buckets": buckets, "rounds": rounds, "step_s": step_s}
+    for i, j in same.items():
+        times[i] = times[j]
+    return {"times": times, "buckets": buckets, "rounds": rounds, "step_s": step_s,
+            "same_layout": {caps[i]: caps[j] for i, j in same.items()}}
 
 
 def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketConfig, find_unused: bool,
@@ -128,14 +145,19 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
     from conformance.harness.ddp import PROBE_SEED, wrap
     from conformance.harness.sharding import rank_batch
 
+    import gc
+
     # Recorded to a file too: a run that aborts never hands back its results.
     log = InjectionLog(directory=log_dir, rank=ctx.rank)
     target = resolve(source, ctx.rank)
     matched = {**target.ddp_kwargs, "find_unused_parameters": find_unused, "bucket_cap_mb": config.cap_for(0)}
     site = Site("wrap", ctx.rank, 0, "data", log, device=ctx.device, ddp_kwargs=dict(matched))
     config.inject(site)
-    first: list[Any] = []  # the first run's final parameters: the one copy this check keeps
-    max_diff = 0.0
+    # The first run's final parameters wait in files (the check's temp dir), not in memory:
+    # a copy of the model held while the second run trains would be a fourth copy on a rank
+    # whose training step holds three (parameters, gradients, buckets).
+    kept = Path(log_dir) / f"rank{ctx.rank}-first-run"
+    max_diff, first = 0.0, True
     for kwargs in (site.ddp_kwargs, matched):
         torch.manual_seed(PROBE_SEED)
         model = wrap(target.build_model(), ctx.device, kwargs, target=target)
@@ -143,13 +165,41 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
         for step in range(steps):
             batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_MISMATCH_DATA_SEED + step, device=ctx.device)
             target.run_step(model, optimizer, [batch], step=step)
-        if not first:
-            first = [p.detach().cpu().clone() for p in model.parameters()]
+        if first:
+            _keep(kept, list(model.parameters()))
         else:
-            max_diff = max((float((p.detach().cpu() - f).abs().max()) for p, f in zip(model.parameters(), first)),
-                           default=0.0)
-        del model, optimizer  # freed before the next run builds its own
+            max_diff = max(_max_diff(kept, list(model.parameters())), default=0.0)
+        first = False
+        # Freed before the next run builds its own (DDP sits in a reference cycle: collected).
+        del model, optimizer
+        gc.collect()
     return {"max_diff": max_diff, "injections": log.items}
+
+
+def _keep(folder: Path, params: list[Any]) -> None:
+    """Each parameter's bytes to its own file in ``folder`` (one tensor in memory at a time)."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, p in enumerate(params):
+        # Raw bytes (a uint8 view): numpy has no bfloat16.
+        p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tofile(folder / f"{i}.bin")
+
+
+def _max_diff(folder: Path, params: list[Any]) -> Iterator[float]:
+    """The largest |difference| of each parameter from its kept file, read back one at a time
+    (memory-mapped: a tensor's pages, not a copy of the model)."""
+    import numpy as np
+    import torch
+
+    for i, p in enumerate(params):
+        live = p.detach().cpu().reshape(-1)
+        if not live.numel():
+            yield 0.0
+            continue
+        kept = torch.from_numpy(np.memmap(folder / f"{i}.bin", dtype=np.uint8, mode="c")).view(live.dtype)
+        yield float((live.float() - kept.float()).abs().max())
+        del kept
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
@@ -164,8 +214,12 @@ def sweep(world: WorldLike, source: VehicleSpec | str, configured: float, *, dea
     # A step ends for every rank at the last all-reduce: take the slowest rank's time per round.
     per_round = [[max(r.value["times"][i][k] for r in results) for k in range(rounds)]
                  for i in range(len(caps))]
+    shared = results[0].value.get("same_layout") or {}
     curve = [{"bucket_cap_mb": cap, "step_time_s": round(statistics.median(t), 6),
-              "buckets": results[0].value["buckets"][i]} for i, (cap, t) in enumerate(zip(caps, per_round))]
+              "buckets": results[0].value["buckets"][i],
+              # Not timed again: the same bucket layout as this cap, hence the same step.
+              **({"timed_as": shared[cap]} if cap in shared else {})}
+             for i, (cap, t) in enumerate(zip(caps, per_round))]
     best_i = min(range(len(caps)), key=lambda i: curve[i]["step_time_s"])
     conf_i = caps.index(configured)
     penalty = curve[conf_i]["step_time_s"] / curve[best_i]["step_time_s"]

@@ -115,8 +115,15 @@ def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singl
 
 
 def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s: float) -> dict[str, Any]:
-    """Median step time with find_unused_parameters False and True, alternating steps; as many
-    steps as the warm-up's step time allows (the same count on every rank)."""
+    """Median step time with find_unused_parameters False and True; as many steps as the
+    warm-up's step time allows (the same count on every rank).
+
+    One model per rank, re-wrapped for each flag (one DDP, with its gradient buckets, alive at
+    a time, as in the bucket sweep): two models side by side held twice the training step's
+    memory on every rank. The flags run in three blocks, False, True, False (half of False's
+    steps on each side of True's), so a drift of the host's speed biases neither."""
+    import gc
+
     import torch
 
     from conformance.harness.ddp import PROBE_SEED, sync_device, wrap
@@ -125,27 +132,36 @@ def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s:
 
     target = resolve(source, ctx.rank)
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k not in ("find_unused_parameters", "static_graph")}
-    models = {}
-    for flag in (False, True):
-        torch.manual_seed(PROBE_SEED)
-        model = wrap(target.build_model(), ctx.device, {**kwargs, "find_unused_parameters": flag},
-                     target=target)
-        models[flag] = (model, target.make_optimizer(model))
+    torch.manual_seed(PROBE_SEED)
+    module = target.build_model()
     batch = rank_batch(target, ctx.rank, ctx.world_size, seed=seed, device=ctx.device)
     times: dict[bool, list[float]] = {False: [], True: []}
     steps, step, step_s = 0, 0, 0.0
-    while step < TAX_WARMUP + steps:
-        last: list[float] = []
-        for flag, (model, optimizer) in models.items():
+    for block, flag in enumerate((False, True, False)):
+        # This block's timed steps: half of False's (rounded up), all of True's, False's rest.
+        todo = None if not steps else steps if flag else steps - len(times[False])
+        if todo == 0:
+            continue
+        model = wrap(module, ctx.device, {**kwargs, "find_unused_parameters": flag}, target=target)
+        optimizer = target.make_optimizer(model)
+        k = 0
+        while todo is None or k < TAX_WARMUP + todo:
             t0 = time.perf_counter()
             target.run_step(model, optimizer, [batch], step=step)
             sync_device(ctx.device)
-            last.append(time.perf_counter() - t0)
-            if step >= TAX_WARMUP:  # skip the bucket build and rebuild steps
-                times[flag].append(last[-1])
-        step += 1
-        if step == TAX_WARMUP:
-            steps, step_s = agreed_reps(ctx, statistics.mean(last), points=len(models), deadline_s=deadline_s)
+            elapsed = time.perf_counter() - t0
+            step, k = step + 1, k + 1
+            if k > TAX_WARMUP:  # skip the bucket build and rebuild steps
+                times[flag].append(elapsed)
+            if k == TAX_WARMUP and block == 0:  # the first block's warm-up sizes the measurement
+                steps, step_s = agreed_reps(ctx, elapsed, points=2, deadline_s=deadline_s)
+                todo = -(-steps // 2)
+        # Synchronisation point: every rank drops this flag's DDP (its reducer's hooks and
+        # buckets, in a reference cycle: collected now) and the gradients it left on the
+        # module before the next wrap's broadcast, so only one step's worth is ever alive.
+        module.zero_grad(set_to_none=True)
+        del model, optimizer
+        gc.collect()
     return {"false_s": statistics.median(times[False]), "true_s": statistics.median(times[True]),
             "steps": steps, "warmup_step_s": step_s}
 

@@ -17,7 +17,7 @@ from conformance.harness.resources import (
     size_metrics,
     tree_rss_bytes,
 )
-from ddp_conformance.reports.keys import MODEL_BYTES, MODEL_PARAMETERS
+from ddp_conformance.reports.keys import MODEL_BYTES, MODEL_PARAMETERS, PROCESS_PEAK_RSS
 
 MIB = 1 << 20
 
@@ -181,3 +181,38 @@ def test_the_model_is_counted_on_a_rank_never_in_the_supervisor(tmp_path: Path) 
     assert record.metrics[MODEL_PARAMETERS] > 0
     built_in = {int(line) for line in pids.read_text().split()}
     assert built_in and os.getpid() not in built_in
+
+
+_PHASES = """
+import sys
+def touch(n):
+    b = bytearray(n << 20); b[::4096] = b'\\1' * len(b[::4096]); return b
+b = touch(300); del b          # an earlier check's peak
+print('ready', flush=True); sys.stdin.readline()
+b = touch(150); del b          # this check's transient peak, gone before any sample
+print('done', flush=True); sys.stdin.readline()
+"""
+
+
+def test_each_process_peak_is_its_own_exact_and_starts_at_the_check() -> None:
+    """A rank-like child's peak during the check: its 150 MiB transient, seen although no sample
+    fell inside it (its VmHWM), and not its 300 MiB of before the check (reset at the start)."""
+    child = subprocess.Popen([sys.executable, "-c", _PHASES], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        with CostMeter(interval_s=30.0) as meter:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "done"
+        child.stdin.write("end\n")
+        child.stdin.flush()
+        child.wait(timeout=20)
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    assert meter.cost is not None
+    peak = meter.cost.process_peak_rss[child.pid]
+    assert 150 * MIB <= peak < 280 * MIB
+    assert meter.cost.metrics()[PROCESS_PEAK_RSS][str(child.pid)] == peak

@@ -200,3 +200,40 @@ def parallel_matmul(ctx: Any, threads: int) -> float:
     torch.set_num_threads(threads)
     a = torch.ones(512, 512)
     return float((a @ a).sum().item())
+
+
+class _Holder:
+    """A tensor in a reference cycle, as a check's model is with its hooks."""
+
+    def __init__(self, nbytes: int) -> None:
+        import torch
+
+        self.tensor = torch.ones(nbytes // 4)  # written: resident
+        self.me = self
+
+
+def rss_now(ctx: Any) -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+
+
+def leave_a_cycle(ctx: Any, nbytes: int) -> int:
+    """Hold ``nbytes`` in a reference cycle and return: only a full collection frees them."""
+    _Holder(nbytes)
+    return rss_now(ctx)
+
+
+def leave_a_device_cycle(ctx: Any, nbytes: int) -> int:
+    """Like ``leave_a_cycle``, on the rank's CUDA device: the bytes reserved there on return."""
+    import torch
+
+    holder = _Holder(0)
+    holder.tensor = torch.ones(nbytes // 4, device=ctx.device)
+    del holder
+    return int(torch.cuda.memory_reserved(ctx.device))
+
+
+def device_reserved(ctx: Any) -> int:
+    import torch
+
+    return int(torch.cuda.memory_reserved(ctx.device))

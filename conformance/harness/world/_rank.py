@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ._containment import die_with_parent
+from ._garbage import Collector
 from ._launch_env import apply_environment
 from ._loopback import LOOPBACK_HOST
 from ._netns import join
@@ -200,6 +201,7 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
         except Exception:  # noqa: BLE001 - only a head start: the call that needs it raises
             pass
     conn.send_bytes(encode("ready", NO_CALL, os.getpid()))
+    garbage = Collector()
     while True:
         try:
             message = decode(conn.recv_bytes())
@@ -223,6 +225,11 @@ def rank_main(cfg: RankConfig, conn: Any) -> None:
             payload = encode("result", call_id, RankResult(cfg.rank, None, result.duration_s,
                                                            error=_error(exc), pid=os.getpid()))
         conn.send_bytes(payload)
+        # The call's model may sit in a reference cycle (its hooks): freed now, not carried
+        # into the next check (_garbage.py). After the send: the supervisor reads meanwhile.
+        del message, fn, args, kwargs, result, payload
+        value = None
+        garbage.after_call()
     _shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
