@@ -22,6 +22,10 @@ NOISE_FLOOR = "noise_floor"
 # dict: {feature: {"used", "value", "where"}} the N-rank run's step used (autocast, GradScaler,
 # compile, checkpointing, comm hook, static_graph, …), conformance/harness/features.py
 FEATURES = "features"
+# list of dicts: the collectives rank 0's first step called in its forward, loss and the
+# backward of an autograd.Function (op, api, phase, module, requires_grad, shape, ...),
+# conformance/harness/observe/step_collectives.py; the configuration table's row
+STEP_COLLECTIVES = "step_collectives"
 
 # What a passed correctness check compared, counted (dict[str, int]), evidence: the ready
 # rule reads it (reports/verdict.py, ``unverified``): ``ranks`` at least 2, every other count at

@@ -5,7 +5,8 @@ GradScaler that skipped other steps on each side (``scaler_skips_differ``), why 
 be compared (``empty_reason``), and the causes a measurement supports (``hints``: other data
 per rank, a bypassed wrapper, an unsynchronised backward, randomness left in forward,
 per-rank BatchNorm statistics, clipping inside the accumulation window, a loss that is not a
-mean over samples, a uniform factor of N or K); otherwise "no known cause matched" with the
+mean over samples, a collective inside the step (``collective_causes``), a uniform factor of N
+or K); otherwise "no known cause matched" with the
 evidence (``no_known_cause``).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .collective_causes import collective_causes
 from .comparison import Equivalence
 from .hypotheses import scale_causes, split_weighting, unsynchronised_cause
 
@@ -153,8 +155,13 @@ def hints(eq: Equivalence) -> tuple[list[str], bool]:
     weighting = split_weighting(eq.floor.loss_split) if eq.floor.weighting else None
     if weighting:
         causes.append(weighting)
+    # A collective inside the step, named from what it was and what it did to the gradients
+    # and the loss: it explains the factor too (a non-differentiable all-reduce is 1/N, not a
+    # loss divided by the world size).
+    collective = [] if bypass else [named.cause for named in collective_causes(eq)]
+    causes += collective
     factor = eq.factor
-    if factor is not None and not bypass:
+    if factor is not None and not bypass and not collective:
         causes += scale_causes(factor, world_size=eq.world_size,
                                microbatches=eq.plan.microbatches)
     return causes, not rng

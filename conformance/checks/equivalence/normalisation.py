@@ -13,10 +13,17 @@ and a loss that sums instead of averaging is seen as on any other model. Batches
 not a multiple of G are normalised whole; the sizes statistics were taken over are recorded
 (``sizes_seen``), and when the N-rank run normalised over one smaller size (a ``train_step``
 that splits its microbatches further), the reference uses that size as its group.
+
+A BatchNorm that synchronises its statistics (``nn.SyncBatchNorm``, the suite's CPU stand-in
+for it, detectron2's ``NaiveSyncBatchNorm``, any subclass whose forward calls a collective) is
+not grouped: recognised by the collective its forward calls (``synchronising``). A look-alike
+that skips the collective in a 1-rank world is seen by the N-rank run only: the reference then
+runs again with it ungrouped (``RunPlan.ungrouped``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from typing import Any
 
 _GROUPED: dict[type, type] = {}
@@ -42,8 +49,22 @@ def _grouped_class(cls: type) -> type:
     return _GROUPED[cls]
 
 
-def group_batchnorm(model: Any, group: int) -> list[str]:
-    """Make every plain (training-mode) BatchNorm of ``model`` normalise per ``group`` samples.
+def synchronising(model: Any, calls: Sequence[Any]) -> list[str]:
+    """The BatchNorm modules of ``model`` whose own forward called a collective (``calls``:
+    ``harness.observe.StepCollective``): ``nn.SyncBatchNorm``, detectron2's
+    ``NaiveSyncBatchNorm``, apex's, a hand-written one — recognised by what they do, not by
+    their class."""
+    from torch import nn
+
+    modules = dict(model.named_modules())
+    return sorted({c.module for c in calls if c.module is not None and c.phase == "forward"
+                   and isinstance(modules.get(c.module), nn.modules.batchnorm._BatchNorm)})
+
+
+def group_batchnorm(model: Any, group: int, *, keep: Collection[str] = ()) -> list[str]:
+    """Make every plain (training-mode) BatchNorm of ``model`` normalise per ``group`` samples;
+    the synchronised ones (``keep``: ``synchronising``, and ``nn.SyncBatchNorm``) already take
+    their statistics over the global batch, as the reference does, and are left alone.
 
     The class of each module is swapped for a subclass (not a bound-method patch), so copies
     of the model keep working. Returns the names of the modules changed.
@@ -52,7 +73,7 @@ def group_batchnorm(model: Any, group: int) -> list[str]:
 
     names = []
     for name, module in model.named_modules():
-        if (isinstance(module, nn.modules.batchnorm._BatchNorm)
+        if (isinstance(module, nn.modules.batchnorm._BatchNorm) and name not in keep
                 and not isinstance(module, nn.SyncBatchNorm) and module.training):
             module.__class__ = _grouped_class(type(module))
             setattr(module, GROUP_ATTR, group)

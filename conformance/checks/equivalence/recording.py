@@ -59,7 +59,8 @@ from ...harness.ddp import (
     unwrap,
     wrap,
 )
-from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step
+from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step, StepCollectives
+from ...harness.sync_batchnorm import substituted
 from ...harness.world import RankContext
 from .compiled import output_site, run_eagerly
 from .compression import comm_hook_of
@@ -74,9 +75,10 @@ from .instruments import (
     first_nonfinite,
 )
 from .hypotheses import loss_split
-from .normalisation import group_batchnorm, sizes_seen
+from .normalisation import group_batchnorm, sizes_seen, synchronising
 from .randomness import disable_dropout, forward_is_random
 from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
+from .start_loss import start_loss
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 from .tensors import Compared
 
@@ -124,6 +126,9 @@ class RunPlan:
     # Measure whether the loss decomposes as a mean over samples (``hypotheses.loss_split``):
     # the floor's twin, on the global batch and its N·K microbatches, before its first step.
     measure_loss_split: bool = False
+    # BatchNorm modules left ungrouped on this side because the other side saw them
+    # synchronise (``normalisation``: a look-alike that syncs only in a world of 2 or more).
+    ungrouped: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -452,7 +457,8 @@ class Prepared:
         clipping = Clipping(self.inner, namespaces, self.to)
         return [allreduce, Gradients(self.ddp, self.inner, self.optimizer, self.to, clipping),
                 Forwards(wrapper=self.ddp, inner=self.inner, rounds=allreduce), clipping, BatchDigests(),
-                CompileWatch(self.ddp, self.inner, eager=plan.eager), Features(self.ddp), Routing()]
+                CompileWatch(self.ddp, self.inner, eager=plan.eager), Features(self.ddp), Routing(),
+                StepCollectives(self.inner, rank=self.setup["rank"])]
 
 
 def _destination(rank_ctx: RankContext, plan: RunPlan) -> Destination:
@@ -515,10 +521,16 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     probe = ((take_rows(first[0], 0, plan.norm_group, part_dims(dims, 0)),
               take_rows(first[1], 0, plan.norm_group, part_dims(dims, 1)))
              if writes and plan.norm_group else first)
-    with run_eagerly():  # a compile here would be thrown away (``watch_compile`` starts cold)
+    # The collectives each module's forward calls, watched in that forward (on every rank
+    # alike): a BatchNorm that issues one synchronises its statistics, whatever its class.
+    watch = StepCollectives(model, rank=rank)
+    with run_eagerly(), watch.attached():  # a compile here would be thrown away (``watch_compile`` starts cold)
+        watch.begin_step(Step(0))
         rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device)
+        watch.end_step(Step(0))
+    synchronised = synchronising(model, watch.calls)
     group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
-    grouped = group_batchnorm(model, group)
+    grouped = group_batchnorm(model, group, keep={*synchronised, *plan.ungrouped})
     # After grouping BatchNorm: the whole batch then normalises in the pieces' groups.
     split = _loss_split(target, model, plan, rank_ctx) if plan.measure_loss_split else None
     kwargs = effective_ddp_kwargs(target, plan.ddp_overrides)
@@ -529,10 +541,19 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     setup = SetupSlice(rank=rank, ddp_kwargs=repr(kwargs),
                        comm_hook=comm_hook_of(ddp, uncompressed=plan.uncompressed),
                        dropout_disabled=dropout, rng_in_forward=rng_left, batchnorm_grouped=grouped,
-                       batchnorm_group=group if grouped else None)
+                       batchnorm_group=group if grouped else None,
+                       batchnorm_synchronised=synchronised, sync_batchnorm_substituted=substituted(model))
     if split is not None:
         setup["loss_split"] = split
     inner = unwrap(ddp)
+    if plan.microbatches == 1:
+        # After DDP's construction broadcast (every rank at the reference's weights), on every
+        # rank (the loss's collectives included); one microbatch per rank only: with K of them
+        # the ranks' losses are over other pieces than the reference's whole batch.
+        with run_eagerly():
+            started = start_loss(inner, lambda m: target.compute_loss(m, *first), device=rank_ctx.device)
+        if started is not None:
+            setup["start_loss"] = started
     optimizer = target.make_optimizer(ddp)
     if to.writer is not None:
         to.writer.write(INITIAL, inner.state_dict().items(), norms=False)

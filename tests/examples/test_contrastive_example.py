@@ -1,0 +1,66 @@
+"""examples/train_contrastive.py: collectives inside the step (a gather layer, SyncBatchNorm on
+gloo through the suite's CPU implementation, an all-reduced statistic and count). The correct
+trainer passes; each bug variant fails gradient-equivalence with its cause named from the
+recorded collectives and the measured gradient factors, and one leading fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.harness.registry import BY_ID
+
+from ._variants import EXAMPLES, variant
+
+EXAMPLE = "train_contrastive.py"
+
+#: case -> (edits, regex the message must match: the real cause, and its one fix)
+CASES = {
+    "non_differentiable_all_reduce": (
+        [("        total = dist_nn.all_reduce(total)\n", "        dist.all_reduce(total)  # BUG\n")],
+        r"all_reduce \[16\] in the loss .* is not differentiable.*use `torch\.distributed\.nn\.functional\.all_reduce`"),
+    "gather_without_gradient": (
+        [("    return GatherLayer.apply(x) if _world()[1] > 1 else x\n",
+          "    if _world()[1] == 1:\n        return x\n"
+          "    out = [torch.zeros_like(x) for _ in range(dist.get_world_size())]\n"
+          "    dist.all_gather(out, x)  # BUG: no gradient through the gathered features\n"
+          "    return torch.cat(out)\n")],
+        r"all_gather \[4, 16\] in the loss .* not differentiable.*this rank's own slot is not re-inserted"
+        r".*torch\.distributed\.nn\.functional\.all_gather"),
+    "gather_layer_without_gradient_all_reduce": (
+        [("        dist.all_reduce(grad)  # the gradient every rank's loss sent to each rank's rows\n", "")],
+        r"GatherLayer's backward issues no collective.*factors between 1/2 and 1"),
+    "labels_not_offset": (
+        [("    labels = torch.arange(b) + rank * b  # this rank's positives in the gathered columns\n",
+          "    labels = torch.arange(b)  # BUG: not offset by rank\n")],
+        r"labels are not offset by rank: on rank 1 .* targets 0\.\.3 .* columns 4\.\.7"),
+    "per_rank_normaliser": (
+        [("    if world > 1:\n        dist.all_reduce(count)\n    return (per_pair * counted).sum() * world / count.clamp(min=1)\n",
+          "    return (per_pair * counted).sum() / count.clamp(min=1)  # BUG: this rank's count\n")],
+        r"normalised per rank.*counted per rank"),
+}
+
+
+def test_the_correct_trainer_passes_on_gloo_with_sync_batchnorm(suite_session):
+    record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], str(EXAMPLES / EXAMPLE))
+    assert record.status == "passed", record.message
+    evidence = record.evidence
+    assert evidence["batchnorm_grouped"] == []
+    assert evidence["batchnorm_synchronised"] == ["backbone.1", "projector.1"]
+    assert evidence["sync_batchnorm_substituted"] == ["backbone.1", "projector.1"]
+    seen = {(c["op"], c["api"], c["where"]) for c in evidence["step_collectives"]}
+    assert ("all_gather", "autograd.Function GatherLayer", "the loss (outside every module)") in seen
+    assert ("all_reduce", "torch.distributed.nn.functional", "the loss (outside every module)") in seen
+    assert ("all_reduce", "autograd.Function GatherLayer", "the loss (outside every module)") in seen  # its backward
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_bug_is_named(suite_session, tmp_path, case):
+    edits, cause = CASES[case]
+    path = variant(tmp_path, EXAMPLE, case, *edits)
+    record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], path)
+    assert record.status == "failed", record.message
+    assert "no known cause matched" not in record.message
+    text = f"{record.message} {record.recommendation}"
+    import re
+
+    assert re.search(cause, text, re.S), text
