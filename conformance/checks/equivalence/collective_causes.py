@@ -189,18 +189,3 @@ def collective_causes(eq: Equivalence) -> list[Named]:
             forward = _labels_not_offset(eq) or _counted_per_rank(eq, values, ref)
             return [forward] if forward is not None else []
     return _backward_causes(eq, calls) if calls else []
-
-
-def leading_fix(eq: Equivalence) -> str | None:
-    """The one change that fixes the first cause named here, or None."""
-    named = collective_causes(eq)
-    return named[0].fix if named else None
-
-
-def summary(calls: list[Any]) -> str:
-    """The step's collectives in one line (the configuration table's value)."""
-    seen: dict[str, int] = {}
-    for c in calls:
-        label = f"{c.op} ({c.api}{'' if c.differentiable else ', not differentiable'}; {c.phase}; {c.where})"
-        seen[label] = seen.get(label, 0) + 1
-    return "; ".join(f"{label}{f' ×{k}' if k > 1 else ''}" for label, k in seen.items()) or "none"

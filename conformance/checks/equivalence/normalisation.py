@@ -23,8 +23,11 @@ runs again with it ungrouped (``RunPlan.ungrouped``).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import contextlib
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
+
+from ...harness.sync_batchnorm import substituted
 
 _GROUPED: dict[type, type] = {}
 GROUP_ATTR = "_conformance_group"
@@ -71,6 +74,7 @@ def group_batchnorm(model: Any, group: int, *, keep: Collection[str] = ()) -> li
     """
     from torch import nn
 
+    keep = {*keep, *substituted(model)}  # nn.SyncBatchNorm as it runs on gloo
     names = []
     for name, module in model.named_modules():
         if (isinstance(module, nn.modules.batchnorm._BatchNorm) and name not in keep
@@ -85,3 +89,15 @@ def group_batchnorm(model: Any, group: int, *, keep: Collection[str] = ()) -> li
 def sizes_seen(model: Any) -> list[int]:
     """Every number of samples a grouped BatchNorm took its statistics over (sorted)."""
     return sorted({s for m in model.modules() for s in getattr(m, SEEN_ATTR, ())})
+
+
+@contextlib.contextmanager
+def sizes_kept(model: Any) -> Iterator[None]:
+    """A probe's forward (``start_loss``) leaves ``sizes_seen`` as the run's own forwards made it:
+    the experiment picks the reference's groups from them."""
+    saved = [(m, set(getattr(m, SEEN_ATTR))) for m in model.modules() if hasattr(m, SEEN_ATTR)]
+    try:
+        yield
+    finally:
+        for module, seen in saved:
+            setattr(module, SEEN_ATTR, seen)

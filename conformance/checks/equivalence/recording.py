@@ -75,7 +75,7 @@ from .instruments import (
     first_nonfinite,
 )
 from .hypotheses import loss_split
-from .normalisation import group_batchnorm, sizes_seen, synchronising
+from .normalisation import group_batchnorm, sizes_kept, sizes_seen, synchronising
 from .randomness import disable_dropout, forward_is_random
 from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
 from .start_loss import start_loss
@@ -550,7 +550,7 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
         # After DDP's construction broadcast (every rank at the reference's weights), on every
         # rank (the loss's collectives included); one microbatch per rank only: with K of them
         # the ranks' losses are over other pieces than the reference's whole batch.
-        with run_eagerly():
+        with run_eagerly(), sizes_kept(inner):
             started = start_loss(inner, lambda m: target.compute_loss(m, *first), device=rank_ctx.device)
         if started is not None:
             setup["start_loss"] = started
