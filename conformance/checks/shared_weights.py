@@ -15,14 +15,16 @@ checked one by one.
 Dropout is switched off and BatchNorm normalises each rank's shard as a group on both sides
 (as in the equivalence checks; recorded as ``dropout_disabled``, ``batchnorm_grouped``).
 
-What runs, on every rank of the persistent world: (1) discovery — parameters reached by
-several module paths (``named_parameters(remove_duplicate=False)``) and modules called more
-than once per forward (forward hooks counting calls); (2) on rank 0, locally: each tied alias
-is untied into its own copy and one forward/backward on the global batch shows which uses
-contribute a gradient (a use that forward reads — perturbing it moves the loss — but whose
-copy gets no gradient is *lost*);
-the single-process reference gradient of the global batch (plain autograd, same initial
-weights as DDP's broadcast), written to files in the check's temp dir; (3) for the configured ``ddp_kwargs``, ``find_unused_parameters=True``
+What runs: (1) discovery, on every rank — parameters reached by several module paths
+(``named_parameters(remove_duplicate=False)``) and modules called more than once per forward
+(forward hooks counting calls); (2) in the 1-rank reference world (never on rank 0 alone
+inside the N-rank world: a forward that calls a collective — SyncBatchNorm, a gather layer —
+would wait there for the other ranks forever): each tied alias is untied into its own copy and
+one forward/backward on the global batch shows which uses contribute a gradient (a use that
+forward reads — perturbing it moves the loss — but whose copy gets no gradient is *lost*);
+the single-process reference gradient of the global batch (plain autograd from the initial
+weights, which rank 0 then starts from), written to files in the check's temp dir; (3) on every
+rank of the persistent world, for the configured ``ddp_kwargs``, ``find_unused_parameters=True``
 and ``static_graph=True``: 2 DDP iterations of forward/backward (``target.compute_loss``, no
 optimizer step, so the reference stays valid) on each rank's shard, gradients compared with
 the reference *on each rank*, against those files (tolerance as gradient-equivalence; a ratio
@@ -55,7 +57,7 @@ from ddp_conformance.reports.keys import NONFINITE, VERIFIED
 
 from ..harness.batches import digest as batch_digest
 from ..harness.context import CheckContext
-from ..harness.failures import world_error_outcome
+from ..harness.failures import probe_timeout_outcome, world_error_outcome
 from ..harness.ddp import (
     MODEL_SEED,
     batch_dims,
@@ -84,12 +86,15 @@ from .equivalence import (
     has_snapshot,
     named_digests,
     rank_view,
+    read_snapshot,
     smallest_bug,
     who_sees,
     write_snapshot,
 )
 
 ITERATIONS = 2
+#: The reference's initial weights in its folder: rank 0 starts from them (``_start_from_reference``).
+INITIAL = "initial"
 VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("configured", {}),
     ("find_unused_parameters=True", {"find_unused_parameters": True, "static_graph": False}),
@@ -170,18 +175,70 @@ def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
     return report
 
 
-def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str) -> dict[str, Any]:
-    """Discovery, per-use gradients and the reference (rank 0), then every DDP variant.
+def _discover(target: Any, model: Any, batch: tuple[Any, Any], device: Any) -> dict[str, Any]:
+    """Tied aliases, modules called more than once per forward, the shared parameters and the
+    control, on the discovery model (never trained)."""
+    groups = _alias_groups(model)
+    # Counted on the discovery model itself: it is dropped right after (never trained), so a
+    # BatchNorm statistic its no_grad forward moves reaches nothing.
+    calls = _count_calls(model, to_device([batch], device)[0], target.compute_loss)
+    shared = sorted({name for g in groups for name in g[:1]}
+                    | {f"{m}.{p}" if m else p for m, c in calls.items() if c > 1
+                       for p, _ in model.get_submodule(m).named_parameters(recurse=False)})
+    return {"groups": groups, "reused": {m: c for m, c in calls.items() if c > 1}, "shared": shared,
+            "control": _control(model, shared)}
 
-    The reference's gradients reach the other ranks as files in ``folder`` (``equivalence.snapshots``);
+
+def reference_probe(rank_ctx: RankContext, target_spec: str, batch_size: int, world_size: int,
+                    folder: str) -> dict[str, Any]:
+    """The 1-rank reference world: which uses contribute, and the single-process gradient of
+    every global batch, written to ``folder`` with the initial weights (``INITIAL``) the ranks
+    start from. Here, not on rank 0 inside the N-rank world: a forward may call a collective
+    (SyncBatchNorm, a gather layer, an all-reduced statistic), and on one rank of N it would
+    wait for the others forever; in a world of one it completes, as on one GPU."""
+    from ..harness.targets import load_target
+
+    disable_tf32()
+    target = load_target(target_spec)
+    device = rank_ctx.device
+    batches = [global_batch(target, batch_size, seed=MODEL_SEED + step) for step in range(ITERATIONS)]
+    model = build_model(target, device, seed=MODEL_SEED)
+    found = _discover(target, model, shard(batches[0], 0, world_size, 1, dims=batch_dims(target))[0], device)
+    if not found["shared"]:
+        return found
+    write_snapshot(Path(folder), INITIAL, model.state_dict().items())
+    # As the ranks do (``probe``): dropout off, BatchNorm in each rank's shard's groups.
+    disable_dropout(model)
+    group_batchnorm(model, batch_size // world_size)
+    found.update(_reference(model, found["groups"], found["shared"], found["control"], batches, target,
+                            device, Path(folder)))
+    return found
+
+
+def _start_from_reference(model: Any, snapshots: Path, device: Any) -> None:
+    """Rank 0, before wrapping (DDP's construction broadcast then carries these weights to every
+    rank): the reference's initial weights, so a build that is not deterministic given the seed
+    still starts both sides alike."""
+    import torch
+
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, ref in read_snapshot(snapshots, INITIAL, device):
+            mine = state.get(name)
+            if mine is not None and ref is not None and tuple(mine.shape) == tuple(ref.shape):
+                mine.copy_(ref)
+
+
+def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str) -> dict[str, Any]:
+    """Discovery, then every DDP variant, against the reference ``reference_probe`` wrote.
+
+    The reference's gradients reach the ranks as files in ``folder`` (``equivalence.snapshots``);
     every rank compares its own gradients with them where they are and returns summaries
     (``equivalence.tensors.Compared``), never a tensor; a rank that cannot read them (another host under
     ``--attach``) returns digests of its gradients instead, held to rank 0's (``equivalence.digests``).
-    Memory on a rank: the DDP model plus at most one
-    copy of it (rank 0's untied copy, then its reference copy, one after the other).
+    Memory on a rank: the DDP model. Every rank runs every forward here: the model's own
+    collectives pair up.
     """
-    import torch.distributed as dist
-
     from ..harness.targets import load_target
 
     disable_tf32()
@@ -190,19 +247,11 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
     snapshots = Path(folder) if rank == 0 else rank_view(Path(folder), rank)
     batches = [global_batch(target, batch_size, seed=MODEL_SEED + step) for step in range(ITERATIONS)]
     # Every rank draws the same global batch from the same seed, unless make_batch reads state
-    # built differently in this process: then rank 0's reference is not this rank's batch.
+    # built differently in this process: then the reference's batch is not this rank's.
     out: dict[str, Any] = {"rank": rank, "batch_digests": [batch_digest(x) + batch_digest(y) for x, y in batches]}
     model = build_model(target, device, seed=MODEL_SEED)
-    groups = _alias_groups(model)
-    # Counted on the discovery model itself: it is dropped right after (never trained), so a
-    # BatchNorm statistic its no_grad forward moves reaches nothing.
-    calls = _count_calls(model, to_device(shard(batches[0], rank, n, 1, dims=batch_dims(target)), device)[0],
-                         target.compute_loss)
-    shared = sorted({name for g in groups for name in g[:1]}
-                    | {f"{m}.{p}" if m else p for m, c in calls.items() if c > 1
-                       for p, _ in model.get_submodule(m).named_parameters(recurse=False)})
-    control = _control(model, shared)
-    out.update(groups=groups, reused={m: c for m, c in calls.items() if c > 1}, shared=shared, control=control)
+    out.update(_discover(target, model, shard(batches[0], rank, n, 1, dims=batch_dims(target))[0], device))
+    shared, control = out["shared"], out["control"]
     compared = shared + control
     del model
     if not shared:
@@ -219,16 +268,15 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
         out["dropout_disabled"] = disable_dropout(fresh)
         out["batchnorm_grouped"] = group_batchnorm(fresh, batch_size // n)
         # Construction broadcasts rank 0's weights: the reference below starts from them.
+        if rank == 0:
+            _start_from_reference(fresh, snapshots, device)
+        # Construction broadcasts rank 0's (the reference's) weights to every rank.
         ddp = wrap(fresh, device, kwargs, target=target)
         if not referenced:
-            if rank == 0:
-                out.update(_reference(unwrap(ddp), groups, shared, control, batches, target, device, snapshots))
-            # Synchronisation point: no rank compares before rank 0 has written every
-            # reference gradient (the files are complete once rank 0 reaches this barrier).
-            dist.barrier()
             referenced = True
-            # After the barrier the files are complete: absent here means another host (under
-            # --attach across hosts); such a rank is judged by digest against rank 0 (_digests).
+            # The reference finished writing before this world call started: absent here means
+            # another host (under --attach across hosts); such a rank is judged by digest
+            # against rank 0 (_digests).
             sees = has_snapshot(snapshots, "ref0")
             digest = not all(who_sees(rank_ctx, sees))
             out["compared_by"] = REFERENCE if sees else DIGEST
@@ -255,8 +303,8 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
 
 def _reference(model: Any, groups: list[list[str]], shared: list[str], control: list[str], batches: list[Any],
                target: Any, device: Any, snapshots: Path) -> dict[str, Any]:
-    """Rank 0: which uses contribute, and the single-process reference gradient of every global
-    batch (plain autograd on a copy of the broadcast weights), written to ``snapshots``."""
+    """The reference world: which uses contribute, and the single-process reference gradient of
+    every global batch (plain autograd on a copy of the initial weights), written to ``snapshots``."""
     from .equivalence import first_nonfinite
 
     try:
@@ -480,13 +528,19 @@ def run(ctx: CheckContext) -> Outcome:
     batch_size = ctx.target.batch_size_for(ctx.world_size, 1)
     folder = Path(tempfile.mkdtemp(prefix="shared-reference-", dir=ctx.tmpdir))
     try:
+        # The reference first, in the 1-rank world (``reference_probe``); then the N ranks,
+        # every one of them running every forward.
+        ref = ctx.world(world_size=1).run(reference_probe, ctx.target.spec, batch_size, ctx.world_size,
+                                          str(folder), deadline=ctx.deadline)[0].value
         values = [r.value for r in ctx.world().run(probe, ctx.target.spec, batch_size, str(folder),
-                                                   deadline=ctx.deadline)]
+                                                   deadline=ctx.deadline)] if ref["shared"] else [ref]
     except (RankFailure, WorldHang) as exc:
-        return world_error_outcome(exc, "the shared-weights probe")
+        # The probe's own timeout is the suite's failure, not a finding about shared weights.
+        return (probe_timeout_outcome(exc, "the shared-weights probe")
+                or world_error_outcome(exc, "the shared-weights probe"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    head = values[0]
+    head = {**values[0], **{k: ref[k] for k in ("per_use", "reference_nonfinite") if k in ref}}
     tied = head.get("per_use", [{"names": g} for g in head["groups"]])
     evidence: dict[str, Any] = {"shared": head["shared"], "tied": tied, "reused_modules": head["reused"],
                                 "dropout_disabled": head.get("dropout_disabled", []),
