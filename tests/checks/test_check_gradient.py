@@ -160,3 +160,14 @@ def test_a_dataset_built_differently_per_rank_is_named(suite_session):
     assert "random_split without a generator" in record.message
     assert "loss is" not in record.message
     assert record.evidence["dataset_differs_on_ranks"] == [1]
+
+
+def test_a_synchronising_batchnorm_look_alike_is_recognised_by_its_collective(suite_session):
+    # A BatchNorm2d subclass that all-reduces its statistics (detectron2's NaiveSyncBatchNorm
+    # kind; plain BatchNorm in a 1-rank world): seen synchronising by the ranks, so neither side
+    # groups it (the reference runs again without grouping it). Grouped as plain BatchNorm, the
+    # correct trainer failed with "no known cause".
+    record = run_check(suite_session, "gradient-equivalence", "naive_sync_bn")
+    assert record.status == "passed", record.message
+    assert record.evidence["batchnorm_synchronised"] == ["1", "4"]
+    assert record.evidence["batchnorm_grouped"] == []
