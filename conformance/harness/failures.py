@@ -111,8 +111,8 @@ COLLECTIVE_TIMEOUT = ("timed out waiting", "collective operation timeout", "oper
 def probe_timeout_outcome(exc: WorldError, probe: str) -> Outcome | None:
     """A probe's own collective that timed out on some rank (``probe``: its name in the
     message), as the suite's failure: inconclusive, naming the probe — never a finding about
-    the user's code, which the probe only watched (docs/architecture.md, "The rank side:
-    probes"). None when no rank's error is such a timeout (a real error stays a finding)."""
+    the user's code, which the probe only watched
+    (docs/architecture.md, "The rank side: probes"). None when no rank's error is such a timeout (a real error stays a finding)."""
     if not isinstance(exc, RankFailure):
         return None
     timed = [r for r in exc.results if r.error is not None

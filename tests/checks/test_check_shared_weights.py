@@ -72,7 +72,7 @@ def test_a_summed_loss_is_named_not_blamed_on_the_tie(suite_session):
 def test_the_control_is_the_largest_unshared_parameter_within_its_cap(monkeypatch):
     from torch import nn
 
-    from conformance.checks import shared_weights
+    from conformance.checks import sharing as shared_weights
 
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 64))  # 16+4 and 256+64 elements
     assert shared_weights._control(model, ["0.weight"]) == ["1.weight"]

@@ -28,12 +28,14 @@ they support it, each with one fix (:class:`Named`):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ...harness.observe.step_collectives import BACKWARD, FORWARD, FUNCTIONAL, PLAIN, StepCollective
 from .comparison import Equivalence
 from .hypotheses import SPREAD
+from .start_loss import StartLoss
 
 #: |mean of the ranks' losses - the reference's| / |the reference's| still counted as equal:
 #: fp32 summation order moves a loss by ~1e-7 relative; a per-rank count or a misplaced label
@@ -55,12 +57,16 @@ def _near(value: float, target: float) -> bool:
     return abs(value - target) <= SPREAD * abs(target)
 
 
+def _start(record: Mapping[str, Any]) -> StartLoss | None:
+    started: StartLoss | None = record.get("start_loss")
+    return started
+
+
 def _losses(eq: Equivalence) -> tuple[list[float], float] | None:
-    ranks = [(r.get("start_loss") or {}).get("value") for r in eq.ranks]
-    ref = (eq.reference.get("start_loss") or {}).get("value")
+    ranks, ref = [_start(r) for r in eq.ranks], _start(eq.reference)
     if ref is None or any(v is None for v in ranks):
         return None
-    return [float(v) for v in ranks if v is not None], float(ref)
+    return [v["value"] for v in ranks if v is not None], ref["value"]
 
 
 def _factors(eq: Equivalence) -> str:
@@ -137,11 +143,11 @@ def _backward_causes(eq: Equivalence, calls: list[StepCollective]) -> list[Named
 
 def _labels_not_offset(eq: Equivalence) -> Named | None:
     n = eq.world_size
-    ref_calls = (eq.reference.get("start_loss") or {}).get("cross_entropy") or []
+    ref_calls = (_start(eq.reference) or StartLoss(value=0.0, cross_entropy=[]))["cross_entropy"]
     if not any(c["offset"] == 0 and c["rows"] == c["columns"] for c in ref_calls):
         return None  # the single-process loss has no diagonal of positives
     for rank, record in enumerate(eq.ranks[1:], start=1):
-        for c in (record.get("start_loss") or {}).get("cross_entropy") or []:
+        for c in (_start(record) or StartLoss(value=0.0, cross_entropy=[]))["cross_entropy"]:
             rows = c["rows"]
             if c["offset"] == 0 and c["columns"] == n * rows:
                 return Named(

@@ -24,14 +24,15 @@ runs again with it ungrouped (``RunPlan.ungrouped``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any, TypeVar
 
 from ...harness.sync_batchnorm import substituted
 
 _GROUPED: dict[type, type] = {}
 GROUP_ATTR = "_conformance_group"
 SEEN_ATTR = "_conformance_sizes_seen"
+T = TypeVar("T")
 
 
 def _grouped_class(cls: type) -> type:
@@ -50,6 +51,19 @@ def _grouped_class(cls: type) -> type:
 
         _GROUPED[cls] = type(f"Grouped{cls.__name__}", (cls,), {"forward": forward})
     return _GROUPED[cls]
+
+
+def watch_synchronising(model: Any, rank: int, body: Callable[[], T]) -> tuple[T, list[str]]:
+    """``body()`` (a forward of ``model``, on every rank alike) with the collectives of each
+    module's forward watched: (what it returned, ``synchronising`` on what was seen)."""
+    from ...harness.observe import Step, StepCollectives
+
+    watch = StepCollectives(model, rank=rank)
+    with watch.attached():
+        watch.begin_step(Step(0))
+        out = body()
+        watch.end_step(Step(0))
+    return out, synchronising(model, watch.calls)
 
 
 def synchronising(model: Any, calls: Sequence[Any]) -> list[str]:

@@ -75,10 +75,10 @@ from .instruments import (
     first_nonfinite,
 )
 from .hypotheses import loss_split
-from .normalisation import group_batchnorm, sizes_kept, sizes_seen, synchronising
+from .normalisation import group_batchnorm, sizes_seen, watch_synchronising
 from .randomness import disable_dropout, forward_is_random
 from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
-from .start_loss import start_loss
+from .start_loss import measure_start_loss
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 from .tensors import Compared
 
@@ -521,14 +521,10 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     probe = ((take_rows(first[0], 0, plan.norm_group, part_dims(dims, 0)),
               take_rows(first[1], 0, plan.norm_group, part_dims(dims, 1)))
              if writes and plan.norm_group else first)
-    # The collectives each module's forward calls, watched in that forward (on every rank
-    # alike): a BatchNorm that issues one synchronises its statistics, whatever its class.
-    watch = StepCollectives(model, rank=rank)
-    with run_eagerly(), watch.attached():  # a compile here would be thrown away (``watch_compile`` starts cold)
-        watch.begin_step(Step(0))
-        rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device)
-        watch.end_step(Step(0))
-    synchronised = synchronising(model, watch.calls)
+    with run_eagerly():  # a compile here would be thrown away (``watch_compile`` starts cold)
+        # The collectives each module's forward calls (every rank alike): synchronised BatchNorms.
+        rng_left, synchronised = watch_synchronising(model, rank, lambda: forward_is_random(
+            model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device))
     group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
     grouped = group_batchnorm(model, group, keep={*synchronised, *plan.ungrouped})
     # After grouping BatchNorm: the whole batch then normalises in the pieces' groups.
@@ -546,14 +542,10 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     if split is not None:
         setup["loss_split"] = split
     inner = unwrap(ddp)
-    if plan.microbatches == 1:
-        # After DDP's construction broadcast (every rank at the reference's weights), on every
-        # rank (the loss's collectives included); one microbatch per rank only: with K of them
-        # the ranks' losses are over other pieces than the reference's whole batch.
-        with run_eagerly(), sizes_kept(inner):
-            started = start_loss(inner, lambda m: target.compute_loss(m, *first), device=rank_ctx.device)
-        if started is not None:
-            setup["start_loss"] = started
+    # After DDP's construction broadcast (every rank at the reference's weights), on every rank.
+    started = measure_start_loss(inner, target, first, device=rank_ctx.device) if plan.microbatches == 1 else None
+    if started is not None:
+        setup["start_loss"] = started
     optimizer = target.make_optimizer(ddp)
     if to.writer is not None:
         to.writer.write(INITIAL, inner.state_dict().items(), norms=False)

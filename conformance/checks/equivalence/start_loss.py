@@ -77,3 +77,13 @@ def start_loss(model: Any, loss: Callable[[Any], Any], *, device: Any = None) ->
     if not isinstance(value, torch.Tensor) or value.numel() != 1:
         return None
     return StartLoss(value=float(value.detach().double()), cross_entropy=calls)
+
+
+def measure_start_loss(model: Any, target: Any, microbatch: Any, *, device: Any = None) -> StartLoss | None:
+    """``start_loss`` of ``target``'s loss on ``microbatch`` (this rank's one microbatch, or the
+    reference's whole batch), eager, leaving BatchNorm's recorded sizes as the run made them."""
+    from .compiled import run_eagerly
+    from .normalisation import sizes_kept
+
+    with run_eagerly(), sizes_kept(model):
+        return start_loss(model, lambda m: target.compute_loss(m, *microbatch), device=device)

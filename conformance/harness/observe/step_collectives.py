@@ -186,7 +186,7 @@ class StepCollectives(Probe):
                 if owner is not None and id(owner) in self._names:
                     module = self._names[id(owner)]
                     break
-            frame = frame.f_back  # type: ignore[assignment]
+            frame = frame.f_back
         if node is not None:
             function = type(node).__name__.removesuffix("Backward")
             api = f"autograd.Function {function}"
