@@ -33,10 +33,16 @@ CASES = {
         [("    labels = torch.arange(b) + rank * b  # this rank's positives in the gathered columns\n",
           "    labels = torch.arange(b)  # BUG: not offset by rank\n")],
         r"labels are not offset by rank: on rank 1 .* targets 0\.\.3 .* columns 4\.\.7"),
+    "negatives_not_gathered": (
+        [("    return GatherLayer.apply(x) if _world()[1] > 1 else x\n", "    return x  # BUG: this rank's negatives only\n"),
+         ("    labels = torch.arange(b) + rank * b  # this rank's positives in the gathered columns\n",
+          "    labels = torch.arange(b)\n")],
+        r"negatives from this rank's batch only: .* 4 rows against 4 candidates, the single-process "
+        r"step's 8 rows against 8.*torch\.distributed\.nn\.functional\.all_gather"),
     "per_rank_normaliser": (
         [("    if world > 1:\n        dist.all_reduce(count)\n    return (per_pair * counted).sum() * world / count.clamp(min=1)\n",
           "    return (per_pair * counted).sum() / count.clamp(min=1)  # BUG: this rank's count\n")],
-        r"normalised per rank.*counted per rank"),
+        r"normalised per rank.*taken over each rank's samples.*all-reduce the normaliser"),
 }
 
 

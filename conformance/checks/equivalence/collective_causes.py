@@ -22,8 +22,10 @@ they support it, each with one fix (:class:`Named`):
   - a ``cross_entropy`` on a rank > 0 whose targets are the diagonal of its local block
     (``arange(rows)``) while its logits' columns are the N ranks' gathered rows: labels not
     offset by rank;
+  - a ``cross_entropy`` that scores each rank's rows against fewer candidates than the
+    reference's: negatives taken from this rank's batch only (not gathered);
   - the reference's loss is a weighted mean of the ranks' losses (within their range) but not
-    their plain mean: each rank divides by a count of its own (a normaliser counted per rank).
+    their plain mean: a normaliser (a count, a batch statistic) taken per rank.
 """
 
 from __future__ import annotations
@@ -161,7 +163,30 @@ def _labels_not_offset(eq: Equivalence) -> Named | None:
     return None
 
 
+def _negatives_not_gathered(eq: Equivalence) -> Named | None:
+    """A cross_entropy whose rows are this rank's share of the reference's but whose columns
+    (the candidates each row is scored against) are fewer: the negatives are this rank's own."""
+    n = eq.world_size
+    if any(c.op in _GATHERS for c in eq.ranks[0].get("step_collectives") or []):
+        return None  # something is gathered: not this
+    ref_calls = (_start(eq.reference) or StartLoss(value=0.0, cross_entropy=[]))["cross_entropy"]
+    mine = (_start(eq.ranks[0]) or StartLoss(value=0.0, cross_entropy=[]))["cross_entropy"]
+    for ours, theirs in zip(mine, ref_calls):
+        if ours["rows"] * n == theirs["rows"] and ours["columns"] < theirs["columns"]:
+            return Named(
+                f"the contrastive loss takes its negatives from this rank's batch only: its "
+                f"cross_entropy scores each of rank 0's {ours['rows']} rows against {ours['columns']} "
+                f"candidates, the single-process step's {theirs['rows']} rows against "
+                f"{theirs['columns']} (no gather in the step); at the same weights the losses differ",
+                "gather the features of every rank with a gradient (`torch.distributed.nn.functional."
+                "all_gather`), score each rank's rows against all of them, and offset the labels by "
+                "rank (`labels = torch.arange(b) + rank * b`)")
+    return None
+
+
 def _counted_per_rank(eq: Equivalence, losses: list[float], ref: float) -> Named | None:
+    """The reference's loss is a weighted mean of the ranks' losses (within their range) but
+    not their plain mean: the signature of a normaliser taken over each rank's samples."""
     low, high = min(losses), max(losses)
     slack = LOSS_GAP * abs(ref)
     if not (low - slack <= ref <= high + slack) or high - low <= slack:
@@ -169,19 +194,19 @@ def _counted_per_rank(eq: Equivalence, losses: list[float], ref: float) -> Named
     shares = ""
     if len(losses) == 2:
         w0 = (ref - losses[1]) / (losses[0] - losses[1])
-        shares = (f"; the single-process loss is their mean weighted {w0:.3g} : {1 - w0:.3g}, the "
-                  f"ranks' shares of the global count")
+        shares = f"; the single-process loss is their mean weighted {w0:.3g} : {1 - w0:.3g}"
     counts = [[c.values_in for c in r.get("step_collectives") or []
                if c.op in _REDUCTIONS and c.values_in and len(c.values_in) == 1] for r in eq.ranks]
-    seen = (f"; counts all-reduced in the step, per rank: {counts}" if any(counts) else
-            "; no count was all-reduced in the step")
+    seen = (f"; scalars all-reduced in the step, per rank: {counts}" if any(counts) else
+            "; no scalar was all-reduced in the step")
     per_rank = ", ".join(f"rank {r} {v:.6g}" for r, v in enumerate(losses))
     return Named(
         f"the loss is normalised per rank: at the same weights the ranks' losses ({per_rank}; mean "
         f"{sum(losses) / len(losses):.6g}) do not average to the single-process loss {ref:.6g}{shares} "
-        f"— each rank divides by a count (of targets, boxes, tokens, counted pairs) counted per rank, "
-        f"and DDP's average then weighs the ranks with fewer counted samples more{seen}",
-        "all-reduce the count before dividing by it (`dist.all_reduce(count)`; then "
+        f"— a normaliser (a count of targets, boxes, tokens or counted pairs, or a batch statistic "
+        f"such as a sum) is taken over each rank's samples where the large-batch step takes it "
+        f"over the whole batch, so DDP's average weighs the ranks unequally{seen}",
+        "all-reduce the normaliser before dividing by it (a count: `dist.all_reduce(count)`, then "
         "`loss = total * world_size / count`, since DDP averages the ranks' gradients)")
 
 
@@ -192,6 +217,7 @@ def collective_causes(eq: Equivalence) -> list[Named]:
     if losses is not None:
         values, ref = losses
         if abs(sum(values) / len(values) - ref) > LOSS_GAP * abs(ref):
-            forward = _labels_not_offset(eq) or _counted_per_rank(eq, values, ref)
+            forward = (_labels_not_offset(eq) or _negatives_not_gathered(eq)
+                       or _counted_per_rank(eq, values, ref))
             return [forward] if forward is not None else []
     return _backward_causes(eq, calls) if calls else []
