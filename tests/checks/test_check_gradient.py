@@ -171,3 +171,12 @@ def test_a_synchronising_batchnorm_look_alike_is_recognised_by_its_collective(su
     assert record.status == "passed", record.message
     assert record.evidence["batchnorm_synchronised"] == ["1", "4"]
     assert record.evidence["batchnorm_grouped"] == []
+
+
+def test_a_weight_renormalised_before_the_forward_is_not_a_hand_written_update(suite_session):
+    # SwAV normalises its prototypes in place at every step, then steps its optimizer: the
+    # gradients are what optimizer.step() consumed, not what a hand-written update read.
+    record = run_check(suite_session, "gradient-equivalence", "normalised_before_step")
+    assert record.status == "passed", record.message
+    assert "as optimizer.step() consumed them" in record.message
+    assert record.evidence["compared"]["hand_written_update_steps"]["ranks"] == [[], []]

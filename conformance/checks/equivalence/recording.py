@@ -398,8 +398,8 @@ class Gradients(Probe):
         now = self._fingerprint()
         if now is not None and self.last is not None and now != self.last:
             self.hand_updates += 1
-        if not self.hand_updates:
-            return False
+        if not self.hand_updates or self.recorder.steps:
+            return False  # an optimizer step ran: a weight renormalised in place is no update
         # The gradients left in .grad (unless a zero_grad after the update read them already).
         self._at_step([(name, None if p.grad is None else p.grad.detach())
                        for name, p in self.inner.named_parameters()])
