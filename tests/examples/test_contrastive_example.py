@@ -26,6 +26,16 @@ CASES = {
           "    return torch.cat(out)\n")],
         r"all_gather \[4, 16\] in the loss .* not differentiable.*this rank's own slot is not re-inserted"
         r".*torch\.distributed\.nn\.functional\.all_gather"),
+    # open_clip's gather_features without gather_with_grad: this rank's slot put back.
+    "gather_without_gradient_own_slot_reinserted": (
+        [("    return GatherLayer.apply(x) if _world()[1] > 1 else x\n",
+          "    if _world()[1] == 1:\n        return x\n"
+          "    out = [torch.zeros_like(x) for _ in range(dist.get_world_size())]\n"
+          "    dist.all_gather(out, x)  # BUG: no gradient through the other ranks' features\n"
+          "    out[dist.get_rank()] = x\n"
+          "    return torch.cat(out)\n")],
+        r"all_gather \[4, 16\] in the loss .* not differentiable: only this rank's own slot, re-inserted"
+        r".*torch\.distributed\.nn\.functional\.all_gather` \(open_clip: gather_with_grad=True\)"),
     "gather_layer_without_gradient_all_reduce": (
         [("        dist.all_reduce(grad)  # the gradient every rank's loss sent to each rank's rows\n", "")],
         r"GatherLayer's backward issues no collective.*factors between 1/2 and 1"),
@@ -70,3 +80,19 @@ def test_each_bug_is_named(suite_session, tmp_path, case):
     import re
 
     assert re.search(cause, text, re.S), text
+
+
+def test_a_logged_all_reduce_is_not_blamed_for_another_bug(suite_session, tmp_path):
+    # The loss multiplied by the world size (every gradient x2), and the loss all-reduced for
+    # logging without detaching it: the recorded call is not what the factors show, so the
+    # cause stays the world-size factor.
+    path = variant(tmp_path, EXAMPLE, "times_world_logged",
+                   ("    forward_loss(model, (views, counted)).backward()\n",
+                    "    loss = forward_loss(model, (views, counted)) * _world()[1]  # BUG\n"
+                    "    loss.backward()\n"
+                    "    if _world()[1] > 1:\n"
+                    "        dist.all_reduce(loss)  # for the log, not detached\n"))
+    record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], path)
+    assert record.status == "failed", record.message
+    assert "the loss is multiplied by the world size (factor 2 = N)" in record.message
+    assert "not differentiable" not in record.message

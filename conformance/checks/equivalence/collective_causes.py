@@ -44,7 +44,7 @@ from .start_loss import StartLoss
 #: moves it by percents (1.6e-2 and 0.49 on examples/train_contrastive.py's variants).
 LOSS_GAP = 1e-4
 _REDUCTIONS = ("all_reduce", "reduce")
-_GATHERS = ("all_gather", "all_gather_into_tensor")
+_GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +115,7 @@ def _gather_without_gradient(eq: Equivalence, call: StepCollective) -> Named:
 
 def _gather_layer(eq: Equivalence, call: StepCollective) -> Named | None:
     n, s = eq.world_size, eq.judged_scale
-    if not s.parameters or s.low < 1 / n * (1 - SPREAD) or s.high > 1 + SPREAD:
+    if not _share_lost(eq, lowest=1 / n):
         return None  # not the signature of a gradient that misses the other ranks' share
     return Named(
         f"{call.function}'s backward issues no collective (its forward {call.op}s {list(call.shape)} "
@@ -126,13 +126,25 @@ def _gather_layer(eq: Equivalence, call: StepCollective) -> Named | None:
         f"before returning this rank's slice, or use `torch.distributed.nn.functional.all_gather`")
 
 
+def _share_lost(eq: Equivalence, *, lowest: float) -> bool:
+    """Every gradient factor between ``lowest`` and 1: each parameter gets part of its gradient
+    or all of it, never more (a loss scaled up, a gradient counted twice is another bug)."""
+    s = eq.judged_scale
+    floor = lowest * (1 - SPREAD) if lowest else -SPREAD
+    return bool(s.parameters) and floor <= s.low and s.high <= 1 + SPREAD
+
+
 def _backward_causes(eq: Equivalence, calls: list[StepCollective]) -> list[Named]:
     forward = [c for c in calls if c.phase == FORWARD]
     with_backward = {c.function for c in calls if c.phase == BACKWARD}
+    n = eq.world_size
     for call in forward:
-        if call.api == PLAIN and call.requires_grad and call.op in _REDUCTIONS and call.grad_enabled:
+        # What flows back through a reduction autograd does not see is this rank's share (1/N
+        # of the gradient through it); through a gathered copy, nothing.
+        if (call.api == PLAIN and call.requires_grad and call.op in _REDUCTIONS and call.grad_enabled
+                and _share_lost(eq, lowest=1 / n)):
             return [_non_differentiable_reduction(eq, call)]
-        if call.api == PLAIN and call.requires_grad and call.op in _GATHERS:
+        if call.api == PLAIN and call.requires_grad and call.op in _GATHERS and _share_lost(eq, lowest=0.0):
             return [_gather_without_gradient(eq, call)]
     for call in forward:
         if (call.differentiable and call.api != FUNCTIONAL and call.op in _GATHERS

@@ -37,8 +37,8 @@ from .collectives import SMALL_TENSOR, Called, Proceed, tap
 from .probe import Probe, Slice, Step
 
 #: The collectives a step may call inside its forward, loss or an ``autograd.Function``.
-STEP_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-                    "reduce_scatter_tensor", "reduce", "broadcast", "all_to_all", "all_to_all_single",
+STEP_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
+                    "reduce_scatter", "reduce_scatter_tensor", "reduce", "broadcast", "all_to_all", "all_to_all_single",
                     "gather", "scatter")
 #: ``api`` of a collective autograd does not see.
 PLAIN = "torch.distributed"
@@ -93,7 +93,7 @@ def _first_tensor(called: Called) -> Any:
     import torch
 
     args = (*called.args, *called.kwargs.values())
-    if called.name in ("all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    if called.name in ("all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter", "reduce_scatter_tensor",
                        "all_to_all", "all_to_all_single"):
         args = args[1:2] or args  # (output, input, ...): the input
     for arg in args:
