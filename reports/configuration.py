@@ -140,7 +140,7 @@ def _collectives_row(records: list[Mapping[str, Any]]) -> Row | None:
     watched = [r for r in records if isinstance(_evidence(r).get(STEP_COLLECTIVES), list)]
     if not watched:
         return None
-    calls = next((_evidence(r)[STEP_COLLECTIVES] for r in watched if _evidence(r)[STEP_COLLECTIVES]), [])
+    calls: list[Any] = next((_evidence(r)[STEP_COLLECTIVES] for r in watched if _evidence(r)[STEP_COLLECTIVES]), [])
     seen: dict[str, int] = {}
     for c in calls:
         if isinstance(c, Mapping):

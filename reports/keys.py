@@ -111,6 +111,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     NOISE_FLOOR: ("conformance.checks.equivalence.presentation",),
     FEATURES: ("conformance.checks.equivalence.presentation", "conformance.checks.rank_consistency",
                "ddp_conformance.faults.checks.hang_detection", "conformance.checks.equivalence.checkpointing"),
+    STEP_COLLECTIVES: ("conformance.checks.equivalence.presentation",),
     VERIFIED: ("conformance.checks.equivalence.presentation", "conformance.checks.rank_consistency",
                "conformance.checks.shared_weights", "conformance.checks.sampler_coverage",
                "conformance.checks.evaluation.verdict", "conformance.checks.resume_equivalence"),
