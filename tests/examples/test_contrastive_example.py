@@ -5,6 +5,8 @@ recorded collectives and the measured gradient factors, and one leading fix."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from conformance.harness.registry import BY_ID
@@ -77,7 +79,6 @@ def test_each_bug_is_named(suite_session, tmp_path, case):
     assert record.status == "failed", record.message
     assert "no known cause matched" not in record.message
     text = f"{record.message} {record.recommendation}"
-    import re
 
     assert re.search(cause, text, re.S), text
 
@@ -96,3 +97,30 @@ def test_a_logged_all_reduce_is_not_blamed_for_another_bug(suite_session, tmp_pa
     assert record.status == "failed", record.message
     assert "the loss is multiplied by the world size (factor 2 = N)" in record.message
     assert "not differentiable" not in record.message
+
+
+def test_the_whole_batch_loss_on_every_rank_with_its_own_slot_reinserted_is_interpreted(suite_session, tmp_path):
+    # open_clip's ClipLoss(local_loss=False, gather_with_grad=False): every rank computes the
+    # whole batch's loss from gathered copies, its own slot put back. The towers get 1/N of
+    # their gradient, the temperature (used in the loss alone) all of it: interpreted, not
+    # left as "factors 0.5..1".
+    text = (EXAMPLES / EXAMPLE).read_text()
+    body = text[text.index("def contrastive_loss("):text.index("def centring(")]
+    whole = ('def contrastive_loss(z1: torch.Tensor, z2: torch.Tensor, scale: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:\n'
+             '    rank, world = _world()\n'
+             '    z1, z2 = F.normalize(z1, dim=1), F.normalize(z2, dim=1)\n'
+             '    if world > 1:\n'
+             '        g1, g2 = [torch.zeros_like(z1) for _ in range(world)], [torch.zeros_like(z2) for _ in range(world)]\n'
+             '        dist.all_gather(g1, z1)\n'
+             '        dist.all_gather(g2, z2)\n'
+             '        g1[rank], g2[rank] = z1, z2  # BUG: only the own slot carries a gradient\n'
+             '        z1, z2 = torch.cat(g1), torch.cat(g2)\n'
+             '    labels = torch.arange(z1.shape[0])\n'
+             '    return (F.cross_entropy(scale * z1 @ z2.T, labels) + F.cross_entropy(scale * z2 @ z1.T, labels)) / 2\n\n\n')
+    path = variant(tmp_path, EXAMPLE, "whole_batch_loss", (body, whole),
+                   ("    return contrastive_loss(z1, z2, scale, counted) + centring(z1, z2, view1.shape[0] * _world()[1])\n",
+                    "    return contrastive_loss(z1, z2, scale, counted)\n"))
+    record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], path)
+    assert record.status == "failed", record.message
+    assert re.search(r"own slot, re-inserted .*: \d+ parameters at exactly 1/2 \(the ones behind the gathered "
+                     r"features\), logit_scale at 1 \(used in the loss alone\)", record.message), record.message
