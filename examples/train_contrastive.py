@@ -14,7 +14,12 @@ What it shows (each line is a bug variant in ``tests/examples/test_contrastive_e
   another rank's features is lost. ``torch.distributed.all_gather`` alone is not differentiable
   at all.
 - **Labels offset by rank.** Rank r's positives sit at columns ``r·b .. r·b+b-1`` of the
-  gathered matrix (b = its batch), not at ``0 .. b-1``.
+  gathered matrix (b = its batch), not at ``0 .. b-1``. Without the gather at all (a
+  single-GPU SimCLR wrapped in DDP, as sthalles/SimCLR's loss is) each rank scores its rows
+  against its own batch only: fewer negatives than the large-batch step.
+- **Gathered copies carry no gradient.** ``dist.all_gather`` into fresh tensors, even with this
+  rank's own slot put back (open_clip without ``gather_with_grad``), loses the gradient the
+  other ranks' losses send to this rank's features.
 - **SyncBatchNorm.** ``convert_sync_batchnorm``, as production does: the statistics over the
   whole global batch. On gloo (CPU), where ``nn.SyncBatchNorm`` cannot run, the suite
   substitutes a CPU implementation of the same maths for the check (the report says so).
@@ -22,7 +27,8 @@ What it shows (each line is a bug variant in ``tests/examples/test_contrastive_e
   with ``torch.distributed.nn.functional.all_reduce`` (differentiable: the plain
   ``torch.distributed.all_reduce`` would keep this rank's share of its gradient only), and the
   loss normalised by the number of counted pairs *of the whole batch* (all-reduced too: a
-  per-rank count weighs ranks with fewer counted pairs more).
+  per-rank count weighs ranks with fewer counted pairs more; SwAV's Sinkhorn normalisers are
+  all-reduced for the same reason).
 
 In a 1-process run (``world_size == 1``) every collective is the identity, so the same code is
 the single-process large-batch step the suite compares against.
