@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .keys import COMPILED, DDP_BUCKET_SPLITS, FEATURES, GRAPH_BREAKS, NOISE_FLOOR, REMEDIES
+from .keys import COMPILED, DDP_BUCKET_SPLITS, FEATURES, GRAPH_BREAKS, NOISE_FLOOR, REMEDIES, STEP_COLLECTIVES
 
 #: The features, in the order of the table, and their names in it (the rank-side probe
 #: reports them in this order too).
@@ -26,6 +26,8 @@ FEATURE_LABELS = {"autocast": "autocast", "grad_scaler": "GradScaler", "compiled
                   "static_graph": "static_graph", "gradient_as_bucket_view": "gradient_as_bucket_view",
                   "sync_batchnorm": "SyncBatchNorm", "join": "Join"}
 NOT_VERIFIED = "not verified by any check"
+#: The row of the collectives the step itself called (``_collectives_row``).
+COLLECTIVES_LABEL = "collectives in the step"
 #: Which recommended changes (``REMEDIES``) speak for which feature.
 _REMEDY_WORDS = {"checkpoint": ("reentrant", "checkpoint", "static_graph"), "static_graph": ("static_graph",)}
 
@@ -131,6 +133,28 @@ def _row(feature: str, label: str, records: list[Mapping[str, Any]],
                used=bool(used), verified=verified)
 
 
+def _collectives_row(records: list[Mapping[str, Any]]) -> Row | None:
+    """The collectives the step called in its forward, loss and autograd.Function backwards
+    (evidence :data:`~reports.keys.STEP_COLLECTIVES`), as the first record that saw them has
+    them; None when no record watched them."""
+    watched = [r for r in records if isinstance(_evidence(r).get(STEP_COLLECTIVES), list)]
+    if not watched:
+        return None
+    calls: list[Any] = next((_evidence(r)[STEP_COLLECTIVES] for r in watched if _evidence(r)[STEP_COLLECTIVES]), [])
+    seen: dict[str, int] = {}
+    for c in calls:
+        if isinstance(c, Mapping):
+            how = "" if c.get("differentiable") else ", not differentiable"
+            grad = ", input requires grad" if c.get("requires_grad") else ""
+            label = f"{c.get('op')} {list(c.get('shape') or [])} ({c.get('api')}{how}{grad}; {c.get('phase')})"
+            seen[label] = seen.get(label, 0) + 1
+    value = "; ".join(f"{label}{f' ×{k}' if k > 1 else ''}" for label, k in seen.items()) or "none"
+    where = sorted({str(c.get("where")) for c in calls if isinstance(c, Mapping)})
+    used = [r for r in watched if _evidence(r)[STEP_COLLECTIVES]]
+    return Row(feature=COLLECTIVES_LABEL, value=value, where="; ".join(where) or "—", used=bool(used),
+               verified=", ".join(f"{r.get('id')} {r.get('status')}" for r in used) if used else "—")
+
+
 def tables(report: Mapping[str, Any]) -> list[Table]:
     """One table per target whose records carry the features a run saw (none: no table)."""
     checks = [c for c in report.get("checks") or [] if isinstance(c, Mapping)]
@@ -141,6 +165,7 @@ def tables(report: Mapping[str, Any]) -> list[Table]:
     for target, records in by_target.items():
         probed = [r for r in records if isinstance(_evidence(r).get(FEATURES), Mapping)]
         if probed:
-            out.append(Table(target, tuple(_row(f, label, probed, records)
-                                           for f, label in FEATURE_LABELS.items())))
+            rows = [_row(f, label, probed, records) for f, label in FEATURE_LABELS.items()]
+            collectives = _collectives_row(probed)
+            out.append(Table(target, tuple(rows + ([collectives] if collectives else []))))
     return out

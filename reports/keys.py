@@ -22,6 +22,10 @@ NOISE_FLOOR = "noise_floor"
 # dict: {feature: {"used", "value", "where"}} the N-rank run's step used (autocast, GradScaler,
 # compile, checkpointing, comm hook, static_graph, …), conformance/harness/features.py
 FEATURES = "features"
+# list of dicts: the collectives rank 0's first step called in its forward, loss and the
+# backward of an autograd.Function (op, api, phase, module, requires_grad, shape, ...),
+# conformance/harness/observe/step_collectives.py; the configuration table's row
+STEP_COLLECTIVES = "step_collectives"
 
 # What a passed correctness check compared, counted (dict[str, int]), evidence: the ready
 # rule reads it (reports/verdict.py, ``unverified``): ``ranks`` at least 2, every other count at
@@ -110,6 +114,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     NOISE_FLOOR: ("conformance.checks.equivalence.presentation",),
     FEATURES: ("conformance.checks.equivalence.presentation", "conformance.checks.rank_consistency",
                "ddp_conformance.faults.checks.hang_detection", "conformance.checks.equivalence.checkpointing"),
+    STEP_COLLECTIVES: ("conformance.checks.equivalence.presentation",),
     VERIFIED: ("conformance.checks.equivalence.presentation", "conformance.checks.rank_consistency",
                "conformance.checks.shared_weights", "conformance.checks.sampler_coverage",
                "conformance.checks.evaluation.verdict", "conformance.checks.resume_equivalence"),

@@ -15,14 +15,16 @@ checked one by one.
 Dropout is switched off and BatchNorm normalises each rank's shard as a group on both sides
 (as in the equivalence checks; recorded as ``dropout_disabled``, ``batchnorm_grouped``).
 
-What runs, on every rank of the persistent world: (1) discovery — parameters reached by
-several module paths (``named_parameters(remove_duplicate=False)``) and modules called more
-than once per forward (forward hooks counting calls); (2) on rank 0, locally: each tied alias
-is untied into its own copy and one forward/backward on the global batch shows which uses
-contribute a gradient (a use that forward reads — perturbing it moves the loss — but whose
-copy gets no gradient is *lost*);
-the single-process reference gradient of the global batch (plain autograd, same initial
-weights as DDP's broadcast), written to files in the check's temp dir; (3) for the configured ``ddp_kwargs``, ``find_unused_parameters=True``
+What runs: (1) discovery, on every rank — parameters reached by several module paths
+(``named_parameters(remove_duplicate=False)``) and modules called more than once per forward
+(forward hooks counting calls); (2) in the 1-rank reference world (never on rank 0 alone
+inside the N-rank world: a forward that calls a collective — SyncBatchNorm, a gather layer —
+would wait there for the other ranks forever): each tied alias is untied into its own copy and
+one forward/backward on the global batch shows which uses contribute a gradient (a use that
+forward reads — perturbing it moves the loss — but whose copy gets no gradient is *lost*);
+the single-process reference gradient of the global batch (plain autograd from the initial
+weights, which rank 0 then starts from), written to files in the check's temp dir; (3) on every
+rank of the persistent world, for the configured ``ddp_kwargs``, ``find_unused_parameters=True``
 and ``static_graph=True``: 2 DDP iterations of forward/backward (``target.compute_loss``, no
 optimizer step, so the reference stays valid) on each rank's shard, gradients compared with
 the reference *on each rank*, against those files (tolerance as gradient-equivalence; a ratio
@@ -44,7 +46,6 @@ forward), ``variants`` (per DDP mode: worst parameter, max |Δgrad|, ratio to th
 
 from __future__ import annotations
 
-import copy
 import math
 import shutil
 import tempfile
@@ -55,11 +56,12 @@ from ddp_conformance.reports.keys import NONFINITE, VERIFIED
 
 from ..harness.batches import digest as batch_digest
 from ..harness.context import CheckContext
-from ..harness.failures import world_error_outcome
+from ..harness.failures import probe_timeout_outcome, world_error_outcome
 from ..harness.ddp import MODEL_SEED, unwrap
 from ..harness.outcome import Outcome
 from ..harness.sharding import batch_dims, global_batch, shard, to_device
 from ..harness.world import RankContext, RankFailure, WorldHang
+from .sharing import ITERATIONS, discover, live_grad, reference_probe, start_from_reference
 from .equivalence import (
     DIGEST,
     MARGIN,
@@ -76,10 +78,9 @@ from .equivalence import (
     rank_view,
     smallest_bug,
     who_sees,
-    write_snapshot,
 )
 
-ITERATIONS = 2
+PROBE = "the shared-weights probe"
 VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("configured", {}),
     ("find_unused_parameters=True", {"find_unused_parameters": True, "static_graph": False}),
@@ -87,91 +88,16 @@ VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
-def _alias_groups(model: Any) -> list[list[str]]:
-    by_id: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        by_id.setdefault(id(p), []).append(name)
-    return [names for names in by_id.values() if len(names) > 1]
-
-
-def _count_calls(model: Any, batch: tuple[Any, Any], compute_loss: Any) -> dict[str, int]:
-    """Forward calls per module with parameters of its own, in one forward driven the target's
-    way (``compute_loss``: its ``forward_loss``, or ``loss_fn(model(inputs), targets)``), so a
-    model whose forward takes two inputs, a hidden state or its targets is called as training
-    calls it. On the discovery model, dropped right after: no BatchNorm statistic or other side
-    effect reaches a model that is compared."""
-    import torch
-
-    calls: dict[str, int] = {}
-    handles = []
-    for name, module in model.named_modules():
-        if any(True for _ in module.parameters(recurse=False)):
-            def hook(m: Any, a: Any, o: Any, _name: str = name) -> None:
-                calls[_name] = calls.get(_name, 0) + 1
-            handles.append(module.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            compute_loss(model, batch[0], batch[1])
-    finally:
-        for h in handles:
-            h.remove()
-    return calls
-
-
-def _per_use(model: Any, groups: list[list[str]], batch: tuple[Any, Any],
-             compute_loss: Any) -> list[dict[str, Any]]:
-    """Untie every alias into its own Parameter and see which uses contribute a gradient.
-
-    A use is *lost* when its copy changes the output (perturbing it moves the loss: forward
-    does read it) yet receives no gradient — exactly what ``weight.detach()`` or ``.data`` in
-    one use does. An alias forward never reads is bookkeeping, not a lost use.
-    """
-    import torch
-    from torch import nn
-
-    untied = copy.deepcopy(model)
-    for names in groups:
-        for name in names[1:]:
-            owner, _, attr = name.rpartition(".")
-            module = untied.get_submodule(owner)
-            setattr(module, attr, nn.Parameter(getattr(module, attr).detach().clone()))
-    untied.zero_grad(set_to_none=True)
-    loss = compute_loss(untied, batch[0], batch[1])
-    loss.backward()
-    report = []
-    for names in groups:
-        uses: dict[str, float] = {}
-        lost: list[str] = []
-        unread: list[str] = []
-        for name in names:
-            param = untied.get_parameter(name)
-            norm = 0.0 if param.grad is None else float(param.grad.detach().double().norm())
-            uses[name] = norm
-            if norm > 0.0:
-                continue
-            with torch.no_grad():
-                saved = param.detach().clone()
-                param.add_(0.1 * saved.abs().mean().clamp_min(1e-3) * torch.ones_like(param))
-                moved = float(compute_loss(untied, batch[0], batch[1])) != float(loss)
-                param.copy_(saved)
-            (lost if moved else unread).append(name)
-        report.append({"names": names, "gradient_norm_per_use": uses, "lost_uses": lost,
-                       "unread_aliases": unread})
-    return report
-
-
 def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str) -> dict[str, Any]:
-    """Discovery, per-use gradients and the reference (rank 0), then every DDP variant.
+    """Discovery, then every DDP variant, against the reference ``reference_probe`` wrote.
 
-    The reference's gradients reach the other ranks as files in ``folder`` (``equivalence.snapshots``);
+    The reference's gradients reach the ranks as files in ``folder`` (``equivalence.snapshots``);
     every rank compares its own gradients with them where they are and returns summaries
     (``equivalence.tensors.Compared``), never a tensor; a rank that cannot read them (another host under
     ``--attach``) returns digests of its gradients instead, held to rank 0's (``equivalence.digests``).
-    Memory on a rank: the DDP model plus at most one
-    copy of it (rank 0's untied copy, then its reference copy, one after the other).
+    Memory on a rank: the DDP model. Every rank runs every forward here: the model's own
+    collectives pair up.
     """
-    import torch.distributed as dist
-
     from ..harness.rank_run import RankRun
 
     run = RankRun.load(rank_ctx, target_spec)
@@ -180,19 +106,11 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
     snapshots = Path(folder) if rank == 0 else rank_view(Path(folder), rank)
     batches = [global_batch(target, batch_size, seed=MODEL_SEED + step) for step in range(ITERATIONS)]
     # Every rank draws the same global batch from the same seed, unless make_batch reads state
-    # built differently in this process: then rank 0's reference is not this rank's batch.
+    # built differently in this process: then the reference's batch is not this rank's.
     out: dict[str, Any] = {"rank": rank, "batch_digests": [batch_digest(x) + batch_digest(y) for x, y in batches]}
     model = run.build(seed=MODEL_SEED)
-    groups = _alias_groups(model)
-    # Counted on the discovery model itself: it is dropped right after (never trained), so a
-    # BatchNorm statistic its no_grad forward moves reaches nothing.
-    calls = _count_calls(model, to_device(shard(batches[0], rank, n, 1, dims=batch_dims(target)), device)[0],
-                         target.compute_loss)
-    shared = sorted({name for g in groups for name in g[:1]}
-                    | {f"{m}.{p}" if m else p for m, c in calls.items() if c > 1
-                       for p, _ in model.get_submodule(m).named_parameters(recurse=False)})
-    control = _control(model, shared)
-    out.update(groups=groups, reused={m: c for m, c in calls.items() if c > 1}, shared=shared, control=control)
+    out.update(discover(target, model, shard(batches[0], rank, n, 1, dims=batch_dims(target))[0], device))
+    shared, control = out["shared"], out["control"]
     compared = shared + control
     del model
     if not shared:
@@ -206,20 +124,21 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
         # As in the equivalence checks: dropout masks cannot match between N ranks and one
         # process, and BatchNorm must normalise the same groups of samples on both sides.
         # Construction broadcasts rank 0's weights: the reference below starts from them.
-        wrapped = run.build_wrapped(
-            seed=MODEL_SEED, ddp_overrides=overrides,
-            before_wrap=lambda fresh: (disable_dropout(fresh), group_batchnorm(fresh, batch_size // n)))
+        def settle(fresh: Any) -> tuple[list[str], Any]:
+            settled = disable_dropout(fresh), group_batchnorm(fresh, batch_size // n)
+            if rank == 0:
+                start_from_reference(fresh, snapshots, device)
+            return settled
+
+        # Construction broadcasts rank 0's (the reference's) weights to every rank.
+        wrapped = run.build_wrapped(seed=MODEL_SEED, ddp_overrides=overrides, before_wrap=settle)
         out["dropout_disabled"], out["batchnorm_grouped"] = wrapped.settled
         ddp = wrapped.ddp
         if not referenced:
-            if rank == 0:
-                out.update(_reference(unwrap(ddp), groups, shared, control, batches, target, device, snapshots))
-            # Synchronisation point: no rank compares before rank 0 has written every
-            # reference gradient (the files are complete once rank 0 reaches this barrier).
-            dist.barrier()
             referenced = True
-            # After the barrier the files are complete: absent here means another host (under
-            # --attach across hosts); such a rank is judged by digest against rank 0 (_digests).
+            # The reference finished writing before this world call started: absent here means
+            # another host (under --attach across hosts); such a rank is judged by digest
+            # against rank 0 (_digests).
             sees = has_snapshot(snapshots, "ref0")
             digest = not all(who_sees(rank_ctx, sees))
             out["compared_by"] = REFERENCE if sees else DIGEST
@@ -231,7 +150,7 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
             # A synchronising backward on every rank: each variant runs the same iterations
             # everywhere, so the reducer's all-reduces pair up.
             target.compute_loss(ddp, x, y).backward()
-            live = [(s, _live_grad(unwrap(ddp), s)) for s in compared]
+            live = [(s, live_grad(unwrap(ddp), s)) for s in compared]
             if digest:
                 out["digests"].append((f"shared gradients of iteration {step} under DDP {label}",
                                        named_digests(live)))
@@ -242,33 +161,6 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
         del ddp, wrapped
     out["variants"] = variants
     return out
-
-
-def _reference(model: Any, groups: list[list[str]], shared: list[str], control: list[str], batches: list[Any],
-               target: Any, device: Any, snapshots: Path) -> dict[str, Any]:
-    """Rank 0: which uses contribute, and the single-process reference gradient of every global
-    batch (plain autograd on a copy of the broadcast weights), written to ``snapshots``."""
-    from .equivalence import first_nonfinite
-
-    try:
-        per_use = _per_use(model, groups, to_device([batches[0]], device)[0], target.compute_loss)
-    except Exception as exc:  # noqa: BLE001 - the probe's own surgery, never the user's verdict
-        # Untying an alias is the suite's surgery on a copy, not how the target trains: a model
-        # that cannot be driven untied (its forward_loss reads the tie itself, a module that
-        # cannot be deep-copied) skips this part with the reason; the DDP comparison still runs.
-        per_use = [{"names": g, "per_use_skipped": f"{type(exc).__name__}: {str(exc)[:200]}"}
-                   for g in groups]
-    ref_model = copy.deepcopy(model)
-    nonfinite = []
-    for step, batch in enumerate(batches):
-        ref_model.zero_grad(set_to_none=True)
-        x, y = to_device([batch], device)[0]
-        target.compute_loss(ref_model, x, y).backward()
-        live = [(s, _live_grad(ref_model, s)) for s in shared + control]
-        nonfinite.append(first_nonfinite(live[:len(shared)]))
-        write_snapshot(snapshots, f"ref{step}", live)
-    del ref_model
-    return {"per_use": per_use, "reference_nonfinite": nonfinite}
 
 
 def _first_nonfinite(head: dict[str, Any], values: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -287,28 +179,6 @@ def _first_nonfinite(head: dict[str, Any], values: list[dict[str, Any]]) -> dict
     return None
 
 
-#: The control's size cap (elements): its reference gradient is written and read back per step
-#: like the shared ones', and a million elements show a common factor as well as a billion.
-CONTROL_MAX_ELEMENTS = 1 << 20
-
-
-def _control(model: Any, shared: list[str]) -> list[str]:
-    """One parameter that is not shared, compared beside the shared ones: when it is off by the
-    same factor, the cause is the loss or the data, not the sharing (a summed loss halves every
-    gradient at 2 ranks, the tied one too). The largest that trains within
-    CONTROL_MAX_ELEMENTS (a big one's gradient is well above rounding), else the smallest.
-    Empty when every parameter is shared."""
-    candidates = sorted((p.numel(), name) for name, p in model.named_parameters()
-                        if p.requires_grad and name not in shared)
-    if not candidates:
-        return []
-    within = [c for c in candidates if c[0] <= CONTROL_MAX_ELEMENTS]
-    return [(within[-1] if within else candidates[0])[1]]
-
-
-def _live_grad(model: Any, name: str) -> Any:
-    grad = model.get_parameter(name).grad
-    return None if grad is None else grad.detach()
 
 
 def _classify(c: Compared) -> str:
@@ -471,13 +341,17 @@ def run(ctx: CheckContext) -> Outcome:
     batch_size = ctx.target.batch_size_for(ctx.world_size, 1)
     folder = Path(tempfile.mkdtemp(prefix="shared-reference-", dir=ctx.tmpdir))
     try:
+        # The reference first, in the 1-rank world; then the N ranks, each running every forward.
+        ref = ctx.world(world_size=1).run(reference_probe, ctx.target.spec, batch_size, ctx.world_size,
+                                          str(folder), deadline=ctx.deadline)[0].value
         values = [r.value for r in ctx.world().run(probe, ctx.target.spec, batch_size, str(folder),
-                                                   deadline=ctx.deadline)]
+                                                   deadline=ctx.deadline)] if ref["shared"] else [ref]
     except (RankFailure, WorldHang) as exc:
-        return world_error_outcome(exc, "the shared-weights probe")
+        # The probe's own timeout is the suite's failure, not a finding about shared weights.
+        return probe_timeout_outcome(exc, PROBE) or world_error_outcome(exc, PROBE)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    head = values[0]
+    head: dict[str, Any] = {**values[0], **{k: ref[k] for k in ("per_use", "reference_nonfinite") if k in ref}}
     tied = head.get("per_use", [{"names": g} for g in head["groups"]])
     evidence: dict[str, Any] = {"shared": head["shared"], "tied": tied, "reused_modules": head["reused"],
                                 "dropout_disabled": head.get("dropout_disabled", []),

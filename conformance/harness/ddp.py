@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .sync_batchnorm import substitute
 
 # -- seeds --------------------------------------------------------------------------------
 # Named, because two sides of one experiment must agree on them by value: an N-rank run and
@@ -103,7 +104,8 @@ def debug_info_on() -> None:
 
 
 def build_model(target: Any, device: Any, *, seed: int = MODEL_SEED) -> Any:
-    """The target's model, seeded as the suite promises, on ``device``.
+    """The target's model, seeded as the suite promises, on ``device`` (on a CPU, its
+    ``nn.SyncBatchNorm`` as the same maths on gloo: ``sync_batchnorm``).
 
     A loaded :class:`~conformance.harness.targets.Target` is built through its checked
     constructor (a failure is a TargetError); a chaos vehicle is built directly.
@@ -115,6 +117,8 @@ def build_model(target: Any, device: Any, *, seed: int = MODEL_SEED) -> Any:
 
     torch.manual_seed(seed)
     model = build_model_checked(target) if isinstance(target, Target) else target.build_model()
+    # Before any forward: nn.SyncBatchNorm raises on CPU once a process group exists.
+    substitute(model, device)
     return model.to(device)
 
 
@@ -141,6 +145,7 @@ def wrap(model: Any, device: Any, kwargs: dict[str, Any], *, target: Any = None)
 
     debug_info_on()
     model = model.to(device)
+    substitute(model, device)  # DDP refuses nn.SyncBatchNorm in a CPU module
     device_ids = [device.index] if getattr(device, "type", "cpu") == "cuda" else None
     ddp = DDP(model, device_ids=device_ids, **kwargs)
     return ddp if target is None else configure(target, ddp)

@@ -101,3 +101,30 @@ def world_error_outcome(exc: WorldError, what: str) -> Outcome:
         f"{what} {verb} on rank {rank}: {exc.headline()}",
         metrics={"key_figure": "DDP step raised", "failed_ranks": exc.failed_ranks},
         evidence={"rank_errors": errors, "tracebacks": traces}, recommendation=UNUSED_FIX if unused else None)
+
+
+#: What gloo ("Timed out waiting 24000ms for recv operation") and NCCL ("Watchdog caught
+#: collective operation timeout") say when a collective waited past the group's timeout.
+COLLECTIVE_TIMEOUT = ("timed out waiting", "collective operation timeout", "operation timed out")
+
+
+def probe_timeout_outcome(exc: WorldError, probe: str) -> Outcome | None:
+    """A probe's own collective that timed out on some rank (``probe``: its name in the
+    message), as the suite's failure: inconclusive, naming the probe — never a finding about
+    the user's code, which the probe only watched
+    (docs/architecture.md, "The rank side: probes"). None when no rank's error is such a timeout (a real error stays a finding)."""
+    if not isinstance(exc, RankFailure):
+        return None
+    timed = [r for r in exc.results if r.error is not None
+             and any(word in r.error.message.lower() for word in COLLECTIVE_TIMEOUT)]
+    if not timed:
+        return None
+    first = timed[0]
+    assert first.error is not None
+    return Outcome.inconclusive(
+        f"{probe} timed out waiting for a collective on rank {first.rank} ({first.error.message[:200]}): "
+        f"the suite's probe could not complete, which is no finding about the target — the "
+        f"equivalence checks and hang-detection judge the step's own collectives",
+        metrics={"key_figure": f"{probe} timed out", "failed_ranks": exc.failed_ranks},
+        evidence={"probe_timeout": probe,
+                  "rank_errors": {str(r.rank): r.error.describe() for r in exc.results if r.error is not None}})

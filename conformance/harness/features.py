@@ -20,7 +20,8 @@ runs, on the model, the step and the DDP object.
 - comm hook: the hook ``configure_ddp`` registered (``comm_hooks``);
 - ``static_graph`` / ``gradient_as_bucket_view``: the DDP object's own state (``configure_ddp``
   may set static_graph after construction);
-- SyncBatchNorm: a scan of the modules.
+- SyncBatchNorm: a scan of the modules (``nn.SyncBatchNorm``, or on gloo the suite's CPU
+  implementation standing in for it, ``sync_batchnorm``).
 
 The wrappers are installed for the block only and restored however it ends (rank processes are
 persistent and serve later checks). They record and call through: the step runs exactly as it
@@ -39,6 +40,7 @@ from typing import Any, Iterator
 
 from ddp_conformance.reports.configuration import FEATURE_LABELS
 from .patching import replaced as _replaced
+from .sync_batchnorm import substituted
 
 #: The features, in the order the report's configuration table lists them.
 FEATURES = tuple(FEATURE_LABELS)
@@ -196,6 +198,9 @@ class FeatureProbe:
             out[attr] = {"used": on, "value": str(on), "where": "the DDP object"}
 
         sync = [n or "<the model>" for n, m in inner.named_modules() if isinstance(m, nn.SyncBatchNorm)]
-        out["sync_batchnorm"] = ({"used": True, "value": f"{len(sync)} module(s)", "where": _listed(sync)}
-                                 if sync else dict(off))
+        # On gloo the suite's CPU implementation stands in for nn.SyncBatchNorm (``sync_batchnorm``).
+        cpu = [n or "<the model>" for n in substituted(inner)]
+        value = f"{len(sync + cpu)} module(s)" + (" (on gloo: the suite's CPU implementation of its maths)" if cpu else "")
+        out["sync_batchnorm"] = ({"used": True, "value": value, "where": _listed(sync + cpu)}
+                                 if sync or cpu else dict(off))
         return {name: out[name] for name in FEATURES}

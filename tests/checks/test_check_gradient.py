@@ -160,3 +160,23 @@ def test_a_dataset_built_differently_per_rank_is_named(suite_session):
     assert "random_split without a generator" in record.message
     assert "loss is" not in record.message
     assert record.evidence["dataset_differs_on_ranks"] == [1]
+
+
+def test_a_synchronising_batchnorm_look_alike_is_recognised_by_its_collective(suite_session):
+    # A BatchNorm2d subclass that all-reduces its statistics (detectron2's NaiveSyncBatchNorm
+    # kind; plain BatchNorm in a 1-rank world): seen synchronising by the ranks, so neither side
+    # groups it (the reference runs again without grouping it). Grouped as plain BatchNorm, the
+    # correct trainer failed with "no known cause".
+    record = run_check(suite_session, "gradient-equivalence", "naive_sync_bn")
+    assert record.status == "passed", record.message
+    assert record.evidence["batchnorm_synchronised"] == ["1", "4"]
+    assert record.evidence["batchnorm_grouped"] == []
+
+
+def test_a_weight_renormalised_before_the_forward_is_not_a_hand_written_update(suite_session):
+    # SwAV normalises its prototypes in place at every step, then steps its optimizer: the
+    # gradients are what optimizer.step() consumed, not what a hand-written update read.
+    record = run_check(suite_session, "gradient-equivalence", "normalised_before_step")
+    assert record.status == "passed", record.message
+    assert "as optimizer.step() consumed them" in record.message
+    assert record.evidence["compared"]["hand_written_update_steps"]["ranks"] == [[], []]

@@ -72,7 +72,7 @@ def test_a_summed_loss_is_named_not_blamed_on_the_tie(suite_session):
 def test_the_control_is_the_largest_unshared_parameter_within_its_cap(monkeypatch):
     from torch import nn
 
-    from conformance.checks import shared_weights
+    from conformance.checks import sharing as shared_weights
 
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 64))  # 16+4 and 256+64 elements
     assert shared_weights._control(model, ["0.weight"]) == ["1.weight"]
@@ -102,3 +102,29 @@ def test_a_tied_gradient_off_beyond_the_controls_noise_still_fails(suite_session
     assert record.status == "failed", record.message
     assert record.message.startswith("shared parameter 'embed.weight' gets a gradient over-counted (2.00x")
     assert "noise_floor" not in record.evidence
+
+
+def test_a_forward_that_calls_a_collective_is_not_run_on_rank_0_alone(suite_session):
+    # The reference and the per-use probe run in the 1-rank world: on rank 0 alone inside the
+    # 2-rank world this forward's all-reduce waited for rank 1 until the process group timed out.
+    record = run_check(suite_session, "shared-weights", "tied_collective_forward")
+    assert record.status == "passed", record.message
+    assert record.metrics["shared"] == ["embed.weight"]
+    assert all(norm > 0 for norm in record.evidence["tied"][0]["gradient_norm_per_use"].values())
+
+
+def test_a_probe_timeout_is_inconclusive_naming_the_probe_and_a_real_error_stays_a_finding():
+    from conformance.harness.failures import probe_timeout_outcome, world_error_outcome
+    from conformance.harness.world import RankError, RankFailure, RankResult
+
+    waited = RankError("exception", "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 24000ms "
+                                    "for recv operation to complete", exc_type="RuntimeError")
+    exc = RankFailure("rank 1 raised", results=[RankResult(0), RankResult(1, error=waited)])
+    outcome = probe_timeout_outcome(exc, "the shared-weights probe")
+    assert outcome is not None and outcome.status == "inconclusive"
+    assert outcome.message.startswith("the shared-weights probe timed out waiting for a collective on rank 1")
+    assert "no finding about the target" in outcome.message
+    # What the check said before: a failure about the user's weights.
+    assert world_error_outcome(exc, "the shared-weights probe").status == "failed"
+    boom = RankFailure("rank 0 raised", results=[RankResult(0, error=RankError("exception", "RuntimeError: boom"))])
+    assert probe_timeout_outcome(boom, "the shared-weights probe") is None

@@ -29,7 +29,7 @@ from .normalisation import group_batchnorm
 from .presentation import evidence, key_figure, metrics
 from .randomness import disable_dropout
 from .recording import RunPlan, run_recorded
-from .snapshots import compare_snapshot, has_snapshot, write_snapshot
+from .snapshots import compare_snapshot, has_snapshot, read_snapshot, write_snapshot
 from .tensors import Compared, TensorDiff, diff_tensor, fmt
 from .verdict import judge
 
@@ -52,6 +52,7 @@ __all__ = [
     "fmt",
     "group_batchnorm",
     "has_snapshot",
+    "read_snapshot",
     "judge",
     "key_figure",
     "metrics",

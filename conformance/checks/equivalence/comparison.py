@@ -58,6 +58,9 @@ class Equivalence:
     # record of what was compared (the twin's flip too).
     flip: Flip | None = None
     routing: dict[str, Any] = field(default_factory=dict)
+    # Per parameter, its step-0 gradient factor against the reference's (lowest, highest over
+    # the ranks; ``hypotheses.factors_by_name``): which parameters a cause reaches.
+    factors: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     # -- what was compared ---------------------------------------------------------------
 

@@ -5,7 +5,8 @@ GradScaler that skipped other steps on each side (``scaler_skips_differ``), why 
 be compared (``empty_reason``), and the causes a measurement supports (``hints``: other data
 per rank, a bypassed wrapper, an unsynchronised backward, randomness left in forward,
 per-rank BatchNorm statistics, clipping inside the accumulation window, a loss that is not a
-mean over samples, a uniform factor of N or K); otherwise "no known cause matched" with the
+mean over samples, a collective inside the step (``collective_causes``), a uniform factor of N
+or K); otherwise "no known cause matched" with the
 evidence (``no_known_cause``).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .collective_causes import Named, collective_causes
 from .comparison import Equivalence
 from .hypotheses import scale_causes, split_weighting, unsynchronised_cause
 
@@ -122,6 +124,29 @@ def data_differs(eq: Equivalence) -> str | None:
 
 def hints(eq: Equivalence) -> tuple[list[str], bool]:
     """(measured causes, decidable). Not decidable: randomness left in forward."""
+    causes, rng = _measured(eq)
+    # A collective inside the step, named from what it was and what it did to the gradients
+    # and the loss: it explains the factor too (a non-differentiable all-reduce is 1/N, not a
+    # loss divided by the world size).
+    named = [n.cause for n in collective(eq)]
+    causes += named
+    factor = eq.factor
+    if factor is not None and not eq.bypassed() and not named:
+        causes += scale_causes(factor, world_size=eq.world_size,
+                               microbatches=eq.plan.microbatches)
+    return causes, not rng
+
+
+def collective(eq: Equivalence) -> list[Named]:
+    """The collective causes (``collective_causes``), when no other measured cause explains the
+    difference first: per-rank BatchNorm statistics, other data or a loss that is not a mean
+    over samples move the ranks' losses too, and would read as a count taken per rank."""
+    return [] if _measured(eq)[0] else collective_causes(eq)
+
+
+def _measured(eq: Equivalence) -> tuple[list[str], bool]:
+    """The causes measured outside the step's collectives and gradient factors, and whether
+    randomness is left in forward."""
     causes: list[str] = []
     data = data_differs(eq)
     if data:
@@ -153,11 +178,7 @@ def hints(eq: Equivalence) -> tuple[list[str], bool]:
     weighting = split_weighting(eq.floor.loss_split) if eq.floor.weighting else None
     if weighting:
         causes.append(weighting)
-    factor = eq.factor
-    if factor is not None and not bypass:
-        causes += scale_causes(factor, world_size=eq.world_size,
-                               microbatches=eq.plan.microbatches)
-    return causes, not rng
+    return causes, rng
 
 def no_known_cause(eq: Equivalence) -> str:
     s = eq.judged_scale

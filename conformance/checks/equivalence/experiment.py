@@ -37,7 +37,7 @@ from .comparison import Equivalence
 from .compression import compression_bound
 from .digests import DIGEST, compared_by, first_divergence
 from .floor import REORDERED, twin_floor
-from .hypotheses import scale_from
+from .hypotheses import factors_by_name, scale_from
 from .records import RankRecord
 from .recording import RunPlan, run_recorded
 from .routing import first_flip, trim_twin
@@ -147,7 +147,14 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
         # other groups is run again, and the ranks compare again (BatchNorm models only).
         sizes = {s for v in values for s in v.get("batchnorm_sizes_seen") or []}
         group = sizes.pop() if len(sizes) == 1 else plan.norm_group
-        if group != plan.norm_group:
+        # A BatchNorm look-alike that synchronises only in a world of 2 or more (detectron2's
+        # NaiveSyncBatchNorm returns plain BatchNorm at world size 1): grouped by the
+        # reference, seen synchronising by the ranks; both sides run again without grouping it.
+        synced = {n for v in [ref, *values] for n in v.get("batchnorm_synchronised") or []}
+        regroup = bool(synced & {n for v in [ref, *values] for n in v.get("batchnorm_grouped") or []})
+        if regroup:
+            plan = replace(plan, ungrouped=tuple(sorted(synced)))
+        if group != plan.norm_group or regroup:
             for old in (folder, memory):
                 if old is not None:
                     shutil.rmtree(old, ignore_errors=True)
@@ -202,7 +209,8 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
                        scale_from(rank_grads, _norms(ref_norms)), pre_scale,
                        divergence=first_divergence(values), compared_by=compared_by(values),
                        floor=floor, compression=compression, low_rank_params=low_rank,
-                       twin_steps=(twin or {}).get("optimizer_steps"), flip=flip, routing=routing)
+                       twin_steps=(twin or {}).get("optimizer_steps"), flip=flip, routing=routing,
+                       factors=factors_by_name(rank_grads, _norms(ref_norms)))
 
 
 def _norms(norms: dict[str, Any]) -> list[float]:

@@ -100,6 +100,20 @@ def scale_from(per_rank: list[list[Compared]], ref_norms: list[float]) -> Scale:
     return Scale(len(factors), min(factors), max(factors), residual)
 
 
+def factors_by_name(per_rank: list[list[Compared]], ref_norms: list[float]) -> dict[str, tuple[float, float]]:
+    """Per parameter, its gradient factor against the reference's (lowest and highest over the
+    ranks), for the parameters ``scale_from`` reads a factor from: which parameters a cause
+    reaches (the towers behind a gathered tensor at 1/N, a temperature at 1)."""
+    out: dict[str, tuple[float, float]] = {}
+    for compared in per_rank:
+        for c in compared:
+            one = scale_from([[c]], ref_norms)
+            if one.parameters:
+                low, high = out.get(c.name, (one.low, one.high))
+                out[c.name] = (min(low, one.low), max(high, one.high))
+    return out
+
+
 def scale_causes(factor: float, *, world_size: int, microbatches: int,
                  reference_microbatches: int = 1) -> list[str]:
     """Every known bug whose gradient factor (N-rank / reference) is ``factor``."""

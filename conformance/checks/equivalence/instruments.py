@@ -42,6 +42,15 @@ def cpu_copy(tensor: Any) -> Any:
     return None if tensor is None else tensor.detach().cpu().clone()
 
 
+def nonfinite_output(output: Any) -> bool:
+    """Does a forward's output (a tensor, or a tuple/list of them) hold a NaN or an Inf?"""
+    import torch
+
+    tensors = output if isinstance(output, (tuple, list)) else (output,)
+    return any(isinstance(t, torch.Tensor) and t.is_floating_point()
+               and not bool(torch.isfinite(t.detach()).all()) for t in tensors)
+
+
 def first_nonfinite(named: Iterable[tuple[str, Any]]) -> str | None:
     """Name of the first tensor holding a NaN or an Inf (None when all are finite)."""
     import torch

@@ -13,15 +13,26 @@ and a loss that sums instead of averaging is seen as on any other model. Batches
 not a multiple of G are normalised whole; the sizes statistics were taken over are recorded
 (``sizes_seen``), and when the N-rank run normalised over one smaller size (a ``train_step``
 that splits its microbatches further), the reference uses that size as its group.
+
+A BatchNorm that synchronises its statistics (``nn.SyncBatchNorm``, the suite's CPU stand-in
+for it, detectron2's ``NaiveSyncBatchNorm``, any subclass whose forward calls a collective) is
+not grouped: recognised by the collective its forward calls (``synchronising``). A look-alike
+that skips the collective in a 1-rank world is seen by the N-rank run only: the reference then
+runs again with it ungrouped (``RunPlan.ungrouped``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any, TypeVar
+
+from ...harness.sync_batchnorm import substituted
 
 _GROUPED: dict[type, type] = {}
 GROUP_ATTR = "_conformance_group"
 SEEN_ATTR = "_conformance_sizes_seen"
+T = TypeVar("T")
 
 
 def _grouped_class(cls: type) -> type:
@@ -42,17 +53,45 @@ def _grouped_class(cls: type) -> type:
     return _GROUPED[cls]
 
 
-def group_batchnorm(model: Any, group: int) -> list[str]:
-    """Make every plain (training-mode) BatchNorm of ``model`` normalise per ``group`` samples.
+def watch_synchronising(model: Any, rank: int, body: Callable[[], T]) -> tuple[T, list[str]]:
+    """``body()`` (a forward of ``model``, on every rank alike) with the collectives of each
+    module's forward watched: (what it returned, ``synchronising`` on what was seen)."""
+    from ...harness.observe import Step, StepCollectives
+
+    watch = StepCollectives(model, rank=rank)
+    with watch.attached():
+        watch.begin_step(Step(0))
+        out = body()
+        watch.end_step(Step(0))
+    return out, synchronising(model, watch.calls)
+
+
+def synchronising(model: Any, calls: Sequence[Any]) -> list[str]:
+    """The BatchNorm modules of ``model`` whose own forward called a collective (``calls``:
+    ``harness.observe.StepCollective``): ``nn.SyncBatchNorm``, detectron2's
+    ``NaiveSyncBatchNorm``, apex's, a hand-written one — recognised by what they do, not by
+    their class."""
+    from torch import nn
+
+    modules = dict(model.named_modules())
+    return sorted({c.module for c in calls if c.module is not None and c.phase == "forward"
+                   and isinstance(modules.get(c.module), nn.modules.batchnorm._BatchNorm)})
+
+
+def group_batchnorm(model: Any, group: int, *, keep: Collection[str] = ()) -> list[str]:
+    """Make every plain (training-mode) BatchNorm of ``model`` normalise per ``group`` samples;
+    the synchronised ones (``keep``: ``synchronising``, and ``nn.SyncBatchNorm``) already take
+    their statistics over the global batch, as the reference does, and are left alone.
 
     The class of each module is swapped for a subclass (not a bound-method patch), so copies
     of the model keep working. Returns the names of the modules changed.
     """
     from torch import nn
 
+    keep = {*keep, *substituted(model)}  # nn.SyncBatchNorm as it runs on gloo
     names = []
     for name, module in model.named_modules():
-        if (isinstance(module, nn.modules.batchnorm._BatchNorm)
+        if (isinstance(module, nn.modules.batchnorm._BatchNorm) and name not in keep
                 and not isinstance(module, nn.SyncBatchNorm) and module.training):
             module.__class__ = _grouped_class(type(module))
             setattr(module, GROUP_ATTR, group)
@@ -64,3 +103,15 @@ def group_batchnorm(model: Any, group: int) -> list[str]:
 def sizes_seen(model: Any) -> list[int]:
     """Every number of samples a grouped BatchNorm took its statistics over (sorted)."""
     return sorted({s for m in model.modules() for s in getattr(m, SEEN_ATTR, ())})
+
+
+@contextlib.contextmanager
+def sizes_kept(model: Any) -> Iterator[None]:
+    """A probe's forward (``start_loss``) leaves ``sizes_seen`` as the run's own forwards made it:
+    the experiment picks the reference's groups from them."""
+    saved = [(m, set(getattr(m, SEEN_ATTR))) for m in model.modules() if hasattr(m, SEEN_ATTR)]
+    try:
+        yield
+    finally:
+        for module, seen in saved:
+            setattr(module, SEEN_ATTR, seen)

@@ -18,10 +18,12 @@ from ddp_conformance.reports.keys import (
     FEATURES,
     GRADIENT_FACTOR,
     NOISE_FLOOR,
+    STEP_COLLECTIVES,
     VERIFIED,
     WARNINGS,
 )
 
+from ...harness.sync_batchnorm import SUBSTITUTED
 from .comparison import Equivalence
 from .compiled import compile_evidence, compile_warnings
 from .floor import smallest_bug
@@ -119,6 +121,8 @@ def evidence(eq: Equivalence) -> dict[str, Any]:
             f"{[p['step'] for p in eq.low_rank_params]} differ from the uncompressed run by "
             f"up to {fmt(worst_rel)} of their scale — reported, not judged; the first-step "
             f"gradients and the steps before were judged exactly")
+    if head.get("sync_batchnorm_substituted"):
+        warnings.append(f"{SUBSTITUTED}: {', '.join(head['sync_batchnorm_substituted'])}")
     if dropout:
         warnings.append(f"dropout ({', '.join(dropout)}) was switched off in both runs: random "
                         f"masks cannot match between N ranks and one process")
@@ -150,6 +154,12 @@ def evidence(eq: Equivalence) -> dict[str, Any]:
         DDP_BYPASSED: eq.bypassed() is not None and eq.bypassed_wrapper(),
         "rng_in_forward": any(eq.per_rank("rng_in_forward")) or bool(eq.reference.get("rng_in_forward")),
         "batchnorm_grouped": grouped,
+        "batchnorm_synchronised": head.get("batchnorm_synchronised") or [],
+        "sync_batchnorm_substituted": head.get("sync_batchnorm_substituted") or [],
+        # The collectives rank 0's first step called in its forward, loss and autograd.Function
+        # backwards (``harness.observe.StepCollectives``): the report's configuration table.
+        STEP_COLLECTIVES: [dict(c.__dict__, where=c.where, differentiable=c.differentiable)
+                           for c in head.get("step_collectives") or []],
         "batchnorm_group": head.get("batchnorm_group"),
         "batchnorm_sizes_seen": {"ranks": eq.per_rank("batchnorm_sizes_seen"),
                                  "reference": eq.reference.get("batchnorm_sizes_seen")},

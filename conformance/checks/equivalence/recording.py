@@ -48,27 +48,22 @@ from typing import Any, cast
 from ...harness.batches import part_dims, take_rows
 from ...harness.patching import replaced
 from ...harness.ddp import MODEL_SEED
-from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step
+from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step, StepCollectives
 from ...harness.rank_run import RankRun
 from ...harness.sharding import batch_dims, global_batch, shard, to_device
+from ...harness.sync_batchnorm import substituted
 from ...harness.targets import Target
 from ...harness.world import RankContext
 from .compiled import output_site, run_eagerly
 from .compression import comm_hook_of
 from .digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
-from .instruments import (
-    BatchDigests,
-    ClipProbe,
-    CompileWatch,
-    Features,
-    Routing,
-    StepRecorder,
-    first_nonfinite,
-)
+from .instruments import (BatchDigests, ClipProbe, CompileWatch, Features, Routing, StepRecorder, first_nonfinite,
+                          nonfinite_output)
 from .hypotheses import loss_split
-from .normalisation import group_batchnorm, sizes_seen
+from .normalisation import group_batchnorm, sizes_seen, watch_synchronising
 from .randomness import disable_dropout, forward_is_random
 from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
+from .start_loss import measure_start_loss
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 from .tensors import Compared
 
@@ -116,6 +111,9 @@ class RunPlan:
     # Measure whether the loss decomposes as a mean over samples (``hypotheses.loss_split``):
     # the floor's twin, on the global batch and its N·K microbatches, before its first step.
     measure_loss_split: bool = False
+    # BatchNorm modules left ungrouped on this side because the other side saw them
+    # synchronise (``normalisation``: a look-alike that syncs only in a world of 2 or more).
+    ungrouped: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -124,14 +122,6 @@ class RunPlan:
             raise ValueError(f"steps={self.steps}, microbatches={self.microbatches}, "
                              f"global_batch={self.global_batch} must all be >= 1 and "
                              f"norm_group={self.norm_group} >= 0")
-
-
-def _nonfinite_output(output: Any) -> bool:
-    import torch
-
-    tensors = output if isinstance(output, (tuple, list)) else (output,)
-    return any(isinstance(t, torch.Tensor) and t.is_floating_point()
-               and not bool(torch.isfinite(t.detach()).all()) for t in tensors)
 
 
 def _verify_initial(inner: Any, snapshots: Path, device: Any, *, buffers_only: bool = False) -> str | None:
@@ -325,7 +315,7 @@ class Gradients(Probe):
         self.last = now
 
     def _watch_output(self, module: Any, args: Any, output: Any) -> None:
-        if self.out["nonfinite"] is None and _nonfinite_output(output):
+        if self.out["nonfinite"] is None and nonfinite_output(output):
             self.out["nonfinite"] = {"step": self.step, "kind": "forward output (loss or logits)",
                                      "name": type(module).__name__}
 
@@ -385,8 +375,8 @@ class Gradients(Probe):
         now = self._fingerprint()
         if now is not None and self.last is not None and now != self.last:
             self.hand_updates += 1
-        if not self.hand_updates:
-            return False
+        if not self.hand_updates or self.recorder.steps:
+            return False  # an optimizer step ran: a weight renormalised in place is no update
         # The gradients left in .grad (unless a zero_grad after the update read them already).
         self._at_step([(name, None if p.grad is None else p.grad.detach())
                        for name, p in self.inner.named_parameters()])
@@ -444,7 +434,8 @@ class Prepared:
         clipping = Clipping(self.inner, namespaces, self.to)
         return [allreduce, Gradients(self.ddp, self.inner, self.optimizer, self.to, clipping),
                 Forwards(wrapper=self.ddp, inner=self.inner, rounds=allreduce), clipping, BatchDigests(),
-                CompileWatch(self.ddp, self.inner, eager=plan.eager), Features(self.ddp), Routing()]
+                CompileWatch(self.ddp, self.inner, eager=plan.eager), Features(self.ddp), Routing(),
+                StepCollectives(self.inner, rank=self.setup["rank"])]
 
 
 def _destination(rank_ctx: RankContext, plan: RunPlan) -> Destination:
@@ -496,6 +487,8 @@ class Settled:
     grouped: list[str]
     split: LossSplit | None
     differs: str | None  # rank 0 of a comparing run: how its build differed from the reference's
+    synchronised: list[str]  # BatchNorms whose forward called a collective: never grouped
+    first: Any  # this rank's first microbatch (the reference's whole batch), on the device
 
 
 def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to: Destination) -> Settled:
@@ -515,15 +508,17 @@ def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to
               take_rows(first[1], 0, plan.norm_group, part_dims(dims, 1)))
              if writes and plan.norm_group else first)
     with run_eagerly():  # a compile here would be thrown away (``watch_compile`` starts cold)
-        rng_left = forward_is_random(model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device)
+        # The collectives each module's forward calls (every rank alike): synchronised BatchNorms.
+        rng_left, synchronised = watch_synchronising(model, rank, lambda: forward_is_random(
+            model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device))
     group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
-    grouped = group_batchnorm(model, group)
+    grouped = group_batchnorm(model, group, keep={*synchronised, *plan.ungrouped})
     # After grouping BatchNorm: the whole batch then normalises in the pieces' groups.
     split = _loss_split(target, model, plan, rank_ctx) if plan.measure_loss_split else None
     # Before wrapping, on rank 0 only: DDP's construction broadcast then carries rank 0's
     # (reference-checked) weights to every rank, including ranks that cannot read the files.
     differs = _verify_initial(model, to.folder, rank_ctx.device) if not writes and rank == 0 else None
-    return Settled(dropout, rng_left, group, grouped, split, differs)
+    return Settled(dropout, rng_left, group, grouped, split, differs, synchronised, first)
 
 
 def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
@@ -537,9 +532,15 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     setup = SetupSlice(rank=rank_ctx.rank, ddp_kwargs=repr(wrapped.ddp_kwargs),
                        comm_hook=comm_hook_of(ddp, uncompressed=plan.uncompressed),
                        dropout_disabled=settled.dropout, rng_in_forward=settled.rng_left,
-                       batchnorm_grouped=settled.grouped, batchnorm_group=settled.group if settled.grouped else None)
+                       batchnorm_grouped=settled.grouped, batchnorm_group=settled.group if settled.grouped else None,
+                       batchnorm_synchronised=settled.synchronised, sync_batchnorm_substituted=substituted(inner))
     if settled.split is not None:
         setup["loss_split"] = settled.split
+    # After DDP's construction broadcast (every rank at the reference's weights), on every rank.
+    started = (measure_start_loss(inner, run.target, settled.first, device=rank_ctx.device)
+               if plan.microbatches == 1 else None)
+    if started is not None:
+        setup["start_loss"] = started
     optimizer = wrapped.make_optimizer()
     differs = settled.differs
     if to.writer is not None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from ...harness.observe import AllReduceSlice, ForwardCountSlice
+from ...harness.observe import AllReduceSlice, ForwardCountSlice, StepCollectivesSlice
+from .start_loss import StartLoss
 from .tensors import Compared
 
 #: (what was digested, [(tensor name, digest or None)]): ``digests``.
@@ -46,8 +47,14 @@ class SetupSlice(TypedDict, total=False):
     batchnorm_grouped: list[str]
     batchnorm_group: int | None
     batchnorm_sizes_seen: list[int]
+    # BatchNorm modules whose forward called a collective: synchronised, never grouped.
+    batchnorm_synchronised: list[str]
+    # nn.SyncBatchNorm modules run as the suite's CPU implementation (``harness.sync_batchnorm``).
+    sync_batchnorm_substituted: list[str]
     # The floor's twin only: does the loss decompose as a mean over samples (``hypotheses``)?
     loss_split: LossSplit
+    # One microbatch per rank only: the loss at the initial weights (``start_loss``).
+    start_loss: StartLoss
     # Compare role only: the first tensor whose initial value differed from the reference's
     # build (then copied in), and how this rank compared (``digests.REFERENCE`` | ``DIGEST``).
     initial_differs_from_reference: str | None
@@ -104,5 +111,5 @@ class GradientSlice(TypedDict, total=False):
 
 
 class RankRecord(SetupSlice, AllReduceSlice, ForwardCountSlice, DataSlice, RoutingSlice, CompileSlice,
-                 FeaturesSlice, ClipSlice, GradientSlice, total=False):
+                 FeaturesSlice, ClipSlice, GradientSlice, StepCollectivesSlice, total=False):
     """One rank's record of a recorded run: the union of its probes' slices."""

@@ -11,7 +11,7 @@ from ddp_conformance.reports.keys import HYPOTHESES, NONFINITE
 
 from ...harness.outcome import Outcome
 from .comparison import Equivalence
-from .diagnosis import empty_reason, hints, no_known_cause, nonfinite, scaler_skips_differ, skipped_steps
+from .diagnosis import collective, empty_reason, hints, no_known_cause, nonfinite, scaler_skips_differ, skipped_steps
 from .hypotheses import GLOBAL_COUNT
 from . import presentation
 from .presentation import key_figure, mismatch_message
@@ -109,7 +109,10 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
         return Outcome.inconclusive(message, metrics=metrics, evidence=evidence,
                                     recommendation="make forward deterministic for the check (seed "
                                                    "or switch off the random op) to compare it")
-    if eq.floor.weighting:
+    named = collective(eq)
+    if named:
+        recommendation = named[0].fix  # the one change the named collective cause needs
+    elif eq.floor.weighting:
         # Failed, not inconclusive: the suite promises the single-process large-batch step, and
         # this is a measured deviation from it (one production DDP training has too), with its
         # cause and size in the message: the user decides whether to normalise globally.

@@ -7,6 +7,8 @@
 - :mod:`.collectives` — the collectives probe (the one patch of ``torch.distributed``) and its taps;
 - :mod:`.comm_rounds` — DDP's bucket all-reduces, counted inside its comm hook chain;
 - :mod:`.forwards` — forwards through DDP and through the inner module, training or not;
+- :mod:`.step_collectives` — the collectives the step calls in its forward, loss and
+  ``autograd.Function`` backwards (a tap of the collectives probe);
 - :mod:`.optimizer_steps` — every optimizer step (torch's global step hooks, ``GradScaler.step``).
 
 A check family adds probes of its own against this contract; it never adds a second contract
@@ -33,6 +35,7 @@ from .forwards import OUTSIDE, TRAINING, ForwardCountSlice, Forwards
 from .loader import LoaderIndices, SamplerSeen, SamplesSlice
 from .optimizer_steps import OptimizerSteps
 from .probe import Counts, Observation, Probe, Slice, Step
+from .step_collectives import StepCollective, StepCollectives, StepCollectivesSlice
 
 __all__ = [
     "COLLECTIVES",
@@ -57,6 +60,9 @@ __all__ = [
     "SamplesSlice",
     "Slice",
     "Step",
+    "StepCollective",
+    "StepCollectives",
+    "StepCollectivesSlice",
     "UnevenCollective",
     "UnevenGather",
     "counting_allreduce",
