@@ -23,11 +23,14 @@ start of the process: the check runs in a freshly spawned world with them (never
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from conformance.harness.context import CheckContext
 from conformance.harness.failures import world_error_outcome
 from conformance.harness.outcome import Outcome
+from conformance.harness.targets import BUILTINS
+from ddp_conformance.reports.keys import VERIFIED
 from conformance.harness.world import WorldError, WorldLike
 
 from ..._log import Injection
@@ -53,17 +56,43 @@ def run(ctx: CheckContext) -> Outcome:
     if ctx.world_size < 2:
         return Outcome.skipped(f"world_size={ctx.world_size}: one rank has no peer to compare its results "
                                f"with; run with --world-size 2 or more (3 or more name the faulty rank)")
+    # The default run checks the node on every built-in target's model (kinds of work differ:
+    # embeddings, convolutions, BatchNorm); --target on the user's own.
+    sources = list(BUILTINS) if ctx.injected else [ctx.target.spec]
     try:
         if ctx.backend != "nccl":
-            return judge(measure(ctx.world(), ctx.target.spec)[0])
+            return combine({s: judge(measure(ctx.world(), s)[0]) for s in sources})
         if ctx.new_world is None:
             # Under a launcher the processes are the launcher's: the setting must already be in
             # their environment (cuBLAS reads it when it starts), which the rank checks.
-            return judge(measure(ctx.world(), ctx.target.spec, deterministic=True)[0])
+            return combine({s: judge(measure(ctx.world(), s, deterministic=True)[0]) for s in sources})
         with ctx.fresh_world(env={**CUBLAS_WORKSPACE, **_inherited()}) as world:
-            return judge(measure(world, ctx.target.spec, deterministic=True)[0])
+            return combine({s: judge(measure(world, s, deterministic=True)[0]) for s in sources})
     except WorldError as exc:
         return world_error_outcome(exc, "the node-health comparison")
+
+
+#: failed outranks inconclusive outranks skipped outranks passed (docs/architecture.md, "Results").
+_RANK = {"failed": 0, "inconclusive": 1, "skipped": 2, "passed": 3}
+
+
+def combine(outcomes: dict[str, Outcome]) -> Outcome:
+    """One outcome for the node over several targets' work: the worst, said with its target;
+    all passed: one line with what was compared on each."""
+    if len(outcomes) == 1:
+        return next(iter(outcomes.values()))
+    source, worst = min(outcomes.items(), key=lambda kv: _RANK[kv[1].status])
+    if worst.status != "passed":
+        return replace(worst, message=f"on {source}'s model: {worst.message}")
+    verified = [o.evidence.get(VERIFIED, {}) for o in outcomes.values()]
+    total = {k: sum(int(v.get(k, 0)) for v in verified) for k in ("tensors", "buckets")}
+    ranks, repeats = (min(int(v.get(k, 0)) for v in verified) for k in ("ranks", "repeats"))
+    return replace(worst, message=f"node healthy: {ranks} ranks agree bitwise on the work of {len(outcomes)} models "
+                                  f"({', '.join(outcomes)}): {total['tensors']} tensors (module outputs, loss, "
+                                  f"gradients) in {repeats} repeats each and "
+                                  f"{total['buckets']} all-reduced buckets",
+                   evidence={**worst.evidence, VERIFIED: {"ranks": ranks, "repeats": repeats, **total},
+                             "per_target": {s: o.message for s, o in outcomes.items()}})
 
 
 def _inherited() -> dict[str, str]:
