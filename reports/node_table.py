@@ -13,7 +13,7 @@ from typing import Any
 
 from .keys import NODE_HEALTH
 
-HEADERS = ("Rank", "Host", "Device", "Digests agree", "Software", "Health")
+HEADERS = ("Rank", "Host", "Device", "Digests agree", "Throughput", "Slowest link (GB/s)", "Software", "Health")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,9 @@ def node_tables(checks: list[Mapping[str, Any]]) -> list[NodeTable]:
             if r.get("device_name"):
                 device += f" ({r['device_name']})"
             flagged = bool(r.get("named"))
+            link = r.get("link_gbps")
             cells.append((str(r.get("rank")), str(r.get("host") or ""), device, str(r.get("digests_agree") or ""),
+                          str(r.get("throughput") or "-"), "-" if link is None else f"{link:g}",
                           str(r.get("software") or ""), f"named by {c.get('id')}: drain" if flagged else "ok"))
             named.append(flagged)
         out.append(NodeTable(str(c.get("target") or ""), tuple(cells), tuple(named)))

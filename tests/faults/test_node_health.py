@@ -77,3 +77,24 @@ def test_two_ranks_name_the_pair_and_say_what_separates_them(world2: Any) -> Non
     assert outcome.message.startswith("ranks 0 and 1 disagree bitwise in every repeat, first at output:0")
     assert "nothing here says which one is wrong: a third rank" in outcome.message
     assert "culprit_rank" not in outcome.metrics  # never one rank blamed without the measurement
+
+
+def test_a_slow_rank_is_named_with_its_ratio(world3: Any) -> None:
+    from ddp_conformance.faults import SlowRank
+
+    fault = SlowRank(rank=1, phase="forward", delay_s=0.05)
+    results, injections = measure(world3, "mlp", repeats=1, fault=fault)
+    outcome = judge(results)
+    assert sum(1 for i in injections if i.name == "slow-rank" and i.rank == 1) >= 5  # every timed step
+    # The 50 ms delay is many times the step of this small model: slower in every timed step. On a
+    # host too busy to tell, the judge says so instead (never another rank named).
+    if outcome.status == "inconclusive":
+        assert outcome.message.startswith("slower ranks (rank 1 x"), outcome.message
+        return
+    assert outcome.status == "failed", outcome.message
+    assert outcome.message.startswith("rank 1 (") and "slower than the median of the others, in every timed step" \
+        in outcome.message
+    assert outcome.metrics["culprit_rank"] == 1
+    assert outcome.metrics["speed"]["slow"][0]["ratio"] > 1.25
+    links = outcome.metrics["speed"]["links"]
+    assert sorted(tuple(e["pair"]) for e in links) == [(0, 1), (0, 2), (1, 2)] and not any(e["wrong"] for e in links)

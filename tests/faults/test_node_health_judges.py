@@ -140,3 +140,50 @@ def test_fault_arguments_are_checked_at_the_edge() -> None:
         BitFlip(rank=0, tensor="output:fc1", bit="middle")
     assert BitFlip(rank=1, tensor="grad:w", steps=[2]).fires(1, 2, "backward")
     assert not BitFlip(rank=1, tensor="grad:w", steps=[2]).fires(1, 2, "forward")
+
+
+# -- throughput and links -------------------------------------------------------------------------
+
+def _link(pair: list[int], seconds: list[float], wrong: int = 0) -> dict[str, Any]:
+    return {"pair": pair, "sizes": [4 << 20], "times": [seconds], "wrong": [wrong]}
+
+
+def _timed(timing: dict[int, list[float]], links: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    data = _world([[CLEAN]] * len(timing))
+    for rank, r in enumerate(data):
+        r["timing"] = timing[rank]
+        r["links"] = [link for link in links if rank == link["pair"][0]]
+    return data
+
+
+FAST = [0.010, 0.011, 0.010, 0.012, 0.010]
+RING = [[0, 1], [1, 2], [0, 3], [2, 3]]
+
+
+def test_a_rank_slower_in_every_step_is_named_and_one_slower_sometimes_is_noise() -> None:
+    slow = judge(_timed({0: FAST, 1: FAST, 2: [t * 6 for t in FAST], 3: FAST}, []))
+    assert slow.status == "failed" and slow.message.startswith("rank 2 (h, cpu) runs the same work x6.00 slower")
+    assert slow.metrics["culprit_rank"] == 2
+    noisy = judge(_timed({0: FAST, 1: FAST, 2: [0.09, 0.009, 0.09, 0.009, 0.09], 3: FAST}, []))
+    assert judge(_timed({0: FAST, 1: FAST, 2: [t * 2 for t in FAST], 3: FAST}, [])).status == "passed"  # shared cores
+    assert noisy.status == "inconclusive" and noisy.message.startswith("slower ranks (rank 2 x")
+
+
+def test_a_slow_link_and_a_corrupting_link_are_named_by_their_pair() -> None:
+    links = [_link(p, [0.004] * 5) for p in RING[:3]] + [_link(RING[3], [0.040] * 5)]
+    outcome = judge(_timed({r: FAST for r in range(4)}, links))
+    assert outcome.status == "failed" and outcome.message.startswith("the link between ranks [2, 3] reaches")
+    links = [_link(p, [0.004] * 5) for p in RING[:3]] + [_link(RING[3], [0.004] * 5, wrong=2)]
+    outcome = judge(_timed({r: FAST for r in range(4)}, links))
+    assert outcome.status == "failed"
+    assert outcome.message == "all-reduce results wrong on the link between ranks [2, 3] (2 wrong): corruption on that link"
+    healthy = judge(_timed({r: FAST for r in range(4)}, [_link(p, [0.004] * 5) for p in RING]))
+    assert healthy.status == "passed" and "4 ring link(s) 1.05-1.05 GB/s" in healthy.message
+
+
+def test_with_a_device_per_rank_a_quarter_slower_in_every_step_is_named() -> None:
+    data = _timed({0: FAST, 1: FAST, 2: [t * 1.5 for t in FAST], 3: FAST}, [])
+    for rank, r in enumerate(data):
+        r["device"] = f"cuda:{rank}"
+    outcome = judge(data)
+    assert outcome.status == "failed" and outcome.message.startswith("rank 2 (h, cuda:2) runs the same work x1.50")

@@ -44,10 +44,11 @@ REPEATS = 3
 
 
 def measure(world: WorldLike, source: Any, *, repeats: int = REPEATS, fault: Fault | None = None,
-            buckets: bool = True, deterministic: bool = False) -> tuple[list[dict[str, Any]], list[Injection]]:
+            buckets: bool = True, deterministic: bool = False,
+            speed: bool = True) -> tuple[list[dict[str, Any]], list[Injection]]:
     """Every rank's node-health data (``rank.node_rank``) and the injections that fired."""
     results = world.run(node_rank, source, repeats=repeats, fault=fault, buckets=buckets,
-                        deterministic=deterministic)
+                        deterministic=deterministic, speed=speed)
     values = [r.value for r in results]
     return values, [i for v in values for i in v["injections"]]
 

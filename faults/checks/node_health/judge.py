@@ -20,14 +20,16 @@ Order of judgement, each step able to end it:
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.harness.outcome import Outcome
 from ddp_conformance.reports.keys import CULPRIT_RANK, NODE_HEALTH, VERIFIED
 
-from .compare import MAJORITY, NO_MAJORITY, PAIR, STRUCTURE
+from .compare import MAJORITY, PAIR, STRUCTURE
 from .software import describe, mismatches
+from .speed import SHARED_SLOW_RATIO, SLOW_RATIO, judge_speed
 
 #: What to run next on a rank the check names (the vendor's own diagnostic of the device).
 DIAGNOSTIC = "dcgmi diag -r 3 (DCGM's long run) on its GPU, or the vendor's memory and core test"
@@ -63,17 +65,24 @@ def _stats(located: dict[str, Any], rank: int) -> str:
             f" against rank {located['reference']}")
 
 
-def table(results: list[dict[str, Any]], diagnosis: NodeDiagnosis) -> list[dict[str, Any]]:
-    """One row per rank: host, device, digest agreement, software, whether it is named."""
+def table(results: list[dict[str, Any]], diagnosis: NodeDiagnosis, speed: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per rank: host, device, digest agreement, step time against the others' median,
+    its slowest link, software, whether it is named."""
     rows = []
+    per_rank = speed.get("per_rank_s") or {}
     for rank, r in enumerate(results):
         fp = r.get("fingerprint") or {}
         differed = diagnosis.repeats.get(rank, ())
+        others = [s for k, s in per_rank.items() if k != rank]
+        ratio = per_rank[rank] / statistics.median(others) if rank in per_rank and others else None
+        links = [e["median_gbps"] for e in speed.get("links") or [] if rank in e["pair"]]
         rows.append({"rank": rank, "host": r.get("hostname"), "device": r.get("device"),
                      "device_name": fp.get("device_name"),
                      "digests_agree": f"{diagnosis.total - len(differed)}/{diagnosis.total}",
+                     "throughput": None if ratio is None else f"x{ratio:.2f} the others' step time",
+                     "link_gbps": round(min(links), 3) if links else None,
                      "software": f"torch {fp.get('torch')}, cuda {fp.get('cuda')}, threads {fp.get('threads')}",
-                     "named": rank in diagnosis.ranks})
+                     "named": rank in diagnosis.ranks or any(s["rank"] == rank for s in speed.get("slow") or [])})
     return rows
 
 
@@ -109,8 +118,9 @@ def _naming(results: list[dict[str, Any]], d: NodeDiagnosis, located: dict[str, 
                          f"first at {tensor}{_stats(located, rank)}")
         return "; ".join(parts)
     named = " and ".join(str(r) for r in d.ranks)
-    seen = sorted({i for v in d.repeats.values() for i in v})
-    when = "every repeat" if len(seen) == d.total else f"{len(seen)} of {d.total} repeats ({', '.join(map(str, seen))})"
+    differed = sorted({i for v in d.repeats.values() for i in v})
+    when = ("every repeat" if len(differed) == d.total else
+            f"{len(differed)} of {d.total} repeats ({', '.join(map(str, differed))})")
     stats = "".join(_stats(located, r) for r in d.ranks if r != located.get("reference"))
     unstable = [r for r in range(n) if len({tuple(rep["digests"]) for rep in results[r]["repeats"]}) > 1]
     own = f"; rank(s) {unstable} also changed their own results between repeats" if unstable else ""
@@ -126,8 +136,12 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
     n = len(results)
     mismatch = mismatches([r["fingerprint"] for r in results])
     diagnosis, located = _diagnose(results)
-    metrics: dict[str, Any] = {NODE_HEALTH: table(results, diagnosis), "diagnosis": diagnosis.to_json(),
-                               "software_mismatches": mismatch}
+    own_devices = all(str(r.get("device", "")).startswith("cuda") for r in results)
+    speed = judge_speed({rank: r.get("timing") or [] for rank, r in enumerate(results)},
+                        [link for r in results for link in r.get("links") or []],
+                        threshold=SLOW_RATIO if own_devices else SHARED_SLOW_RATIO)
+    metrics: dict[str, Any] = {NODE_HEALTH: table(results, diagnosis, speed), "diagnosis": diagnosis.to_json(),
+                               "software_mismatches": mismatch, "speed": speed}
     evidence: dict[str, Any] = {"located": [rep.get("located") for rep in results[0]["repeats"]],
                                 "buckets": results[0].get("buckets"), "fingerprint": results[0]["fingerprint"]}
     software = f"software differs across ranks: {describe(mismatch)}" if mismatch else ""
@@ -170,6 +184,9 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
                               f"not in compute{_stats(wrong, ranks[0])}", metrics=metrics, evidence=evidence,
                               recommendation=f"Drain the node of {who} and test its interconnect (NCCL tests, "
                                              f"the NIC's and GPU's error counters) and run {DIAGNOSTIC}.")
+    slow = _slow(results, speed, metrics, evidence)
+    if slow is not None:
+        return slow
     names = results[0]["repeats"][0]["names"] if results[0]["repeats"] else []
     count = int(buckets.get("count") or 0)
     evidence[VERIFIED] = {"ranks": n, "tensors": len(names), "repeats": diagnosis.total, "buckets": count}
@@ -177,6 +194,42 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
         return Outcome.skipped("one rank has no peer to compare its results with; run with --world-size 2 or more",
                                metrics=metrics, evidence=evidence)
     note = f"; note: {software}" if software else ""
+    shared = "" if own_devices else " (CPU ranks share the host's cores)"
+    links = speed["links"]
+    bandwidth = (f"; {len(links)} ring link(s) {min(e['median_gbps'] for e in links):.2f}-"
+                 f"{max(e['median_gbps'] for e in links):.2f} GB/s" if links else "")
     return Outcome.passed(f"node healthy: {n} ranks agree bitwise on {len(names)} tensors (module outputs, loss, "
-                          f"gradients) in {diagnosis.total} repeats and on {count} all-reduced buckets{note}",
+                          f"gradients) in {diagnosis.total} repeats and on {count} all-reduced buckets; no rank "
+                          f"{speed['threshold']:g}x slower than the others{shared}{bandwidth}{note}",
                           metrics=metrics, evidence=evidence)
+
+
+def _slow(results: list[dict[str, Any]], speed: dict[str, Any], metrics: dict[str, Any],
+          evidence: dict[str, Any]) -> Outcome | None:
+    """A link that corrupts, a slow rank, a slow link (failed), or a slowness the host's noise
+    cannot separate from the rank (inconclusive); None when the node is fast everywhere."""
+    if speed["wrong_links"]:
+        pairs = ", ".join(f"ranks {e['pair']} ({e['wrong']} wrong)" for e in speed["wrong_links"])
+        return Outcome.failed(f"all-reduce results wrong on the link between {pairs}: corruption on that link",
+                              metrics=metrics, evidence=evidence,
+                              recommendation=f"Drain the nodes of those ranks and test their interconnect; run {DIAGNOSTIC}.")
+    if speed["slow"]:
+        metrics[CULPRIT_RANK] = speed["slow"][0]["rank"]
+        named = "; ".join(f"{_where(results, s['rank'])} runs the same work x{s['ratio']:.2f} slower than the median "
+                          f"of the others, in every timed step (noise {s['noise_s'] * 1e3:.1f} ms)" for s in speed["slow"])
+        return Outcome.failed(named, metrics=metrics, evidence=evidence,
+                              recommendation="Check that node for clock throttling (nvidia-smi -q -d "
+                                             "CLOCK,PERFORMANCE), noisy neighbours and its PCIe link; drain it "
+                                             "if it persists.")
+    if speed["slow_links"]:
+        named = "; ".join(f"the link between ranks {e['pair']} reaches {e['best_gbps']:.2f} GB/s at best, "
+                          f"x{e['ratio']:.2f} the other pairs' median" for e in speed["slow_links"])
+        return Outcome.failed(named, metrics=metrics, evidence=evidence,
+                              recommendation="Check that pair's link (NCCL tests between the two, the NIC's "
+                                             "error counters, link width/speed).")
+    if speed["noisy"]:
+        named = "; ".join(f"rank {s['rank']} x{s['ratio']:.2f}" for s in speed["noisy"])
+        return Outcome.inconclusive(f"slower ranks ({named}) but not in every timed step: the host's noise cannot "
+                                    f"be told from the rank; compute agreed bitwise", metrics=metrics,
+                                    evidence=evidence, recommendation="Re-run node-health on an idle node.")
+    return None

@@ -11,7 +11,8 @@ One world call (:func:`node_rank`) on every rank:
    loss and every gradient digested (``probes``); the digests gathered and compared on every
    rank (``compare.locate``), and where they differ the one tensor named fetched from every
    rank for its element count and largest difference;
-4. once: the same work through DDP, each all-reduced bucket digested and compared.
+4. once: the same work through DDP, each all-reduced bucket digested and compared;
+5. the same work timed on every rank, and each pair of ring neighbours' link (``speed``).
 
 Faults (``faults/corruption.py``) are offered every value as it is computed, so a test can
 show the comparison naming the rank, tensor or bucket that was corrupted.
@@ -29,6 +30,7 @@ from ...sites import NO_FAULT, Fault
 from .compare import Located, locate
 from .probes import BucketDigests, ComputeDigests, TensorSites
 from .software import fingerprint
+from .speed import pair_links, timed_steps
 
 if TYPE_CHECKING:
     from conformance.harness.world import RankContext
@@ -100,7 +102,7 @@ def _determinism(on: bool) -> str | None:
 
 
 def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | None = None,
-              buckets: bool = True, deterministic: bool = False) -> dict[str, Any]:
+              buckets: bool = True, deterministic: bool = False, speed: bool = True) -> dict[str, Any]:
     """World work function (module docstring). Returns plain data: the fingerprint, per repeat
     this rank's digests and the located disagreement, the bucket comparison, the injections."""
     import torch
@@ -172,4 +174,7 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
         found = locate([[d for _, d in g] for g in gathered], [[n for n, _ in g] for g in gathered])
         out["buckets"] = {"count": len(seen), "parameters": {b["index"]: b["parameters"] for b in seen},
                           "located": None if found is None else found.to_json()}
+    if speed:
+        out["timing"] = timed_steps(ctx, target, model, inputs, targets, fault, log)
+        out["links"] = pair_links(ctx)
     return {**out, "injections": log.items}
