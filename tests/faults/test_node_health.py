@@ -85,7 +85,7 @@ def test_a_slow_rank_is_named_with_its_ratio(world3: Any) -> None:
     fault = SlowRank(rank=1, phase="forward", delay_s=0.05)
     results, injections = measure(world3, "mlp", repeats=1, fault=fault)
     outcome = judge(results)
-    assert sum(1 for i in injections if i.name == "slow-rank" and i.rank == 1) >= 5  # every timed step
+    assert sum(1 for i in injections if i.name == "slow-rank" and i.rank == 1) == 3  # every timed step
     # The 50 ms delay is many times the step of this small model: slower in every timed step. On a
     # host too busy to tell, the judge says so instead (never another rank named).
     if outcome.status == "inconclusive":

@@ -187,3 +187,19 @@ def test_with_a_device_per_rank_a_quarter_slower_in_every_step_is_named() -> Non
         r["device"] = f"cuda:{rank}"
     outcome = judge(data)
     assert outcome.status == "failed" and outcome.message.startswith("rank 2 (h, cuda:2) runs the same work x1.50")
+
+
+def test_both_digests_catch_every_single_flip_and_keep_equal_tensors_equal() -> None:
+    import torch
+
+    from ddp_conformance.faults.checks.node_health.digests import digest, weighted_sum
+    from ddp_conformance.faults.corruption import flipped
+
+    x = torch.randn(257)
+    for bit in ("mantissa", "exponent", "sign", 13):
+        for element in (0, 128, 256):
+            y = flipped(x, element, bit)[0]
+            assert digest(y) != digest(x) and weighted_sum(y) != weighted_sum(x)
+    assert digest(x.clone()) == digest(x) and weighted_sum(x.clone()) == weighted_sum(x)
+    # Order-sensitive: the same values in another order differ (an XOR or a plain sum would not).
+    assert digest(x.flip(0)) != digest(x) and weighted_sum(x.flip(0)) != weighted_sum(x)

@@ -2,20 +2,28 @@
 
 Two ranks that computed the same thing hold the same bits; a digest must tell any other
 tensor apart, and it must be cheap enough to take of every module output and every gradient.
-``torch.hash_tensor``'s XOR reduction is neither enough alone: it ignores where a value sits
-and two equal flips cancel. Here each element's bit pattern, read as an integer, is weighted
-by an odd number that depends on its position and summed modulo 2**64 (integer addition is
-associative, so the reduction order of the device's kernel does not matter: the digest is the
-same on any device and any thread count). A single flipped bit changes the sum by an odd
-multiple of a power of two below 2**64, never by 0 modulo 2**64: every single flip is caught,
-with certainty, and the two sums (two weightings) make a coincidental cancellation of several
-flips a 2**-128 event. Digest and shape/dtype travel as a short string.
+``torch.hash_tensor``'s XOR reduction is not enough alone: it ignores where a value sits and
+two equal flips cancel. Every rank of a comparison digests on the same kind of device (a mixed
+world is a software mismatch, ``software.py``), with one of two exact, order-sensitive digests:
+
+- **CPU**: CRC-32 and Adler-32 of the tensor's bytes, read in place (``zlib``, one pass each at
+  memory speed: measured 0.2 s each for 400 MB here, half a bare step of a 100 M-parameter
+  MLP). CRC-32 catches every single flipped bit and every burst up to 32 bits, with certainty;
+  the pair makes a coincidence of scattered flips a ~2**-64 event.
+- **GPU** (no host copy): each element's bit pattern, read as an integer, weighted by an odd
+  number that depends on its position and summed modulo 2**64 (integer addition is
+  associative: the kernel's reduction order does not matter). A single flipped bit changes the
+  sum by an odd multiple of a power of two below 2**64, never by 0: caught with certainty; two
+  weightings make a cancellation of several flips a 2**-128 event.
+
+Digest and shape/dtype travel as a short string.
 
     digest(torch.ones(3)) != digest(torch.ones(3).neg())
 """
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 _INT_OF_WIDTH = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
@@ -38,13 +46,23 @@ def digest(tensor: Any) -> str:
     if t.is_complex():
         t = torch.view_as_real(t)
     flat = t.contiguous().view(-1)
+    if flat.device.type == "cpu":
+        data = memoryview(flat.view(torch.uint8).numpy())
+        return f"{head}/{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
+    return f"{head}/{weighted_sum(flat)}"
+
+
+def weighted_sum(flat: Any) -> str:
+    """The device-side digest of a flat tensor (module docstring), as 32 hex digits."""
+    import torch
+
     ints = flat.view(getattr(torch, _INT_OF_WIDTH[flat.element_size()])).to(torch.int64)
     position = torch.arange(ints.numel(), device=ints.device, dtype=torch.int64)
     # (2i+1)*A and (2i+1)*B are odd: a weight that can never turn a change into 0 mod 2**64.
     odd = position * 2 + 1
     first = int((ints * (odd * _A)).sum().item()) & _MASK
     second = int((ints * (odd * _B)).sum().item()) & _MASK
-    return f"{head}/{first:016x}{second:016x}"
+    return f"{first:016x}{second:016x}"
 
 
 def leaves(value: Any, name: str) -> list[tuple[str, Any]]:

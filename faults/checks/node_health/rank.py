@@ -20,6 +20,7 @@ show the comparison naming the rank, tensor or bucket that was corrupted.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -116,10 +117,21 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
     out: dict[str, Any] = {"fingerprint": fingerprint(ctx.device), "hostname": ctx.hostname,
                            "device": str(ctx.device), "repeats": [], "buckets": None, "not_deterministic": None}
     out["not_deterministic"] = _determinism(deterministic)
+    phases = out["phases_s"] = {}  # where the check's time goes on this rank (its cost, in the record)
+    mark = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = round(now - mark, 6)
+        mark = now
+
     target = resolve(source, ctx.rank)
     model = build_model(target, ctx.device, seed=NODE_SEED)
     model.train()
+    lap("build")
     _sync_state(ctx, model)
+    lap("broadcast")
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     inputs, targets = _batch(target, ctx.world_size, ctx.device)
     sites = TensorSites(model, fault, ctx.rank, log)
@@ -150,6 +162,7 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
                     found = _with_stats(ctx, found, digests.held)
                 out["repeats"].append({"digests": mine["digests"], "names": mine["names"] if r == 0 else None,
                                        "located": None if found is None else found.to_json()})
+        lap("repeats")
     except RuntimeError as exc:
         if "deterministic" not in str(exc):
             raise
@@ -174,7 +187,23 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
         found = locate([[d for _, d in g] for g in gathered], [[n for n, _ in g] for g in gathered])
         out["buckets"] = {"count": len(seen), "parameters": {b["index"]: b["parameters"] for b in seen},
                           "located": None if found is None else found.to_json()}
+        lap("ddp_step")
     if speed:
         out["timing"] = timed_steps(ctx, target, model, inputs, targets, fault, log)
+        lap("timed_steps")
         out["links"] = pair_links(ctx)
+        lap("links")
     return {**out, "injections": log.items}
+
+
+def bare_steps(ctx: RankContext, source: Any, *, steps: int) -> list[float]:
+    """World work function: ``steps`` bare forward/backward passes of the same work, timed (the
+    unit the check's cost is counted in: benchmarks/node_health.py)."""
+    from conformance.harness.ddp import build_model
+
+    from ...vehicles import resolve
+
+    target = resolve(source, ctx.rank)
+    model = build_model(target, ctx.device, seed=NODE_SEED)
+    inputs, targets = _batch(target, ctx.world_size, ctx.device)
+    return timed_steps(ctx, target, model, inputs, targets, NO_FAULT, InjectionLog(), steps=steps)

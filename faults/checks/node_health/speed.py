@@ -31,7 +31,9 @@ from ..straggler import spread, step_differences
 if TYPE_CHECKING:
     from conformance.harness.world import RankContext
 
-TIMED_STEPS = 5
+#: Timed steps per rank: with the R repeats and the DDP step, the check stays within 5 + R bare
+#: steps (docs/node-health.md, "What it costs"); no warm-up, the repeats before them warmed up.
+TIMED_STEPS = 3
 #: A rank this much slower than the others' median, in every timed step, is named (a rank per device).
 SLOW_RATIO = 1.25
 #: The same on CPU ranks, which share the host's cores with each other and with whatever else runs
@@ -45,13 +47,13 @@ LINK_SIZES = (1 << 20, 4 << 20)  # 1 and 4 MiB: past the latency-bound sizes on 
 
 def timed_steps(ctx: RankContext, target: Any, model: Any, inputs: Any, targets: Any, fault: Fault,
                 log: InjectionLog, *, steps: int = TIMED_STEPS) -> list[float]:
-    """Seconds of each of ``steps`` forward/backward passes on this rank (after one warm-up)."""
+    """Seconds of each of ``steps`` forward/backward passes on this rank."""
     import torch.distributed as dist
 
     from conformance.harness.ddp import sync_device
 
     times = []
-    for i in range(steps + 1):
+    for i in range(steps):
         # Every rank starts step i together: the ranks are timed on the same host moments.
         dist.barrier(group=ctx.side_group)
         t0 = time.perf_counter()
@@ -59,8 +61,7 @@ def timed_steps(ctx: RankContext, target: Any, model: Any, inputs: Any, targets:
         model.zero_grad(set_to_none=True)
         target.compute_loss(model, inputs, targets).backward()
         sync_device(ctx.device)
-        if i:
-            times.append(time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0)
     return times
 
 
