@@ -1,7 +1,7 @@
 """Silent data corruption as faults: a wrong bit in what one rank computed or received.
 
-A faulty core or GPU returns a wrong number without an error (docs/node-health.md, "What a
-node fault looks like"). These faults reproduce it, deterministically, at a "tensor" site
+A faulty core or GPU returns a wrong number without an error (docs/node-health.md,
+"What a node fault looks like"). These faults reproduce it, deterministically, at a "tensor" site
 (:class:`~faults.sites.Site`): the value a rank just computed, offered by the node-health
 check's rank side before anything reads it.
 

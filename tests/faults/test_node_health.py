@@ -1,6 +1,7 @@
 """node-health end to end on real gloo worlds: the control is clean, and each injected corruption
 is detected and named right (rank, tensor or bucket, transient vs persistent) — by majority on 3
-ranks, as a pair on 2. One world per world size for the whole module: each case is one call."""
+ranks, as a pair on 2. One world per world size for the whole module: each case is one call.
+The check's own entry runs once, from the registry, on the built-in targets."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ def world3() -> Iterator[Any]:
         yield world
 
 
-@pytest.fixture(scope="module")
-def world2() -> Iterator[Any]:
-    with World(2, "gloo", deadline=60.0) as world:
-        yield world
+@pytest.fixture
+def world2(suite_session: Any) -> Any:
+    """The worker's shared 2-rank gloo world (tests/conftest.py): no start of its own."""
+    return suite_session.world()
 
 
 def test_control_is_clean_on_three_ranks(world3: Any) -> None:
@@ -98,3 +99,35 @@ def test_a_slow_rank_is_named_with_its_ratio(world3: Any) -> None:
     assert outcome.metrics["speed"]["slow"][0]["ratio"] > 1.25
     links = outcome.metrics["speed"]["links"]
     assert sorted(tuple(e["pair"]) for e in links) == [(0, 1), (0, 2), (1, 2)] and not any(e["wrong"] for e in links)
+
+
+def test_the_registered_check_passes_a_healthy_node_on_every_builtin_target(suite_session: Any) -> None:
+    from conformance.harness.registry import BY_ID
+
+    record, _ = suite_session.run_check(BY_ID["node-health"], "builtin")
+    assert record.status == "passed", record.message
+    assert record.message.startswith("node healthy: 2 ranks agree bitwise on the work of 5 models (mlp, tied-lm")
+    assert record.evidence["verified"]["ranks"] == 2 and record.evidence["verified"]["buckets"] >= 5
+
+
+@pytest.mark.gpu
+def test_on_gpus_the_comparison_runs_deterministic_in_a_fresh_world_and_agrees() -> None:
+    from conformance.harness.world.devices import my_gpus
+    from ddp_conformance.faults.checks.node_health.rank import CUBLAS_WORKSPACE
+
+    gpus = my_gpus()
+    if len(gpus) < 2:
+        pytest.skip(f"needs 2 CUDA GPUs for an NCCL world of 2; {len(gpus)} visible to this worker")
+    # The setting is in the world's environment from the start: cuBLAS reads it when it starts.
+    with World(2, "nccl", devices=gpus[:2], deadline=120.0, env=dict(CUBLAS_WORKSPACE)) as world:
+        results, _ = measure(world, "mlp", deterministic=True)
+        outcome = judge(results)
+        assert outcome.status == "passed", outcome.message
+        assert all(r["fingerprint"]["deterministic_algorithms"] for r in results)
+        fault = BitFlip(rank=1, tensor="output:0", bit="mantissa")
+        results, injections = measure(world, "mlp", deterministic=True, fault=fault)
+        assert judge_injected(fault, judge(results), injections, world_size=2, repeats=3).status == "passed"
+    # Without the setting the rank says why bitwise agreement cannot hold (never a fault).
+    with World(2, "nccl", devices=gpus[:2], deadline=120.0) as world:
+        outcome = judge(measure(world, "mlp", deterministic=True)[0])
+        assert outcome.status == "inconclusive" and "CUBLAS_WORKSPACE_CONFIG is not :4096:8" in outcome.message

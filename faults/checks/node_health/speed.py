@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from conformance.harness.world import RankContext
 
 #: Timed steps per rank: with the R repeats and the DDP step, the check stays within 5 + R bare
-#: steps (docs/node-health.md, "What it costs"); no warm-up, the repeats before them warmed up.
+#: steps (docs/node-health.md, "The numbers"); no warm-up, the repeats before them warmed up.
 TIMED_STEPS = 3
 #: A rank this much slower than the others' median, in every timed step, is named (a rank per device).
 SLOW_RATIO = 1.25
@@ -128,7 +128,7 @@ def judge_speed(timing: dict[int, list[float]], links: list[dict[str, Any]], *,
     for entry in out["links"]:
         if entry["wrong"]:
             out["wrong_links"].append(entry)
-        others = [e["median_gbps"] for e in out["links"] if e is not entry]
-        if len(others) >= 2 and entry["best_gbps"] < LINK_FACTOR * statistics.median(others):
-            out["slow_links"].append({**entry, "ratio": round(entry["best_gbps"] / statistics.median(others), 3)})
+        peers = [e["median_gbps"] for e in out["links"] if e is not entry]
+        if len(peers) >= 2 and entry["best_gbps"] < LINK_FACTOR * statistics.median(peers):
+            out["slow_links"].append({**entry, "ratio": round(entry["best_gbps"] / statistics.median(peers), 3)})
     return out
