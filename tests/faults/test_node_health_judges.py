@@ -203,3 +203,24 @@ def test_both_digests_catch_every_single_flip_and_keep_equal_tensors_equal() -> 
     assert digest(x.clone()) == digest(x) and weighted_sum(x.clone()) == weighted_sum(x)
     # Order-sensitive: the same values in another order differ (an XOR or a plain sum would not).
     assert digest(x.flip(0)) != digest(x) and weighted_sum(x.flip(0)) != weighted_sum(x)
+
+
+def test_corruption_acts_only_at_its_labelled_tensor_site_where_its_schedule_fires() -> None:
+    import torch
+
+    from ddp_conformance.faults import PHASES, SITE_KINDS, Site
+
+    def sites(label: str) -> list[Site]:
+        return [Site(kind, rank, step, phase, label=label, tensor=torch.ones(8))
+                for kind in SITE_KINDS for rank in (0, 1) for step in (0, 1) for phase in PHASES]
+
+    flip = BitFlip(rank=1, tensor="grad:w", bit="exponent", steps=(1,))
+    fired = [(s.kind, s.rank, s.step, s.phase) for s in sites("grad:w") if flip.inject(s)]
+    assert fired == [("tensor", 1, 1, "backward")]
+    assert not any(flip.inject(s) for s in sites("grad:v"))  # another tensor: untouched
+    site = Site("tensor", 1, 1, "backward", label="grad:w", tensor=torch.ones(8))
+    assert flip.inject(site) and site.tensor[0].item() == 0.5 and site.tensor[1:].eq(1).all()
+    assert site.log.items[0].data["value_changed"] is True and site.log.items[0].data["before"] == 1.0
+    bucket = CorruptAllReduce(rank=0, bucket=3)
+    fired = [(s.kind, s.rank, s.step, s.phase) for s in sites("bucket:3") if bucket.inject(s)]
+    assert fired == [("tensor", 0, 0, "backward"), ("tensor", 0, 1, "backward")]
