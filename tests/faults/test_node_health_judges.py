@@ -170,9 +170,26 @@ def test_a_rank_slower_in_every_step_is_named_and_one_slower_sometimes_is_noise(
 
 
 def test_a_slow_link_and_a_corrupting_link_are_named_by_their_pair() -> None:
-    links = [_link(p, [0.004] * 5) for p in RING[:3]] + [_link(RING[3], [0.040] * 5)]
+    links = [_link(p, [0.004] * 5) for p in RING[:3]] + [_link(RING[3], [0.080] * 5)]
     outcome = judge(_timed({r: FAST for r in range(4)}, links))
-    assert outcome.status == "failed" and outcome.message.startswith("the link between ranks [2, 3] reaches")
+    assert outcome.status == "failed"
+    assert outcome.message.startswith("the link between ranks [2, 3] (within a host) reaches 0.05 GB/s at best, x0.05")
+    # A pair at 0.3 of the others: the busy loopback of CPU ranks (passed), a slow link between GPUs.
+    links = [_link(p, [0.004] * 5) for p in RING[:3]] + [_link(RING[3], [0.013] * 5)]
+    assert judge(_timed({r: FAST for r in range(4)}, links)).status == "passed"
+    gpus = _timed({r: FAST for r in range(4)}, links)
+    for rank, r in enumerate(gpus):
+        r["device"] = f"cuda:{rank}"
+    assert judge(gpus).status == "failed"
+    # Across hosts is compared with across hosts only: the slower inter-node pairs are not named
+    # against the fast pairs within each host (two hosts of 3 GPUs, a ring of 6).
+    two_hosts = _timed({r: FAST for r in range(6)}, [])
+    ring = [_link([0, 1], [0.004] * 5), _link([1, 2], [0.004] * 5), _link([3, 4], [0.004] * 5),
+            _link([4, 5], [0.004] * 5), _link([2, 3], [0.013] * 5), _link([0, 5], [0.013] * 5)]
+    for rank, r in enumerate(two_hosts):
+        r.update(device=f"cuda:{rank % 3}", hostname="a" if rank < 3 else "b",
+                 links=[link for link in ring if rank == link["pair"][0]])
+    assert judge(two_hosts).status == "passed", judge(two_hosts).message
     links = [_link(p, [0.004] * 5) for p in RING[:3]] + [_link(RING[3], [0.004] * 5, wrong=2)]
     outcome = judge(_timed({r: FAST for r in range(4)}, links))
     assert outcome.status == "failed"
@@ -224,3 +241,14 @@ def test_corruption_acts_only_at_its_labelled_tensor_site_where_its_schedule_fir
     bucket = CorruptAllReduce(rank=0, bucket=3)
     fired = [(s.kind, s.rank, s.step, s.phase) for s in sites("bucket:3") if bucket.inject(s)]
     assert fired == [("tensor", 0, 0, "backward"), ("tensor", 0, 1, "backward")]
+
+
+def test_the_device_digest_is_the_same_in_chunks_as_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from ddp_conformance.faults.checks.node_health import digests
+
+    x = torch.randn(1000)
+    whole = digests.weighted_sum(x)
+    monkeypatch.setattr(digests, "CHUNK", 7)  # the sums wrap mod 2**64 alike, chunk by chunk
+    assert digests.weighted_sum(x) == whole

@@ -31,6 +31,8 @@ _INT_OF_WIDTH = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 _A = 0x9E3779B97F4A7C15 - (1 << 64)
 _B = 0x2545F4914F6CDD1D
 _MASK = (1 << 64) - 1
+#: Elements per chunk of the device-side digest (its int64 temporaries: ~4 x 8 bytes each).
+CHUNK = 1 << 22
 
 
 def digest(tensor: Any) -> str:
@@ -56,13 +58,18 @@ def weighted_sum(flat: Any) -> str:
     """The device-side digest of a flat tensor (module docstring), as 32 hex digits."""
     import torch
 
-    ints = flat.view(getattr(torch, _INT_OF_WIDTH[flat.element_size()])).to(torch.int64)
-    position = torch.arange(ints.numel(), device=ints.device, dtype=torch.int64)
-    # (2i+1)*A and (2i+1)*B are odd: a weight that can never turn a change into 0 mod 2**64.
-    odd = position * 2 + 1
-    first = int((ints * (odd * _A)).sum().item()) & _MASK
-    second = int((ints * (odd * _B)).sum().item()) & _MASK
-    return f"{first:016x}{second:016x}"
+    view = flat.view(getattr(torch, _INT_OF_WIDTH[flat.element_size()]))
+    first = torch.zeros((), dtype=torch.int64, device=flat.device)
+    second = torch.zeros_like(first)
+    # In chunks: the int64 temporaries stay a few times CHUNK elements, never a few times a large
+    # activation (the suite must fit where the training fits); the sums still wrap mod 2**64.
+    for start in range(0, view.numel(), CHUNK):
+        ints = view[start:start + CHUNK].to(torch.int64)
+        # (2i+1)*A and (2i+1)*B are odd: a weight that can never turn a change into 0 mod 2**64.
+        odd = torch.arange(start, start + ints.numel(), device=flat.device, dtype=torch.int64) * 2 + 1
+        first += (ints * (odd * _A)).sum()
+        second += (ints * (odd * _B)).sum()
+    return f"{int(first.item()) & _MASK:016x}{int(second.item()) & _MASK:016x}"
 
 
 def leaves(value: Any, name: str) -> list[tuple[str, Any]]:

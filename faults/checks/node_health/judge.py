@@ -29,7 +29,7 @@ from ddp_conformance.reports.keys import CULPRIT_RANK, NODE_HEALTH, VERIFIED
 
 from .compare import MAJORITY, PAIR, STRUCTURE
 from .software import describe, mismatches
-from .speed import SHARED_SLOW_RATIO, SLOW_RATIO, judge_speed
+from .speed import LINK_FACTOR, SHARED_LINK_FACTOR, SHARED_SLOW_RATIO, SLOW_RATIO, judge_speed
 
 #: What to run next on a rank the check names (the vendor's own diagnostic of the device).
 DIAGNOSTIC = "dcgmi diag -r 3 (DCGM's long run) on its GPU, or the vendor's memory and core test"
@@ -139,7 +139,9 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
     own_devices = all(str(r.get("device", "")).startswith("cuda") for r in results)
     speed = judge_speed({rank: r.get("timing") or [] for rank, r in enumerate(results)},
                         [link for r in results for link in r.get("links") or []],
-                        threshold=SLOW_RATIO if own_devices else SHARED_SLOW_RATIO)
+                        threshold=SLOW_RATIO if own_devices else SHARED_SLOW_RATIO,
+                        link_factor=LINK_FACTOR if own_devices else SHARED_LINK_FACTOR,
+                        hosts={rank: str(r.get("hostname")) for rank, r in enumerate(results)})
     metrics: dict[str, Any] = {NODE_HEALTH: table(results, diagnosis, speed), "diagnosis": diagnosis.to_json(),
                                "software_mismatches": mismatch, "speed": speed}
     evidence: dict[str, Any] = {"located": [rep.get("located") for rep in results[0]["repeats"]],
@@ -222,8 +224,8 @@ def _slow(results: list[dict[str, Any]], speed: dict[str, Any], metrics: dict[st
                                              "CLOCK,PERFORMANCE), noisy neighbours and its PCIe link; drain it "
                                              "if it persists.")
     if speed["slow_links"]:
-        named = "; ".join(f"the link between ranks {e['pair']} reaches {e['best_gbps']:.2f} GB/s at best, "
-                          f"x{e['ratio']:.2f} the other pairs' median" for e in speed["slow_links"])
+        named = "; ".join(f"the link between ranks {e['pair']} ({e['kind']}) reaches {e['best_gbps']:.2f} GB/s at "
+                          f"best, x{e['ratio']:.2f} the other such pairs' median" for e in speed["slow_links"])
         return Outcome.failed(named, metrics=metrics, evidence=evidence,
                               recommendation="Check that pair's link (NCCL tests between the two, the NIC's "
                                              "error counters, link width/speed).")

@@ -126,6 +126,11 @@ class ComputeDigests(Probe):
             self.digests.append(digest(tensor))
             self.held[leaf] = tensor.detach()
 
+    def release(self) -> None:
+        """Let go of everything held but the gradients (which ``.grad`` keeps anyway): the
+        forward's values, once compared, are not kept alive through the backward."""
+        self.held = {k: v for k, v in self.held.items() if k.startswith("grad:")}
+
     def _output_hook(self, name: str) -> Any:
         def hook(module: Any, args: Any, output: Any) -> None:
             self.record(f"output:{name}", output)

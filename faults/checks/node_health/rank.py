@@ -138,11 +138,10 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
     digests = ComputeDigests(model)
     observation = Observation([sites, digests])
 
-    def body(step: Step) -> None:
-        digests.record("input", inputs)
-        loss = target.compute_loss(model, inputs, targets)
-        digests.record("loss", loss)
-        loss.backward()
+    def compare(names: list[str], values: list[str]) -> Located | None:
+        gathered = _gather(ctx, (names, values))
+        found = locate([g[1] for g in gathered], [g[0] for g in gathered])
+        return None if found is None else _with_stats(ctx, found, digests.held)
 
     try:
         with observation.attached():
@@ -154,12 +153,18 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
                 model.zero_grad(set_to_none=True)
                 torch.manual_seed(NODE_SEED)  # dropout and other draws: the same on every rank
                 observation.begin_step(step)
-                body(step)
+                digests.record("input", inputs)
+                loss = target.compute_loss(model, inputs, targets)
+                digests.record("loss", loss)
+                # The forward compared first, at the forward's own memory peak: its values are
+                # then let go, not held through the backward. Every rank decides alike whether
+                # to compare again (the same gathered digests), so the gathers pair up.
+                found = compare(list(digests.names), list(digests.digests))
+                digests.release()
+                loss.backward()
                 mine = observation.end_step(step)
-                gathered = _gather(ctx, (mine["names"], mine["digests"]))
-                found = locate([g[1] for g in gathered], [g[0] for g in gathered])
-                if found is not None and found.ranks:
-                    found = _with_stats(ctx, found, digests.held)
+                if found is None:
+                    found = compare(mine["names"], mine["digests"])
                 out["repeats"].append({"digests": mine["digests"], "names": mine["names"] if r == 0 else None,
                                        "located": None if found is None else found.to_json()})
         lap("repeats")

@@ -40,8 +40,12 @@ SLOW_RATIO = 1.25
 #: there: the scheduler alone makes one of 3 ranks on 2 busy cores ~2x slower in every step
 #: (measured here, tied-lm), so only a rank several times slower is the rank's own doing.
 SHARED_SLOW_RATIO = 5.0
-#: A link whose best iteration reaches less than this share of the other pairs' median is named.
+#: A link whose best iteration reaches less than this share of the median of the other pairs of
+#: its kind (within a host, or across hosts) is named (GPU ranks: their own links).
 LINK_FACTOR = 0.5
+#: The same for CPU ranks, whose "links" are all the host's loopback: a busy host alone puts one
+#: pair at ~0.3 of the others in 1 of 6 measurements here, so only a pair 10x slower is named.
+SHARED_LINK_FACTOR = 0.1
 LINK_SIZES = (1 << 20, 4 << 20)  # 1 and 4 MiB: past the latency-bound sizes on loopback and NVLink
 
 
@@ -93,13 +97,16 @@ def pair_links(ctx: RankContext, *, sizes: tuple[int, ...] = LINK_SIZES, iters: 
     return out
 
 
-def judge_speed(timing: dict[int, list[float]], links: list[dict[str, Any]], *,
-                threshold: float = SLOW_RATIO) -> dict[str, Any]:
+def judge_speed(timing: dict[int, list[float]], links: list[dict[str, Any]], *, threshold: float = SLOW_RATIO,
+                link_factor: float = LINK_FACTOR, hosts: dict[int, str] | None = None) -> dict[str, Any]:
     """Named slow ranks and links, the noise, and what is inconclusive (plain data for the judge):
-    a rank is slow at ``threshold`` times the others' median step or more."""
+    a rank is slow at ``threshold`` times the others' median step or more; a link below
+    ``link_factor`` of the median of the other pairs of its kind (``hosts``: each rank's host; a
+    pair within a host is compared with pairs within a host, across hosts with across)."""
     medians = {r: statistics.median(t) for r, t in timing.items() if t}
     out: dict[str, Any] = {"per_rank_s": {r: round(m, 6) for r, m in medians.items()}, "slow": [],
-                           "noisy": [], "links": [], "slow_links": [], "wrong_links": [], "threshold": threshold}
+                           "noisy": [], "links": [], "slow_links": [], "wrong_links": [], "threshold": threshold,
+                           "link_factor": link_factor}
     if len(medians) >= 2:
         for rank, mine in medians.items():
             others = statistics.median(m for r, m in medians.items() if r != rank)
@@ -125,10 +132,17 @@ def judge_speed(timing: dict[int, list[float]], links: list[dict[str, Any]], *,
         seen.update(best_gbps=min(seen["best_gbps"], best), median_gbps=min(seen["median_gbps"], median),
                     wrong=seen["wrong"] + wrong)
     out["links"] = list(by_pair.values())
+
+    def kind(entry: dict[str, Any]) -> str:
+        a, b = entry["pair"]
+        return "within a host" if (hosts or {}).get(a) == (hosts or {}).get(b) else "across hosts"
+
+    for entry in out["links"]:
+        entry["kind"] = kind(entry)
     for entry in out["links"]:
         if entry["wrong"]:
             out["wrong_links"].append(entry)
-        peers = [e["median_gbps"] for e in out["links"] if e is not entry]
-        if len(peers) >= 2 and entry["best_gbps"] < LINK_FACTOR * statistics.median(peers):
+        peers = [e["median_gbps"] for e in out["links"] if e is not entry and e["kind"] == entry["kind"]]
+        if len(peers) >= 2 and entry["best_gbps"] < link_factor * statistics.median(peers):
             out["slow_links"].append({**entry, "ratio": round(entry["best_gbps"] / statistics.median(peers), 3)})
     return out
