@@ -84,16 +84,16 @@ def test_a_slow_rank_is_named_with_its_ratio(world3: Any) -> None:
     from ddp_conformance.faults import SlowRank
 
     fault = SlowRank(rank=1, phase="forward", delay_s=0.05)
-    results, injections = measure(world3, "mlp", repeats=1, fault=fault)
+    results, injections = measure(world3, "mlp", repeats=REPEATS, fault=fault)
     outcome = judge(results)
-    assert sum(1 for i in injections if i.name == "slow-rank" and i.rank == 1) == 3  # every timed step
-    # The 50 ms delay is many times the step of this small model: slower in every timed step. On a
+    assert sum(1 for i in injections if i.name == "slow-rank" and i.rank == 1) == REPEATS  # every repeat
+    # The 50 ms delay is many times the step of this small model: slower in every repeat. On a
     # host too busy to tell, the judge says so instead (never another rank named).
     if outcome.status == "inconclusive":
         assert outcome.message.startswith("slower ranks (rank 1 x"), outcome.message
         return
     assert outcome.status == "failed", outcome.message
-    assert outcome.message.startswith("rank 1 (") and "slower than the median of the others, in every timed step" \
+    assert outcome.message.startswith("rank 1 (") and "slower than the median of the others, in every repeat" \
         in outcome.message
     assert outcome.metrics["culprit_rank"] == 1
     assert outcome.metrics["speed"]["slow"][0]["ratio"] > 1.25

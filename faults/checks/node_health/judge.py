@@ -218,7 +218,7 @@ def _slow(results: list[dict[str, Any]], speed: dict[str, Any], metrics: dict[st
     if speed["slow"]:
         metrics[CULPRIT_RANK] = speed["slow"][0]["rank"]
         named = "; ".join(f"{_where(results, s['rank'])} runs the same work x{s['ratio']:.2f} slower than the median "
-                          f"of the others, in every timed step (noise {s['noise_s'] * 1e3:.1f} ms)" for s in speed["slow"])
+                          f"of the others, in every repeat (noise {s['noise_s'] * 1e3:.1f} ms)" for s in speed["slow"])
         return Outcome.failed(named, metrics=metrics, evidence=evidence,
                               recommendation="Check that node for clock throttling (nvidia-smi -q -d "
                                              "CLOCK,PERFORMANCE), noisy neighbours and its PCIe link; drain it "
@@ -231,7 +231,7 @@ def _slow(results: list[dict[str, Any]], speed: dict[str, Any], metrics: dict[st
                                              "error counters, link width/speed).")
     if speed["noisy"]:
         named = "; ".join(f"rank {s['rank']} x{s['ratio']:.2f}" for s in speed["noisy"])
-        return Outcome.inconclusive(f"slower ranks ({named}) but not in every timed step: the host's noise cannot "
+        return Outcome.inconclusive(f"slower ranks ({named}) but not in every repeat: the host's noise cannot "
                                     f"be told from the rank; compute agreed bitwise", metrics=metrics,
                                     evidence=evidence, recommendation="Re-run node-health on an idle node.")
     return None

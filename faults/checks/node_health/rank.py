@@ -12,7 +12,8 @@ One world call (:func:`node_rank`) on every rank:
    rank (``compare.locate``), and where they differ the one tensor named fetched from every
    rank for its element count and largest difference;
 4. once: the same work through DDP, each all-reduced bucket digested and compared;
-5. the same work timed on every rank, and each pair of ring neighbours' link (``speed``).
+5. each repeat's own compute time (forward and backward, the gathers left out) as the
+   throughput sample, and each pair of ring neighbours' link (``speed``).
 
 Faults (``faults/corruption.py``) are offered every value as it is computed, so a test can
 show the comparison naming the rank, tensor or bucket that was corrupted.
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from conformance.harness.observe import Observation, Step
 
 from ..._log import InjectionLog
-from ...sites import NO_FAULT, Fault
+from ...sites import NO_FAULT, Fault, Site
 from .compare import Located, locate
 from .probes import BucketDigests, ComputeDigests, TensorSites
 from .software import fingerprint
@@ -108,7 +109,7 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
     this rank's digests and the located disagreement, the bucket comparison, the injections."""
     import torch
 
-    from conformance.harness.ddp import build_model, effective_ddp_kwargs, wrap
+    from conformance.harness.ddp import build_model, sync_device
 
     from ...vehicles import resolve
 
@@ -137,6 +138,7 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
     sites = TensorSites(model, fault, ctx.rank, log)
     digests = ComputeDigests(model)
     observation = Observation([sites, digests])
+    compute_s: list[float] = []
 
     def compare(names: list[str], values: list[str]) -> Located | None:
         gathered = _gather(ctx, (names, values))
@@ -153,15 +155,24 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
                 model.zero_grad(set_to_none=True)
                 torch.manual_seed(NODE_SEED)  # dropout and other draws: the same on every rank
                 observation.begin_step(step)
+                started = time.perf_counter()
+                # The throughput sample: this rank's own compute, the gathers left out (a slow
+                # rank's peers wait there); a slow rank's fault (SlowRank) strikes here.
+                fault.inject(Site("step", ctx.rank, r, "forward", log, device=ctx.device))
                 digests.record("input", inputs)
                 loss = target.compute_loss(model, inputs, targets)
                 digests.record("loss", loss)
+                sync_device(ctx.device)
+                forward_s = time.perf_counter() - started
                 # The forward compared first, at the forward's own memory peak: its values are
                 # then let go, not held through the backward. Every rank decides alike whether
                 # to compare again (the same gathered digests), so the gathers pair up.
                 found = compare(list(digests.names), list(digests.digests))
                 digests.release()
+                started = time.perf_counter()
                 loss.backward()
+                sync_device(ctx.device)
+                compute_s.append(forward_s + time.perf_counter() - started)
                 mine = observation.end_step(step)
                 if found is None:
                     found = compare(mine["names"], mine["digests"])
@@ -176,29 +187,36 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
         out["not_deterministic"] = str(exc).splitlines()[0]
         return {**out, "injections": log.items}
     if buckets:
-        ddp = wrap(model, ctx.device, effective_ddp_kwargs(target), target=target)
-        probe = BucketDigests(ddp, fault, ctx.rank, log)
-        step = Step(repeats)
-
-        def reduced(step: Step) -> None:
-            model.zero_grad(set_to_none=True)
-            torch.manual_seed(NODE_SEED)
-            target.compute_loss(ddp, inputs, targets).backward()
-
-        bucket_obs = Observation([probe])
-        bucket_obs.run_steps([step], reduced)
-        seen = bucket_obs.result()["buckets"]
-        gathered = _gather(ctx, [(f"bucket:{b['index']}", b["digest"]) for b in seen])
-        found = locate([[d for _, d in g] for g in gathered], [[n for n, _ in g] for g in gathered])
-        out["buckets"] = {"count": len(seen), "parameters": {b["index"]: b["parameters"] for b in seen},
-                          "located": None if found is None else found.to_json()}
+        out["buckets"] = _buckets(ctx, target, model, (inputs, targets), fault, log, step=repeats)
         lap("ddp_step")
     if speed:
-        out["timing"] = timed_steps(ctx, target, model, inputs, targets, fault, log)
-        lap("timed_steps")
+        out["timing"] = compute_s
         out["links"] = pair_links(ctx)
         lap("links")
     return {**out, "injections": log.items}
+
+
+def _buckets(ctx: RankContext, target: Any, model: Any, batch: tuple[Any, Any], fault: Fault,
+             log: InjectionLog, *, step: int) -> dict[str, Any]:
+    """The same work once through DDP: each all-reduced bucket digested, gathered, compared."""
+    import torch
+
+    from conformance.harness.ddp import effective_ddp_kwargs, wrap
+
+    ddp = wrap(model, ctx.device, effective_ddp_kwargs(target), target=target)
+
+    def reduced(step: Step) -> None:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(NODE_SEED)
+        target.compute_loss(ddp, *batch).backward()
+
+    observation = Observation([BucketDigests(ddp, fault, ctx.rank, log)])
+    observation.run_steps([Step(step)], reduced)
+    seen = observation.result()["buckets"]
+    gathered = _gather(ctx, [(f"bucket:{b['index']}", b["digest"]) for b in seen])
+    found = locate([[d for _, d in g] for g in gathered], [[n for n, _ in g] for g in gathered])
+    return {"count": len(seen), "parameters": {b["index"]: b["parameters"] for b in seen},
+            "located": None if found is None else found.to_json()}
 
 
 def bare_steps(ctx: RankContext, source: Any, *, steps: int) -> list[float]:

@@ -2,10 +2,11 @@
 
 Rank side (:func:`timed_steps`, :func:`pair_links`, called by ``rank.node_rank``):
 
-- **throughput**: the same forward/backward on every rank (the plain module: no communication
-  inside the timed region), each step started together (a barrier on the side group, so that
-  host noise lands on every rank's step alike); a "step" site at "forward" is offered to the
-  fault first (a :class:`~faults.injectors.SlowRank` slows it);
+- **throughput**: each repeat of the compute comparison is timed on every rank, forward and
+  backward of the plain module, the gathers left out (``rank.node_rank``; every repeat starts
+  right after the previous one's gather, so the ranks are timed on the same host moments); a
+  "step" site at "forward" is offered to the fault first (a :class:`~faults.injectors.SlowRank`
+  slows it). :func:`timed_steps` times bare steps the same way (the benchmark's unit);
 - **links**: each pair of ring neighbours all-reduces on its own 2-rank group, one pair at a
   time, with the harness's checked, timed all-reduce (``conformance/harness/collective_timing.py``,
   the allreduce-bandwidth check's): a 2-rank all-reduce moves the message over that one link,
@@ -31,10 +32,9 @@ from ..straggler import spread, step_differences
 if TYPE_CHECKING:
     from conformance.harness.world import RankContext
 
-#: Timed steps per rank: with the R repeats and the DDP step, the check stays within 5 + R bare
-#: steps (docs/node-health.md, "The numbers"); no warm-up, the repeats before them warmed up.
+#: Bare steps timed by :func:`timed_steps` (the cost unit of docs/node-health.md, "The numbers").
 TIMED_STEPS = 3
-#: A rank this much slower than the others' median, in every timed step, is named (a rank per device).
+#: A rank this much slower than the others' median, in every repeat, is named (a rank per device).
 SLOW_RATIO = 1.25
 #: The same on CPU ranks, which share the host's cores with each other and with whatever else runs
 #: there: the scheduler alone makes one of 3 ranks on 2 busy cores ~2x slower in every step
