@@ -30,8 +30,11 @@ PHASES = ("data", "forward", "backward", "optimizer")
 #: "branch": an optional path in a model's forward (``taken``);
 #: "wrap": DDP construction (``ddp_kwargs``);
 #: "link": the world's network, offered by whoever holds a world started with a private
-#: network (``link``: its ``PrivateNetwork``, whose ``shape`` the fault calls).
-SITE_KINDS = ("step", "collective", "branch", "wrap", "link")
+#: network (``link``: its ``PrivateNetwork``, whose ``shape`` the fault calls);
+#: "tensor": a value this rank computed, offered before anything reads it (``tensor``, which
+#: a fault may replace; ``label`` names it: "output:<module>", "grad:<parameter>", or
+#: "bucket:<index>" for an all-reduced bucket).
+SITE_KINDS = ("step", "collective", "branch", "wrap", "link", "tensor")
 
 
 def check_phase(phase: str) -> None:
@@ -56,7 +59,7 @@ class Site:
     label: str = ""  # the collective's tag, the branch's name: what an injection record names
     # -- levers, read back by the loop after fault.inject(site) --
     exhausted: bool = False  # step/data: this rank's data pipeline has no batch for this step
-    tensor: Any = None  # collective: what this rank all-reduces (a fault may replace it)
+    tensor: Any = None  # collective: what this rank all-reduces; tensor: the value (a fault may replace it)
     skip: bool = False  # collective: this rank does not issue it
     on_issue: Callable[[], None] | None = None  # collective: runs once the enqueue is on record
     taken: bool = False  # branch: this rank takes the optional path

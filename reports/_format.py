@@ -27,7 +27,8 @@ from .keys import (
 
 DASH = "—"
 STATUS_ICONS = {"passed": "✅", "failed": "❌", "inconclusive": "⚠️", "skipped": "⏭️"}
-VERDICT_TITLES = {"ready": "READY", "not-ready": "NOT READY", "inconclusive": "INCONCLUSIVE"}
+VERDICT_TITLES = {"ready": "READY", "not-ready": "NOT READY", "inconclusive": "INCONCLUSIVE",
+                  "node-healthy": "NODE HEALTHY"}
 #: A run the target's own mistake stopped (exit 2): its files say so, not "inconclusive".
 TARGET_ERROR_TITLE = "TARGET ERROR"
 

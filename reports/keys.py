@@ -65,6 +65,10 @@ FIND_UNUSED_TAX = "find_unused_tax"  # metric: step time with find_unused_parame
 # faults/checks/straggler.py and faults/checks/hang_detection.py, metrics.
 CULPRIT_RANK = "culprit_rank"  # int | None: the rank named as the cause
 
+# faults/checks/node_health/judge.py, metrics. list[{"rank", "host", "device", "device_name",
+# "digests_agree", "software", "named"}]: the per-rank health table of the report.
+NODE_HEALTH = "node_health"
+
 # faults/checks/bucket_config.py, metrics.
 BEST_BUCKET_CAP_MB = "best_bucket_cap_mb"  # float: the fastest cap of the sweep
 CONFIGURED_BUCKET_CAP_MB = "configured_bucket_cap_mb"  # float: the target's cap (25 when unset)
@@ -130,7 +134,9 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
     SAMPLER_SEEDS: ("conformance.checks.sampler_coverage",),
     UNUSED_TABLE: ("ddp_conformance.faults.checks.unused_parameters",),
     FIND_UNUSED_TAX: ("ddp_conformance.faults.checks.unused_parameters",),
-    CULPRIT_RANK: ("ddp_conformance.faults.checks.straggler", "ddp_conformance.faults.checks.hang_detection", "conformance.checks.evaluation.verdict"),
+    CULPRIT_RANK: ("ddp_conformance.faults.checks.straggler", "ddp_conformance.faults.checks.hang_detection",
+                   "conformance.checks.evaluation.verdict", "ddp_conformance.faults.checks.node_health.judge"),
+    NODE_HEALTH: ("ddp_conformance.faults.checks.node_health.judge",),
     BEST_BUCKET_CAP_MB: ("ddp_conformance.faults.checks.bucket_config",),
     CONFIGURED_BUCKET_CAP_MB: ("ddp_conformance.faults.checks.bucket_config",),
     REMEDIES: ("conformance.harness.remedies", "conformance.checks.equivalence.checkpointing",

@@ -33,13 +33,15 @@ from ._format import (
     truncate,
 )
 from .configuration import tables
+from .node_table import HEADERS as NODE_HEADERS
+from .node_table import node_tables
 from .recommend import recommend, verification, warnings_of
 
 MAX_BYTES = 1_000_000  # GitHub's limit is 1 MiB per step summary; keep a margin
 CELL_CHARS = 160
 DETAIL_CHARS = 4_000
 EVIDENCE_CHARS = 3_000
-VERDICT_ICONS = {"ready": "🟢", "not-ready": "🔴", "inconclusive": "🟠"}
+VERDICT_ICONS = {"ready": "🟢", "not-ready": "🔴", "inconclusive": "🟠", "node-healthy": "🟢"}
 _CELL_SPECIALS = re.compile(r"([\\|`*_\[\]<>])")
 
 
@@ -156,6 +158,16 @@ def _table(checks: list[Mapping[str, Any]], report: Mapping[str, Any]) -> list[s
     return ["## Checks", "", table, ""]
 
 
+def _node_health(checks: list[Mapping[str, Any]]) -> list[str]:
+    """The per-rank health table of each node check, the named rank in bold."""
+    lines = []
+    for t in node_tables(checks):
+        rows = [[f"**{cell(v, 120)}**" if named else cell(v, 120) for v in row] for row, named in zip(t.rows, t.named)]
+        lines += [f"## Node health{f' ({cell(t.target, 80)})' if t.target else ''}", "",
+                  tabulate(rows, headers=list(NODE_HEADERS), tablefmt="github", disable_numparse=True), ""]
+    return lines
+
+
 def _configuration(report: Mapping[str, Any]) -> list[str]:
     """Per target: the features its step used, where, and what was verified with each."""
     lines = []
@@ -224,7 +236,7 @@ def render(report: Mapping[str, Any]) -> str:
     """The markdown document for a report.json dict; always under :data:`MAX_BYTES` bytes."""
     report = encodable(report)
     checks = [c for c in report.get("checks") or [] if isinstance(c, Mapping)]
-    lines = _header(report) + _table(checks, report) + _configuration(report) + _not_run(report)
+    lines = _header(report) + _table(checks, report) + _node_health(checks) + _configuration(report) + _not_run(report)
     failing = [c for c in checks if c.get("status") in ("failed", "inconclusive")]
     advised = [c for c in checks if c.get("status") not in ("failed", "inconclusive") and (warnings_of(c) or c.get("recommendation"))]
     if failing:

@@ -14,7 +14,9 @@ from typing import Any
 SCHEMA_VERSION = 1
 STATUSES = ("passed", "failed", "inconclusive", "skipped")
 KINDS = ("conformance", "chaos", "perf", "chaos/perf", "harness")
-VERDICTS = ("ready", "not-ready", "inconclusive")
+# "node-healthy": a selection of node checks alone that all passed (reports/verdict.py): the
+# node is healthy, which says nothing about the training step, so it is never "ready".
+VERDICTS = ("ready", "not-ready", "inconclusive", "node-healthy")
 
 
 def _plain(value: Any) -> Any:

@@ -27,6 +27,11 @@ the training step itself, on every target:
    with the command that runs it (:func:`not_run`). Deselecting it (``--checks``) is how a
    user says it is not wanted.
 
+**A node selection gives a node verdict.** A selection of node checks alone (:data:`NODE_CHECKS`,
+``--checks node-health``) examines the node, not the training step: all passed is
+*node-healthy* (exit 0, never *ready*), a failure is *not-ready* with the faulty rank in the
+first line (:func:`node_only`). In a full run a failed node check is a failed check like any.
+
 Otherwise the run is *inconclusive*, with the reason as the report's first line: what passed
 on that target and what ready still needs. The rule reads records only (their status, kind,
 target and ``verified`` counts), never a check's internals. A user may still select any
@@ -44,12 +49,12 @@ from typing import Any
 from .keys import EXHAUSTED, NOT_RUN_HERE, VERIFIED
 from .schema import STATUSES, VERDICTS
 
-READY, NOT_READY, INCONCLUSIVE = VERDICTS
+READY, NOT_READY, INCONCLUSIVE, NODE_HEALTHY = VERDICTS
 USAGE = "usage"  # not a verdict: the run never started (bad input, a target that cannot load)
 
 # The one exit-code table (README, "Command line"; docs/architecture.md, "Results"): the CLI
 # imports these names and the HTML report receives the table from its renderer.
-EXIT_CODES: dict[str, int] = {READY: 0, NOT_READY: 1, USAGE: 2, INCONCLUSIVE: 3}
+EXIT_CODES: dict[str, int] = {READY: 0, NOT_READY: 1, USAGE: 2, INCONCLUSIVE: 3, NODE_HEALTHY: 0}
 EXIT_READY, EXIT_NOT_READY, EXIT_USAGE, EXIT_INCONCLUSIVE = (
     EXIT_CODES[READY], EXIT_CODES[NOT_READY], EXIT_CODES[USAGE], EXIT_CODES[INCONCLUSIVE])
 HARNESS_KIND = "harness"
@@ -57,6 +62,8 @@ HARNESS_KIND = "harness"
 CORRECTNESS_KIND = "conformance"
 #: DDP's gradient contract, the training step verified: on every target one of them must pass.
 EQUIVALENCE = ("gradient-equivalence", "no-sync-equivalence")
+#: The checks of the node rather than the code: a selection of these alone gives a node verdict.
+NODE_CHECKS = ("node-health",)
 #: The least a ``verified`` count must reach for a pass to count (any count not named: 1).
 MINIMUM = {"ranks": 2}
 #: What a count below its minimum means, said in the report's first line.
@@ -187,6 +194,19 @@ def gaps(records: Iterable[Any]) -> list[str]:
     return out
 
 
+def node_only(records: Iterable[Any]) -> bool:
+    """Whether the checks (harness records aside) are node checks alone, at least one."""
+    ids = [_field(r, "id") for r in records if not is_harness(r)]
+    return bool(ids) and all(i in NODE_CHECKS for i in ids)
+
+
+def _node_lines(checks: list[Any]) -> list[str]:
+    """A node selection's first lines: what each node check found, faulty ranks first."""
+    failed = [f"node unhealthy: {_field(r, 'message')}" for r in checks if status_of(r) == "failed"]
+    healthy = [str(_field(r, "message")) for r in checks if status_of(r) == "passed"]
+    return failed or healthy
+
+
 def reasons(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[str] = ()) -> list[str]:
     """Why the verdict is what it is, most severe first: the lines under the verdict badge."""
     records = list(records)
@@ -194,7 +214,8 @@ def reasons(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[
     checks = [r for r in records if not is_harness(r)]
     harness += [str(_field(r, "message") or _field(r, "id")) for r in records if is_harness(r)]
     tally = counts(checks)
-    out: list[str] = []
+    node = node_only(checks)
+    out: list[str] = _node_lines(checks) if node else []
     if tally["failed"]:
         ids = [str(_field(r, "id")) for r in checks if status_of(r) == "failed"]
         out.append(f"{tally['failed']} check(s) failed: {', '.join(ids)}")
@@ -208,7 +229,7 @@ def reasons(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[
                                   and isinstance(e := _field(r, "evidence"), Mapping) and e.get(EXHAUSTED)))
         ids = [str(_field(r, "id")) for r in checks if status_of(r) == "inconclusive"]
         out.append(f"{tally['inconclusive']} check(s) inconclusive: {', '.join(ids)}")
-    if not tally["failed"]:
+    if not tally["failed"] and not node:
         out += gaps(checks)
     if tally["passed"] + tally["failed"] == 0:
         out.append("no check passed or failed: nothing was actually verified")
@@ -225,6 +246,7 @@ def decide(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[s
     - else a harness error (argument or a ``kind="harness"`` record), an incomplete run, an
       inconclusive check, no check that passed or failed (empty or all skipped), or passes
       that verified nothing (:func:`gaps`) → ``inconclusive``;
+    - a node selection (:func:`node_only`) that all passed → ``node-healthy``;
     - else ``ready``.
 
     Harness records never make a run ``not-ready`` whatever their status: they say the suite
@@ -236,6 +258,8 @@ def decide(records: Iterable[Any], *, complete: bool, harness_errors: Iterable[s
     if tally["failed"]:
         return NOT_READY
     harness = any(str(e).strip() for e in harness_errors) or len(checks) != len(records)
+    if node_only(checks) and not harness and complete and tally["passed"] == len(checks):
+        return NODE_HEALTHY
     if harness or not complete or tally["inconclusive"] or tally["passed"] == 0 or gaps(checks):
         return INCONCLUSIVE
     return READY

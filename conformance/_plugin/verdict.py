@@ -58,7 +58,10 @@ class RunVerdict:
         if not own_terminal(self.config):  # the CLI prints the verdict once, with its reason
             where = f" — report in {writer.store.dir}/report.html" if writer is not None else ""
             self._say(f"[ddp] verdict: {verdict}: {reasons[0] if reasons else ''}{where}")
-        if verdict != "ready" and session.exitstatus == pytest.ExitCode.OK:
+        from ddp_conformance.reports.verdict import EXIT_CODES
+
+        # Exit 0 only for a verdict whose exit code is 0 (ready; node-healthy for a node selection).
+        if EXIT_CODES.get(str(verdict)) != 0 and session.exitstatus == pytest.ExitCode.OK:
             # pytest's "tests failed": a gate that reads only the exit status stops here, as it
             # does on the CLI's 1 or 3 (the CLI maps the verdict itself, so it is unchanged).
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

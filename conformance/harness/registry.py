@@ -108,6 +108,13 @@ CHECKS: tuple[CheckSpec, ...] = (
         suites=frozenset(), slow=True,
     ),
     CheckSpec(
+        "node-health", "Node health", "chaos",
+        "the node, not the code: every rank's local compute on the target's model bitwise identical (the faulty "
+        "rank named, transient or persistent), identical all-reduced buckets, identical software",
+        "ddp_conformance.faults.checks.node_health:run",
+        suites=frozenset({"full"}),
+    ),
+    CheckSpec(
         "eval-equivalence", "Evaluation equivalence", "conformance",
         "the target's evaluate on N ranks reports the metrics of 1 rank; every eval sample once; eval mode, no gradients, buffers untouched",
         "conformance.checks.eval_equivalence:run",

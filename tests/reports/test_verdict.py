@@ -86,7 +86,7 @@ def test_every_verdict_has_an_exit_code() -> None:
 def test_the_one_exit_code_table_includes_usage_and_the_cli_uses_it() -> None:
     from conformance import cli
 
-    assert EXIT_CODES == {"ready": 0, "not-ready": 1, "usage": 2, "inconclusive": 3}
+    assert EXIT_CODES == {"ready": 0, "not-ready": 1, "usage": 2, "inconclusive": 3, "node-healthy": 0}
     assert (cli.EXIT_READY, cli.EXIT_NOT_READY, cli.EXIT_USAGE, cli.EXIT_INCONCLUSIVE) == (0, 1, 2, 3)
     assert cli.EXIT_USAGE is EXIT_USAGE  # imported, not copied
     with pytest.raises(ValueError, match=r"verdict='usage' is not one of"):

@@ -1,0 +1,61 @@
+"""The injected-fault judge: was the corruption that was injected the one the check named?
+
+As every chaos judge (``tests/faults/test_judges.py``): fed the right diagnosis it passes;
+fed a wrong rank, tensor or bucket, the wrong persistence, or a fault that never fired, it
+fails saying what was wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from conformance.harness.outcome import Outcome
+
+from ..._log import Injection
+from ...corruption import BitFlip, CorruptAllReduce
+from .compare import MAJORITY
+
+
+def expected(fault: BitFlip | CorruptAllReduce, world_size: int, repeats: int) -> dict[str, Any]:
+    """What a right diagnosis of ``fault`` says: its rank (alone with 3+ ranks, in the pair with
+    2), where it went wrong, and the repeats it differed in."""
+    if isinstance(fault, CorruptAllReduce):
+        return {"ranks": [fault.rank], "tensor": fault.label, "how": "bucket", "repeats": None}
+    steps = list(range(repeats)) if fault.steps is None else sorted(s for s in fault.steps if s < repeats)
+    ranks = [fault.rank] if world_size >= 3 else list(range(world_size))
+    return {"ranks": ranks, "tensor": fault.tensor, "how": MAJORITY if world_size >= 3 else "pair",
+            "repeats": steps, "persistent": len(steps) == repeats}
+
+
+def judge_injected(fault: BitFlip | CorruptAllReduce, outcome: Outcome, injections: Sequence[Injection], *,
+                   world_size: int, repeats: int) -> Outcome:
+    """Passed iff ``fault`` fired and ``outcome`` (the node-health judge's) failed naming exactly
+    what :func:`expected` says."""
+    want = expected(fault, world_size, repeats)
+    got = outcome.metrics.get("diagnosis") or {}
+    fired = [i for i in injections if i.name == fault.name and i.rank == fault.rank]
+    problems = []
+    if not fired:
+        problems.append(f"the {fault.name} never fired (no injection recorded on rank {fault.rank})")
+    if outcome.status != "failed":
+        problems.append(f"the check said {outcome.status}, not failed: {outcome.message}")
+    if list(got.get("ranks") or []) != want["ranks"]:
+        problems.append(f"named ranks {got.get('ranks')}, injected on rank {fault.rank} (expected {want['ranks']})")
+    tensor = str(got.get("tensor") or "")
+    if tensor != want["tensor"]:
+        problems.append(f"located at {tensor or 'nothing'}, injected at {want['tensor']}")
+    if got.get("how") != want["how"]:
+        problems.append(f"named by {got.get('how')}, expected {want['how']}")
+    if want["repeats"] is not None:
+        seen = sorted({i for v in (got.get("repeats") or {}).values() for i in v})
+        if seen != want["repeats"]:
+            problems.append(f"differed in repeats {seen}, injected in {want['repeats']}")
+        if bool(got.get("persistent")) != want["persistent"]:
+            problems.append(f"called {'persistent' if got.get('persistent') else 'transient'}, injected "
+                            f"{'every time' if want['persistent'] else 'in repeats ' + str(want['repeats'])}")
+    metrics = {"expected": want, "diagnosis": got, "fired": len(fired)}
+    if problems:
+        return Outcome.failed(f"injected {fault.name} not diagnosed: " + "; ".join(problems), metrics=metrics)
+    return Outcome.passed(f"injected {fault.name} on rank {fault.rank} at {want['tensor']} named: {outcome.message}",
+                          metrics=metrics)

@@ -1,0 +1,188 @@
+"""The rank side's observers of the node-health work: every value offered to a fault, then digested.
+
+Three probes of the one observation contract (``conformance.harness.observe``), attached in
+this order so that a digest sees what the (possibly faulty) device produced:
+
+- :class:`TensorSites` offers each value as it is computed to the check's fault (a "tensor"
+  site, ``faults/sites.py``): every module's output from a forward hook, every parameter's
+  gradient once it is accumulated. Without a fault it changes nothing.
+- :class:`ComputeDigests` digests the same values (``digests.digest``), in computation order,
+  and holds them for the step so that the one tensor where ranks first differ can be fetched.
+- :class:`BucketDigests` is a layer of the DDP model's comm hook chain
+  (``conformance.harness.comm_hooks``): each bucket's all-reduced result, offered to the fault
+  and digested, with the names of its parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from conformance.harness.observe import Probe, Slice, Step
+
+from ..._log import InjectionLog
+from ...sites import NO_FAULT, Fault, Site
+from .digests import digest, leaves
+
+#: The name of the whole model's output (a module's name is "" at the root).
+ROOT = "(model)"
+
+
+def _modules(model: Any) -> list[tuple[str, Any]]:
+    return [(name or ROOT, module) for name, module in model.named_modules()]
+
+
+@dataclass
+class TensorSites(Probe):
+    """Each module output and parameter gradient offered to ``fault`` as a "tensor" site."""
+
+    model: Any
+    fault: Fault = NO_FAULT
+    rank: int = 0
+    log: InjectionLog = field(default_factory=InjectionLog)
+    step: int = 0
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        for name, module in _modules(self.model):
+            stack.callback(module.register_forward_hook(self._output_hook(name)).remove)
+        for name, param in self.model.named_parameters():
+            if param.requires_grad:
+                stack.callback(param.register_post_accumulate_grad_hook(self._grad_hook(name)).remove)
+
+    def begin_step(self, step: Step) -> None:
+        self.step = step.index
+
+    def _offer(self, label: str, phase: str, tensor: Any) -> Any:
+        site = Site("tensor", self.rank, self.step, phase, self.log, label=label, tensor=tensor)
+        self.fault.inject(site)
+        return site.tensor
+
+    def _output_hook(self, name: str) -> Any:
+        import torch
+
+        def hook(module: Any, args: Any, output: Any) -> Any:
+            if isinstance(output, torch.Tensor):
+                new = self._offer(f"output:{name}", "forward", output)
+                return None if new is output else new
+            if isinstance(output, (tuple, list)):
+                items = [self._offer(f"output:{name}[{i}]", "forward", v) if isinstance(v, torch.Tensor) else v
+                         for i, v in enumerate(output)]
+                if any(a is not b for a, b in zip(items, output)):
+                    return type(output)(items)
+            return None
+
+        return hook
+
+    def _grad_hook(self, name: str) -> Any:
+        import torch
+
+        def hook(param: Any) -> None:
+            new = self._offer(f"grad:{name}", "backward", param.grad)
+            if new is not param.grad:
+                with torch.no_grad():
+                    param.grad.copy_(new)
+
+        return hook
+
+
+class DigestSlice(TypedDict):
+    """One step's digests, in computation order: each tensor's name and digest."""
+
+    names: list[str]
+    digests: list[str]
+
+
+@dataclass
+class ComputeDigests(Probe):
+    """Digests of every module output (forward order), then of what :meth:`record` is given
+    (the input, the loss), and of every gradient (backward order); the step's tensors are held
+    (:attr:`held`) until the next step begins."""
+
+    model: Any
+    names: list[str] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+    held: dict[str, Any] = field(default_factory=dict)
+    _calls: dict[str, int] = field(default_factory=dict)
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        for name, module in _modules(self.model):
+            stack.callback(module.register_forward_hook(self._output_hook(name)).remove)
+        for name, param in self.model.named_parameters():
+            if param.requires_grad:
+                stack.callback(param.register_post_accumulate_grad_hook(
+                    lambda p, name=name: self.record(f"grad:{name}", p.grad)).remove)
+        stack.callback(self.held.clear)
+
+    def begin_step(self, step: Step) -> None:
+        self.names, self.digests, self.held, self._calls = [], [], {}, {}
+
+    def record(self, name: str, value: Any) -> None:
+        """Digest every tensor in ``value`` under ``name`` (a module called twice: ``name#2``)."""
+        calls = self._calls[name] = self._calls.get(name, 0) + 1
+        label = name if calls == 1 else f"{name}#{calls}"
+        for leaf, tensor in leaves(value, label):
+            self.names.append(leaf)
+            self.digests.append(digest(tensor))
+            self.held[leaf] = tensor.detach()
+
+    def release(self) -> None:
+        """Let go of everything held but the gradients (which ``.grad`` keeps anyway): the
+        forward's values, once compared, are not kept alive through the backward."""
+        self.held = {k: v for k, v in self.held.items() if k.startswith("grad:")}
+
+    def _output_hook(self, name: str) -> Any:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            self.record(f"output:{name}", output)
+
+        return hook
+
+    def end_step(self, step: Step) -> DigestSlice:
+        return DigestSlice(names=list(self.names), digests=list(self.digests))
+
+
+class BucketSlice(TypedDict):
+    """The all-reduced buckets, by index: digest and parameter names."""
+
+    buckets: list[dict[str, Any]]
+
+
+@dataclass
+class BucketDigests(Probe):
+    """Each DDP bucket's all-reduced result, offered to ``fault`` and then digested."""
+
+    ddp: Any
+    fault: Fault = NO_FAULT
+    rank: int = 0
+    log: InjectionLog = field(default_factory=InjectionLog)
+    step: int = 0
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        from conformance.harness.comm_hooks import add_layer
+
+        names = {id(p): n for n, p in self.ddp.module.named_parameters()}
+
+        def layer(bucket: Any, reduce: Any) -> Any:
+            params = [names.get(id(p), "?") for p in bucket.parameters()]
+            index = bucket.index()
+            return reduce(bucket).then(lambda fut: self._reduced(index, params, fut.value()))
+
+        # DDP takes one comm hook, before the first backward: a layer of its chain, kept for the
+        # model's life (the model is this check's own, built for this call).
+        add_layer(self.ddp, layer)
+
+    def begin_step(self, step: Step) -> None:
+        self.step = step.index
+
+    def _reduced(self, index: int, params: list[str], value: Any) -> Any:
+        tensor = value[0] if isinstance(value, (list, tuple)) else value
+        site = Site("tensor", self.rank, self.step, "backward", self.log, label=f"bucket:{index}", tensor=tensor)
+        self.fault.inject(site)
+        if site.tensor is not tensor:
+            tensor.copy_(site.tensor)
+        self.seen.append({"index": index, "digest": digest(tensor), "parameters": params})
+        return tensor
+
+    def result(self) -> BucketSlice:
+        return BucketSlice(buckets=sorted(self.seen, key=lambda b: b["index"]))
