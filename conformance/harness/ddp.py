@@ -128,9 +128,12 @@ def effective_ddp_kwargs(target: Any, overrides: dict[str, Any] | None = None) -
     return kwargs
 
 
-def wrap(model: Any, device: Any, kwargs: dict[str, Any], *, target: Any = None) -> Any:
+def wrap(model: Any, device: Any, kwargs: dict[str, Any], *, target: Any = None,
+         via_ddp: bool = False) -> Any:
     """DDP around ``model`` on ``device`` with exactly ``kwargs`` (a ``process_group`` included),
-    then the target's ``configure_ddp`` on it when ``target`` defines one (:func:`configure`).
+    then the target's ``configure_ddp`` on it when ``target`` defines one (:func:`configure`);
+    or, when ``target`` defines ``parallelize`` (and ``via_ddp`` is False), what that returned
+    (``harness.parallel``: fully_shard, replicate), ``kwargs`` unused.
 
     Construction broadcasts rank 0's parameters and buffers to every rank: it is a collective,
     so every rank of the group must reach this line. Returns what the step trains: the DDP
@@ -139,6 +142,15 @@ def wrap(model: Any, device: Any, kwargs: dict[str, Any], *, target: Any = None)
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    if target is not None and getattr(target, "parallelize", None) is not None and not via_ddp:
+        import torch.distributed as dist
+
+        from .parallel import parallelize
+
+        # The target's own wrapper replaces DDP everywhere (its ddp_kwargs then serve only
+        # the --compare-ddp run, ``via_ddp``); fully_shard/replicate construction is
+        # collective, as DDP's broadcast is: every rank reaches this line.
+        return parallelize(target, model, device, dist.get_rank(), dist.get_world_size())
     debug_info_on()
     model = model.to(device)
     device_ids = [device.index] if getattr(device, "type", "cpu") == "cuda" else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .comparison import Equivalence
-from .hypotheses import scale_causes, split_weighting, unsynchronised_cause
+from .hypotheses import scale_causes, shard_cause, split_weighting, unsynchronised_cause
 
 
 def nonfinite(eq: Equivalence) -> tuple[str, dict[str, Any]] | None:
@@ -150,13 +150,16 @@ def hints(eq: Equivalence) -> tuple[list[str], bool]:
         causes.append(f"clip_grad_norm_ ran {clips} times in one optimizer step under DDP "
                       f"(reference: {ref_clips}): clipping inside the accumulation window "
                       f"rescales rank-local partial sums before they are synchronised")
+    shard = shard_cause(eq.ranks)
+    if shard:
+        causes.append(shard)
     weighting = split_weighting(eq.floor.loss_split) if eq.floor.weighting else None
     if weighting:
         causes.append(weighting)
     factor = eq.factor
     if factor is not None and not bypass:
         causes += scale_causes(factor, world_size=eq.world_size,
-                               microbatches=eq.plan.microbatches)
+                               microbatches=eq.plan.microbatches, wrapper=eq.wrapper)
     return causes, not rng
 
 def no_known_cause(eq: Equivalence) -> str:

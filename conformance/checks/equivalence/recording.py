@@ -49,6 +49,7 @@ from ...harness.batches import part_dims, take_rows
 from ...harness.patching import replaced
 from ...harness.ddp import MODEL_SEED
 from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step
+from ...harness.parallel import full_named, local, wrapper_of
 from ...harness.rank_run import RankRun
 from ...harness.sharding import batch_dims, global_batch, shard, to_device
 from ...harness.targets import Target
@@ -56,19 +57,12 @@ from ...harness.world import RankContext
 from .compiled import output_site, run_eagerly
 from .compression import comm_hook_of
 from .digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
-from .instruments import (
-    BatchDigests,
-    ClipProbe,
-    CompileWatch,
-    Features,
-    Routing,
-    StepRecorder,
-    first_nonfinite,
-)
+from .instruments import BatchDigests, ClipProbe, CompileWatch, Features, Routing, StepRecorder, first_nonfinite
 from .hypotheses import loss_split
 from .normalisation import group_batchnorm, sizes_seen
 from .randomness import disable_dropout, forward_is_random
 from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
+from .shards import local_slices, shard_factor
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 from .tensors import Compared
 
@@ -213,6 +207,8 @@ class Clipping(Probe):
 
     def _observe(self, named: list[tuple[str, Any]]) -> None:
         # Every clip before the first step overwrites the last: the last clip's input counts.
+        # Gathered before anything returns: every rank clips, every rank joins the all-gathers.
+        named = list(full_named(named))
         if not self.to.record:
             return
         if self.to.digest:
@@ -289,7 +285,9 @@ class Gradients(Probe):
         if self.stepped or self.recorder.steps:
             return None
         with torch.no_grad():
-            return [float(p.detach().sum(dtype=torch.float64)).hex() for p in self.inner.parameters()]
+            # The parameters the optimizer holds (FSDP2 registers unsharded ones during a
+            # forward), this rank's shard of each: a fingerprint is only held against itself.
+            return [float(local(p.detach()).sum(dtype=torch.float64)).hex() for _, p in self.recorder.params]
 
     def _zeroing(self, original: Any) -> Any:
         """``Module.zero_grad`` observed: called on the model after its parameters changed by
@@ -332,13 +330,19 @@ class Gradients(Probe):
     def _at_step(self, named: list[tuple[str, Any]]) -> None:
         # optimizer.step() is about to read these gradients: judge (or write) them now, before
         # a zero_grad after the step wipes them. Only the first step that ran is compared;
-        # every step is searched for NaN/Inf.
+        # every step is searched for NaN/Inf. FSDP2's shards gathered to the full gradients a
+        # single process holds (an all-gather each: every rank's optimizer reaches this hook).
+        first = "grads0" not in self.out and "grads" not in self.found
+        shards = local_slices(named) if first else {}
+        named = list(full_named(named))
         self.bad = first_nonfinite(named)
-        if "grads0" in self.out or "grads" in self.found:
+        if not first:
             return
         if self.to.digest:
             self.found["grads_digest"] = named_digests(named)
-        self.found["grads"] = self.to.gradients(GRADS0, named)
+        self.found["grads"] = compared = self.to.gradients(GRADS0, named)
+        if shards and isinstance(compared, list) and not all(c.diff.ok for c in compared):
+            self.found["shard_factor"] = shard_factor(shards, self.to.folder, GRADS0, self.to.device)
 
     def begin_step(self, step: Step) -> None:
         assert self.recorder is not None
@@ -352,7 +356,8 @@ class Gradients(Probe):
     def end_step(self, at: Step) -> Slice:
         assert self.recorder is not None
         step = at.index
-        live = [(name, p.detach()) for name, p in self.inner.named_parameters()]
+        # Gathered on every rank alike (FSDP2: an all-gather per sharded parameter).
+        live = list(full_named((name, p.detach()) for name, p in self.inner.named_parameters()))
         self.stepped = self.stepped or self.recorder.steps > 0
         self._by_hand()  # counts this step's hand-written updates and reads their gradients
         # Hand-written updates count as this step's optimizer steps (``manual_update``).
@@ -398,7 +403,7 @@ class Gradients(Probe):
         # gradients, typically the first ones under fp16): its gradients are compared. Before
         # it no parameter moved, so both sides still start from the same weights.
         pre = self.clipping.take()
-        self.out["grads0"] = self.found["grads"]
+        self.out["grads0"], self.out["shard_factor"] = self.found["grads"], self.found.get("shard_factor")
         self.out["grads0_step"] = step
         self.out["pre_clip0"] = pre.get("pre_clip")
         if "pre_clip_digest" in pre:
@@ -534,7 +539,7 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     wrapped = run.build_wrapped(seed=plan.seed, ddp_overrides=plan.ddp_overrides,
                                 before_wrap=lambda model: _settle(run.target, model, plan, rank_ctx, to))
     settled, ddp, inner = wrapped.settled, wrapped.ddp, wrapped.model
-    setup = SetupSlice(rank=rank_ctx.rank, ddp_kwargs=repr(wrapped.ddp_kwargs),
+    setup = SetupSlice(rank=rank_ctx.rank, ddp_kwargs=repr(wrapped.ddp_kwargs), wrapper=wrapper_of(ddp),
                        comm_hook=comm_hook_of(ddp, uncompressed=plan.uncompressed),
                        dropout_disabled=settled.dropout, rng_in_forward=settled.rng_left,
                        batchnorm_grouped=settled.grouped, batchnorm_group=settled.group if settled.grouped else None)
@@ -543,7 +548,7 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     optimizer = wrapped.make_optimizer()
     differs = settled.differs
     if to.writer is not None:
-        to.writer.write(INITIAL, inner.state_dict().items(), norms=False)
+        to.writer.write(INITIAL, full_named(inner.state_dict().items()), norms=False)
     else:
         if rank_ctx.rank != 0 and to.sees:
             # After the construction broadcast, as a second look: with broadcast_buffers=False

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from ...harness.observe import AllReduceSlice, ForwardCountSlice
+from .shards import ShardFactor
 from .tensors import Compared
 
 #: (what was digested, [(tensor name, digest or None)]): ``digests``.
@@ -40,6 +41,7 @@ class SetupSlice(TypedDict, total=False):
 
     rank: int
     ddp_kwargs: str  # repr of the effective DDP constructor arguments
+    wrapper: str  # what trained the model (``harness.parallel.wrapper_of``): DDP, fully_shard, ...
     comm_hook: dict[str, Any] | None  # the target's comm hook (``compression.comm_hook_of``)
     dropout_disabled: list[str]
     rng_in_forward: bool
@@ -101,6 +103,9 @@ class GradientSlice(TypedDict, total=False):
     #: Steps whose train_step changed the parameters with no optimizer step (a hand-written
     #: update): judged on what it left in ``.grad`` and the parameters after it.
     manual_update: list[int]
+    #: FSDP2: this rank's gradient shards against the same slices of the reference, when the
+    #: full gradients differ (``shards``; None: not sharded, or nothing differed).
+    shard_factor: ShardFactor | None
 
 
 class RankRecord(SetupSlice, AllReduceSlice, ForwardCountSlice, DataSlice, RoutingSlice, CompileSlice,

@@ -181,6 +181,7 @@ _SIGNATURES: dict[str, tuple[str, tuple[int, ...]]] = {
     "run_loop": ("run_loop(ctx)", (1,)),
     "configure_ddp": ("configure_ddp(ddp_model)", (1,)),
     "evaluate": ("evaluate(model, ctx)", (2,)),
+    "parallelize": ("parallelize(model, ctx)", (2,)),
 }
 
 
