@@ -229,10 +229,13 @@ def grad_state(model: Any) -> dict[str, Any]:
 
 def tensor_digest(tensor: Any) -> str:
     """Exact identity of a tensor's values (dtype and shape included): equal digests mean
-    bit-identical tensors, which is what DDP promises for parameters across ranks."""
+    bit-identical tensors, which is what DDP promises for parameters across ranks. An FSDP2
+    DTensor is digested as ``parallel.comparable`` has it (a sharded one gathered: a collective)."""
     import torch
 
-    t = tensor.detach().cpu().contiguous()
+    from .parallel import comparable
+
+    t = comparable(tensor.detach()).cpu().contiguous()
     h = hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode())
     if t.numel():
         # The tensor's own buffer, hashed in place: no second copy of its bytes.
@@ -257,7 +260,10 @@ def bucket_count(ddp_model: Any) -> int:
 
 
 def ddp_timing(ddp_model: Any) -> dict[str, float]:
-    """DDP's own sampled averages in seconds (gloo on CPU fills these in too, torch 2.13)."""
+    """DDP's own sampled averages in seconds (gloo on CPU fills these in too, torch 2.13);
+    empty for a model DDP does not wrap (``parallelize``: FSDP2 keeps no such averages)."""
+    if not hasattr(ddp_model, "_get_ddp_logging_data"):
+        return {}
     data = ddp_model._get_ddp_logging_data()
     return {k: float(data.get(k) or 0) / 1e9 for k in _TIMING_KEYS}
 

@@ -30,6 +30,12 @@ WRAPPERS = (DDP, REPLICATE, REPLICATE_WITH_FSDP, FULLY_SHARD, NONE)
 FSDP2_WRAPPERS = (REPLICATE_WITH_FSDP, FULLY_SHARD)
 
 
+def not_applicable(what: str) -> str:
+    """The skip reason of a DDP-only check on a target with ``parallelize`` (never blocks ready)."""
+    return (f"not applicable to FSDP2: the target trains through parallelize (fully_shard / "
+            f"replicate), not DistributedDataParallel, so {what} is not what production runs")
+
+
 @dataclass(frozen=True, slots=True)
 class ParallelContext:
     """What ``parallelize(model, ctx)`` receives (docs/targets.md, "The parallelize context")."""
@@ -125,6 +131,18 @@ def full_named(named: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
     """``(name, full(tensor))`` for each pair, in order (a collective per DTensor)."""
     for name, tensor in named:
         yield name, full(tensor)
+
+
+def comparable(tensor: Any) -> Any:
+    """What is compared across ranks: a replicated DTensor's local tensor (bitwise equal on
+    every rank when training is right), a sharded one gathered to the full tensor (an
+    all-gather: every rank calls it, in the same order), anything else as is."""
+    placements = getattr(tensor, "placements", None)
+    if placements is None:
+        return tensor
+    if all(p.is_replicate() for p in placements):
+        return tensor.to_local()
+    return tensor.full_tensor()
 
 
 def local(tensor: Any) -> Any:
