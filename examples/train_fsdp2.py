@@ -18,15 +18,20 @@ tests/examples/test_fsdp2_examples.py keep DDP's habits and are caught naming th
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_optimizer_state_dict
 from torch.distributed.fsdp import fully_shard
 from torch.nn import functional as F
 
 FEATURES, HIDDEN, CLASSES = 12, 32, 3
 GRAD_CLIP = 1.0
+CHECKPOINT = "fsdp2.pt"
 
 ddp_kwargs = {"find_unused_parameters": False}
 
@@ -76,7 +81,7 @@ def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def build_optimizer(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=0.05)
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
 
 
 class Trainer:
@@ -107,18 +112,46 @@ def train_step(model: Any, optimizer: Any, microbatches: list[tuple[torch.Tensor
 
 
 def run_loop(ctx: Any) -> None:
+    """The training loop, resuming from ``ctx.checkpoint_dir``: FSDP2's checkpoint is the full
+    state dict gathered on every rank (``get_state_dict``, a collective), written by rank 0, and
+    loaded on every rank into its own shards (``set_state_dict``)."""
+    path = Path(ctx.checkpoint_dir) / CHECKPOINT
     torch.manual_seed(0)
-    model = ctx.wrap(build_model())
-    trainer = Trainer(model, build_optimizer(model.parameters()))
-    generator = torch.Generator().manual_seed(100 + ctx.rank)
-    for _ in range(ctx.steps):
-        x, y = make_batch(generator, 8)
+    raw = build_model()
+    state = torch.load(path, map_location="cpu", weights_only=True) if path.exists() else None
+    if state is not None:
+        raw.load_state_dict(state["model"])  # the full weights, before parallelize shards them
+    model = ctx.wrap(raw)
+    optimizer = build_optimizer(model.parameters())
+    step = 0
+    if state is not None:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+        step = state["step"]
+    trainer = Trainer(model, optimizer)
+    while step < ctx.steps:
+        # The data of step s, the same whether the loop started at 0 or resumed at s.
+        x, y = make_batch(torch.Generator().manual_seed(1000 * ctx.rank + step), 8)
         x, y = x.to(ctx.device), y.to(ctx.device)
         trainer._run_batch([(x[:4], y[:4]), (x[4:], y[4:])])
+        step += 1
+        if step % ctx.checkpoint_every == 0:
+            _save(ctx, path, model, optimizer, step)
+
+
+def _save(ctx: Any, path: Path, model: Any, optimizer: Any, step: int) -> None:
+    # Every rank: gathering the full state dict is a collective over the shards.
+    model_state, optim_state = get_state_dict(model, optimizer,
+                                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if ctx.rank == 0:
+        tmp = path.with_suffix(".tmp")
+        torch.save({"model": model_state, "optimizer": optim_state, "step": step}, tmp)
+        os.replace(tmp, path)
+    # No rank goes on (and may be killed, restarted, and read) before the checkpoint is whole.
+    dist.barrier()
 
 
 if __name__ == "__main__":
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     dist.init_process_group("gloo")

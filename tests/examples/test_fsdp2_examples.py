@@ -23,6 +23,8 @@ PORTS = {
     "replicate_gradient": (str(EXAMPLES / "train_replicate.py"), "gradient-equivalence", "replicate_with_fsdp"),
     "replicate_no_sync": (str(EXAMPLES / "train_replicate.py"), "no-sync-equivalence", "replicate_with_fsdp"),
     # The suite's default train_step on a parallelized model: FSDP2's accumulation switch.
+    # The loop's own checkpoint (the full state dict, gathered on every rank), killed and resumed.
+    "fsdp2_resume": (str(EXAMPLES / "train_fsdp2.py"), "resume-equivalence", None),
     "fully_shard_default_step": (target_spec("fsdp2_default_step"), "no-sync-equivalence", "fully_shard"),
     "ddp_based_replicate_default_step": (target_spec("replicate_ddp_based"), "no-sync-equivalence", "replicate"),
 }
@@ -33,6 +35,9 @@ def test_correct_port_passes_naming_its_wrapper(suite_session, case):
     target, check_id, wrapper = PORTS[case]
     record, _ = suite_session.run_check(BY_ID[check_id], target)
     assert record.status == "passed", (record.status, record.message)
+    if wrapper is None:  # resume-equivalence: every resumed step compared
+        assert "equal to step 6 on 2 ranks" in record.message, record.message
+        return
     assert record.evidence["wrapper"] == wrapper
     assert f" {wrapper} " in record.message or check_id == "no-sync-equivalence", record.message
     if check_id == "no-sync-equivalence":
@@ -64,6 +69,19 @@ BUGS = {
                  "            g.mul_((GRAD_CLIP / (norm + 1e-6)).clamp(max=1.0))\n")],
         r"each rank scaled its own gradient shard by a factor of its own \(rank 0: [\d.]+, rank 1: [\d.]+;"
         r".*clipped by the rank's local shard norm"),
+    # DDP's checkpoint kept through the port: rank 0 saves model.state_dict(), now its own shards.
+    "fsdp2_rank0_shard_checkpoint": (
+        "train_fsdp2.py", "resume-equivalence",
+        [("    model_state, optim_state = get_state_dict(model, optimizer,\n"
+          "                                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))\n",
+          "    model_state, optim_state = model.state_dict(), optimizer.state_dict()\n"),
+         ('        raw.load_state_dict(state["model"])  # the full weights, before parallelize shards them\n',
+          "        pass  # loaded after wrapping, below\n"),
+         ("        set_optimizer_state_dict(model, optimizer, state[\"optimizer\"],\n"
+          "                                 options=StateDictOptions(full_state_dict=True))\n",
+          "        model.load_state_dict(state[\"model\"])\n        optimizer.load_state_dict(state[\"optimizer\"])\n"),
+         ('torch.load(path, map_location="cpu", weights_only=True)', 'torch.load(path, map_location="cpu", weights_only=False)')],
+        r"only rank\(s\) \[0\] saved the checkpoint, and it holds \d+ FSDP2 shard\(s\) \(DTensors\)"),
     "replicate_loss_times_world": (
         "train_replicate.py", "gradient-equivalence",
         [("from train_fsdp2 import Trainer, build_model, build_optimizer, loss_fn, make_batch, train_step\n",
@@ -77,6 +95,7 @@ BUGS = {
 }
 
 
+@pytest.mark.slow  # the correct ports above are the CI subset's FSDP2 run
 @pytest.mark.parametrize("case", BUGS)
 def test_port_bug_is_caught_naming_its_cause(suite_session, tmp_path, case):
     example, check_id, edits, cause = BUGS[case]

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from ...harness.observe import AllReduceSlice, ForwardCountSlice
-from .shards import ShardFactor
 from .tensors import Compared
 
 #: (what was digested, [(tensor name, digest or None)]): ``digests``.
@@ -84,6 +83,16 @@ class ClipSlice(TypedDict):
     """Per step: what each ``clip_grad_norm_`` call measured (``total_norm``, ``max_norm``)."""
 
     clip_calls: list[list[dict[str, float]]]
+
+
+class ShardFactor(TypedDict):
+    """One rank's local gradient shards (FSDP2) against the same slices of the reference's
+    gradients (``shards.shard_factor``): ``factor`` = <got, ref> / |ref|², ``residual`` =
+    |got - factor·ref| / |got|."""
+
+    factor: float
+    residual: float
+    tensors: int
 
 
 class GradientSlice(TypedDict, total=False):

@@ -17,16 +17,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
-
-class ShardFactor(TypedDict):
-    """One rank's local gradient shards against the same slices of the reference's gradients:
-    ``factor`` = <got, ref> / |ref|², ``residual`` = |got - factor·ref| / |got|."""
-
-    factor: float
-    residual: float
-    tensors: int
+from .records import ShardFactor
 
 
 def local_slices(named: Iterable[tuple[str, Any]]) -> dict[str, tuple[Any, tuple[slice, ...]]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, TypedDict
 
 from .probe import Probe, Slice, Step
@@ -55,7 +56,7 @@ def _called_by_fsdp2() -> bool:
     step (a loss all-reduced for logging is not a gradient reduction)."""
     import sys
 
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(12):  # the taps' own frames, then FSDP2's caller
         if frame is None:
             return False
