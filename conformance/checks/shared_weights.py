@@ -58,6 +58,7 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.ddp import MODEL_SEED, unwrap
 from ..harness.outcome import Outcome
+from ..harness.parallel import full
 from ..harness.sharding import batch_dims, global_batch, shard, to_device
 from ..harness.world import RankContext, RankFailure, WorldHang
 from .equivalence import (
@@ -199,7 +200,9 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
         return out
     variants: list[dict[str, Any]] = []
     referenced, sees, digest = False, True, False
-    for label, overrides in VARIANTS:
+    # Under parallelize the DDP variants do not exist: the target's own wrapper, once.
+    parallel = target.parallelize is not None
+    for label, overrides in VARIANTS[:1] if parallel else VARIANTS:
         kwargs = run.ddp_kwargs(overrides)
         if any(v["kwargs"] == repr(kwargs) for v in variants):
             continue
@@ -213,7 +216,13 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
         ddp = wrapped.ddp
         if not referenced:
             if rank == 0:
-                out.update(_reference(unwrap(ddp), groups, shared, control, batches, target, device, snapshots))
+                source = unwrap(ddp)
+                if parallel:
+                    # FSDP2 refuses deepcopy and holds shards: the reference copies a fresh build
+                    # instead (FSDP2 does not broadcast: every rank sharded these same weights).
+                    source = run.build(seed=MODEL_SEED)
+                    disable_dropout(source), group_batchnorm(source, batch_size // n)
+                out.update(_reference(source, groups, shared, control, batches, target, device, snapshots))
             # Synchronisation point: no rank compares before rank 0 has written every
             # reference gradient (the files are complete once rank 0 reaches this barrier).
             dist.barrier()
@@ -308,7 +317,8 @@ def _control(model: Any, shared: list[str]) -> list[str]:
 
 def _live_grad(model: Any, name: str) -> Any:
     grad = model.get_parameter(name).grad
-    return None if grad is None else grad.detach()
+    # FSDP2: the full gradient (an all-gather: every rank reads the same names in order).
+    return None if grad is None else full(grad.detach())
 
 
 def _classify(c: Compared) -> str:

@@ -44,3 +44,16 @@ def test_hang_detection_records_fsdp2_reductions(suite_session):
     assert record.status == "passed", (record.status, record.message)
     # 4 optimizer steps x 3 parameter groups: FSDP2's reduce-scatters, recorded as they ran.
     assert "4 optimizer steps, 12 DDP all-reduces" in record.message, record.message
+
+
+def test_shared_weights_under_fully_shard(suite_session):
+    # One DTensor shared by two modules: the full (summed over uses) gradient, gathered.
+    record, _ = suite_session.run_check(BY_ID["shared-weights"], target_spec("fsdp2_tied"))
+    assert record.status == "passed", (record.status, record.message)
+    assert "1 shared parameter(s) (emb.weight) get the full gradient" in record.message, record.message
+
+
+def test_shared_weights_split_over_two_fsdp_groups_is_fsdp2s_finding(suite_session):
+    record, _ = suite_session.run_check(BY_ID["shared-weights"], target_spec("fsdp2_tied_split"))
+    assert record.status == "failed", (record.status, record.message)
+    assert "is shared with a parameter already managed by another FSDP group" in record.message, record.message
