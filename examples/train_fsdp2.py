@@ -94,8 +94,12 @@ class Trainer:
         k, total = len(microbatches), 0.0
         for i, (source, targets) in enumerate(microbatches):
             # FSDP2's no_sync: the backward reduce-scatters only on the last microbatch; the
-            # others accumulate unsharded gradients locally (DDP's code said model.no_sync()).
-            self.model.set_requires_gradient_sync(i == k - 1)
+            # others accumulate unsharded gradients locally. The DDP version's flag stays for
+            # --compare-ddp, which trains this same step through DDP.
+            if hasattr(self.model, "set_requires_gradient_sync"):
+                self.model.set_requires_gradient_sync(i == k - 1)
+            else:
+                self.model.require_backward_grad_sync = i == k - 1
             loss = F.cross_entropy(self.model(source), targets) / k
             loss.backward()
             total += float(loss.detach())

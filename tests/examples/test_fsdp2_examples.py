@@ -22,6 +22,8 @@ PORTS = {
     "fsdp2_no_sync": (str(EXAMPLES / "train_fsdp2.py"), "no-sync-equivalence", "fully_shard"),
     "replicate_gradient": (str(EXAMPLES / "train_replicate.py"), "gradient-equivalence", "replicate_with_fsdp"),
     "replicate_no_sync": (str(EXAMPLES / "train_replicate.py"), "no-sync-equivalence", "replicate_with_fsdp"),
+    # --compare-ddp's second run: the same target through DDP, its parallelize set aside.
+    "fsdp2_via_ddp": (str(EXAMPLES / "train_fsdp2.py") + "#ddp", "gradient-equivalence", "DDP"),
     # The suite's default train_step on a parallelized model: FSDP2's accumulation switch.
     # The loop's own checkpoint (the full state dict, gathered on every rank), killed and resumed.
     "fsdp2_resume": (str(EXAMPLES / "train_fsdp2.py"), "resume-equivalence", None),
@@ -57,7 +59,7 @@ BUGS = {
     # model.no_sync() has no FSDP2 counterpart by that name; dropped in the port.
     "fsdp2_accumulation_without_gradient_sync_off": (
         "train_fsdp2.py", "no-sync-equivalence",
-        [("            self.model.set_requires_gradient_sync(i == k - 1)\n", "")],
+        [("                self.model.set_requires_gradient_sync(i == k - 1)\n", "                pass\n")],
         r"4 reduction rounds .*per optimizer step for K=4 microbatches instead of 1.*"
         r"set_requires_gradient_sync\(False\) was not set"),
     # A hand-written clip on the local shard: each rank clips by its own shard's norm.
@@ -103,3 +105,11 @@ def test_port_bug_is_caught_naming_its_cause(suite_session, tmp_path, case):
     record, _ = suite_session.run_check(BY_ID[check_id], target)
     assert record.status == "failed", (record.status, record.message)
     assert re.search(cause, record.message), record.message
+
+
+def test_compare_ddp_runs_every_check_both_ways():
+    from conformance.harness.session import Settings
+
+    spec = BY_ID["gradient-equivalence"]
+    assert Settings(target="t.py", compare_ddp=True).targets_for(spec) == ["t.py", "t.py#ddp"]
+    assert Settings(target="t.py").targets_for(spec) == ["t.py"]
