@@ -57,3 +57,12 @@ def test_shared_weights_split_over_two_fsdp_groups_is_fsdp2s_finding(suite_sessi
     record, _ = suite_session.run_check(BY_ID["shared-weights"], target_spec("fsdp2_tied_split"))
     assert record.status == "failed", (record.status, record.message)
     assert "is shared with a parameter already managed by another FSDP group" in record.message, record.message
+
+
+def test_split_clip_is_observed_before_it_hides_a_factor(suite_session):
+    # torchtitan clips with get_total_norm + clip_grads_with_norm_: the gradients before that clip
+    # are the ones compared, or a clip that engages on both sides hides the factor 1/N.
+    record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], target_spec("fsdp2_split_clip_hides_factor"))
+    assert record.status == "failed", (record.status, record.message)
+    assert "before clip_grad_norm_ the gradient of" in record.message, record.message
+    assert "factor 1/2" in record.message, record.message
