@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--junit-xml", default=None, metavar="PATH",
                      help="also write a JUnit XML file: one test case per (check, target), for CI "
                           "systems that read JUnit")
+    run.add_argument("--compare-ddp", action="store_true",
+                     help="run the target both ways, through its parallelize and through DDP, side by side")
     run.add_argument("--keep-tmp", action="store_true",
                      help="keep the run's temp dir (ddp-session-*) for debugging; its path is printed")
     run.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
@@ -198,6 +200,9 @@ def _validate(args: argparse.Namespace) -> tuple[str, int]:
     if args.link_gbps is not None and not (math.isfinite(args.link_gbps) and 0 < args.link_gbps <= MAX_LINK_GBPS):
         raise UsageError(f"--link-gbps {args.link_gbps:g} must be a positive number of Gbit/s, at most "
                          f"{MAX_LINK_GBPS:g} (e.g. 100 for 100 GbE, 400 for NDR InfiniBand)")
+    if args.compare_ddp and args.target is None:
+        raise UsageError("--compare-ddp needs --target: it runs that target through its parallelize "
+                         "and through DDP, side by side")
     if args.world_size is not None and args.world_size < 1:
         raise UsageError(f"--world-size {args.world_size} must be at least 1")
     if not args.report_dir:
@@ -361,6 +366,8 @@ def _run(args: argparse.Namespace) -> int:
         argv += ["--ddp-attach"]
     if args.keep_tmp:
         argv += ["--ddp-keep-tmp"]
+    if args.compare_ddp:
+        argv += ["--ddp-compare-ddp"]
     if args.link_gbps is not None:
         argv += ["--ddp-link-gbps", str(args.link_gbps)]
     if args.junit_xml is not None and (not args.attach or _launched_rank() == "0"):

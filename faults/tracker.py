@@ -16,6 +16,7 @@ tag differs across ranks at the same sequence number is a mispairing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ class CollectiveTracker:
         self._file = open(log_path(directory, rank), "a", buffering=1) if directory else None
         self._names: dict[int, str] = {}
         self._open: dict[int, float] = {}  # seq -> t_perf of collectives enqueued, not completed
+        self._taps = contextlib.ExitStack()  # FSDP2's reductions, tapped (``attach``)
 
     def name_parameters(self, module: Any) -> None:
         self._names = {p.data_ptr(): n for n, p in module.named_parameters()}
@@ -93,12 +95,31 @@ class CollectiveTracker:
         """Record every bucket all-reduce of ``ddp_model`` (a layer of its comm hook chain);
         the all-reduces run in the DDP model's own process group, ``group`` (kept for callers)."""
         from conformance.harness.comm_hooks import add_layer
+        from conformance.harness.parallel import is_fsdp2
 
-        self.name_parameters(ddp_model.module)
+        # The composable replicate and fully_shard change the module in place: no ``.module``.
+        self.name_parameters(getattr(ddp_model, "module", ddp_model))
+        if is_fsdp2(ddp_model):
+            # FSDP2 has no comm hook: its reductions are Python collectives, recorded through
+            # the collectives probe's taps (closed with the tracker).
+            from conformance.harness.observe import tap
+            from conformance.harness.observe.comm_rounds import FSDP2_REDUCTIONS
+
+            tap(self._taps, self._collective, FSDP2_REDUCTIONS)
+            return ddp_model
         # A layer of the model's one comm hook chain, not a hook of its own: a hook the target
         # registered in configure_ddp still reduces the bucket (DDP takes one hook only).
         add_layer(ddp_model, self.layer)
         return ddp_model
+
+    def _collective(self, called: Any, proceed: Callable[[], Any]) -> Any:
+        """Record one FSDP2 reduction (reduce-scatter or all-reduce) around its issue."""
+        first = next((a for a in [*called.args, *called.kwargs.values()] if hasattr(a, "shape")), None)
+        seq = self.enqueue(called.name, tuple(first.shape) if first is not None else (),
+                           tag=f"step{self.step}/{called.name}")
+        result = proceed()
+        self.complete(seq)
+        return result
 
     def layer(self, bucket: Any, reduce: Callable[[Any], Any]) -> Any:
         """Record one bucket all-reduce around ``reduce`` (the rest of the hook chain)."""
@@ -115,6 +136,7 @@ class CollectiveTracker:
         return reduce(bucket).then(done)
 
     def close(self) -> None:
+        self._taps.close()
         if self._file is not None:
             self._file.close()
             self._file = None

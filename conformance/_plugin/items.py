@@ -20,7 +20,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     from ..harness.session import Settings
 
-    settings = Settings(target=config.getoption("--ddp-target"))
+    settings = Settings(target=config.getoption("--ddp-target"),
+                        compare_ddp=bool(config.getoption("--ddp-compare-ddp", False)))
     specs = select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"))
     params = []
     for spec in specs:

@@ -39,6 +39,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="the run id stamped on every record and on report.json (default: a new one)")
     group.addoption("--ddp-link-gbps", type=float, default=None,
                     help="the user's interconnect per rank (Gbit/s): scaling-cliff projects the step on it")
+    group.addoption("--ddp-compare-ddp", action="store_true", default=False,
+                    help="run the target both ways: through its parallelize and through DDP (its ddp_kwargs)")
     group.addoption("--ddp-keep-tmp", action="store_true", default=False,
                     help="keep the session's temp dir (ddp-session-*) for debugging")
     group.addoption("--ddp-own-terminal", action="store_true", default=False,
@@ -58,7 +60,9 @@ def target_names(config: pytest.Config) -> dict[str, str]:
     from ..harness.session import Settings
 
     specs = list(dict.fromkeys(t for spec in selected(config)
-                               for t in Settings(target=config.getoption("--ddp-target")).targets_for(spec)))
+                               for t in Settings(target=config.getoption("--ddp-target"),
+                                                 compare_ddp=bool(config.getoption("--ddp-compare-ddp", False)),
+                                                 ).targets_for(spec)))
     names = {t: relative(t) for t in specs}
     if own_terminal(config) and len(specs) == 1:
         return {specs[0]: ""}
@@ -102,7 +106,8 @@ def settings_from(config: pytest.Config) -> Any:
                     target=config.getoption("--ddp-target"), attach=attach,
                     keep_tmp=bool(config.getoption("--ddp-keep-tmp", False)),
                     link_gbps=config.getoption("--ddp-link-gbps", None),
-                    suite=config.getoption("--ddp-suite", "full"))
+                    suite=config.getoption("--ddp-suite", "full"),
+                    compare_ddp=bool(config.getoption("--ddp-compare-ddp", False)))
 
 
 def builtin_names() -> list[str]:
@@ -114,7 +119,8 @@ def builtin_names() -> list[str]:
 def cases(config: pytest.Config) -> list[list[str]]:
     from ..harness.session import Settings
 
-    settings = Settings(target=config.getoption("--ddp-target"))
+    settings = Settings(target=config.getoption("--ddp-target"),
+                        compare_ddp=bool(config.getoption("--ddp-compare-ddp", False)))
     return [[spec.id, target] for spec in selected(config) for target in settings.targets_for(spec)]
 
 

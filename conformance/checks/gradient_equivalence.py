@@ -51,7 +51,7 @@ def run(ctx: CheckContext) -> Outcome:
         eq = run_equivalence(ctx, microbatches=1, steps=STEPS)
     except (RankFailure, WorldHang) as exc:
         return name_known_cause(ctx, exc, world_error_outcome(exc, "the DDP training step"))
-    verdict = judge(eq, what="the DDP step",
+    verdict = judge(eq, what=f"the {eq.wrapper} step",
                     recommendation="the loss must be a mean over the local samples (DDP averages "
                                    "gradients over ranks: do not multiply by the world size); call "
                                    "the DDP model, not model.module; clip and scale gradients only "
@@ -60,7 +60,7 @@ def run(ctx: CheckContext) -> Outcome:
         return verdict
     figure = equivalence.key_figure(eq)
     return Outcome.passed(
-        f"{ctx.world_size}-rank DDP matches the single-process step on batch "
+        f"{ctx.world_size}-rank {eq.wrapper} matches the single-process step on batch "
         f"{eq.plan.global_batch} over {STEPS} steps: {len(eq.grad_diffs)} "
         f"{eq.consumed} ({figure})"
         + (f"; no gradient on {len(eq.no_gradient)} parameter(s) in either run" if eq.no_gradient else ""),

@@ -33,6 +33,7 @@ from typing import Any
 from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
+from ..harness.parallel import FSDP2_WRAPPERS
 from ..harness.world import RankFailure, WorldHang
 from . import equivalence
 from .equivalence import MICROBATCH_CHOICES, judge, microbatches_for, name_known_cause, run_equivalence
@@ -91,18 +92,27 @@ def run(ctx: CheckContext) -> Outcome:
         return Outcome.failed(
             "gradients were never all-reduced although they match the reference (did every "
             "backward run under no_sync?)", metrics=metrics, evidence=evidence)
+    fsdp2 = eq.wrapper in FSDP2_WRAPPERS
+    # FSDP2 reduces per parameter group from Python (reduce-scatter, or all-reduce where the
+    # mesh replicates) and spells no_sync set_requires_gradient_sync(False).
+    round_name, reduce_name = ("reduction", "reduce-scatters/all-reduces") if fsdp2 else ("all-reduce", "bucket all-reduces")
     if worst_rounds > 1:
         metrics["key_figure"] = f"{worst_rounds} rounds/step = {waste}× communication (K={k})"
         return Outcome.failed(
-            f"{worst_rounds} all-reduce rounds ({max(max(c) for c in calls)} bucket all-reduces) "
+            f"{worst_rounds} {round_name} rounds ({max(max(c) for c in calls)} {reduce_name}) "
             f"per optimizer step for K={k} microbatches instead of 1: a {waste}× communication "
-            f"waste (numerically equivalent, {equivalence.key_figure(eq)})",
+            f"waste (numerically equivalent, {equivalence.key_figure(eq)})"
+            + (f"; {eq.wrapper} synchronised every backward: set_requires_gradient_sync(False) was "
+               f"not set on the first K-1 microbatches" if fsdp2 else ""),
             metrics=metrics, evidence=evidence,
-            recommendation="wrap every microbatch's forward and backward except the last in "
-                           "model.no_sync() (or set model.require_backward_grad_sync=False)")
+            recommendation=("call model.set_requires_gradient_sync(i == k - 1) before each "
+                            "microbatch's backward (FSDP2's no_sync)" if fsdp2 else
+                            "wrap every microbatch's forward and backward except the last in "
+                            "model.no_sync() (or set model.require_backward_grad_sync=False)"))
     metrics["key_figure"] = f"1 round ({buckets} buckets)/step for K={k}; {equivalence.key_figure(eq)}"
     return Outcome.passed(
         f"K={k} microbatches with no_sync match the single-process step ({equivalence.key_figure(eq)}) with "
-        f"1 all-reduce round of {buckets} bucket(s) per optimizer step"
+        f"1 {round_name} round of {buckets} "
+        f"{'reduction(s) through ' + eq.wrapper if fsdp2 else 'bucket(s)'} per optimizer step"
         + ("; the update is hand-written: " + eq.consumed if eq.by_hand else ""),
         metrics=metrics, evidence=evidence)

@@ -54,6 +54,7 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.ddp import MODEL_SEED, build_model, tensor_digest, unwrap
 from ..harness.outcome import Outcome
+from ..harness.parallel import comparable, wrapper_of
 from ..harness.sharding import batch_dims, global_batch, shard, to_device
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
 from ..harness.world import RankContext, RankFailure, WorldHang
@@ -85,8 +86,10 @@ def _snapshot(tensors: Any) -> dict[str, tuple[str, float]]:
     ~30 bytes per tensor travel to the supervisor."""
     import torch
 
-    return {name: (tensor_digest(t), float(t.detach().sum(dtype=torch.float64))
-                   if t.is_floating_point() else float(t.detach().sum())) for name, t in tensors}
+    # FSDP2: replicated DTensors by their local tensor, sharded ones gathered (every rank alike).
+    tensors = [(name, comparable(t.detach())) for name, t in tensors]
+    return {name: (tensor_digest(t), float(t.sum(dtype=torch.float64))
+                   if t.is_floating_point() else float(t.sum())) for name, t in tensors}
 
 
 def _nonfinite(digests: dict[str, tuple[str, float]]) -> str | None:
@@ -103,10 +106,13 @@ def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) 
     # Construction broadcasts rank 0's parameters and buffers (a collective on every rank).
     wrapped = run.build_wrapped()
     ddp, optimizer = wrapped.ddp, wrapped.make_optimizer()
+    # FSDP2 does not broadcast at construction: every rank keeps the weights it built.
+    wrapper = wrapper_of(ddp)
+    built = "DDP construction" if wrapper == "DDP" else f"{wrapper} (no broadcast: each rank's own build)"
     checkpoints: list[dict[str, Any]] = [
-        {"when": "after DDP construction", "step": None, "kind": "parameter",
+        {"when": f"after {built}", "step": None, "kind": "parameter",
          "digests": _snapshot(unwrap(ddp).named_parameters())},
-        {"when": "after DDP construction", "step": None, "kind": "buffer",
+        {"when": f"after {built}", "step": None, "kind": "buffer",
          "digests": _snapshot(unwrap(ddp).named_buffers())},
     ]
     current = {"step": 0, "seen": -1}

@@ -117,7 +117,9 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
         return out
     variants: list[dict[str, Any]] = []
     referenced, sees, digest = False, True, False
-    for label, overrides in VARIANTS:
+    # Under parallelize the DDP variants do not exist: the target's own wrapper, once.
+    parallel = target.parallelize is not None
+    for label, overrides in VARIANTS[:1] if parallel else VARIANTS:
         kwargs = run.ddp_kwargs(overrides)
         if any(v["kwargs"] == repr(kwargs) for v in variants):
             continue

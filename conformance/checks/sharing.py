@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..harness.ddp import MODEL_SEED
+from ..harness.parallel import full
 from ..harness.rank_run import RankRun
 from ..harness.sharding import batch_dims, global_batch, shard, to_device
 from ..harness.world import RankContext
@@ -199,4 +200,5 @@ def start_from_reference(model: Any, snapshots: Path, device: Any) -> None:
 
 def live_grad(model: Any, name: str) -> Any:
     grad = model.get_parameter(name).grad
-    return None if grad is None else grad.detach()
+    # FSDP2: the full gradient (an all-gather: every rank reads the same names in order).
+    return None if grad is None else full(grad.detach())

@@ -132,9 +132,12 @@ def effective_ddp_kwargs(target: Any, overrides: dict[str, Any] | None = None) -
     return kwargs
 
 
-def wrap(model: Any, device: Any, kwargs: dict[str, Any], *, target: Any = None) -> Any:
+def wrap(model: Any, device: Any, kwargs: dict[str, Any], *, target: Any = None,
+         via_ddp: bool = False) -> Any:
     """DDP around ``model`` on ``device`` with exactly ``kwargs`` (a ``process_group`` included),
-    then the target's ``configure_ddp`` on it when ``target`` defines one (:func:`configure`).
+    then the target's ``configure_ddp`` on it when ``target`` defines one (:func:`configure`);
+    or, when ``target`` defines ``parallelize`` (and ``via_ddp`` is False), what that returned
+    (``harness.parallel``: fully_shard, replicate), ``kwargs`` unused.
 
     Construction broadcasts rank 0's parameters and buffers to every rank: it is a collective,
     so every rank of the group must reach this line. Returns what the step trains: the DDP
@@ -143,6 +146,15 @@ def wrap(model: Any, device: Any, kwargs: dict[str, Any], *, target: Any = None)
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    if target is not None and getattr(target, "parallelize", None) is not None and not via_ddp:
+        import torch.distributed as dist
+
+        from .parallel import parallelize
+
+        # The target's own wrapper replaces DDP everywhere (its ddp_kwargs then serve only
+        # the --compare-ddp run, ``via_ddp``); fully_shard/replicate construction is
+        # collective, as DDP's broadcast is: every rank reaches this line.
+        return parallelize(target, model, device, dist.get_rank(), dist.get_world_size())
     debug_info_on()
     model = model.to(device)
     substitute(model, device)  # DDP refuses nn.SyncBatchNorm in a CPU module
@@ -222,10 +234,13 @@ def grad_state(model: Any) -> dict[str, Any]:
 
 def tensor_digest(tensor: Any) -> str:
     """Exact identity of a tensor's values (dtype and shape included): equal digests mean
-    bit-identical tensors, which is what DDP promises for parameters across ranks."""
+    bit-identical tensors, which is what DDP promises for parameters across ranks. An FSDP2
+    DTensor is digested as ``parallel.comparable`` has it (a sharded one gathered: a collective)."""
     import torch
 
-    t = tensor.detach().cpu().contiguous()
+    from .parallel import comparable
+
+    t = comparable(tensor.detach()).cpu().contiguous()
     h = hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode())
     if t.numel():
         # The tensor's own buffer, hashed in place: no second copy of its bytes.
@@ -257,7 +272,10 @@ def bucket_layout(ddp_model: Any) -> str:
 
 
 def ddp_timing(ddp_model: Any) -> dict[str, float]:
-    """DDP's own sampled averages in seconds (gloo on CPU fills these in too, torch 2.13)."""
+    """DDP's own sampled averages in seconds (gloo on CPU fills these in too, torch 2.13);
+    empty for a model DDP does not wrap (``parallelize``: FSDP2 keeps no such averages)."""
+    if not hasattr(ddp_model, "_get_ddp_logging_data"):
+        return {}
     data = ddp_model._get_ddp_logging_data()
     return {k: float(data.get(k) or 0) / 1e9 for k in _TIMING_KEYS}
 

@@ -96,12 +96,16 @@ class Settings:
     keep_tmp: bool = False  # keep the session's temp dir (scratch of every check) for debugging
     link_gbps: float | None = None  # the user's interconnect per rank (--link-gbps): scaling-cliff
     suite: str = "full"  # ci | full: a check may run a smaller subject in the CI subset
+    #: --compare-ddp: every check runs the target twice, through its parallelize and through DDP.
+    compare_ddp: bool = False
 
     def targets_for(self, spec: CheckSpec) -> list[str]:
         """Conformance checks run on every built-in target; chaos and perf checks run once,
         on the vehicles they choose (label ``builtin``). With --target, everything runs on it."""
         if self.target is not None:
-            return [self.target]
+            from .targets.loading import VIA_DDP
+
+            return [self.target, self.target + VIA_DDP] if self.compare_ddp else [self.target]
         return list(BUILTINS) if spec.kind == "conformance" else ["builtin"]
 
 

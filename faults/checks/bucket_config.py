@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from conformance.harness.context import CheckContext
 from conformance.harness.ddp import BUCKET_MISMATCH_DATA_SEED, BUCKET_SWEEP_DATA_SEED
 from conformance.harness.outcome import Outcome
+from conformance.harness.parallel import not_applicable
 from conformance.harness.remedies import DID_NOT_FIX, Remedy, Rerun, verify
 from conformance.harness.timing import MISMATCH_DEADLINE_CAP_S, MISMATCH_PG_TIMEOUT_S
 from ddp_conformance.reports.keys import BEST_BUCKET_CAP_MB, CONFIGURED_BUCKET_CAP_MB, REMEDIES
@@ -294,6 +295,8 @@ def reproduce_mismatch(ctx: CheckContext, source: VehicleSpec | str,
 def run(ctx: CheckContext) -> Outcome:
     if ctx.world_size < 2:
         return Outcome.skipped("a bucket sweep needs at least 2 ranks to all-reduce")
+    if not ctx.injected and ctx.target.has("parallelize"):
+        return Outcome.skipped(not_applicable("DDP's gradient buckets (bucket_cap_mb)"))
     source = VEHICLE if ctx.injected else ctx.target.spec
     kwargs = {} if ctx.injected else ctx.target.ddp_kwargs
     configured = float(kwargs.get("bucket_cap_mb", DEFAULT_CAP))

@@ -43,6 +43,7 @@ from conformance.harness.ddp import (
     SCENARIO_DATA_SEED as DATA_SEED,  # the reproduction replays the scenarios' batches
 )
 from conformance.harness.outcome import Outcome
+from conformance.harness.parallel import not_applicable
 from conformance.harness.remedies import (
     NOT_VERIFIED,
     STATIC_GRAPH_NO_SYNC_CAUSE,
@@ -277,6 +278,10 @@ def _usage(results: list[RankResult]) -> tuple[list[str], dict[str, dict[str, li
 
 
 def run(ctx: CheckContext) -> Outcome:
+    if not ctx.injected and ctx.target.has("parallelize"):
+        # FSDP2 reduces whatever gradients exist: no reducer waits on an unused parameter.
+        return Outcome.skipped(not_applicable("DDP's find_unused_parameters and its reducer's "
+                                              "unused-parameter error"))
     if ctx.new_world is None:
         why = "the reproduction may hang on purpose: it needs a supervised world, which --attach does not have"
         if ctx.injected:  # the suite's own vehicle: nothing of the target goes unverified

@@ -32,6 +32,7 @@ def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
     (["--world-size", "4096"], "world_size=4096 gloo ranks cannot start on"),
     (["--", "--ddp-report-dir", "elsewhere"], "--ddp-report-dir after -- would override ddp-conformance's own option"),
     (["--attach"], "--attach needs a launcher: run it under torchrun or srun"),
+    (["--compare-ddp"], "--compare-ddp needs --target: it runs that target through its parallelize and through DDP"),
     (["--link-gbps", "0"], "--link-gbps 0 must be a positive number of Gbit/s, at most 10000 (e.g. 100 for 100 GbE"),
     (["--link-gbps", "nan"], "--link-gbps nan must be a positive number of Gbit/s"),
     (["--junit-xml", "/nonexistent-dir/ddp.xml"], "--junit-xml '/nonexistent-dir/ddp.xml': its folder "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 #: Files a target imports from its own folder.
-COMPANIONS = {"train_gpt.py": ("gpt_model.py",)}
+COMPANIONS = {"train_gpt.py": ("gpt_model.py",), "train_replicate.py": ("train_fsdp2.py",)}
 
 
 def variant(tmp_path: Path, example: str, name: str, *edits: tuple[str, str]) -> str:

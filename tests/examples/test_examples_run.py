@@ -22,14 +22,15 @@ from ._variants import EXAMPLES
 pytestmark = pytest.mark.slow
 
 EXAMPLE_FILES = ("train_gpt.py", "train_split.py")
-CI_SUBSET_FILES = ("train_resnet.py", "train_checkpointed.py", "train_amp_join.py")
+CI_SUBSET_FILES = ("train_resnet.py", "train_checkpointed.py", "train_amp_join.py", "train_fsdp2.py")
 #: What each example must show besides passing: the checks with nothing to check skip with the
 #: reason that is true of it, and the GPT's dropout is switched off for the comparison, said so.
 SKIPS = {"train_gpt.py": {"sampler-coverage": "sampling with replacement"},
          "train_split.py": {"no-sync-equivalence": "train_step does no accumulation"},
          "train_resnet.py": {"no-sync-equivalence": "train_step does no accumulation"},
          "train_checkpointed.py": {"sampler-coverage": "defines no epoch_batches"},
-         "train_amp_join.py": {"sampler-coverage": "defines no epoch_batches"}}
+         "train_amp_join.py": {"sampler-coverage": "defines no epoch_batches"},
+         "train_fsdp2.py": {"sampler-coverage": "defines no epoch_batches"}}
 
 
 #: The checks that time steps. On a loaded host (measured: pace above LOADED) one of them may

@@ -63,7 +63,8 @@ CASES["optimizer_returns_list"] = (MINE / "bad_optimizer_returns_list.py",
                                    "build_optimizer (defined at ")
 CASES["batch_changes_shape"] = (MINE / "bad_batch_changes_shape.py",
                                 "make_batch (defined at ")
-RETURNED = ("optimizer_returns_none", "optimizer_returns_list", "batch_changes_shape")
+CASES["parallelize_returns_none"] = (MINE / "bad_parallelize.py", "parallelize (defined at ")
+RETURNED = ("optimizer_returns_none", "optimizer_returns_list", "batch_changes_shape", "parallelize_returns_none")
 CHECKS = {"type_error_in_hang_detection": "hang-detection", "run_loop_attribute_error": "hang-detection",
           "type_error_in_unused_parameters": "unused-parameters", "evaluate_returns_a_list": "eval-equivalence"}
 
@@ -79,7 +80,8 @@ WHERE = {"type_error_in_step": "bad_train_step_type_error.py:12",
          "evaluate_returns_a_list": "bad_evaluate.py:19) returned a list, not a dict of metric name -> float",
          "optimizer_returns_none": "bad_optimizer_returns_none.py:12) returned None, not an optimizer",
          "optimizer_returns_list": "bad_optimizer_returns_list.py:13) returned a list, not an optimizer",
-         "batch_changes_shape": "bad_batch_changes_shape.py:18) returned inputs of shape ("}
+         "batch_changes_shape": "bad_batch_changes_shape.py:18) returned inputs of shape (",
+         "parallelize_returns_none": "bad_parallelize.py:10) returned a NoneType, not the nn.Module to train"}
 
 
 #: One worker runs them all (pytest-xdist, --dist loadgroup): the module's fixture starts every

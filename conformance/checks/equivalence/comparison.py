@@ -155,6 +155,12 @@ class Equivalence:
         return any(c["total_norm"] > c["max_norm"] for c in calls)
 
     @property
+    def wrapper(self) -> str:
+        """What trained the N-rank model (``harness.parallel.wrapper_of``): DDP unless the
+        target's ``parallelize`` applied fully_shard or replicate."""
+        return str((self.ranks[0].get("wrapper") if self.ranks else None) or "DDP")
+
+    @property
     def hook(self) -> dict[str, Any] | None:
         """The comm hook the N-rank run used (None: DDP's own all-reduce)."""
         hook: dict[str, Any] | None = self.ranks[0].get("comm_hook") if self.ranks else None

@@ -16,7 +16,7 @@ from typing import Any
 
 from .collective_causes import Named, collective_causes
 from .comparison import Equivalence
-from .hypotheses import scale_causes, split_weighting, unsynchronised_cause
+from .hypotheses import scale_causes, shard_cause, split_weighting, unsynchronised_cause
 
 
 def nonfinite(eq: Equivalence) -> tuple[str, dict[str, Any]] | None:
@@ -133,7 +133,7 @@ def hints(eq: Equivalence) -> tuple[list[str], bool]:
     factor = eq.factor
     if factor is not None and not eq.bypassed() and not named:
         causes += scale_causes(factor, world_size=eq.world_size,
-                               microbatches=eq.plan.microbatches)
+                               microbatches=eq.plan.microbatches, wrapper=eq.wrapper)
     return causes, not rng
 
 
@@ -175,10 +175,14 @@ def _measured(eq: Equivalence) -> tuple[list[str], bool]:
         causes.append(f"clip_grad_norm_ ran {clips} times in one optimizer step under DDP "
                       f"(reference: {ref_clips}): clipping inside the accumulation window "
                       f"rescales rank-local partial sums before they are synchronised")
+    shard = shard_cause(eq.ranks)
+    if shard:
+        causes.append(shard)
     weighting = split_weighting(eq.floor.loss_split) if eq.floor.weighting else None
     if weighting:
         causes.append(weighting)
     return causes, rng
+
 
 def no_known_cause(eq: Equivalence) -> str:
     s = eq.judged_scale

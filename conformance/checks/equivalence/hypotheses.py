@@ -115,11 +115,12 @@ def factors_by_name(per_rank: list[list[Compared]], ref_norms: list[float]) -> d
 
 
 def scale_causes(factor: float, *, world_size: int, microbatches: int,
-                 reference_microbatches: int = 1) -> list[str]:
-    """Every known bug whose gradient factor (N-rank / reference) is ``factor``."""
+                 reference_microbatches: int = 1, wrapper: str = "DDP") -> list[str]:
+    """Every known bug whose gradient factor (N-rank / reference) is ``factor`` (``wrapper``:
+    what averaged the gradients, ``harness.parallel.wrapper_of``)."""
     n, k = world_size, microbatches
     table: list[tuple[float, str]] = [
-        (n, (f"the loss is multiplied by the world size (factor {n} = N): DDP already averages "
+        (n, (f"the loss is multiplied by the world size (factor {n} = N): {wrapper} already averages "
              f"gradients over the {n} ranks, so the loss must stay a per-rank mean")),
         (1 / (n * k) * reference_microbatches,
          f"the loss is a sum over samples (reduction='sum'), not a mean (factor 1/{n * k}: each "
@@ -175,6 +176,31 @@ def unsynchronised_cause(ranks: Sequence[Mapping[str, Any]], *, step: int) -> st
 #: initial weights every token's loss is near log(vocabulary)).
 SPLIT_GAP = 1e-5
 SPLIT_GAP_HALF = 1e-3
+
+
+#: One factor explains a rank's shards when what is left is under this share of them (a uniform
+#: rescale leaves rounding only, ~1e-7 in fp32); factors count as different past this spread.
+SHARD_RESIDUAL, SHARD_SPREAD = 1e-3, 1e-3
+
+
+def shard_cause(ranks: Sequence[Mapping[str, Any]]) -> str | None:
+    """Measured (``shards.shard_factor``): every rank's local gradient shards are the
+    reference's scaled by one factor of the rank's own, the factors differ between ranks and
+    none scales up: each rank rescaled its own shard, as clipping by the local shard's norm does."""
+    found = [r.get("shard_factor") for r in ranks]
+    if len(found) < 2 or any(f is None or f["residual"] > SHARD_RESIDUAL for f in found):
+        return None
+    factors = [float(f["factor"]) for f in found if f is not None]
+    # Not "below 1": a rank's shard norm is below the global norm, so a local clip clips less
+    # than the reference's global one (factors above 1 on every rank, each its own).
+    if max(factors) - min(factors) <= SHARD_SPREAD * max(abs(x) for x in factors):
+        return None
+    each = ", ".join(f"rank {r}: {x:.4g}" for r, x in enumerate(factors))
+    return (f"each rank scaled its own gradient shard by a factor of its own ({each}; one factor "
+            f"explains each rank's shards): gradients clipped by the rank's local shard norm "
+            f"(p.grad.to_local()), not the global norm — clip with "
+            f"torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm), which reduces the "
+            f"norm over every shard of FSDP2's DTensor gradients")
 
 
 def loss_split(model: Any, loss: Callable[[Any, Any, Any], Any], whole: tuple[Any, Any],

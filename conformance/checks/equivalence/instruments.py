@@ -186,8 +186,11 @@ class ClipProbe:
 
         probe = cls(names={id(p): n for n, p in model.named_parameters()}, observe=observe)
         original: Callable[..., Any] = clip_module.clip_grad_norm_
+        # torch >= 2.6's split form, as torchtitan clips: get_total_norm, then this (its
+        # clip_grad_norm_ calls the private name, so a clip_grad_norm_ is not seen twice).
+        with_norm: Callable[..., Any] | None = getattr(utils, "clip_grads_with_norm_", None)
 
-        def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
+        def seen(parameters: Any) -> list[Any]:
             params = [parameters] if hasattr(parameters, "grad") else list(parameters)
             if not probe.frozen:
                 named = [(probe.names[id(p)], None if p.grad is None else p.grad.detach())
@@ -196,20 +199,34 @@ class ClipProbe:
                     probe.observe(named)
                 else:
                     probe.pre_clip = {name: cpu_copy(g) for name, g in named}
-            total = original(params, max_norm, *args, **kwargs)
+            return params
+
+        def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
+            total = original(seen(parameters), max_norm, *args, **kwargs)
             probe.calls.append({"total_norm": float(total), "max_norm": float(max_norm)})
             return total
 
+        def clip_grads_with_norm_(parameters: Any, max_norm: float, total_norm: Any, *args: Any, **kwargs: Any) -> Any:
+            assert with_norm is not None
+            out = with_norm(seen(parameters), max_norm, total_norm, *args, **kwargs)
+            probe.calls.append({"total_norm": float(total_norm), "max_norm": float(max_norm)})
+            return out
+
         # Both modules: user code reaches the function as torch.nn.utils.clip_grad_norm_ (nanoGPT)
         # or through the submodule; a module attribute is looked up at call time.
-        for owner in (utils, clip_module):
-            probe._restore.append((owner, "clip_grad_norm_", owner.clip_grad_norm_))
-            setattr(owner, "clip_grad_norm_", clip_grad_norm_)  # noqa: B010 (mypy: not exported)
+        wrappers: list[tuple[Any, str, Callable[..., Any]]] = [
+            (owner, "clip_grad_norm_", clip_grad_norm_) for owner in (utils, clip_module)]
+        if with_norm is not None:
+            wrappers.append((utils, "clip_grads_with_norm_", clip_grads_with_norm_))
+        for owner, name, wrapper in wrappers:
+            probe._restore.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, wrapper)
         for namespace in namespaces:
             for key, value in list(namespace.items()):
-                if value is original:
-                    probe._restore.append((namespace, key, value))
-                    namespace[key] = clip_grad_norm_
+                for before, wrapper in ((original, clip_grad_norm_), (with_norm, clip_grads_with_norm_)):
+                    if before is not None and value is before:
+                        probe._restore.append((namespace, key, value))
+                        namespace[key] = wrapper
         return probe
 
     def engaged(self) -> bool:

@@ -145,6 +145,7 @@ def evidence(eq: Equivalence) -> dict[str, Any]:
             for s, diffs in enumerate(eq.param_diffs)],
         "parameters_after_last_step": [d.to_json() for d in last],
         "ddp_kwargs": head.get("ddp_kwargs"),
+        "wrapper": eq.wrapper,
         # A build_model that is not deterministic given the seed: the first tensor whose
         # DDP-broadcast value differed from the reference's build; both runs then started
         # from the reference's weights (None: bit-identical, nothing copied).

@@ -49,12 +49,14 @@ from ...harness.batches import part_dims, take_rows
 from ...harness.patching import replaced
 from ...harness.ddp import MODEL_SEED
 from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step, StepCollectives
+from ...harness.parallel import full_named, local, wrapper_of
 from ...harness.rank_run import RankRun
 from ...harness.sharding import batch_dims, global_batch, shard, to_device
 from ...harness.sync_batchnorm import substituted
 from ...harness.targets import Target
 from ...harness.world import RankContext
 from .compiled import output_site, run_eagerly
+from .destination import Destination
 from .compression import comm_hook_of
 from .digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
 from .instruments import (BatchDigests, ClipProbe, CompileWatch, Features, Routing, StepRecorder, first_nonfinite,
@@ -63,9 +65,9 @@ from .hypotheses import loss_split
 from .normalisation import group_batchnorm, sizes_seen, watch_synchronising
 from .randomness import disable_dropout, forward_is_random
 from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
+from .shards import local_slices, shard_factor
 from .start_loss import measure_start_loss
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
-from .tensors import Compared
 
 # Snapshot labels of the reference (``snapshots``): the initial weights, the first step's
 # gradients, the gradients before that step's clipping, the parameters after step s.
@@ -159,31 +161,6 @@ def _verify_initial(inner: Any, snapshots: Path, device: Any, *, buffers_only: b
 
 
 @dataclass
-class Destination:
-    """Where this rank's recorded gradients and parameters go: written (the reference, with
-    ``writer``), compared against the reference's snapshots in ``folder`` (a rank that
-    ``sees`` them), and digested too when some rank cannot (``digest``: every rank then
-    digests the same points for the judge to carry the comparison over, ``digests``)."""
-
-    folder: Path
-    device: Any
-    writer: SnapshotWriter | None
-    sees: bool
-    digest: bool
-    record: bool  # this rank records at all (rank 0, or every rank with record_all_ranks)
-
-    def gradients(self, label: str, named: list[tuple[str, Any]]) -> list[Compared] | str | None:
-        """``named`` at ``label``: written (its label: its norms once written, ``writer.norms``),
-        compared (per-tensor summaries), or None (not recorded here)."""
-        if not self.record or not self.sees:
-            return None
-        if self.writer is not None:
-            self.writer.write(label, named)
-            return label
-        return compare_snapshot(named, self.folder, label, self.device, grad=True)
-
-
-@dataclass
 class Clipping(Probe):
     """``clip_grad_norm_`` observed (``ClipProbe``): what it measured per step, and the
     gradients before the last clip of the first step that ran, written or compared
@@ -203,6 +180,8 @@ class Clipping(Probe):
 
     def _observe(self, named: list[tuple[str, Any]]) -> None:
         # Every clip before the first step overwrites the last: the last clip's input counts.
+        # Gathered before anything returns: every rank clips, every rank joins the all-gathers.
+        named = list(full_named(named))
         if not self.to.record:
             return
         if self.to.digest:
@@ -279,7 +258,9 @@ class Gradients(Probe):
         if self.stepped or self.recorder.steps:
             return None
         with torch.no_grad():
-            return [float(p.detach().sum(dtype=torch.float64)).hex() for p in self.inner.parameters()]
+            # The parameters the optimizer holds (FSDP2 registers unsharded ones during a
+            # forward), this rank's shard of each: a fingerprint is only held against itself.
+            return [float(local(p.detach()).sum(dtype=torch.float64)).hex() for _, p in self.recorder.params]
 
     def _zeroing(self, original: Any) -> Any:
         """``Module.zero_grad`` observed: called on the model after its parameters changed by
@@ -322,13 +303,19 @@ class Gradients(Probe):
     def _at_step(self, named: list[tuple[str, Any]]) -> None:
         # optimizer.step() is about to read these gradients: judge (or write) them now, before
         # a zero_grad after the step wipes them. Only the first step that ran is compared;
-        # every step is searched for NaN/Inf.
+        # every step is searched for NaN/Inf. FSDP2's shards gathered to the full gradients a
+        # single process holds (an all-gather each: every rank's optimizer reaches this hook).
+        first = "grads0" not in self.out and "grads" not in self.found
+        shards = local_slices(named) if first else {}
+        named = list(full_named(named))
         self.bad = first_nonfinite(named)
-        if "grads0" in self.out or "grads" in self.found:
+        if not first:
             return
         if self.to.digest:
             self.found["grads_digest"] = named_digests(named)
-        self.found["grads"] = self.to.gradients(GRADS0, named)
+        self.found["grads"] = compared = self.to.gradients(GRADS0, named)
+        if shards and isinstance(compared, list) and not all(c.diff.ok for c in compared):
+            self.found["shard_factor"] = shard_factor(shards, self.to.folder, GRADS0, self.to.device)
 
     def begin_step(self, step: Step) -> None:
         assert self.recorder is not None
@@ -342,7 +329,8 @@ class Gradients(Probe):
     def end_step(self, at: Step) -> Slice:
         assert self.recorder is not None
         step = at.index
-        live = [(name, p.detach()) for name, p in self.inner.named_parameters()]
+        # Gathered on every rank alike (FSDP2: an all-gather per sharded parameter).
+        live = list(full_named((name, p.detach()) for name, p in self.inner.named_parameters()))
         self.stepped = self.stepped or self.recorder.steps > 0
         self._by_hand()  # counts this step's hand-written updates and reads their gradients
         # Hand-written updates count as this step's optimizer steps (``manual_update``).
@@ -388,7 +376,7 @@ class Gradients(Probe):
         # gradients, typically the first ones under fp16): its gradients are compared. Before
         # it no parameter moved, so both sides still start from the same weights.
         pre = self.clipping.take()
-        self.out["grads0"] = self.found["grads"]
+        self.out["grads0"], self.out["shard_factor"] = self.found["grads"], self.found.get("shard_factor")
         self.out["grads0_step"] = step
         self.out["pre_clip0"] = pre.get("pre_clip")
         if "pre_clip_digest" in pre:
@@ -529,7 +517,7 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     wrapped = run.build_wrapped(seed=plan.seed, ddp_overrides=plan.ddp_overrides,
                                 before_wrap=lambda model: _settle(run.target, model, plan, rank_ctx, to))
     settled, ddp, inner = wrapped.settled, wrapped.ddp, wrapped.model
-    setup = SetupSlice(rank=rank_ctx.rank, ddp_kwargs=repr(wrapped.ddp_kwargs),
+    setup = SetupSlice(rank=rank_ctx.rank, ddp_kwargs=repr(wrapped.ddp_kwargs), wrapper=wrapper_of(ddp),
                        comm_hook=comm_hook_of(ddp, uncompressed=plan.uncompressed),
                        dropout_disabled=settled.dropout, rng_in_forward=settled.rng_left,
                        batchnorm_grouped=settled.grouped, batchnorm_group=settled.group if settled.grouped else None,
@@ -537,14 +525,16 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
     if settled.split is not None:
         setup["loss_split"] = settled.split
     # After DDP's construction broadcast (every rank at the reference's weights), on every rank.
+    # Not under a target's parallelize: an extra forward of an FSDP2 module outside its step
+    # leaves its unshard state for a backward that never comes (the next step aborts).
     started = (measure_start_loss(inner, run.target, settled.first, device=rank_ctx.device)
-               if plan.microbatches == 1 else None)
+               if plan.microbatches == 1 and run.target.parallelize is None else None)
     if started is not None:
         setup["start_loss"] = started
     optimizer = wrapped.make_optimizer()
     differs = settled.differs
     if to.writer is not None:
-        to.writer.write(INITIAL, inner.state_dict().items(), norms=False)
+        to.writer.write(INITIAL, full_named(inner.state_dict().items()), norms=False)
     else:
         if rank_ctx.rank != 0 and to.sees:
             # After the construction broadcast, as a second look: with broadcast_buffers=False

@@ -41,6 +41,7 @@ class SetupSlice(TypedDict, total=False):
 
     rank: int
     ddp_kwargs: str  # repr of the effective DDP constructor arguments
+    wrapper: str  # what trained the model (``harness.parallel.wrapper_of``): DDP, fully_shard, ...
     comm_hook: dict[str, Any] | None  # the target's comm hook (``compression.comm_hook_of``)
     dropout_disabled: list[str]
     rng_in_forward: bool
@@ -91,6 +92,16 @@ class ClipSlice(TypedDict):
     clip_calls: list[list[dict[str, float]]]
 
 
+class ShardFactor(TypedDict):
+    """One rank's local gradient shards (FSDP2) against the same slices of the reference's
+    gradients (``shards.shard_factor``): ``factor`` = <got, ref> / |ref|², ``residual`` =
+    |got - factor·ref| / |got|."""
+
+    factor: float
+    residual: float
+    tensors: int
+
+
 class GradientSlice(TypedDict, total=False):
     """What the optimizer consumed, compared (or written, by the reference): per step the
     ``optimizer.step()`` calls; the gradients at the first step
@@ -108,6 +119,9 @@ class GradientSlice(TypedDict, total=False):
     #: Steps whose train_step changed the parameters with no optimizer step (a hand-written
     #: update): judged on what it left in ``.grad`` and the parameters after it.
     manual_update: list[int]
+    #: FSDP2: this rank's gradient shards against the same slices of the reference, when the
+    #: full gradients differ (``shards``; None: not sharded, or nothing differed).
+    shard_factor: ShardFactor | None
 
 
 class RankRecord(SetupSlice, AllReduceSlice, ForwardCountSlice, DataSlice, RoutingSlice, CompileSlice,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -409,6 +409,22 @@ def _raised_finding(run: Run, rank: int, restart: Life) -> Finding:
                    torn or refused, fix)
 
 
+def _shard_save_cause(run: Run) -> str | None:
+    """Measured (``SaveRecord.sharded``): fewer ranks than the world saved a checkpoint holding
+    FSDP2 shards, so it holds those ranks' parts of the model only, and every rank restarts
+    from them (DDP's ``if rank == 0: torch.save(model.state_dict())`` kept through the port)."""
+    savers = sorted({life.rank for life in run.first for s in life.saves if s.inside and s.sharded})
+    if not savers or len(savers) == len(run.first):
+        return None
+    most = max(s.sharded for life in run.first for s in life.saves if s.inside)
+    return (f"only rank(s) {savers} saved the checkpoint, and it holds {most} FSDP2 shard(s) (DTensors): "
+            f"under fully_shard model.state_dict() is each rank's own shard, so the checkpoint has one "
+            f"rank's part of the model and every rank restarts from it; gather the full state dict on "
+            f"every rank (torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer, "
+            f"options=StateDictOptions(full_state_dict=True))) or save with torch.distributed.checkpoint "
+            f"on every rank")
+
+
 def judge_run(a: list[Life], run: Run, folder: Path) -> Verdict:
     """The killed scenario ``run`` against the uninterrupted lives ``a``, on every rank."""
     between = run.plan.kind == "after-step"
@@ -450,6 +466,9 @@ def judge_run(a: list[Life], run: Run, folder: Path) -> Verdict:
             findings.append(finding)
         elif found is not None:
             findings.append(found)
+    shards = _shard_save_cause(run)
+    if shards is not None:
+        findings = [f if f.cause else replace(f, cause=shards) for f in findings]
     findings.sort(key=lambda f: (f.step if f.step is not None else -1, f.rank))
     return Verdict(run.scenario, kill, resumed_at, compared, findings, warnings, samples, trajectory(a, run))
 

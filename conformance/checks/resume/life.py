@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from ...harness.batches import first_dim
@@ -32,6 +34,22 @@ from .observers import (
     rng_digest,
 )
 from .records import KillPlan, Snapshot, StepRecord, journal_path, marker, values_path
+
+
+#: torch.distributed.checkpoint's ``set_optimizer_state_dict`` / ``get_state_dict`` create a fresh
+#: optimizer's state with an ``optimizer.step()`` at lr 0 on zero gradients (``_init_optim_state``):
+#: no training step, and counted as one it would shift every resumed step by one.
+_STATE_INIT = ("_init_optim_state", f"distributed{os.sep}checkpoint{os.sep}state_dict.py")
+
+
+def _initialising_state() -> bool:
+    """True inside torch.distributed.checkpoint's optimizer state initialisation (``_STATE_INIT``)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == _STATE_INIT[0] and frame.f_code.co_filename.endswith(_STATE_INIT[1]):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class Steps(Probe):
@@ -111,12 +129,16 @@ class Steps(Probe):
                         norm, offset)
 
     def pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if _initialising_state():
+            return
         if optimizer not in self.optimizers:
             self.optimizers.append(optimizer)
         self.before = self.snapshot(values=self.index == 0)
         self.rng_at_step = rng_digest()
 
     def post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if _initialising_state():
+            return
         self.index += 1
         self.after = self.snapshot(values=True)
         fields = self.ended(Step(self.index))

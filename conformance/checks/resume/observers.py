@@ -37,6 +37,7 @@ from typing import Any
 from ...harness.batches import sample_rows
 from ...harness.observe import LoaderIndices, Probe, Slice, Step
 from ...harness.patching import replaced as _replaced
+from ...harness.parallel import comparable
 from ...harness.world import proc_state
 
 from .records import KillPlan, LoadRecord, SaveRecord, in_place_copy, to_line
@@ -63,13 +64,27 @@ class Journal:
     def values(self, tensors: list[Any]) -> int:
         offset = self._values.tell()
         for t in tensors:
-            self._values.write(t.detach().cpu().contiguous().reshape(-1).view(_uint8()).numpy().tobytes())
+            # FSDP2: a sharded parameter's full value (``parallel.comparable``: every rank alike).
+            t = comparable(t.detach()).cpu().contiguous()
+            self._values.write(t.reshape(-1).view(_uint8()).numpy().tobytes())
         self._values.flush()
         return offset
 
     def close(self) -> None:
         self._lines.close()
         self._values.close()
+
+
+def _sharded(obj: Any, depth: int = 0) -> int:
+    """How many FSDP2 shards (DTensors with a Shard placement) ``obj`` holds, in its dicts,
+    lists and tuples: a state dict of a sharded model saved as is holds only this rank's part."""
+    placements = getattr(obj, "placements", None)
+    if placements is not None:
+        return int(any(p.is_shard() for p in placements))
+    if depth > 8:
+        return 0
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return sum(_sharded(v, depth + 1) for v in items)
 
 
 def plain(text: str) -> str:
@@ -290,7 +305,7 @@ class Saves(Probe):
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
             step = self.steps()
             where, inside, _ = self._where(f)
-            self.journal.write("save", SaveRecord(step, where, inside, ended=False))
+            self.journal.write("save", SaveRecord(step, where, inside, ended=False, sharded=_sharded(obj)))
             plan = self.plan
             if (plan.kind == "during-save" and inside and not self.fired and plan.rank == self.rank
                     and plan.step == step and (not plan.path or where == plan.path)):

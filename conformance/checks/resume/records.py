@@ -74,6 +74,8 @@ class SaveRecord:
     path: str  # relative to the checkpoint folder when inside it, else as given
     inside: bool  # written inside ctx.checkpoint_dir
     ended: bool  # False: the start of the save (a save that never ends was killed)
+    #: FSDP2 shards (DTensors not replicated) in what was saved: each is this rank's part only.
+    sharded: int = 0
 
 
 @dataclass(frozen=True, slots=True)

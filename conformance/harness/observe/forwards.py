@@ -66,7 +66,10 @@ class Forwards(Probe):
     def watch(self, model: Any) -> None:
         """Count the forwards of ``model`` (the module a DDP wrapper wraps, or the model itself:
         a forward through ``model.module`` is counted too)."""
-        self._handles.append(getattr(model, "module", model).register_forward_pre_hook(self._on_inner))
+        # prepend: before the wrapper's own pre-forward hooks. FSDP2 unshards the parameters in
+        # its hook and frees them again in backward; a checkpoint taken after it would read (and
+        # pin) the unsharded ones instead of the sharded parameters the optimizer updates.
+        self._handles.append(getattr(model, "module", model).register_forward_pre_hook(self._on_inner, prepend=True))
 
     def _on_ddp(self, module: Any, args: Any) -> None:
         import torch

@@ -48,7 +48,12 @@ FORWARD, BACKWARD = "forward", "backward"
 #: Calls recorded per step at most (a step that gathers per layer is summarised, not listed).
 MOST = 64
 
-_SKIPPED_FILES = (f"{os.sep}torch{os.sep}nn{os.sep}parallel{os.sep}", "ddp_comm_hooks", "comm_hooks")
+# The wrappers' own collectives (DDP's reducer and comm hooks; FSDP2, replicate and DTensor
+# under a target's parallelize) are the wrapper's, not the step's.
+_SKIPPED_FILES = (f"{os.sep}torch{os.sep}nn{os.sep}parallel{os.sep}", "ddp_comm_hooks", "comm_hooks",
+                  f"{os.sep}torch{os.sep}distributed{os.sep}fsdp{os.sep}",
+                  f"{os.sep}torch{os.sep}distributed{os.sep}_composable{os.sep}",
+                  f"{os.sep}torch{os.sep}distributed{os.sep}tensor{os.sep}")
 _HERE = (os.path.realpath(__file__), os.path.realpath(sys.modules[Called.__module__].__file__ or ""))
 
 

@@ -32,11 +32,16 @@ def default_build_optimizer(params: Any) -> Any:
 def accumulate_step(model: Any, optimizer: Any, microbatches: list[tuple[Any, Any]],
                     loss_of: Callable[[Any, Any, Any], Any]) -> None:
     """The textbook DDP step: no_sync on all but the last microbatch, loss divided by K;
-    ``loss_of(model, inputs, targets)`` computes one microbatch's loss."""
+    ``loss_of(model, inputs, targets)`` computes one microbatch's loss. FSDP2 and the composable
+    ``replicate`` (``parallelize``) have no ``no_sync``: their switch is
+    ``set_requires_gradient_sync``, set False on all but the last microbatch."""
     optimizer.zero_grad(set_to_none=True)
     k = len(microbatches)
+    fsdp_sync = getattr(getattr(model, "_orig_mod", model), "set_requires_gradient_sync", None)
     for i, (inputs, targets) in enumerate(microbatches):
-        # Only the last backward of the window may all-reduce; the others just accumulate.
+        # Only the last backward of the window may reduce; the others just accumulate.
+        if fsdp_sync is not None:
+            fsdp_sync(i == k - 1)
         sync = contextlib.nullcontext() if i == k - 1 or not hasattr(model, "no_sync") else model.no_sync()
         with sync:
             loss = loss_of(model, inputs, targets) / k

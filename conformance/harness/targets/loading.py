@@ -17,6 +17,7 @@ import importlib.util
 import os
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -46,6 +47,9 @@ from .target import (
 )
 
 _CACHE: dict[str, Target] = {}
+#: A spec ending in this is the same target trained through DDP (its ``ddp_kwargs`` and
+#: ``configure_ddp``) with its ``parallelize`` set aside: ``--compare-ddp`` runs both.
+VIA_DDP = "#ddp"
 
 
 def _import(spec: str) -> tuple[ModuleType, str, bool]:
@@ -98,6 +102,10 @@ def _import(spec: str) -> tuple[ModuleType, str, bool]:
 def load_target(spec: str) -> Target:
     """Import a target and check its names, kinds and signatures (cheap: builds nothing). Cached."""
     if spec in _CACHE:
+        return _CACHE[spec]
+    if spec.endswith(VIA_DDP):
+        base = load_target(spec[:-len(VIA_DDP)])
+        _CACHE[spec] = replace(base, spec=spec, name=f"{base.name} (via DDP)", parallelize=None)
         return _CACHE[spec]
     module, name, builtin = _import(spec)
     found: dict[str, Any] = {}
@@ -181,6 +189,7 @@ _SIGNATURES: dict[str, tuple[str, tuple[int, ...]]] = {
     "run_loop": ("run_loop(ctx)", (1,)),
     "configure_ddp": ("configure_ddp(ddp_model)", (1,)),
     "evaluate": ("evaluate(model, ctx)", (2,)),
+    "parallelize": ("parallelize(model, ctx)", (2,)),
 }
 
 

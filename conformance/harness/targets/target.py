@@ -16,7 +16,7 @@ from .errors import SEE, TargetError
 BUILTINS = ("mlp", "tied-lm", "branchy", "convbn", "trainer")
 REQUIRED = ("build_model", "make_batch")  # and loss_fn, unless forward_loss is defined
 OPTIONAL_CALLABLES = ("loss_fn", "forward_loss", "build_optimizer", "train_step", "epoch_batches",
-                      "run_loop", "configure_ddp", "evaluate")
+                      "run_loop", "configure_ddp", "evaluate", "parallelize")
 #: ``sampling``: how the target draws its training samples. "epochs": a sampler that visits every
 #: sample once per epoch (DistributedSampler), which sampler-coverage verifies through
 #: ``epoch_batches``; "with-replacement": random draws (e.g. random windows of a token stream),
@@ -54,6 +54,8 @@ class Target(TargetCalls):
     configure_ddp: Callable[[Any], Any] | None = None
     # The target's own distributed evaluation: evaluate(model, ctx) -> {metric: value} (eval-equivalence).
     evaluate: Callable[[Any, Any], Any] | None = None
+    # Applied instead of DDP wherever the suite wraps (harness.parallel): fully_shard, replicate.
+    parallelize: Callable[[Any, Any], Any] | None = None
     builtin: bool = False
     global_batch_size: int | None = None  # optional extension: the production global batch
     sampling: str = "epochs"  # one of SAMPLING_MODES

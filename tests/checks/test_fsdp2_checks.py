@@ -1,0 +1,68 @@
+"""The checks beyond the equivalence engine on targets that train through ``parallelize``
+(FSDP2's ``fully_shard``, the composable ``replicate``): rank-consistency compares replicated
+parameters bitwise and sharded ones as full tensors, DDP-only checks are skipped as not
+applicable (never blocking ready), hang-detection records FSDP2's reductions (issue 40)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.harness.registry import BY_ID
+
+from ..examples._variants import EXAMPLES
+from ._check_helpers import target_spec
+
+FSDP2 = str(EXAMPLES / "train_fsdp2.py")
+REPLICATE = str(EXAMPLES / "train_replicate.py")
+
+
+@pytest.mark.parametrize("target", [FSDP2, REPLICATE], ids=["fully_shard", "replicate_with_fsdp"])
+def test_rank_consistency_passes_on_the_ports(suite_session, target):
+    record, _ = suite_session.run_check(BY_ID["rank-consistency"], target)
+    assert record.status == "passed", (record.status, record.message)
+    # The run_loop's look too: every optimizer step compared, on every rank.
+    assert "run_loop: parameters bit-identical across ranks at 5 checkpoints" in record.message, record.message
+
+
+def test_rank_consistency_catches_a_build_only_ddp_broadcast_made_equal(suite_session):
+    # DDP's construction broadcast copies rank 0's weights everywhere; FSDP2 does not.
+    record, _ = suite_session.run_check(BY_ID["rank-consistency"], target_spec("fsdp2_rank_seeded_build"))
+    assert record.status == "failed", (record.status, record.message)
+    assert ("differs between rank 0 and rank 1 after replicate_with_fsdp (no broadcast: each rank's "
+            "own build)") in record.message, record.message
+
+
+@pytest.mark.parametrize("check_id", ["bucket-config", "unused-parameters"])
+def test_ddp_only_checks_are_not_applicable_to_fsdp2(suite_session, check_id):
+    record, _ = suite_session.run_check(BY_ID[check_id], FSDP2)
+    assert record.status == "skipped", (record.status, record.message)
+    assert record.message.startswith("not applicable to FSDP2: the target trains through parallelize"), record.message
+
+
+def test_hang_detection_records_fsdp2_reductions(suite_session):
+    record, _ = suite_session.run_check(BY_ID["hang-detection"], FSDP2)
+    assert record.status == "passed", (record.status, record.message)
+    # 4 optimizer steps x 3 parameter groups: FSDP2's reduce-scatters, recorded as they ran.
+    assert "4 optimizer steps, 12 DDP all-reduces" in record.message, record.message
+
+
+def test_shared_weights_under_fully_shard(suite_session):
+    # One DTensor shared by two modules: the full (summed over uses) gradient, gathered.
+    record, _ = suite_session.run_check(BY_ID["shared-weights"], target_spec("fsdp2_tied"))
+    assert record.status == "passed", (record.status, record.message)
+    assert "1 shared parameter(s) (emb.weight) get the full gradient" in record.message, record.message
+
+
+def test_shared_weights_split_over_two_fsdp_groups_is_fsdp2s_finding(suite_session):
+    record, _ = suite_session.run_check(BY_ID["shared-weights"], target_spec("fsdp2_tied_split"))
+    assert record.status == "failed", (record.status, record.message)
+    assert "is shared with a parameter already managed by another FSDP group" in record.message, record.message
+
+
+def test_split_clip_is_observed_before_it_hides_a_factor(suite_session):
+    # torchtitan clips with get_total_norm + clip_grads_with_norm_: the gradients before that clip
+    # are the ones compared, or a clip that engages on both sides hides the factor 1/N.
+    record, _ = suite_session.run_check(BY_ID["gradient-equivalence"], target_spec("fsdp2_split_clip_hides_factor"))
+    assert record.status == "failed", (record.status, record.message)
+    assert "before clip_grad_norm_ the gradient of" in record.message, record.message
+    assert "factor 1/2" in record.message, record.message
