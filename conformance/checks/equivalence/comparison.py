@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .adaptive import LaterStep
 from .digests import Divergence
 from .floor import Floor, not_measured, smallest_bug
 from .hypotheses import Scale, scale_causes
@@ -58,6 +59,9 @@ class Equivalence:
     # record of what was compared (the twin's flip too).
     flip: Flip | None = None
     routing: dict[str, Any] = field(default_factory=dict)
+    # The gradient norms of every step after the first compared one, against the reference's
+    # (``adaptive``): Adam hides a later step's gradient bug in the parameters.
+    later: list[LaterStep] = field(default_factory=list)
 
     # -- what was compared ---------------------------------------------------------------
 
@@ -85,6 +89,11 @@ class Equivalence:
         return all(d.ok for d in self.grad_diffs)
 
     @property
+    def first_bad_later(self) -> LaterStep | None:
+        """The first later step whose consumed gradients differ beyond their bound."""
+        return next((s for s in self.later if not s.ok), None)
+
+    @property
     def pre_clip_ok(self) -> bool:
         return all(d.ok for d in self.pre_clip_diffs)
 
@@ -96,7 +105,7 @@ class Equivalence:
     @property
     def ok(self) -> bool:
         return (self.grads_ok and self.pre_clip_ok and self.first_bad_step is None
-                and self.same_first_step and self.divergence is None and not self.known_factor)
+                and self.first_bad_later is None and self.same_first_step and self.divergence is None and not self.known_factor)
 
     @property
     def known_factor(self) -> list[str]:

@@ -157,6 +157,11 @@ def hints(eq: Equivalence) -> tuple[list[str], bool]:
     if factor is not None and not bypass:
         causes += scale_causes(factor, world_size=eq.world_size,
                                microbatches=eq.plan.microbatches)
+    later = eq.first_bad_later
+    if later is not None and later.factor is not None and not bypass and not eq.known_factor:
+        # The first step matched: the factor starts later (a rescaling switched on by a schedule).
+        causes += [f"from step {later.step} on, {c}" for c in scale_causes(
+            later.factor, world_size=eq.world_size, microbatches=eq.plan.microbatches)]
     return causes, not rng
 
 def no_known_cause(eq: Equivalence) -> str:

@@ -62,6 +62,7 @@ from ...harness.ddp import (
 from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step
 from ...harness.world import RankContext
 from .compiled import output_site, run_eagerly
+from .adaptive import gradient_norms, update_bound
 from .compression import comm_hook_of
 from .digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
 from .instruments import (
@@ -269,13 +270,18 @@ class Gradients(Probe):
     found: dict[str, Any] = field(default_factory=dict)  # "grads", "grads_digest" at the first step
     bad: str | None = None  # the first non-finite gradient at this step's optimizer.step()
     out: GradientSlice = field(default_factory=lambda: GradientSlice(
-        optimizer_steps=[], params=[], digests=[], nonfinite=None, manual_update=[]))
+        optimizer_steps=[], params=[], digests=[], nonfinite=None, manual_update=[], grad_norms=[],
+        update_bounds=[]))
     #: The parameters' fingerprint (``_fingerprint``) at this step's start and at each forward
     #: since, taken until an optimizer step is seen: a train_step that changes them with no
     #: optimizer step updates them by hand (``_by_hand``), ``hand_updates`` times so far.
     last: list[str] | None = None
     hand_updates: int = 0
     stepped: bool = False  # some optimizer.step() ran in an earlier step
+    # This step's gradient norms and adaptive update bound at its first optimizer.step()
+    # (``adaptive``: the later steps' gradients and the parameters' floor under Adam).
+    norms: dict[str, float | None] | None = None
+    bound: float | None = None
 
     def attach(self, stack: contextlib.ExitStack) -> None:
         import torch
@@ -342,6 +348,8 @@ class Gradients(Probe):
         # a zero_grad after the step wipes them. Only the first step that ran is compared;
         # every step is searched for NaN/Inf.
         self.bad = first_nonfinite(named)
+        if self.norms is None:
+            self.norms, self.bound = gradient_norms(named), update_bound(self.optimizer)
         if "grads0" in self.out or "grads" in self.found:
             return
         if self.to.digest:
@@ -352,7 +360,7 @@ class Gradients(Probe):
         assert self.recorder is not None
         self.step = step.index
         self.recorder.reset()
-        self.bad = None
+        self.bad, self.norms, self.bound = None, None, None
         if "grads0" not in self.out:
             self.found.clear()
         self.last, self.hand_updates = self._fingerprint(), 0
@@ -365,6 +373,8 @@ class Gradients(Probe):
         self._by_hand()  # counts this step's hand-written updates and reads their gradients
         # Hand-written updates count as this step's optimizer steps (``manual_update``).
         self.out["optimizer_steps"].append(self.recorder.steps or self.hand_updates)
+        self.out["grad_norms"].append(self.norms)
+        self.out["update_bounds"].append(self.bound)
         if self.out["nonfinite"] is None:
             # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
             # the loss computed on them, or from the backward.

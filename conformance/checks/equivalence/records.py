@@ -101,6 +101,10 @@ class GradientSlice(TypedDict, total=False):
     #: Steps whose train_step changed the parameters with no optimizer step (a hand-written
     #: update): judged on what it left in ``.grad`` and the parameters after it.
     manual_update: list[int]
+    #: Per step, at its first optimizer.step(): each parameter's gradient norm (None: no step)
+    #: and the largest change an adaptive optimizer's update could make (None: not adaptive).
+    grad_norms: list[dict[str, float | None] | None]
+    update_bounds: list[float | None]
 
 
 class RankRecord(SetupSlice, AllReduceSlice, ForwardCountSlice, DataSlice, RoutingSlice, CompileSlice,

@@ -89,7 +89,8 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
                            "its bound are in the record")
     causes, decidable = hints(eq)
     before_ok = eq.grads_ok and eq.pre_clip_ok and eq.same_first_step and (
-        eq.flip is not None and (eq.first_bad_step is None or eq.first_bad_step >= eq.flip.step))
+        eq.flip is not None and (eq.first_bad_step is None or eq.first_bad_step >= eq.flip.step)
+        and (eq.first_bad_later is None or eq.first_bad_later.step >= eq.flip.step))
     if not causes and eq.flip is not None and explains(eq.flip, grads0_step=int(
             eq.reference.get("grads0_step") or 0), before_ok=before_ok):
         # A discontinuity, not a bug: from the flip on the runs legitimately part (``routing``).
