@@ -59,7 +59,7 @@ from ...harness.ddp import (
     unwrap,
     wrap,
 )
-from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step
+from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step, unseen
 from ...harness.world import RankContext
 from .compiled import output_site, run_eagerly
 from .adaptive import gradient_norms, update_bound
@@ -288,8 +288,8 @@ class Gradients(Probe):
 
         self.recorder = StepRecorder.attach(self.inner, self.optimizer, observe=self._at_step)
         stack.callback(self.recorder.close)
-        stack.callback(output_site(self.ddp, self.inner).register_forward_hook(self._watch_output).remove)
-        stack.callback(self.inner.register_forward_pre_hook(self._at_forward).remove)
+        stack.callback(output_site(self.ddp, self.inner).register_forward_hook(unseen(self._watch_output)).remove)
+        stack.callback(self.inner.register_forward_pre_hook(unseen(self._at_forward)).remove)
         stack.enter_context(replaced(torch.nn.Module, "zero_grad", self._zeroing))
 
     def _fingerprint(self) -> list[str] | None:

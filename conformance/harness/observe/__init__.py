@@ -7,7 +7,9 @@
 - :mod:`.collectives` — the collectives probe (the one patch of ``torch.distributed``) and its taps;
 - :mod:`.comm_rounds` — DDP's bucket all-reduces, counted inside its comm hook chain;
 - :mod:`.forwards` — forwards through DDP and through the inner module, training or not;
-- :mod:`.optimizer_steps` — every optimizer step (torch's global step hooks, ``GradScaler.step``).
+- :mod:`.optimizer_steps` — every optimizer step (torch's global step hooks, ``GradScaler.step``);
+- :mod:`.unseen` — the wrapper of every hook a probe puts on the user's module: a copy of the
+  module (``copy.deepcopy``, pickling) leaves it behind.
 
 A check family adds probes of its own against this contract; it never adds a second contract
 or patches these functions again (``tests/test_architecture.py`` holds it). Import-light:
@@ -33,6 +35,7 @@ from .forwards import OUTSIDE, TRAINING, ForwardCountSlice, Forwards
 from .loader import LoaderIndices, SamplerSeen, SamplesSlice
 from .optimizer_steps import OptimizerSteps
 from .probe import Counts, Observation, Probe, Slice, Step
+from .unseen import Unseen, unseen
 
 __all__ = [
     "COLLECTIVES",
@@ -59,6 +62,8 @@ __all__ = [
     "Step",
     "UnevenCollective",
     "UnevenGather",
+    "Unseen",
     "counting_allreduce",
     "tap",
+    "unseen",
 ]

@@ -22,6 +22,7 @@ from typing import Any, TypedDict
 
 from .comm_rounds import CommRounds
 from .probe import Counts, Probe, Slice, Step
+from .unseen import unseen
 
 #: Forwards of a wrapped model with autograd on and the module in training mode.
 TRAINING = "training forward"
@@ -59,14 +60,14 @@ class Forwards(Probe):
         self.rounds = self.rounds_of.rounds() if self.rounds_of is not None else None
         stack.callback(self._remove)
         if self.wrapper is not None:
-            self._handles.append(self.wrapper.register_forward_pre_hook(self._on_ddp))
+            self._handles.append(self.wrapper.register_forward_pre_hook(unseen(self._on_ddp)))
         if self.inner_module is not None:
-            self._handles.append(self.inner_module.register_forward_pre_hook(self._on_inner))
+            self._handles.append(self.inner_module.register_forward_pre_hook(unseen(self._on_inner)))
 
     def watch(self, model: Any) -> None:
         """Count the forwards of ``model`` (the module a DDP wrapper wraps, or the model itself:
         a forward through ``model.module`` is counted too)."""
-        self._handles.append(getattr(model, "module", model).register_forward_pre_hook(self._on_inner))
+        self._handles.append(getattr(model, "module", model).register_forward_pre_hook(unseen(self._on_inner)))
 
     def _on_ddp(self, module: Any, args: Any) -> None:
         import torch
