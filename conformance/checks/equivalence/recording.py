@@ -59,7 +59,7 @@ from ...harness.ddp import (
     unwrap,
     wrap,
 )
-from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step, unseen
+from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step, SyncFlags, unseen
 from ...harness.world import RankContext
 from .compiled import output_site, run_eagerly
 from .adaptive import gradient_norms, update_bound
@@ -461,7 +461,7 @@ class Prepared:
         allreduce = CommRounds(self.ddp, enabled=plan.count_allreduce)
         clipping = Clipping(self.inner, namespaces, self.to)
         return [allreduce, Gradients(self.ddp, self.inner, self.optimizer, self.to, clipping),
-                Forwards(wrapper=self.ddp, inner=self.inner, rounds=allreduce), clipping, BatchDigests(),
+                Forwards(wrapper=self.ddp, inner=self.inner, rounds=allreduce), SyncFlags(self.ddp), clipping, BatchDigests(),
                 CompileWatch(self.ddp, self.inner, eager=plan.eager), Features(self.ddp), Routing()]
 
 

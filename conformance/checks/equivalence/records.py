@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from ...harness.observe import AllReduceSlice, ForwardCountSlice
+from ...harness.observe import AllReduceSlice, ForwardCountSlice, SyncFlagSlice
 from .tensors import Compared
 
 #: (what was digested, [(tensor name, digest or None)]): ``digests``.
@@ -107,6 +107,6 @@ class GradientSlice(TypedDict, total=False):
     update_bounds: list[float | None]
 
 
-class RankRecord(SetupSlice, AllReduceSlice, ForwardCountSlice, DataSlice, RoutingSlice, CompileSlice,
+class RankRecord(SetupSlice, AllReduceSlice, ForwardCountSlice, SyncFlagSlice, DataSlice, RoutingSlice, CompileSlice,
                  FeaturesSlice, ClipSlice, GradientSlice, total=False):
     """One rank's record of a recorded run: the union of its probes' slices."""

@@ -31,7 +31,7 @@ from .collectives import (
     tap,
 )
 from .comm_rounds import AllReduceSlice, CommRounds, counting_allreduce
-from .forwards import OUTSIDE, TRAINING, ForwardCountSlice, Forwards
+from .forwards import OUTSIDE, TRAINING, ForwardCountSlice, Forwards, SyncFlags, SyncFlagSlice
 from .loader import LoaderIndices, SamplerSeen, SamplesSlice
 from .optimizer_steps import OptimizerSteps
 from .probe import Counts, Observation, Probe, Slice, Step
@@ -60,6 +60,8 @@ __all__ = [
     "SamplesSlice",
     "Slice",
     "Step",
+    "SyncFlagSlice",
+    "SyncFlags",
     "UnevenCollective",
     "UnevenGather",
     "Unseen",
