@@ -51,21 +51,26 @@ def _suite_roots() -> tuple[str, ...]:
 
 
 def suite_raised(traceback: str) -> str | None:
-    """Where the suite's own code raised (``file:line``), or None: the innermost frame of
-    ``traceback`` that is the suite's or the user's (not the standard library's or an installed
-    package's) is the suite's, and not a built-in target's. Then the failure is the suite's
-    instrumentation, not the user's step or DDP; torch raising under a frame of the suite (DDP's
-    constructor refusing ``ddp_kwargs``) is not."""
+    """Where the suite's own instruments raised (``file:line``), or None.
+
+    The innermost frame that is the suite's or the user's (not the standard library's or an
+    installed package's) is the suite's, not a built-in target's, and the user's code is
+    further out: the user's code called into torch, and torch into a probe's hook, which raised.
+    Not the suite's: torch raising under the suite's frame (DDP's constructor refusing
+    ``ddp_kwargs``), or the suite calling the user's function with arguments it does not take
+    (a TypeError raised at the call, in the suite's frame, with no user frame outside it)."""
     roots = _suite_roots()
     targets = os.path.join(roots[0], "targets") + os.sep
-    for path, line in reversed(_FRAME.findall(traceback)):
+    kinds = []  # "suite" | "user", outermost first, with the suite's frames' places
+    for path, line in _FRAME.findall(traceback):
         where = str(Path(path).resolve())
-        if any(where.startswith(root + os.sep) for root in roots):
-            return None if where.startswith(targets) else f"{where}:{line}"
-        if "site-packages" in where or f"{os.sep}lib{os.sep}python" in where or path.startswith("<"):
-            continue
-        return None  # the user's own code
-    return None
+        if any(where.startswith(root + os.sep) for root in roots) and not where.startswith(targets):
+            kinds.append(("suite", f"{where}:{line}"))
+        elif not ("site-packages" in where or f"{os.sep}lib{os.sep}python" in where or path.startswith("<")):
+            kinds.append(("user", where))
+    if not kinds or kinds[-1][0] != "suite" or all(kind != "user" for kind, _ in kinds):
+        return None
+    return kinds[-1][1]
 
 
 def _compiling(stack: str) -> bool:

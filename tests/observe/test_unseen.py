@@ -76,6 +76,9 @@ def test_the_suites_own_failure_is_inconclusive_and_names_the_suite_not_ddp():
     assert suite_raised(trace.replace(f"{suite}/harness/observe/forwards.py", "/home/user/model.py")) is None
     assert suite_raised(trace.rsplit(f'  File "{suite}/harness', 1)[0]) is None
     assert suite_raised(trace.replace("harness/observe/forwards.py", "targets/mlp.py")) is None
+    # The suite calling the user's forward with arguments it does not take: raised at the call,
+    # in the suite's frame, no user frame outside it — the user's signature, not a suite bug.
+    assert suite_raised(f'  File "{suite}/harness/batches.py", line 177, in call\nTypeError: x') is None
     error = RankError("exception", "3", traceback=trace, exc_type="KeyError")
     outcome = world_error_outcome(RankFailure("rank 0 raised", results=[RankResult(0, error=error)]),
                                   "the DDP training step")

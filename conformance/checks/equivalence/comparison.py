@@ -137,6 +137,11 @@ class Equivalence:
         """One gradient factor on every parameter, within the configuration's noise."""
         return self.judged_scale.uniform_within(self.noise)
 
+    @property
+    def random_forward(self) -> bool:
+        """Forward draws random numbers with dropout switched off, on some side (``randomness``)."""
+        return any(self.per_rank("rng_in_forward")) or bool(self.reference.get("rng_in_forward"))
+
     def per_rank(self, key: PerRank) -> list[Any]:
         return [r.get(key) for r in self.ranks]
 

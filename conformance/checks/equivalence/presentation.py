@@ -119,6 +119,12 @@ def evidence(eq: Equivalence) -> dict[str, Any]:
             f"{[p['step'] for p in eq.low_rank_params]} differ from the uncompressed run by "
             f"up to {fmt(worst_rel)} of their scale — reported, not judged; the first-step "
             f"gradients and the steps before were judged exactly")
+    if eq.random_forward and eq.ok:
+        warnings.append(
+            "forward draws random numbers with dropout switched off (a default generator "
+            "advanced during a forward): N ranks and one process draw other values, so the "
+            "match holds only as far as that draw left these steps unchanged (a layer "
+            "initialised to zero hides it at first, as DiT's adaLN-Zero hides its label dropout)")
     if dropout:
         warnings.append(f"dropout ({', '.join(dropout)}) was switched off in both runs: random "
                         f"masks cannot match between N ranks and one process")
