@@ -449,7 +449,14 @@ def run(ctx: CheckContext) -> Outcome:
     order = (f"sequential order, no shuffling ({info['order']['reason']}): the same order every epoch "
              f"by design" if info.get("order", {}).get("kind") == "sequential" and info["epochs_with_repeated_order"]
              else "a new order each epoch")
+    # Say what was judged: epoch_batches is the target's statement of its pipeline, and a loop
+    # that calls the sampler differently (set_epoch deleted there) is not seen through it.
+    judged = (f"; judged: the pipeline as {source} builds it, the training loop itself was not "
+              f"observed (epoch_batches must call the training code's own loader factory, not "
+              f"restate it)" if target.has("epoch_batches") else "")
+    evidence["judged"] = ("the pipeline as epoch_batches builds it" if target.has("epoch_batches")
+                          else "DistributedSampler itself, simulated")
     return Outcome.passed(
         f"{source}: every sample once per epoch (padding/drop_last as documented), disjoint "
-        f"shards, equal batch counts, {order} over {EPOCHS} epochs{seen}",
+        f"shards, equal batch counts, {order} over {EPOCHS} epochs{seen}{judged}",
         metrics=metrics, evidence=evidence)

@@ -114,6 +114,17 @@ def test_sequential_order_by_design_passes_saying_so(suite_session, target):
     assert record.metrics["order"] == "sequential"
 
 
+def test_a_pass_says_the_loop_itself_was_not_observed(suite_session):
+    # Only epoch_batches exists: the pass is about the pipeline as it builds it. Before, the
+    # message read as if the training loop had been judged (its set_epoch deleted: unseen).
+    record = run_check(suite_session, "sampler-coverage", "tied-lm")
+    assert record.status == "passed", record.message
+    assert record.message.endswith("; judged: the pipeline as tied-lm.epoch_batches builds it, the "
+                                   "training loop itself was not observed (epoch_batches must call "
+                                   "the training code's own loader factory, not restate it)"), record.message
+    assert record.evidence["judged"] == "the pipeline as epoch_batches builds it"
+
+
 def test_shuffled_order_that_repeats_fails_without_a_distributed_sampler(suite_session):
     # No DistributedSampler to read: the indices themselves show a shuffled order.
     record = run_check(suite_session, "sampler-coverage", "sampler_shuffled_repeats")
