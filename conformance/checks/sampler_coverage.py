@@ -47,9 +47,10 @@ Evidence: per epoch ``missing`` and ``duplicates`` counts, ``batches_per_rank``,
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ddp_conformance.reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS, VERIFIED
@@ -158,6 +159,29 @@ def _overlap_cause(differences: dict[str, Any], identity: str) -> str:
             f"{inspected})")
 
 
+#: torch's default generator in the data pipeline, per rank: ``PIPELINE_SEED + rank``.
+PIPELINE_SEED = 4321
+
+
+@contextlib.contextmanager
+def production_rng(rank: int) -> Iterator[None]:
+    """torch's default generator seeded per rank for the block (``PIPELINE_SEED + rank``), and
+    restored after it.
+
+    A torchrun worker is a fresh interpreter whose default generator starts from its own seed:
+    a pipeline that draws from it unseeded (minGPT-ddp's ``random_split`` with no generator in
+    ``get_train_objs()``) builds another dataset on every rank. The suite's rank processes have
+    seeded torch alike by then (``torch.manual_seed`` before every ``build_model``), which hid
+    exactly that; a seed the pipeline sets itself still decides, as in production. Only
+    torch's: the suite seeds no other generator (a forked rank's Python and numpy generators
+    are reseeded by its zygote, and a user's ``random.seed`` at import stands)."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(PIPELINE_SEED + rank)
+        yield
+
+
 def collect_epochs(rank_ctx: RankContext, target_spec: str, identity: str, epochs: int,
                    budget_s: float | None = None) -> list[Any]:
     """Rank side: this rank's pipeline for every epoch, in this rank's own process.
@@ -170,10 +194,11 @@ def collect_epochs(rank_ctx: RankContext, target_spec: str, identity: str, epoch
     from .sampling import read_epoch
 
     target = load_target(target_spec)
-    return [call_target(target, "epoch_batches", read_epoch, target.epoch_batches, rank_ctx.rank,
-                        rank_ctx.world_size, epoch, identity=identity, budget_s=budget_s,
-                        dims=target.batch_dim)
-            for epoch in range(epochs)]
+    with production_rng(rank_ctx.rank):
+        return [call_target(target, "epoch_batches", read_epoch, target.epoch_batches, rank_ctx.rank,
+                            rank_ctx.world_size, epoch, identity=identity, budget_s=budget_s,
+                            dims=target.batch_dim)
+                for epoch in range(epochs)]
 
 
 def check_epoch_batches(epoch_batches: Any, world_size: int, *,
@@ -424,7 +449,14 @@ def run(ctx: CheckContext) -> Outcome:
     order = (f"sequential order, no shuffling ({info['order']['reason']}): the same order every epoch "
              f"by design" if info.get("order", {}).get("kind") == "sequential" and info["epochs_with_repeated_order"]
              else "a new order each epoch")
+    # Say what was judged: epoch_batches is the target's statement of its pipeline, and a loop
+    # that calls the sampler differently (set_epoch deleted there) is not seen through it.
+    judged = (f"; judged: the pipeline as {source} builds it, the training loop itself was not "
+              f"observed (epoch_batches must call the training code's own loader factory, not "
+              f"restate it)" if target.has("epoch_batches") else "")
+    evidence["judged"] = ("the pipeline as epoch_batches builds it" if target.has("epoch_batches")
+                          else "DistributedSampler itself, simulated")
     return Outcome.passed(
         f"{source}: every sample once per epoch (padding/drop_last as documented), disjoint "
-        f"shards, equal batch counts, {order} over {EPOCHS} epochs{seen}",
+        f"shards, equal batch counts, {order} over {EPOCHS} epochs{seen}{judged}",
         metrics=metrics, evidence=evidence)

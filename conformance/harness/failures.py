@@ -12,6 +12,8 @@ this outcome.
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 from ddp_conformance.reports.keys import EXHAUSTED
 
@@ -30,6 +32,45 @@ DDP_DETECTION_OFF = "You can enable unused parameter detection"
 UNUSED_FIX = ("Make every parameter receive a gradient at every step, or set find_unused_parameters=True in "
               "ddp_kwargs: DDP raised its error for a parameter that got no gradient in the previous step "
               "(the unused-parameters check names which, and measures what find_unused_parameters costs).")
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)', re.MULTILINE)
+
+
+def _suite_roots() -> tuple[str, ...]:
+    """The suite's own packages: ``conformance`` (its built-in targets excepted by the caller),
+    ``ddp_conformance`` and the folders its subpackages map from, wherever they are installed."""
+    import importlib.util
+
+    # Located, not imported: the harness sits under the fault families (the layer rule).
+    found = [importlib.util.find_spec(name) for name in ("ddp_conformance", "ddp_conformance.faults",
+                                                         "ddp_conformance.reports")]
+    return (str(Path(__file__).resolve().parents[1]),
+            *(str(Path(loc).resolve()) for spec in found if spec is not None
+              for loc in spec.submodule_search_locations or []))
+
+
+def suite_raised(traceback: str) -> str | None:
+    """Where the suite's own instruments raised (``file:line``), or None.
+
+    The innermost frame that is the suite's or the user's (not the standard library's or an
+    installed package's) is the suite's, not a built-in target's, and the user's code is
+    further out: the user's code called into torch, and torch into a probe's hook, which raised.
+    Not the suite's: torch raising under the suite's frame (DDP's constructor refusing
+    ``ddp_kwargs``), or the suite calling the user's function with arguments it does not take
+    (a TypeError raised at the call, in the suite's frame, with no user frame outside it)."""
+    roots = _suite_roots()
+    targets = os.path.join(roots[0], "targets") + os.sep
+    kinds = []  # "suite" | "user", outermost first, with the suite's frames' places
+    for path, line in _FRAME.findall(traceback):
+        where = str(Path(path).resolve())
+        if any(where.startswith(root + os.sep) for root in roots) and not where.startswith(targets):
+            kinds.append(("suite", f"{where}:{line}"))
+        elif not ("site-packages" in where or f"{os.sep}lib{os.sep}python" in where or path.startswith("<")):
+            kinds.append(("user", where))
+    if not kinds or kinds[-1][0] != "suite" or all(kind != "user" for kind, _ in kinds):
+        return None
+    return kinds[-1][1]
 
 
 def _compiling(stack: str) -> bool:
@@ -97,6 +138,17 @@ def world_error_outcome(exc: WorldError, what: str) -> Outcome:
     rank = str(first.rank) if first is not None else "?"
     verb = "failed" if culprit is not None and culprit.error and culprit.error.kind == "died" else "raised"
     unused = any(DDP_UNUSED_ERROR in e and DDP_DETECTION_OFF in e for e in errors.values())
+    ours = suite_raised(first.error.traceback) if first is not None and first.error is not None else None
+    if ours is not None:
+        # Not the user's DDP step: the suite's own instruments raised (never blame DDP for it).
+        return Outcome.inconclusive(
+            f"{what} could not be judged: the suite's own instrumentation raised on rank {rank} "
+            f"at {ours}: {exc.headline()} — a ddp-conformance bug, not a finding about your "
+            f"training step or DDP",
+            metrics={"key_figure": "the suite's instrumentation raised", "failed_ranks": exc.failed_ranks},
+            evidence={"rank_errors": errors, "tracebacks": traces, "suite_frame": ours},
+            recommendation="report it to ddp-conformance with this record's traceback; the "
+                           "other checks' verdicts stand")
     return Outcome.failed(
         f"{what} {verb} on rank {rank}: {exc.headline()}",
         metrics={"key_figure": "DDP step raised", "failed_ranks": exc.failed_ranks},

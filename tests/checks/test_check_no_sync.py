@@ -59,6 +59,21 @@ def test_backwards_after_the_last_all_reduce_are_named(suite_session, target):
     assert "no known cause" not in record.message
 
 
+def test_the_sync_flag_set_after_the_forward_is_named_as_such(suite_session):
+    # build-nanogpt's flag moved below the forward: measured, the last forward saw False and its
+    # backward began with True. Before: the generic "the backward of 3 of the 4 ..." alone. The
+    # same rounds from no_sync() around the wrong micro-steps are not named so (the flag was
+    # False in that backward too).
+    record = run_check(suite_session, "no-sync-equivalence", "sync_flag_after_forward")
+    assert record.status == "failed"
+    assert ("require_backward_grad_sync was set after the forward: the last micro-step's forward of "
+            "step 0 ran with the flag False and its backward with the flag True, and DDP reads the "
+            "flag when the forward runs, so the last microbatch's backward did not synchronise"
+            in record.message), record.message
+    other = run_check(suite_session, "no-sync-equivalence", "sync_first_microbatch")
+    assert other.status == "failed" and "was set after the forward" not in other.message
+
+
 def test_clip_per_microbatch_is_harmless_without_accumulation(suite_session):
     # K=1: the only clip comes after the synchronising backward, which is correct.
     record = run_check(suite_session, "gradient-equivalence", "clip_per_microbatch")

@@ -64,6 +64,17 @@ def test_unseeded_random_split_is_blamed_on_the_dataset_not_the_seed(suite_sessi
     assert info["dataset_differs_on_ranks"] == [1]
 
 
+def test_an_unseeded_split_is_drawn_per_process_as_under_torchrun(suite_session):
+    # minGPT-ddp: random_split without a generator in get_train_objs(), nothing seeded. The
+    # rank processes had seeded torch alike (a check's build_model ran first), so before the
+    # pipeline ran on per-process RNG states the splits agreed and this passed.
+    run_check(suite_session, "gradient-equivalence", "mlp")  # seeds the ranks alike first
+    record = run_check(suite_session, "sampler-coverage", "sampler_unseeded_split_no_seed")
+    assert record.status == "failed", record.message
+    assert "rank 1's dataset differs from rank 0's" in record.message
+    assert "random_split without generator=" in record.message
+
+
 def test_repeated_content_is_not_a_duplicate():
     from tests.targets import sampler_repeated_windows as windows
 
@@ -101,6 +112,17 @@ def test_sequential_order_by_design_passes_saying_so(suite_session, target):
     assert "sequential order, no shuffling" in record.message
     assert record.metrics["epochs_with_repeated_order"] == [1, 2]
     assert record.metrics["order"] == "sequential"
+
+
+def test_a_pass_says_the_loop_itself_was_not_observed(suite_session):
+    # Only epoch_batches exists: the pass is about the pipeline as it builds it. Before, the
+    # message read as if the training loop had been judged (its set_epoch deleted: unseen).
+    record = run_check(suite_session, "sampler-coverage", "tied-lm")
+    assert record.status == "passed", record.message
+    assert record.message.endswith("; judged: the pipeline as tied-lm.epoch_batches builds it, the "
+                                   "training loop itself was not observed (epoch_batches must call "
+                                   "the training code's own loader factory, not restate it)"), record.message
+    assert record.evidence["judged"] == "the pipeline as epoch_batches builds it"
 
 
 def test_shuffled_order_that_repeats_fails_without_a_distributed_sampler(suite_session):

@@ -31,12 +31,13 @@ from .randomness import disable_dropout
 from .recording import RunPlan, run_recorded
 from .snapshots import compare_snapshot, has_snapshot, read_snapshot, write_snapshot
 from .tensors import Compared, TensorDiff, diff_tensor, fmt
-from .verdict import judge
+from .verdict import RANDOM_FORWARD, judge
 
 __all__ = [
     "DIGEST",
     "MARGIN",
     "MICROBATCH_CHOICES",
+    "RANDOM_FORWARD",
     "REFERENCE",
     "Compared",
     "Equivalence",

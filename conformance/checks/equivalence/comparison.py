@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .adaptive import LaterStep
 from .digests import Divergence
 from .floor import Floor, not_measured, smallest_bug
 from .hypotheses import Scale, scale_causes
@@ -61,6 +62,9 @@ class Equivalence:
     # Per parameter, its step-0 gradient factor against the reference's (lowest, highest over
     # the ranks; ``hypotheses.factors_by_name``): which parameters a cause reaches.
     factors: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # The gradient norms of every step after the first compared one, against the reference's
+    # (``adaptive``): Adam hides a later step's gradient bug in the parameters.
+    later: list[LaterStep] = field(default_factory=list)
 
     # -- what was compared ---------------------------------------------------------------
 
@@ -88,6 +92,11 @@ class Equivalence:
         return all(d.ok for d in self.grad_diffs)
 
     @property
+    def first_bad_later(self) -> LaterStep | None:
+        """The first later step whose consumed gradients differ beyond their bound."""
+        return next((s for s in self.later if not s.ok), None)
+
+    @property
     def pre_clip_ok(self) -> bool:
         return all(d.ok for d in self.pre_clip_diffs)
 
@@ -99,7 +108,7 @@ class Equivalence:
     @property
     def ok(self) -> bool:
         return (self.grads_ok and self.pre_clip_ok and self.first_bad_step is None
-                and self.same_first_step and self.divergence is None and not self.known_factor)
+                and self.first_bad_later is None and self.same_first_step and self.divergence is None and not self.known_factor)
 
     @property
     def known_factor(self) -> list[str]:
@@ -130,6 +139,11 @@ class Equivalence:
     def factor(self) -> float | None:
         """One gradient factor on every parameter, within the configuration's noise."""
         return self.judged_scale.uniform_within(self.noise)
+
+    @property
+    def random_forward(self) -> bool:
+        """Forward draws random numbers with dropout switched off, on some side (``randomness``)."""
+        return any(self.per_rank("rng_in_forward")) or bool(self.reference.get("rng_in_forward"))
 
     def per_rank(self, key: PerRank) -> list[Any]:
         return [r.get(key) for r in self.ranks]

@@ -134,6 +134,11 @@ def hints(eq: Equivalence) -> tuple[list[str], bool]:
     if factor is not None and not eq.bypassed() and not named:
         causes += scale_causes(factor, world_size=eq.world_size,
                                microbatches=eq.plan.microbatches, wrapper=eq.wrapper)
+    later = eq.first_bad_later
+    if later is not None and later.factor is not None and not eq.bypassed() and not eq.known_factor:
+        # The first step matched: the factor starts later (a rescaling switched on by a schedule).
+        causes += [f"from step {later.step} on, {c}" for c in scale_causes(
+            later.factor, world_size=eq.world_size, microbatches=eq.plan.microbatches, wrapper=eq.wrapper)]
     return causes, not rng
 
 

@@ -104,6 +104,9 @@ class Floor:
     # and whether the twin carried that weighting (then the floor is not measured).
     loss_split: LossSplit | None = None
     weighting: bool = False
+    # Per step, how far an adaptive optimizer's update rule lets two runs part per element
+    # whatever their gradients (``adaptive.parameter_floor``; None: not Adam/AdamW).
+    optimizer_abs: tuple[float, ...] | None = None
 
     @property
     def measured(self) -> bool:
@@ -118,14 +121,19 @@ class Floor:
         """Absolute: margin x the parameters' floor."""
         return self.margin * self.param_abs if self.param_abs else 0.0
 
-    def widen(self, diffs: list[TensorDiff], *, grad: bool, at_least: float = 0.0) -> list[TensorDiff]:
+    def widen(self, diffs: list[TensorDiff], *, grad: bool, at_least: float = 0.0,
+              step: int | None = None) -> list[TensorDiff]:
         """``diffs`` judged against the floor as well as their fixed tolerance: gradients within
         margin x floor of their scale, parameters within margin x floor absolute (expressed
-        relative to each tensor's scale), and anything within ``at_least`` of its scale (a comm
+        relative to each tensor's scale) or, after ``step`` under Adam/AdamW, within the update
+        rule's own bound (``adaptive``), and anything within ``at_least`` of its scale (a comm
         hook's compression bound, ``compression``)."""
+        param_abs = self.param_bound
+        if not grad and step is not None and self.optimizer_abs and step < len(self.optimizer_abs):
+            param_abs = max(param_abs, self.optimizer_abs[step])
         out = []
         for d in diffs:
-            bound = self.grad_bound if grad else (self.param_bound / d.ref_max if d.ref_max > 0 else 0.0)
+            bound = self.grad_bound if grad else (param_abs / d.ref_max if d.ref_max > 0 else 0.0)
             bound = max(bound, at_least)
             out.append(replace(d, allowed_rel=bound) if bound > 0 else d)
         return out
@@ -159,7 +167,8 @@ class Floor:
                 "gradients": {"floor_rel": self.grad_rel, "tensor": self.grad_tensor,
                               "bound_rel": self.grad_bound},
                 "parameters": {"floor_abs": self.param_abs, "tensor": self.param_tensor,
-                               "bound_abs": self.param_bound}}
+                               "bound_abs": self.param_bound,
+                               "optimizer_bound_abs": list(self.optimizer_abs) if self.optimizer_abs else None}}
 
 
 def smallest_bug(*, world_size: int, microbatches: int) -> tuple[float, str]:

@@ -155,7 +155,14 @@ def unsynchronised_cause(ranks: Sequence[Mapping[str, Any]], *, step: int) -> st
         forwards = (value.get("ddp_forwards") or [None] * (step + 1))[step]
         when = ("with no all-reduce in the step at all" if rounds == 0 else
                 f"after the step's last all-reduce round ({rounds} round(s))")
-        return (f"the backward of {late[0]} of the {forwards} DDP forwards of step {step} ran {when} "
+        named = ""
+        if (value.get("sync_flag_after_forward") or [False] * (step + 1))[step]:
+            # Measured both ways round: False when the last forward ran, True when its backward began.
+            named = (f"require_backward_grad_sync was set after the forward: the last micro-step's "
+                     f"forward of step {step} ran with the flag False and its backward with the flag "
+                     f"True, and DDP reads the flag when the forward runs, so the last microbatch's "
+                     f"backward did not synchronise: ")
+        return (f"{named}the backward of {late[0]} of the {forwards} DDP forwards of step {step} ran {when} "
                 f"({calls} bucket all-reduces in the step on rank {value.get('rank')}), so their "
                 f"gradients reached optimizer.step() rank-local — DDP decides in forward whether a backward "
                 f"synchronises: set require_backward_grad_sync before the last micro-step's forward "

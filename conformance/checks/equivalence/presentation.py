@@ -123,6 +123,12 @@ def evidence(eq: Equivalence) -> dict[str, Any]:
             f"gradients and the steps before were judged exactly")
     if head.get("sync_batchnorm_substituted"):
         warnings.append(f"{SUBSTITUTED}: {', '.join(head['sync_batchnorm_substituted'])}")
+    if eq.random_forward and eq.ok:
+        warnings.append(
+            "forward draws random numbers with dropout switched off (a default generator "
+            "advanced during a forward): N ranks and one process draw other values, so the "
+            "match holds only as far as that draw left these steps unchanged (a layer "
+            "initialised to zero hides it at first, as DiT's adaLN-Zero hides its label dropout)")
     if dropout:
         warnings.append(f"dropout ({', '.join(dropout)}) was switched off in both runs: random "
                         f"masks cannot match between N ranks and one process")
@@ -144,6 +150,7 @@ def evidence(eq: Equivalence) -> dict[str, Any]:
              "outside_tolerance": [d.name for d in diffs if not d.ok]}
             for s, diffs in enumerate(eq.param_diffs)],
         "parameters_after_last_step": [d.to_json() for d in last],
+        "gradient_norms_at_later_steps": [s.to_json() for s in eq.later],
         "ddp_kwargs": head.get("ddp_kwargs"),
         "wrapper": eq.wrapper,
         # A build_model that is not deterministic given the seed: the first tensor whose
@@ -175,6 +182,9 @@ def evidence(eq: Equivalence) -> dict[str, Any]:
 
 def key_figure(eq: Equivalence) -> str:
     wg, wp = eq.worst_grad, eq.worst_param
+    late = eq.first_bad_later
+    if late is not None and (wg is None or wg.ok):
+        return f"step-{late.step} gradient norm off by {fmt(late.rel)} of the scale"
     if wp is not None and not wp.ok and (wg is None or wg.ok):
         return (f"max |Δparam| {fmt(wp.max_abs)} = {wp.judged_ratio:.2g}× tolerance "
                 f"(step {eq.first_bad_step})")
@@ -211,6 +221,9 @@ def mismatch_message(eq: Equivalence) -> str:
         hidden = " (clipping made the clipped gradients agree)" if eq.grads_ok else ""
         parts.append(f"before clip_grad_norm_ the gradient of {pc.name!r} differs by "
                      f"{fmt(pc.max_abs)} (rel {fmt(pc.max_rel)}){hidden}")
+    late = eq.first_bad_later
+    if late is not None:
+        parts.append(late.message())
     if wp is not None and not wp.ok:
         parts.append(f"parameters diverge from step {eq.first_bad_step}: worst {wp.name!r} "
                      f"by {fmt(wp.max_abs)} (tolerance {wp.describe_bound()})")

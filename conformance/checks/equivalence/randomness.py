@@ -43,8 +43,28 @@ def state_kept(model: Any, *, device: Any = None) -> Iterator[None]:
                 buf.copy_(value)
 
 
+def _generator_states(device: Any) -> list[Any]:
+    """The default generators a forward on ``device`` can draw from: the CPU's, and the
+    device's own on a GPU."""
+    import torch
+
+    states = [torch.random.get_rng_state()]
+    if getattr(device, "type", "cpu") == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return states
+
+
 def forward_is_random(model: Any, run: Callable[[Any], Any], *, device: Any = None) -> bool:
-    """Do two forwards of ``model`` under different seeds disagree?
+    """Does a forward of ``model`` draw random numbers: do two forwards under different seeds
+    disagree, or does a forward advance a default generator at all?
+
+    The second question because the first is asked at the initial weights, where a random op
+    can leave no trace: DiT zero-initialises its output layers (adaLN-Zero), so its label
+    dropout (``torch.rand`` in ``LabelEmbedder.token_drop``) changes nothing until the first
+    step has moved them — and then every step draws other labels on N ranks than in one
+    process. A generator that moved is the draw itself, whatever the weights. (Switched off,
+    dropout draws nothing: ``p=0`` returns before sampling a mask, measured for ``nn.Dropout``,
+    ``nn.MultiheadAttention`` and ``scaled_dot_product_attention``.)
 
     ``run(model)`` computes what the checks compare (the loss, or the outputs), under
     ``no_grad`` and :func:`state_kept`: neither the model's state nor the real run's
@@ -52,11 +72,15 @@ def forward_is_random(model: Any, run: Callable[[Any], Any], *, device: Any = No
     """
     import torch
 
-    results = []
+    results, drew = [], False
     with state_kept(model, device=device), torch.no_grad():
         for seed in (1, 2):
             torch.manual_seed(seed)
+            before = _generator_states(device)
             results.append([t.detach().cpu().double() for t in _tensors(run(model))])
+            drew = drew or any(not torch.equal(a, b) for a, b in zip(before, _generator_states(device)))
+    if drew:
+        return True
     a, b = results
     # equal_nan: a forward that returns NaN twice is not random (it is non-finite, judged apart).
     return len(a) != len(b) or any(x.shape != y.shape or not torch.allclose(x, y, rtol=0, atol=0, equal_nan=True)

@@ -48,13 +48,14 @@ from typing import Any, cast
 from ...harness.batches import part_dims, take_rows
 from ...harness.patching import replaced
 from ...harness.ddp import MODEL_SEED
-from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step, StepCollectives
+from ...harness.observe import CommRounds, Forwards, Observation, Probe, Slice, Step, StepCollectives, SyncFlags, unseen
 from ...harness.parallel import full_named, local, wrapper_of
 from ...harness.rank_run import RankRun
 from ...harness.sharding import batch_dims, global_batch, shard, to_device
 from ...harness.sync_batchnorm import substituted
 from ...harness.targets import Target
 from ...harness.world import RankContext
+from .adaptive import gradient_norms, update_bound
 from .compiled import output_site, run_eagerly
 from .destination import Destination
 from .compression import comm_hook_of
@@ -230,21 +231,26 @@ class Gradients(Probe):
     found: dict[str, Any] = field(default_factory=dict)  # "grads", "grads_digest" at the first step
     bad: str | None = None  # the first non-finite gradient at this step's optimizer.step()
     out: GradientSlice = field(default_factory=lambda: GradientSlice(
-        optimizer_steps=[], params=[], digests=[], nonfinite=None, manual_update=[]))
+        optimizer_steps=[], params=[], digests=[], nonfinite=None, manual_update=[], grad_norms=[],
+        update_bounds=[]))
     #: The parameters' fingerprint (``_fingerprint``) at this step's start and at each forward
     #: since, taken until an optimizer step is seen: a train_step that changes them with no
     #: optimizer step updates them by hand (``_by_hand``), ``hand_updates`` times so far.
     last: list[str] | None = None
     hand_updates: int = 0
     stepped: bool = False  # some optimizer.step() ran in an earlier step
+    # This step's gradient norms and adaptive update bound at its first optimizer.step()
+    # (``adaptive``: the later steps' gradients and the parameters' floor under Adam).
+    norms: dict[str, float | None] | None = None
+    bound: float | None = None
 
     def attach(self, stack: contextlib.ExitStack) -> None:
         import torch
 
         self.recorder = StepRecorder.attach(self.inner, self.optimizer, observe=self._at_step)
         stack.callback(self.recorder.close)
-        stack.callback(output_site(self.ddp, self.inner).register_forward_hook(self._watch_output).remove)
-        stack.callback(self.inner.register_forward_pre_hook(self._at_forward).remove)
+        stack.callback(output_site(self.ddp, self.inner).register_forward_hook(unseen(self._watch_output)).remove)
+        stack.callback(self.inner.register_forward_pre_hook(unseen(self._at_forward)).remove)
         stack.enter_context(replaced(torch.nn.Module, "zero_grad", self._zeroing))
 
     def _fingerprint(self) -> list[str] | None:
@@ -309,6 +315,8 @@ class Gradients(Probe):
         shards = local_slices(named) if first else {}
         named = list(full_named(named))
         self.bad = first_nonfinite(named)
+        if self.norms is None:
+            self.norms, self.bound = gradient_norms(named), update_bound(self.optimizer)
         if not first:
             return
         if self.to.digest:
@@ -321,7 +329,7 @@ class Gradients(Probe):
         assert self.recorder is not None
         self.step = step.index
         self.recorder.reset()
-        self.bad = None
+        self.bad, self.norms, self.bound = None, None, None
         if "grads0" not in self.out:
             self.found.clear()
         self.last, self.hand_updates = self._fingerprint(), 0
@@ -335,6 +343,8 @@ class Gradients(Probe):
         self._by_hand()  # counts this step's hand-written updates and reads their gradients
         # Hand-written updates count as this step's optimizer steps (``manual_update``).
         self.out["optimizer_steps"].append(self.recorder.steps or self.hand_updates)
+        self.out["grad_norms"].append(self.norms)
+        self.out["update_bounds"].append(self.bound)
         if self.out["nonfinite"] is None:
             # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
             # the loss computed on them, or from the backward.
@@ -421,8 +431,8 @@ class Prepared:
         allreduce = CommRounds(self.ddp, enabled=plan.count_allreduce)
         clipping = Clipping(self.inner, namespaces, self.to)
         return [allreduce, Gradients(self.ddp, self.inner, self.optimizer, self.to, clipping),
-                Forwards(wrapper=self.ddp, inner=self.inner, rounds=allreduce), clipping, BatchDigests(),
-                CompileWatch(self.ddp, self.inner, eager=plan.eager), Features(self.ddp), Routing(),
+                Forwards(wrapper=self.ddp, inner=self.inner, rounds=allreduce), SyncFlags(self.ddp), clipping,
+                BatchDigests(), CompileWatch(self.ddp, self.inner, eager=plan.eager), Features(self.ddp), Routing(),
                 StepCollectives(self.inner, rank=self.setup["rank"])]
 
 

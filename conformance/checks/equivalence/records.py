@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from ...harness.observe import AllReduceSlice, ForwardCountSlice, StepCollectivesSlice
+from ...harness.observe import AllReduceSlice, ForwardCountSlice, StepCollectivesSlice, SyncFlagSlice
 from .start_loss import StartLoss
 from .tensors import Compared
 
@@ -122,8 +122,12 @@ class GradientSlice(TypedDict, total=False):
     #: FSDP2: this rank's gradient shards against the same slices of the reference, when the
     #: full gradients differ (``shards``; None: not sharded, or nothing differed).
     shard_factor: ShardFactor | None
+    #: Per step, at its first optimizer.step(): each parameter's gradient norm (None: no step)
+    #: and the largest change an adaptive optimizer's update could make (None: not adaptive).
+    grad_norms: list[dict[str, float | None] | None]
+    update_bounds: list[float | None]
 
 
-class RankRecord(SetupSlice, AllReduceSlice, ForwardCountSlice, DataSlice, RoutingSlice, CompileSlice,
+class RankRecord(SetupSlice, AllReduceSlice, ForwardCountSlice, SyncFlagSlice, DataSlice, RoutingSlice, CompileSlice,
                  FeaturesSlice, ClipSlice, GradientSlice, StepCollectivesSlice, total=False):
     """One rank's record of a recorded run: the union of its probes' slices."""

@@ -180,8 +180,8 @@ def first_flip(reference: dict[str, Any], side: list[dict[str, Any]], *,
 
 def trim_twin(reference: dict[str, Any], twin: dict[str, Any] | None, *,
               blocks_reversed: int = 0) -> tuple[dict[str, Any] | None, Flip | None]:
-    """The twin with what its own routing flips made of it removed: parameters from its first
-    flipped step on; everything when it flipped at (or before) the compared gradients."""
+    """The twin with what its own routing flips made of it removed: parameters and gradient
+    norms from its first flipped step on; everything when it flipped at (or before) the compared gradients."""
     if twin is None or twin.get("failed"):
         return twin, None
     flip, _ = first_flip(reference, [twin], blocks_reversed=blocks_reversed)
@@ -191,7 +191,8 @@ def trim_twin(reference: dict[str, Any], twin: dict[str, Any] | None, *,
         return {**twin, NOT_NOISE: (f"the run on its microbatches sent {flip.tokens} of {flip.rows} "
                                     f"tokens to other experts than the whole-batch run at step "
                                     f"{flip.step} (top-k routing): it measures a flip, not rounding")}, flip
-    return {**twin, "params": (twin.get("params") or [])[:flip.step]}, flip
+    return {**twin, "params": (twin.get("params") or [])[:flip.step],
+            "grad_norms": (twin.get("grad_norms") or [])[:flip.step]}, flip
 
 
 def explains(flip: Flip | None, *, grads0_step: int, before_ok: bool) -> bool:

@@ -18,6 +18,16 @@ from .presentation import key_figure, mismatch_message
 from .routing import explains, flip_message
 
 
+#: What a user can do about randomness in forward. "Switch it off" cannot apply to a model whose
+#: randomness is the method (MAE's random masking, DiT's label dropout): there the draw moves
+#: to where the suite can make it alike, as the batch is.
+RANDOM_FORWARD = ("draw the forward's randomness from a generator the step is given, as the "
+                  "batch is (a torch.Generator seeded from the step index and passed to the "
+                  "model, or the random mask drawn in make_batch and carried with the inputs), "
+                  "so one process and N ranks draw the same values; where the random op is not "
+                  "the method, switch it off for the check")
+
+
 def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
     """The outcome every equivalence check shares: non-finite, nothing to compare, mismatch.
 
@@ -89,7 +99,8 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
                            "its bound are in the record")
     causes, decidable = hints(eq)
     before_ok = eq.grads_ok and eq.pre_clip_ok and eq.same_first_step and (
-        eq.flip is not None and (eq.first_bad_step is None or eq.first_bad_step >= eq.flip.step))
+        eq.flip is not None and (eq.first_bad_step is None or eq.first_bad_step >= eq.flip.step)
+        and (eq.first_bad_later is None or eq.first_bad_later.step >= eq.flip.step))
     if not causes and eq.flip is not None and explains(eq.flip, grads0_step=int(
             eq.reference.get("grads0_step") or 0), before_ok=before_ok):
         # A discontinuity, not a bug: from the flip on the runs legitimately part (``routing``).
@@ -107,8 +118,7 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
     if not decidable:
         message = (f"{what} cannot be judged: {cause}; measured: {mismatch_message(eq)}")
         return Outcome.inconclusive(message, metrics=metrics, evidence=evidence,
-                                    recommendation="make forward deterministic for the check (seed "
-                                                   "or switch off the random op) to compare it")
+                                    recommendation=RANDOM_FORWARD)
     named = collective(eq)
     if named:
         recommendation = named[0].fix  # the one change the named collective cause needs

@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 from ...harness.ddp import tensor_digest, unwrap
-from ...harness.observe import Probe, SamplesSlice
+from ...harness.observe import Probe, SamplesSlice, unseen
 from .records import BufferPart, BufferSlice, ForwardPart, ForwardSlice
 
 
@@ -50,7 +50,7 @@ class Forward(Probe):
         self._had_grad = {n for n, p in self._module.named_parameters() if p.grad is not None}
         # Found once: a forward then reads only these modules' flags, not the whole tree.
         self._watched = [(n or type(m).__name__, m) for n, m in self._module.named_modules() if _mode_dependent(m)]
-        stack.callback(self._module.register_forward_pre_hook(self._seen, with_kwargs=True).remove)
+        stack.callback(self._module.register_forward_pre_hook(unseen(self._seen), with_kwargs=True).remove)
 
     def _seen(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         import torch

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...harness.batches import sample_rows
-from ...harness.observe import LoaderIndices, Probe, Slice, Step
+from ...harness.observe import LoaderIndices, Probe, Slice, Step, unseen
 from ...harness.patching import replaced as _replaced
 from ...harness.parallel import comparable
 from ...harness.world import proc_state
@@ -209,7 +209,7 @@ class Samples(Probe):
         self._handles: list[Any] = []
 
     def watch(self, model: Any) -> None:
-        self._handles.append(model.register_forward_pre_hook(self._forward, with_kwargs=True))
+        self._handles.append(model.register_forward_pre_hook(unseen(self._forward), with_kwargs=True))
 
     def _forward(self, module: Any, args: Any, kwargs: Any) -> None:
         import torch

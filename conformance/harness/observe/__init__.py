@@ -9,7 +9,9 @@
 - :mod:`.forwards` — forwards through DDP and through the inner module, training or not;
 - :mod:`.step_collectives` — the collectives the step calls in its forward, loss and
   ``autograd.Function`` backwards (a tap of the collectives probe);
-- :mod:`.optimizer_steps` — every optimizer step (torch's global step hooks, ``GradScaler.step``).
+- :mod:`.optimizer_steps` — every optimizer step (torch's global step hooks, ``GradScaler.step``);
+- :mod:`.unseen` — the wrapper of every hook a probe puts on the user's module: a copy of the
+  module (``copy.deepcopy``, pickling) leaves it behind.
 
 A check family adds probes of its own against this contract; it never adds a second contract
 or patches these functions again (``tests/test_architecture.py`` holds it). Import-light:
@@ -31,11 +33,12 @@ from .collectives import (
     tap,
 )
 from .comm_rounds import AllReduceSlice, CommRounds, counting_allreduce
-from .forwards import OUTSIDE, TRAINING, ForwardCountSlice, Forwards
+from .forwards import OUTSIDE, TRAINING, ForwardCountSlice, Forwards, SyncFlags, SyncFlagSlice
 from .loader import LoaderIndices, SamplerSeen, SamplesSlice
 from .optimizer_steps import OptimizerSteps
 from .probe import Counts, Observation, Probe, Slice, Step
 from .step_collectives import StepCollective, StepCollectives, StepCollectivesSlice
+from .unseen import Unseen, unseen
 
 __all__ = [
     "COLLECTIVES",
@@ -63,8 +66,12 @@ __all__ = [
     "StepCollective",
     "StepCollectives",
     "StepCollectivesSlice",
+    "SyncFlagSlice",
+    "SyncFlags",
     "UnevenCollective",
     "UnevenGather",
+    "Unseen",
     "counting_allreduce",
     "tap",
+    "unseen",
 ]

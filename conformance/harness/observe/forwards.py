@@ -12,6 +12,8 @@ and whether each was a training forward.
   a shared tally (``kinds``) for rank-consistency's look at what ranks did besides training;
   forwards traced into a compiled graph are not counted there (the hook stays out of the
   user's graph).
+- **The sync flag** (``SyncFlags``): ``require_backward_grad_sync`` at the step's last DDP
+  forward and when its backward began: set in between, DDP had already decided.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, TypedDict
 
 from .comm_rounds import CommRounds
 from .probe import Counts, Probe, Slice, Step
+from .unseen import unseen
 
 #: Forwards of a wrapped model with autograd on and the module in training mode.
 TRAINING = "training forward"
@@ -59,9 +62,9 @@ class Forwards(Probe):
         self.rounds = self.rounds_of.rounds() if self.rounds_of is not None else None
         stack.callback(self._remove)
         if self.wrapper is not None:
-            self._handles.append(self.wrapper.register_forward_pre_hook(self._on_ddp))
+            self._handles.append(self.wrapper.register_forward_pre_hook(unseen(self._on_ddp)))
         if self.inner_module is not None:
-            self._handles.append(self.inner_module.register_forward_pre_hook(self._on_inner))
+            self._handles.append(self.inner_module.register_forward_pre_hook(unseen(self._on_inner)))
 
     def watch(self, model: Any) -> None:
         """Count the forwards of ``model`` (the module a DDP wrapper wraps, or the model itself:
@@ -69,7 +72,8 @@ class Forwards(Probe):
         # prepend: before the wrapper's own pre-forward hooks. FSDP2 unshards the parameters in
         # its hook and frees them again in backward; a checkpoint taken after it would read (and
         # pin) the unsharded ones instead of the sharded parameters the optimizer updates.
-        self._handles.append(getattr(model, "module", model).register_forward_pre_hook(self._on_inner, prepend=True))
+        self._handles.append(getattr(model, "module", model).register_forward_pre_hook(
+            unseen(self._on_inner), prepend=True))
 
     def _on_ddp(self, module: Any, args: Any) -> None:
         import torch
@@ -114,3 +118,60 @@ class Forwards(Probe):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+class SyncFlagSlice(TypedDict):
+    """Per step: the last DDP forward (with autograd) saw ``require_backward_grad_sync`` False
+    and its backward began with the flag True — set between them, after DDP had decided."""
+
+    sync_flag_after_forward: list[bool]
+
+
+class SyncFlags(Probe):
+    """When ``require_backward_grad_sync`` changed around the step's last DDP forward.
+
+    DDP reads the flag in ``forward``: a backward synchronises when its forward saw it set.
+    build-nanogpt sets it before each micro-step's forward; moved below the forward, the last
+    micro-step's backward runs with the flag True but unsynchronised. ``no_sync()`` around the
+    wrong micro-steps gives the same all-reduce rounds, but its flag is still False in that
+    backward: so the flag is read twice, at the forward and when the backward reaches the
+    forward's output (a hook on its first output that needs a gradient, reached first)."""
+
+    def __init__(self, wrapper: Any) -> None:
+        self.wrapper = wrapper
+        self.at_forward: bool | None = None
+        self.at_backward: bool | None = None
+        self.out = SyncFlagSlice(sync_flag_after_forward=[])
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        stack.callback(self.wrapper.register_forward_pre_hook(unseen(self._forward)).remove)
+        stack.callback(self.wrapper.register_forward_hook(unseen(self._output)).remove)
+
+    def _forward(self, module: Any, args: Any) -> None:
+        import torch
+
+        if torch.is_grad_enabled():
+            self.at_forward = bool(getattr(module, "require_backward_grad_sync", True))
+
+    def _output(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return
+        values = (output.values() if isinstance(output, dict)
+                  else output if isinstance(output, (tuple, list)) else (output,))
+        first = next((t for t in values if isinstance(t, torch.Tensor) and t.requires_grad), None)
+        self.at_backward = None
+        if first is not None:
+            first.register_hook(lambda grad: self._backward(module))
+
+    def _backward(self, module: Any) -> None:
+        self.at_backward = bool(getattr(module, "require_backward_grad_sync", True))
+
+    def end_step(self, step: Step) -> Slice:
+        self.out["sync_flag_after_forward"].append(self.at_forward is False and self.at_backward is True)
+        self.at_forward = self.at_backward = None
+        return {}
+
+    def result(self) -> SyncFlagSlice:
+        return self.out
