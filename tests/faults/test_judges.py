@@ -455,6 +455,8 @@ def _round(culprit: int | None, score: float) -> Any:
     ([(0, 0.30), (None, 0.0), (None, 0.0)], "passed", r"no persistent straggler in 3 rounds.*rounds named \[0, None, None\]"),
     ([(0, 0.30), (1, 0.31), (0, 0.3)], "passed", r"rounds named \[0, 1, 0\]"),
     ([(None, 0.0)] * 3, "passed", r"no persistent straggler in 3 rounds: per-rank imbalance at most 0.00"),
+    # The measurement stops after a round that named nobody: one round, said so.
+    ([(None, 0.0)], "passed", r"no persistent straggler in the first round \(no rank named, so none in all\)"),
 ])
 def test_straggler_target_judge_needs_the_same_culprit_every_round(
         rounds: list[tuple[int | None, float]], status: str, message: str) -> None:
