@@ -19,9 +19,11 @@ simulated one) is calibrated on every unshaped measurement and its median added 
 prediction, and the unshaped fits' median latency is the software's part of every message's
 latency (what a shaped rate's fit adds beyond it is bytes on the link, which the burst pays
 for: ``ShapedLink.with_unshaped_latency``); every shaped point is a validation. The sweep
-runs :data:`REPEATS` times in one world at the first one's rates and is judged by its medians
-per rate (``cliff.model.median_report``): one sweep's fast rates are mostly a small host's
-scheduling noise. The knee (``cliff.model.knees``), measured and predicted.
+runs up to :data:`REPEATS` times in one world at the first one's rates and is judged by its
+medians per rate (``cliff.model.median_report``): one sweep's fast rates are mostly a small
+host's scheduling noise. The timed steps per rate and the number of sweeps are sized from the
+step measured first (:func:`point_steps`, :data:`SWEEPS_BUDGET_S`): a large model's long step
+needs fewer samples, and the check's cost stays a few minutes instead of growing with the model. The knee (``cliff.model.knees``), measured and predicted.
 
 The bucket layout that moves the knee (``cliff.layout``): proposed by the simulator at the
 measured knee, then re-run side by side at that rate against the configured one, and reported
@@ -48,6 +50,8 @@ extrapolates past the rates and the world size that were measured.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,8 +86,21 @@ CLIFF_MIN_RATIO = 1.5
 STEPS, ITERS = 24, 6
 #: Sweeps measured (in one world, at the first one's rates) and judged by their medians per
 #: rate (``cliff.model.median_report``): on a 2-core host one sweep validated tied-lm's
-#: simulator 7 times in 21, the medians of three 6 times in 7.
+#: simulator 7 times in 21, the medians of three 6 times in 7. At most: see SWEEPS_BUDGET_S.
 REPEATS = 3
+#: Why the check's cost grew with the model: its counts were fixed -- REPEATS sweeps of 15 link
+#: points, each STEPS timed DDP steps after as many plain passes, the shaped ones at 1.1-7.4x
+#: the compute -- about 3,300 steps' compute whatever a step costs: 61 s at 2 M parameters
+#: (3,860 bare training steps), more than 18 minutes at 34 M. Those counts were set for the
+#: built-ins' 1-40 ms steps, where a host's time slices are the step's size and only many
+#: samples find its lower quartile; a step of a tenth of a second or more is long against
+#: them. So the timed steps per rate are sized from the unshaped step measured first
+#: (POINT_BUDGET_S of steps, between MIN_STEPS and STEPS), and a further sweep runs only while
+#: the sweeps so far, one more included, fit in SWEEPS_BUDGET_S (the first always runs).
+POINT_BUDGET_S = 0.5
+#: The fewest timed steps per rate: a comm hook's steady state (MIN_STEADY, 4) twice over.
+MIN_STEPS = 8
+SWEEPS_BUDGET_S = 120.0
 #: The target of the default run (no --target): the built-in with the most gradient bytes
 #: (29 KiB, a GRU and a tied embedding), whose cliff is reached at tens of Mbit/s.
 VEHICLE = "tied-lm"
@@ -117,9 +134,13 @@ def run(ctx: CheckContext) -> Outcome:
     try:
         with ctx.fresh_world(private_network=True) as world:
             sweeps: list[SweepData] = []
-            for _ in range(REPEATS):
+            started = _now()
+            while len(sweeps) < REPEATS and (not sweeps or (_now() - started) * (len(sweeps) + 1) / len(sweeps)
+                                             <= SWEEPS_BUDGET_S):
                 rates = [r for r in sweeps[0].rates if r is not None] if sweeps else None
-                sweeps.append(measure(world, spec, cap_mb=cap_mb, exposures=EXPOSURES, steps=STEPS, iters=ITERS,
+                # A repeat's first unshaped point too is sized from the first sweep's step.
+                steps = point_steps(cm.measured_step(sweeps[0].values[0]), STEPS) if sweeps else STEPS
+                sweeps.append(measure(world, spec, cap_mb=cap_mb, exposures=EXPOSURES, steps=steps, iters=ITERS,
                                       rates=rates, on_shape=lambda rate: _record(ctx, rate)))
             # The layout that moves the knee, proposed by the simulator and re-run side by side
             # in the same world: nothing is claimed from the model alone.
@@ -127,6 +148,16 @@ def run(ctx: CheckContext) -> Outcome:
     except NetworkUnavailable as exc:
         return Outcome.skipped(f"no shaped link here: {exc}")
     return judge(sweeps, link_gbps=ctx.link_gbps, layout=layout)
+
+
+def point_steps(step_s: float, most: int = STEPS) -> int:
+    """Timed DDP steps per link rate for an unshaped step of ``step_s``: POINT_BUDGET_S of them,
+    at least MIN_STEPS, at most ``most`` (a ceiling below MIN_STEPS wins: a test's short sweep)."""
+    return min(most, max(MIN_STEPS, math.ceil(POINT_BUDGET_S / max(step_s, 1e-6))))
+
+
+def _now() -> float:
+    return time.monotonic()
 
 
 def _record(ctx: CheckContext, rate: float | None) -> None:
@@ -147,7 +178,7 @@ def measure(world: WorldLike, target_spec: str, *, cap_mb: float | None, exposur
     sizes: list[tuple[int, ...]] = []
     values: list[tuple[dict[str, Any], ...]] = []
 
-    def at(rate: float | None, total_bytes: int) -> dict[str, Any]:
+    def at(rate: float | None, total_bytes: int, steps: int) -> dict[str, Any]:
         # Unshaped is the same link without its rate limit: the shaped rates' MTU, not
         # loopback's 64 KiB. Measured (examples/train_compiled.py, a 2.2 MB all-reduce): at
         # 1500 bytes the loopback carried 750-830 MB/s however fast the rate, against 1.5 GB/s
@@ -163,16 +194,19 @@ def measure(world: WorldLike, target_spec: str, *, cap_mb: float | None, exposur
         values.append(tuple(r.value for r in result))
         return result[0].value
 
-    first = at(None, 0)
+    first = at(None, 0, steps)
     total = sum(first["profile"]["nbytes"])
     compute = first["profile"]["forward_s"] + first["profile"]["backward_end_s"]
     if rates is None:
         rates = cm.sweep_rates(total, compute, world.world_size, exposures=exposures)
+    # The rest of the sweep takes as many timed steps as the unshaped step measured first calls
+    # for (``steps`` at most): a long step is long against the host's time slices.
+    steps = point_steps(cm.measured_step(values[0]), steps)
     for rate in rates:
-        at(rate, total)
+        at(rate, total, steps)
         # The unshaped link again after every rate: DDP's fixed cost is calibrated on readings
         # spread through the sweep (their median), and a load change shows as their drift.
-        at(None, total)
+        at(None, total, steps)
     link.shape(None)
     return SweepData(world_size=world.world_size, cap_mb=cap_mb, rates=tuple(measured), sizes=tuple(sizes),
                      values=tuple(values))

@@ -50,9 +50,11 @@ COST_RATIO_RANGE = (0.5, 2.0)
 
 
 def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[SlowRank | None],
-                   steps_each: int | None, deadline_s: float | None = None) -> dict[str, Any]:
+                   steps_each: int | None, deadline_s: float | None = None,
+                   until_cleared: bool = False) -> dict[str, Any]:
     """Run ``steps_each`` timed steps per entry of ``faults`` (None = unfaulted baseline); None:
-    as many as the last warm-up step's time allows (timing.sweep_reps, within ``deadline_s``)."""
+    as many as the last warm-up step's time allows (timing.sweep_reps, within ``deadline_s``).
+    ``until_cleared``: stop after the round that clears every rank (``cleared``)."""
     import torch
 
     from conformance.harness.ddp import PROBE_SEED, ddp_timing, sync_device, wrap
@@ -112,16 +114,45 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
                              "t_end": t_wall + (t1 - t0), "step_s": t1 - t0, "wait_s": wait,
                              "compute_s": (t1 - t0) - wait})
             step += 1
+        if until_cleared and segment >= WARMUP and cleared(ctx, rows, segment - WARMUP):
+            break
     return {"rows": rows, "ddp_timing": ddp_timing(model), "injections": log.items, "steps_each": steps_each}
 
 
+def cleared(ctx: RankContext, rows: list[dict[str, Any]], upto: int) -> bool:
+    """Whether rounds 0..``upto`` already rule a straggler out: ``judge_target`` fails only a
+    rank named the culprit in every round, so once a round names nobody, or another rank than
+    the first, the later rounds cannot change the verdict (a healthy target's rounds after the
+    first were measured for nothing: 2/3 of the check's timed steps)."""
+    import torch.distributed as dist
+
+    mine = [[(row["compute_s"], row["wait_s"], row["step_s"]) for row in rows if row["segment"] == seg]
+            for seg in range(upto + 1)]
+    every: list[Any] = [None] * ctx.world_size
+    # Synchronisation point: every rank gathers every rank's rounds and scores them alike, so
+    # all of them stop after the same round (a rank that stepped on alone would hang in DDP).
+    dist.all_gather_object(every, mine, group=ctx.group)
+    named = set()
+    for seg in range(upto + 1):
+        per = {r: every[r][seg] for r in range(ctx.world_size)}
+        named.add(score_stragglers({r: [x[0] for x in v] for r, v in per.items()},
+                                   {r: [x[1] for x in v] for r, v in per.items()},
+                                   {r: [x[2] for x in v] for r, v in per.items()}).culprit_rank)
+    return None in named or len(named) > 1
+
+
 def measure(world: WorldLike, source: VehicleSpec | str, faults: list[SlowRank | None],
-            steps_each: int | None = 5, *, deadline_s: float | None = None) -> list[dict[str, Any]]:
-    """Per segment (one per fault): the straggler verdict, timeline, and DDP's timing.
+            steps_each: int | None = 5, *, deadline_s: float | None = None,
+            until_cleared: bool = False) -> list[dict[str, Any]]:
+    """Per segment (one per fault, up to the round that cleared every rank with
+    ``until_cleared``): the straggler verdict, timeline, and DDP's timing.
     ``steps_each=None``: sized by the measured step time (``deadline_s``: the world's)."""
-    results = world.run(straggler_rank, source, faults, steps_each, deadline_s)
+    results = world.run(straggler_rank, source, faults, steps_each, deadline_s, until_cleared)
+    ran = {row["segment"] for r in results for row in r.value["rows"]}
     out = []
     for seg, fault in enumerate(faults):
+        if seg not in ran:  # rounds left out once an earlier one cleared every rank
+            break
         compute, wait, step, timeline = {}, {}, {}, []
         for r in results:
             rows = [row for row in r.value["rows"] if row["segment"] == seg]
@@ -251,7 +282,8 @@ TARGET_ROUNDS = 3
 
 
 def _target(ctx: CheckContext, world: WorldLike) -> Outcome:
-    segments = measure(world, ctx.target.spec, [None] * TARGET_ROUNDS, steps_each=None, deadline_s=ctx.deadline)
+    segments = measure(world, ctx.target.spec, [None] * TARGET_ROUNDS, steps_each=None, deadline_s=ctx.deadline,
+                       until_cleared=True)
     return judge_target([seg["verdict"] for seg in segments], segments[0]["timeline"], segments[0]["ddp_timing"],
                         steps=segments[0]["steps_each"], compute=[seg["compute"] for seg in segments])
 
@@ -296,7 +328,8 @@ def judge_target(verdicts: list[StragglerVerdict], timeline: list[dict[str, Any]
     flagged = [c for c in named if c is not None]
     transient = (f"; rounds named {named} (an imbalance that does not persist across rounds is host "
                  f"noise, not a straggler)") if flagged else ""
-    return Outcome.passed(f"no persistent straggler in {len(verdicts)} rounds: per-rank imbalance at most "
+    rounds = f"{len(verdicts)} rounds" if len(verdicts) > 1 else "the first round (no rank named, so none in all)"
+    return Outcome.passed(f"no persistent straggler in {rounds}: per-rank imbalance at most "
                           f"{worst['score']:.2f} of a {v.step_s * 1e3:.1f} ms step (threshold "
                           f"{STRAGGLER_THRESHOLD}){transient}", metrics=metrics, evidence=evidence)
 

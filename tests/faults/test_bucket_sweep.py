@@ -32,3 +32,22 @@ def test_caps_with_one_layout_are_timed_once(world: World) -> None:
         assert len(value["times"][0]) == len(value["times"][3]) == value["rounds"]
         assert value["times"][3] != value["times"][0]
         assert value["buckets"] == [4, 4, 4, 1]
+
+
+def test_the_cap_at_a_turn_stays_wrapped(world: World) -> None:
+    # Two passes in opposite orders: 0.1, 100 then 100, 0.1. The 100 MB DDP ends the first pass
+    # and starts the second, already warm: three wraps, not four, and every cap still gets its
+    # rounds of timed steps.
+    results = world.run(sweep_rank, fault_target("wide_mlp"), [0.1, 100.0], 30.0)
+    for r in results:
+        assert r.value["wraps"] == 3
+        assert [len(t) for t in r.value["times"]] == [r.value["rounds"]] * 2
+        assert r.value["buckets"] == [4, 1]
+
+
+def test_given_reps_are_the_timed_steps_per_cap(world: World) -> None:
+    # The side-by-side re-run of a clear gap repeats the sweep's count instead of sizing its own.
+    results = world.run(sweep_rank, fault_target("wide_mlp"), [0.1, 100.0], 30.0, 3)
+    for r in results:
+        assert r.value["rounds"] == 3
+        assert [len(t) for t in r.value["times"]] == [3, 3]

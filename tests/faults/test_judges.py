@@ -268,6 +268,24 @@ def test_a_gap_within_the_sweeps_noise_fails_only_when_a_second_re_run_agrees(mo
     assert [r["status"] for r in outcome.evidence["remedies"]] == ["verified fix", "did not fix"]
 
 
+@pytest.mark.parametrize("clear_gap, reps", [(True, 8), (False, None)])
+def test_a_clear_gap_is_rerun_with_the_sweeps_steps(monkeypatch: pytest.MonkeyPatch, clear_gap: bool,
+                                                    reps: int | None) -> None:
+    # The sweep told the caps apart with its 8 rounds: the re-run repeats that count; a gap
+    # within the noise gets the two-point budget's count (None: sized on the ranks).
+    asked: list[Any] = []
+
+    def verify_cap(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("reps"))
+        return bucket_config.verify("bucket_cap_mb=1", lambda: bucket_config.judge_side_by_side(
+            25.0, 1.0, [0.02] * 8, [0.01] * 8))
+
+    _run_bucket_check(monkeypatch, [], [], clear_gap=clear_gap, verify_cap=verify_cap)
+    assert asked[0] == reps
+    if not clear_gap:  # a verified x2 after a noisy sweep is confirmed, as many steps again
+        assert asked[1:] == [8]
+
+
 def _run_bucket_check(monkeypatch: pytest.MonkeyPatch, configured_s: list[float], recommended_s: list[float],
                       *, clear_gap: bool, verify_cap: Any = None) -> Any:
     """bucket-config on a --target whose sweep measured the configured 25 MB x1.80 slower than
@@ -437,6 +455,8 @@ def _round(culprit: int | None, score: float) -> Any:
     ([(0, 0.30), (None, 0.0), (None, 0.0)], "passed", r"no persistent straggler in 3 rounds.*rounds named \[0, None, None\]"),
     ([(0, 0.30), (1, 0.31), (0, 0.3)], "passed", r"rounds named \[0, 1, 0\]"),
     ([(None, 0.0)] * 3, "passed", r"no persistent straggler in 3 rounds: per-rank imbalance at most 0.00"),
+    # The measurement stops after a round that named nobody: one round, said so.
+    ([(None, 0.0)], "passed", r"no persistent straggler in the first round \(no rank named, so none in all\)"),
 ])
 def test_straggler_target_judge_needs_the_same_culprit_every_round(
         rounds: list[tuple[int | None, float]], status: str, message: str) -> None:

@@ -634,3 +634,48 @@ def test_the_layout_is_verified_only_by_its_side_by_side_rerun(proposed_s: float
     outcome = judge(_sweep(), layout=remedy)
     assert outcome.evidence[keys.REMEDIES][0]["status"] == status
     assert (outcome.recommendation is not None) == (status == "verified fix")
+
+
+@pytest.mark.parametrize("step_s, steps", [(0.001, scaling_cliff.STEPS), (0.03, 17), (0.2, scaling_cliff.MIN_STEPS),
+                                           (5.0, scaling_cliff.MIN_STEPS)])
+def test_the_timed_steps_per_rate_follow_the_step(step_s: float, steps: int) -> None:
+    # The built-ins' millisecond steps keep every sample; a large model's long step needs fewer.
+    assert scaling_cliff.point_steps(step_s) == steps
+    assert scaling_cliff.point_steps(step_s, 3) == 3  # a test's short sweep keeps its ceiling
+
+
+@pytest.mark.parametrize("sweep_s, sweeps", [(5.0, scaling_cliff.REPEATS), (50.0, 2), (100.0, 1)])
+def test_sweeps_are_repeated_only_while_they_fit_the_budget(monkeypatch: pytest.MonkeyPatch, sweep_s: float,
+                                                            sweeps: int) -> None:
+    # The first sweep always runs; another only while all of them would fit in SWEEPS_BUDGET_S
+    # (120 s): a 2 M model's ~20 s sweep is repeated as before, a large model's is not. The
+    # repeats take the first sweep's rates and its step-sized count of timed steps.
+    clock = [0.0]
+    asked: list[tuple[Any, int]] = []
+
+    def measure(world: Any, spec: str, **kw: Any) -> SweepData:
+        clock[0] += sweep_s
+        asked.append((kw["rates"], kw["steps"]))
+        return _sweep()
+
+    class Fresh:
+        def __enter__(self) -> Any:
+            return object()
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr(scaling_cliff, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(scaling_cliff, "_now", lambda: clock[0])
+    monkeypatch.setattr(scaling_cliff, "measure", measure)
+    judged: list[int] = []
+    monkeypatch.setattr(scaling_cliff, "judge", lambda data, **kw: judged.append(len(data)))
+    ctx = _ctx()
+    ctx.fresh_world = lambda **_: Fresh()
+    ctx.target = SimpleNamespace(spec="mlp", ddp_kwargs={})
+    ctx.injected, ctx.link_gbps = False, None
+    scaling_cliff.run(ctx)
+    assert judged == [sweeps]
+    step = cm.measured_step(_sweep().values[0])
+    assert asked[0] == (None, scaling_cliff.STEPS)
+    assert all(rates is not None and steps == scaling_cliff.point_steps(step) for rates, steps in asked[1:])

@@ -70,3 +70,28 @@ def test_every_rank_agrees_on_the_slowest_ranks_count(suite_session: Any) -> Non
     results = suite_session.world().run(_agree, 2)
     assert [r.value for r in results] == [(sweep_reps(0.5, points=2, deadline_s=600), 0.5)] * 2
     assert results[0].value[0] == 10 != sweep_reps(0.05, points=2, deadline_s=600)
+
+
+def test_a_backward_profile_stops_once_its_median_is_pinned() -> None:
+    from conformance.perf.measure.profile import settled
+
+    steady = [1.0, 1.01, 0.99, 1.0, 1.02]
+    assert settled(steady)  # a production model's long, steady passes: the floor's 5 suffice
+    assert not settled(steady[:4])  # never below the floor
+    # A busy host's passes (one in three doubled): the budget's count, as before.
+    assert not settled([1.0, 2.0, 1.0, 1.0, 2.1, 1.0, 0.9, 2.0])
+
+
+def test_the_profile_takes_the_passes_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # In-process, one rank (no collective runs in the profile): stopped at the first pass
+    # count ``settled`` accepts, below the budget's count for a millisecond model (25).
+    from types import SimpleNamespace
+
+    import torch
+
+    from conformance.perf.measure import profile
+
+    monkeypatch.setattr(profile, "settled", lambda times: len(times) >= 3)
+    ctx = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"))
+    assert profile.profile_backward(ctx, "mlp")["repeats"] == 3
+    assert profile.profile_backward(ctx, "mlp", repeats=4)["repeats"] == 4  # a count given is kept

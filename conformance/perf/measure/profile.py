@@ -8,13 +8,14 @@ is accumulated into ``.grad`` — the same moment DDP's autograd hook marks it r
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
 from ...harness.ddp import PROBE_SEED, build_model, sync_device
 from ...harness.sharding import rank_batch
-from ...harness.timing import DEFAULT_DEADLINE_S, sweep_reps
+from ...harness.timing import DEFAULT_DEADLINE_S, MIN_SWEEP_REPS, sweep_reps
 from ..maths import BackwardProfile
 
 if TYPE_CHECKING:
@@ -24,6 +25,21 @@ if TYPE_CHECKING:
 # Untimed warm-up passes; the timed repeats then follow the last warm-up's time
 # (timing.sweep_reps: a fast model gets many, a production one the floor).
 WARMUP = 2
+#: The timed passes stop before sweep_reps' count once the median pass is known this closely:
+#: the interquartile range over the square root of the count, as a share of the median. The
+#: simulator this profile feeds is held to 25 % (allreduce-bandwidth's SIMULATOR_ERROR_BOUND),
+#: so 5 % is plenty; a noisy host keeps measuring, up to the budget's count as before
+#: (measured on a 2-core host at load 26: the passes' interquartile range was 0.3-1.4 of
+#: their median, 10-17 % over the root of the count at 25 passes: the budget's count ran).
+SETTLED_SHARE = 0.05
+
+
+def settled(times: list[float], least: int = MIN_SWEEP_REPS) -> bool:
+    """Whether ``least`` or more timed passes already pin their median (``SETTLED_SHARE``)."""
+    if len(times) < max(least, 2):
+        return False
+    q = statistics.quantiles(times, n=4)
+    return (q[2] - q[0]) / math.sqrt(len(times)) <= SETTLED_SHARE * statistics.median(times)
 
 
 class GradReadyRecorder:
@@ -70,7 +86,8 @@ def profile_backward(ctx: RankContext, target_spec: str, *, warmup: int = WARMUP
     """World work function: per-gradient ready times of the target model, no DDP, on this rank.
 
     ``repeats=None``: as many timed passes as the last warm-up pass's time affords within the
-    sweep budget and ``deadline_s``. No collective runs here, so the ranks need not agree.
+    sweep budget and ``deadline_s``, or fewer once their median is pinned (``settled``). No
+    collective runs here, so the ranks need not agree.
 
     Returns a plain dict (picklable) that ``to_profile`` turns into a BackwardProfile.
     """
@@ -101,6 +118,8 @@ def profile_backward(ctx: RankContext, target_spec: str, *, warmup: int = WARMUP
         i += 1
         if i == warmup and repeats is None:
             total = warmup + sweep_reps(t2 - t0, points=1, deadline_s=deadline_s)
+        elif repeats is None and settled([f + b for f, b in zip(forward, backward)]):
+            break  # a production model's passes are long and steady: 5 of them, not the budget's 10-25
     recorder.remove()
     end = statistics.median(backward)
     # Parameters that got no gradient are marked ready at the end by DDP (find_unused) or
@@ -109,7 +128,7 @@ def profile_backward(ctx: RankContext, target_spec: str, *, warmup: int = WARMUP
     order = sorted(range(len(sizes)), key=lambda i: (per_param[i], -i))
     return {"forward_s": statistics.median(forward), "backward_end_s": end,
             "order": order, "ready_s": [per_param[i] for i in order], "nbytes": [sizes[i] for i in order],
-            "names": [recorder.names[i] for i in order]}
+            "names": [recorder.names[i] for i in order], "repeats": len(backward)}
 
 
 def to_profile(data: dict[str, Any]) -> BackwardProfile:
