@@ -296,7 +296,8 @@ def _run_bucket_check(monkeypatch: pytest.MonkeyPatch, configured_s: list[float]
     monkeypatch.setattr(bucket_config, "verify_cap", verify_cap or (lambda *a, **k: bucket_config.verify(
         "bucket_cap_mb=1", lambda: bucket_config.judge_side_by_side(25.0, 1.0, configured_s, recommended_s))))
     ctx = SimpleNamespace(world_size=2, injected=False, new_world=None, deadline=60.0, world=lambda: None,
-                          target=SimpleNamespace(spec="t.py", ddp_kwargs={"bucket_cap_mb": 25.0}))
+                          target=SimpleNamespace(spec="t.py", ddp_kwargs={"bucket_cap_mb": 25.0},
+                                                 has=lambda name: False))
     outcome = bucket_config.run(ctx)
     assert outcome.evidence["remedies"][0]["change"] == "bucket_cap_mb=1"
     return outcome
