@@ -320,8 +320,8 @@ def test_chaos_attach_cannot_run_marks_a_user_target_but_not_the_builtin_runs_ve
     from ddp_conformance.reports.keys import NOT_RUN_HERE
 
     entry = {"hang-detection": hang_detection.run, "unused-parameters": unused_parameters.run}[check_id]
-    mine = entry(SimpleNamespace(target=SimpleNamespace(spec="train.py"), new_world=None,  # type: ignore[arg-type]
-                                 injected=False))
+    user_target = SimpleNamespace(spec="train.py", has=lambda name: False)  # a DDP target: no parallelize
+    mine = entry(SimpleNamespace(target=user_target, new_world=None, injected=False))  # type: ignore[arg-type]
     assert mine.status == "skipped"
     assert mine.evidence[NOT_RUN_HERE] == {"mode": "--attach",
                                            "command": f"ddp-conformance run --target train.py --checks {check_id}"}
