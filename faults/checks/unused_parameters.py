@@ -85,11 +85,15 @@ def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singl
 
     from conformance.harness.ddp import PROBE_SEED
     from conformance.harness.sharding import rank_batch
+    from conformance.harness.sync_batchnorm import substitute
 
     log = InjectionLog()
     target = resolve(source, ctx.rank, log)
     torch.manual_seed(PROBE_SEED)
     model = target.build_model().to(ctx.device)
+    # On gloo/CPU, nn.SyncBatchNorm runs as the suite's CPU stand-in (it raises on CPU), as in
+    # every other check's build; every rank runs this forward, so its all-reduces pair up.
+    substitute(model, ctx.device)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
 
     def unused_after(inputs: Any, targets: Any) -> list[str]:

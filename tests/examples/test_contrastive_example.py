@@ -71,6 +71,13 @@ def test_the_correct_trainer_passes_on_gloo_with_sync_batchnorm(suite_session):
     assert ("all_reduce", "autograd.Function GatherLayer", "the loss (outside every module)") in seen  # its backward
 
 
+def test_the_unused_parameters_probe_runs_sync_batchnorm_on_gloo_too(suite_session):
+    # Its discovery forward builds the model itself (not through DDP): seen on simsiam with
+    # SyncBatchNorm, "SyncBatchNorm expected input tensor to be on GPU" as a target error.
+    record, _ = suite_session.run_check(BY_ID["unused-parameters"], str(EXAMPLES / EXAMPLE))
+    assert record.status == "passed", record.message
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_bug_is_named(suite_session, tmp_path, case):
     edits, cause = CASES[case]
