@@ -19,7 +19,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from conformance.harness.observe import Probe, Slice, Step
+from conformance.harness.observe import Probe, Slice, Step, unseen
 
 from ..._log import InjectionLog
 from ...sites import NO_FAULT, Fault, Site
@@ -45,7 +45,7 @@ class TensorSites(Probe):
 
     def attach(self, stack: contextlib.ExitStack) -> None:
         for name, module in _modules(self.model):
-            stack.callback(module.register_forward_hook(self._output_hook(name)).remove)
+            stack.callback(module.register_forward_hook(unseen(self._output_hook(name))).remove)
         for name, param in self.model.named_parameters():
             if param.requires_grad:
                 stack.callback(param.register_post_accumulate_grad_hook(self._grad_hook(name)).remove)
@@ -107,7 +107,7 @@ class ComputeDigests(Probe):
 
     def attach(self, stack: contextlib.ExitStack) -> None:
         for name, module in _modules(self.model):
-            stack.callback(module.register_forward_hook(self._output_hook(name)).remove)
+            stack.callback(module.register_forward_hook(unseen(self._output_hook(name))).remove)
         for name, param in self.model.named_parameters():
             if param.requires_grad:
                 stack.callback(param.register_post_accumulate_grad_hook(
