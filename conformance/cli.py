@@ -459,6 +459,7 @@ def _verdict_exit(report: Mapping[str, Any] | None, run_id: str, pytest_code: in
                   requested: list[str] | None = None, report_dir: Path) -> int:
     """The exit code from *this* run's report (the writer's in-memory dict), cross-checked
     with pytest's own status."""
+    from ddp_conformance.reports import shorten_paths
     from ddp_conformance.reports.verdict import exit_code
 
     def inconclusive(why: str) -> int:
@@ -493,7 +494,9 @@ def _verdict_exit(report: Mapping[str, Any] | None, run_id: str, pytest_code: in
                             f"that no record explains")
     # Not ready: the first reason on the same line (a CI log shows why without the report).
     first = next(iter(report.get("reasons") or []), None) if code != EXIT_READY else None
-    why = f": {' '.join(str(first).split())}" if first else ""
+    # Paths as the report files say them (relative to where the run started): the terminal
+    # named the target once as the user typed it, and an absolute repeat here is noise.
+    why = f": {' '.join(shorten_paths(str(first), report.get('cwd')).split())}" if first else ""
     print(f"ddp-conformance: verdict {verdict}{why} — {report_dir}/report.html, report.md, report.json")
     return code
 

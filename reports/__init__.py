@@ -5,6 +5,7 @@ report.html). Nothing here imports torch, except :func:`collect_environment` whe
 
 from __future__ import annotations
 
+from ._format import shorten_paths
 from .environment import collect as collect_environment
 from .html import render as render_html
 from .markdown import render as render_markdown
@@ -31,6 +32,7 @@ __all__ = [
     "recommend",
     "render_html",
     "render_markdown",
+    "shorten_paths",
     "write_reports",
     "write_run_reports",
 ]

@@ -84,8 +84,12 @@ class ReportWriter:
         if record is not None:
             self._write(self.session, self.store.append, record)
         if record is not None and harness_error is None:
+            from ddp_conformance.reports import shorten_paths
+
+            # A path in the message as the report files say it (relative to where the run
+            # started): the target was named once, as typed, at the start.
             self._say(f"[ddp] {record.id}{on(self.config, str(record.target))}: {record.status.upper()} "
-                      f"({record.duration_s:.1f} s) {record.message}")
+                      f"({record.duration_s:.1f} s) {shorten_paths(record.message, os.getcwd())}")
         if harness_error is not None:
             self.harness_errors.append(harness_error)
 
