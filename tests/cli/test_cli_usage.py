@@ -90,6 +90,27 @@ def test_version_names_the_package_and_its_torch_without_importing_torch(capsys)
     assert out.splitlines()[-1] == "False"
 
 
+#: The pages whose 'Command line' block shows `ddp-conformance run`'s synopsis.
+SYNOPSES = ("docs/running.md",)
+
+
+@pytest.mark.parametrize("page", SYNOPSES)
+def test_every_run_option_is_in_the_documented_synopsis(page: str, capsys) -> None:
+    import re
+    from pathlib import Path
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    offered = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", capsys.readouterr().out)) - {"--help"}
+    assert {"--target", "--junit-xml", "--compare-ddp"} <= offered, sorted(offered)
+    text = (Path(__file__).resolve().parents[2] / page).read_text()
+    block = text[text.index("\n## Command line"):]
+    block = block[block.index("```"):]
+    synopsis = block[:block.index("```", 3)]
+    missing = sorted(o for o in offered if f"[{o}" not in synopsis)
+    assert not missing, f"{page}'s synopsis of `ddp-conformance run` lacks {missing}"
+
+
 def test_a_report_dir_with_a_directory_for_results_exits_2(tmp_path, capsys) -> None:
     (tmp_path / "out" / "results.jsonl").mkdir(parents=True)
     assert main(["run", "--report-dir", str(tmp_path / "out")]) == 2
