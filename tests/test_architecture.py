@@ -333,6 +333,68 @@ def test_the_readme_is_a_front_door() -> None:
         f"(targets.md, checks.md, running.md, scaling-cliff.md) or benchmarks/README.md")
 
 
+#: A date as the README's history used to carry them ("2026-12-02", "December 2026").
+_DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b(?:January|February|March|April|May|June|July|August|"
+                   r"September|October|November|December) \d{4}\b")
+
+
+def front_door_problems(readme: str, ci_script: str) -> list[str]:
+    """What keeps a README from being the front door (issue 38 §4): command 1 installs what a
+    user needs (not the dev extra), command 2 installs the dev extra before the project's tests,
+    CI runs both as written (command 1's install with pip's -q, its run left to the tests), no
+    dates nor 'Tried and not kept' history, and the performance table one line per figure with
+    its host's load named."""
+    problems = []
+    quick = readme[readme.index("## Quick start"):]
+    block = quick[quick.index("```bash"):quick.index("```", quick.index("```bash") + 3)]
+    commands = [line for line in block.splitlines()[1:] if line.strip() and not line.startswith("#")]
+    if len(commands) != 2:
+        return [f"Quick start has {len(commands)} commands, not 2: {commands}"]
+    setup, tests = commands
+    install = next((part for part in setup.split(" && ") if "pip install " in part), "")
+    if "[dev]" in setup or " -e ." not in install:
+        problems.append(f"command 1 must install the package without the dev extra: {setup}")
+    if not re.fullmatch(r"\.venv/bin/pip install -e '\.\[dev\]' && \.venv/bin/python -m pytest.*", tests):
+        problems.append(f"command 2 must install the dev extra, then run the tests: {tests}")
+    ci_lines = {line.strip() for line in ci_script.splitlines()}
+    if tests not in ci_lines:
+        problems.append(f".ci/run does not run command 2 as written: {tests}")
+    if install.replace(" install ", " install -q ", 1) not in ci_lines:
+        problems.append(f".ci/run does not run command 1's install as written: {install}")
+    problems += [f"a date in the README: {m.group(0)}" for m in _DATE.finditer(readme)]
+    if "Tried and not kept" in readme:
+        problems.append("history ('Tried and not kept') belongs in benchmarks/README.md")
+    perf = readme.partition("\n## Performance")[2]
+    rows = [line for line in perf.split("\n## ")[0].splitlines() if line.startswith("| `")]
+    if not rows:
+        problems.append("no Performance section with a table of the current figures")
+    for row in rows:  # | benchmark | figure | host's load |, one line each
+        cells = [cell.strip() for cell in row.strip().strip("|").split(" | ")]
+        if len(cells) != 3 or not cells[-1]:
+            problems.append(f"a performance row without its host's load: {row[:60]}")
+    return problems
+
+
+def test_the_readme_commands_are_what_a_user_needs_and_what_ci_runs() -> None:
+    assert front_door_problems((ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()) == []
+
+
+def test_the_front_door_check_sees_the_old_readme() -> None:
+    # The README before issue 38, in brief: command 1 installed the dev extra, command 2 did not,
+    # and dated history sat in it.
+    old = ("## Quick start\n\n```bash\n# 1. Set up.\npython3 -m venv .venv && .venv/bin/pip install "
+           "torch==2.13.0 -e '.[dev]' && .venv/bin/ddp-conformance run\n\n# 2. Tests.\n"
+           ".venv/bin/python -m pytest -n 3\n```\n\nTried and not kept (2026-12-02): a twin.\n\n"
+           "## Performance\n\n| `world_overhead.py` | 11 ms vs 7.6 s |\n")
+    ci = ".venv/bin/pip install -q torch==2.13.0 -e '.[dev]'\n.venv/bin/python -m pytest -n 3\n"
+    assert front_door_problems(old, ci) == [
+        "command 1 must install the package without the dev extra: " + old.splitlines()[4],
+        "command 2 must install the dev extra, then run the tests: .venv/bin/python -m pytest -n 3",
+        "a date in the README: 2026-12-02",
+        "history ('Tried and not kept') belongs in benchmarks/README.md",
+        "a performance row without its host's load: | `world_overhead.py` | 11 ms vs 7.6 s |"]
+
+
 def test_every_link_in_the_markdown_resolves() -> None:
     pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "benchmarks" / "README.md",
              *sorted((ROOT / "docs").glob("*.md"))]
