@@ -160,6 +160,8 @@ def test_standalone_single_node(tmp_path: Path) -> None:
     noise = [line for line in lines if " passed in " in line or " passed, " in line
              or line.startswith("SKIPPED [") or "[100%]" in line or line.startswith("=====")]
     assert not noise, noise
+    verdicts = [line for line in lines if line.startswith("ddp-conformance: verdict")]
+    assert len(verdicts) == 1 and verdicts[0].startswith("ddp-conformance: verdict ready"), verdicts
 
 
 def test_a_loss_times_the_launchers_world_size_is_not_ready(tmp_path: Path) -> None:

@@ -10,8 +10,10 @@ cases are functions that *returned* something wrong (``RETURNED``)."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -164,7 +166,10 @@ def test_bad_target_exits_2_with_one_line(runs, case, request):
     md = (report / "report.md").read_text()
     assert md.splitlines()[0].startswith("# 🟠 DDP conformance: **TARGET ERROR**"), md[:300]
     assert "did not finish" not in md
-    assert 'id="target-error"' in (report / "report.html").read_text()
+    assert said in md.replace("\\", ""), md[:1500]  # the whole line, markdown escapes aside
+    page = (report / "report.html").read_text()
+    assert 'id="target-error"' in page
+    assert said in html.unescape(re.sub(r"<[^>]+>", "", page)), page[:3000]  # the whole line, as text
     assert "Traceback" not in stderr
     assert case not in RETURNED or ("DDP" not in lines[0] and "raised on rank" not in lines[0])
     summary = report / "report.json"
