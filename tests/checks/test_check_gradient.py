@@ -65,6 +65,10 @@ def test_fails_on_loss_times_world_sgd(suite_session):
     assert m["worst_grad_param"] in {n["name"] for n in record.evidence["first_step_gradients"]}
     assert "multiplied by the world size (factor 2 = N)" in record.message and record.recommendation
     assert record.evidence["gradient_scale"]["uniform_factor"] == pytest.approx(2.0, rel=1e-4)
+    # The measured cause's fix leads, alone: not a checklist of other causes (issue 38 §2).
+    assert record.recommendation == ("Remove the multiplication by the world size from the loss: DDP already "
+                                     "averages gradients over the ranks, so each rank's loss stays a mean over "
+                                     "its own samples."), record.recommendation
 
 
 @pytest.mark.parametrize("target", ["world_size_from_env", "world_size_constant"])

@@ -111,3 +111,18 @@ def test_clipping_per_microbatch_is_named_from_the_clip_count(suite_session):
     record = run_check(suite_session, "no-sync-equivalence", "clip_per_microbatch")
     assert record.status == "failed"
     assert "clip_grad_norm_ ran 4 times in one optimizer step under DDP (reference: 1)" in record.message
+
+
+@pytest.mark.parametrize(("target", "cause", "fix"), [
+    ("manual_sgd_k_not_divided", "the loss is not divided by the K=4 accumulation steps (factor 4 = K)",
+     "Divide each microbatch's loss by the K=4 accumulation steps before its backward (loss / 4)"),
+    ("loss_times_world", "the loss is multiplied by the world size (factor 2 = N)",
+     "Remove the multiplication by the world size from the loss: DDP already averages gradients"),
+])
+def test_the_advice_leads_with_the_fix_for_the_measured_factor(suite_session, target, cause, fix):
+    # The cause was measured (a gradient factor of K, of N): the advice a report's failure card
+    # leads with is that cause's one change, not the check's no_sync checklist (issue 38 §2).
+    record = run_check(suite_session, "no-sync-equivalence", target)
+    assert record.status == "failed" and cause in record.message, record.message
+    assert record.recommendation.startswith(fix), record.recommendation
+    assert "no_sync()" not in record.recommendation

@@ -16,7 +16,7 @@ from typing import Any
 
 from .collective_causes import Named, collective_causes
 from .comparison import Equivalence
-from .hypotheses import scale_causes, shard_cause, split_weighting, unsynchronised_cause
+from .hypotheses import scale_causes, scale_fixes, shard_cause, split_weighting, unsynchronised_cause
 
 
 def nonfinite(eq: Equivalence) -> tuple[str, dict[str, Any]] | None:
@@ -140,6 +140,16 @@ def hints(eq: Equivalence) -> tuple[list[str], bool]:
         causes += [f"from step {later.step} on, {c}" for c in scale_causes(
             later.factor, world_size=eq.world_size, microbatches=eq.plan.microbatches, wrapper=eq.wrapper)]
     return causes, not rng
+
+
+def scale_fix(eq: Equivalence) -> str | None:
+    """The fix for the gradient factor when it is the one cause ``hints`` names (a loss times
+    N, summed, not divided by K...): the advice leads with it, not with the check's checklist."""
+    factor = eq.factor
+    if factor is None or eq.bypassed() or _measured(eq)[0] or collective(eq):
+        return None
+    fixes = scale_fixes(factor, world_size=eq.world_size, microbatches=eq.plan.microbatches, wrapper=eq.wrapper)
+    return fixes[0] if len(fixes) == 1 else None
 
 
 def collective(eq: Equivalence) -> list[Named]:

@@ -118,24 +118,44 @@ def scale_causes(factor: float, *, world_size: int, microbatches: int,
                  reference_microbatches: int = 1, wrapper: str = "DDP") -> list[str]:
     """Every known bug whose gradient factor (N-rank / reference) is ``factor`` (``wrapper``:
     what averaged the gradients, ``harness.parallel.wrapper_of``)."""
-    n, k = world_size, microbatches
-    table: list[tuple[float, str]] = [
+    return [cause for value, cause, _ in _scale_table(world_size, microbatches, reference_microbatches, wrapper)
+            if value != 1 and abs(factor / value - 1) < SPREAD]
+
+
+def scale_fixes(factor: float, *, world_size: int, microbatches: int,
+                reference_microbatches: int = 1, wrapper: str = "DDP") -> list[str]:
+    """The one change each of ``scale_causes``'s bugs needs, in the same order: what the
+    advice leads with when the factor is the measured cause."""
+    return [fix for value, _, fix in _scale_table(world_size, microbatches, reference_microbatches, wrapper)
+            if value != 1 and abs(factor / value - 1) < SPREAD]
+
+
+def _scale_table(n: int, k: int, reference_microbatches: int, wrapper: str) -> list[tuple[float, str, str]]:
+    """(gradient factor, the bug it is the fingerprint of, that bug's fix)."""
+    table: list[tuple[float, str, str]] = [
         (n, (f"the loss is multiplied by the world size (factor {n} = N): {wrapper} already averages "
-             f"gradients over the {n} ranks, so the loss must stay a per-rank mean")),
+             f"gradients over the {n} ranks, so the loss must stay a per-rank mean"),
+         f"Remove the multiplication by the world size from the loss: {wrapper} already averages "
+         f"gradients over the ranks, so each rank's loss stays a mean over its own samples."),
         (1 / (n * k) * reference_microbatches,
          f"the loss is a sum over samples (reduction='sum'), not a mean (factor 1/{n * k}: each "
          f"process's gradient grows with its microbatch, 1/{n * k} of the global batch)"
-         + (" — or it is divided by the world size" if k == 1 else "")),
+         + (" — or it is divided by the world size" if k == 1 else ""),
+         "Make the loss a mean over the samples (reduction='mean'), not a sum"
+         + (", and do not divide it by the world size" if k == 1 else "")
+         + f": {wrapper} already averages gradients over the ranks."),
     ]
     if k > 1:
         table += [
             (k, (f"the loss is not divided by the K={k} accumulation steps (factor {k} = K): the "
-                 f"accumulated gradient is the sum over microbatches, not their mean")),
+                 f"accumulated gradient is the sum over microbatches, not their mean"),
+             f"Divide each microbatch's loss by the K={k} accumulation steps before its backward "
+             f"(loss / {k}), so the accumulated gradient is their mean, not their sum."),
             (1 / k, (f"the loss is divided by the K={k} accumulation steps once too often "
-                     f"(factor 1/{k})")),
+                     f"(factor 1/{k})"),
+             f"Divide the loss by the K={k} accumulation steps once, not twice."),
         ]
-    return [text for value, text in table
-            if value != 1 and abs(factor / value - 1) < SPREAD]
+    return table
 
 
 def unsynchronised_cause(ranks: Sequence[Mapping[str, Any]], *, step: int) -> str | None:

@@ -13,7 +13,8 @@ from ddp_conformance.reports.keys import HYPOTHESES, NONFINITE
 
 from ...harness.outcome import Outcome
 from .comparison import Equivalence
-from .diagnosis import collective, empty_reason, hints, no_known_cause, nonfinite, scaler_skips_differ, skipped_steps
+from .diagnosis import (collective, empty_reason, hints, no_known_cause, nonfinite, scale_fix,
+                        scaler_skips_differ, skipped_steps)
 from .hypotheses import GLOBAL_COUNT
 from . import presentation
 from .presentation import key_figure, mismatch_message
@@ -122,6 +123,8 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
     named = collective(eq)
     if named:
         recommendation = named[0].fix  # the one change the named collective cause needs
+    elif (fix := scale_fix(eq)) is not None:
+        recommendation = fix  # the measured factor's one change, not the check's checklist
     elif eq.floor.weighting:
         # Failed, not inconclusive: the suite promises the single-process large-batch step, and
         # this is a measured deviation from it (one production DDP training has too), with its
