@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -91,13 +92,12 @@ def test_version_names_the_package_and_its_torch_without_importing_torch(capsys)
 
 
 #: The pages whose 'Command line' block shows `ddp-conformance run`'s synopsis.
-SYNOPSES = ("docs/running.md",)
+SYNOPSES = (Path("docs", "running.md"),)
 
 
-@pytest.mark.parametrize("page", SYNOPSES)
-def test_every_run_option_is_in_the_documented_synopsis(page: str, capsys) -> None:
+@pytest.mark.parametrize("page", SYNOPSES, ids=str)
+def test_every_run_option_is_in_the_documented_synopsis(page: Path, capsys) -> None:
     import re
-    from pathlib import Path
 
     with pytest.raises(SystemExit):
         main(["run", "--help"])
