@@ -37,3 +37,76 @@ def test_trainer_run_loop_crosses_an_epoch_in_a_few_steps(suite_session: Any) ->
             sampler.set_epoch(epoch)
             want += list(sampler)[:2 * trainer.BATCH]
         assert indices == want, (rank, indices, want)
+
+
+# -- sampler-coverage judges the loop's own loaders ---------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _record(session: Any, target: str) -> Any:
+    from conformance.harness.registry import BY_ID
+
+    record, _ = session.run_check(BY_ID["sampler-coverage"], target)
+    return record
+
+
+def test_trainer_loop_and_pipeline_are_both_judged(suite_session: Any) -> None:
+    record = _record(suite_session, target_spec("trainer"))
+    assert record.status == "passed", record.message
+    assert ("judged: the pipeline as trainer.epoch_batches builds it and the training loop itself (run_loop), "
+            "2 epochs (40/40 samples per epoch") in record.message, record.message
+    loop = record.evidence["run_loop"]["loop"]
+    assert loop["epochs_started_per_rank"] == [2, 2] and loop["batches_drawn_per_rank"] == [[2, 2], [2, 2]]
+    assert record.metrics["loop_epochs"] == 2
+
+
+def test_a_loop_without_epoch_batches_is_judged_itself(suite_session: Any) -> None:
+    # examples/train_resume.py defines no epoch_batches: the check was skipped before.
+    record = _record(suite_session, str(EXAMPLES / "train_resume.py"))
+    assert record.status == "passed", record.message
+    assert record.message.startswith("train_resume.run_loop: every sample once per epoch"), record.message
+    assert "judged: the training loop itself (run_loop), 2 epochs (64/64 samples per epoch" in record.message
+    assert record.evidence["judged"].startswith("the training loop itself (run_loop), 2 epochs")
+
+
+def test_set_epoch_forgotten_in_the_loop_fails_though_epoch_batches_calls_it(suite_session: Any) -> None:
+    record = _record(suite_session, target_spec("loop_no_set_epoch"))
+    assert record.status == "failed", record.message
+    assert ("loop_no_set_epoch.run_loop: the training loop's sampler repeated epoch 0's order in epoch 1: call "
+            "sampler.set_epoch(epoch) before each epoch") in record.message, record.message
+    assert record.evidence["run_loop"]["epochs_with_repeated_order"] == [1]
+    assert record.evidence["epoch_batches"]["epochs_with_repeated_order"] == []  # its restatement is right
+
+
+def test_correct_loop_passes(suite_session: Any) -> None:
+    record = _record(suite_session, target_spec("loop_sampler"))
+    assert record.status == "passed", record.message
+    assert "the training loop itself (run_loop), 2 epochs" in record.message
+
+
+def test_loop_loader_not_sharded_by_rank_fails(suite_session: Any) -> None:
+    record = _record(suite_session, target_spec("loop_unsharded"))
+    assert record.status == "failed", record.message
+    assert ("loop_unsharded.run_loop: the training loop's DataLoader is not sharded by rank: every rank iterates "
+            "all 40 samples of TensorDataset[40] each epoch (RandomSampler)") in record.message, record.message
+
+
+def test_loop_ignoring_the_epoch_cap_is_said_to_show_one_epoch(suite_session: Any) -> None:
+    record = _record(suite_session, target_spec("loop_uncapped"))
+    assert record.status == "passed", record.message
+    assert "the training loop itself (run_loop), 1 epoch: it started only one epoch" in record.message
+    assert record.metrics["loop_epochs"] == 1
+
+
+def test_loop_without_a_dataloader_is_said_not_failed(suite_session: Any) -> None:
+    record = _record(suite_session, target_spec("loop_no_loader"))
+    assert record.status == "skipped", record.message
+    assert "defines no epoch_batches(rank, world_size, epoch) and its run_loop iterates no DataLoader" in record.message
+
+
+def test_pipeline_only_says_the_loop_was_not_observed(suite_session: Any) -> None:
+    record = _record(suite_session, target_spec("tied-lm"))
+    assert record.status == "passed", record.message
+    assert "the training loop itself was not observed" in record.message
+    assert "run_loop" not in record.evidence
