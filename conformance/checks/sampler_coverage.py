@@ -56,11 +56,10 @@ Evidence: per epoch ``missing`` and ``duplicates`` counts, ``batches_per_rank``,
 
 from __future__ import annotations
 
-import contextlib
 import math
-from dataclasses import dataclass
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from ddp_conformance.reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS, VERIFIED
@@ -69,16 +68,8 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.world import RankContext, RankFailure, WorldHang
-from .sampling import Order, order_of, repeats_within_rank, same_built, same_built_problem, wraps
-from .sampling.loop import (
-    LOOP_EPOCHS,
-    LOOP_STEPS_PER_EPOCH,
-    LoopEpochs,
-    loop_epochs,
-    observe_loop,
-    repeated_order_problem,
-    unsharded_problem,
-)
+from .sampling.judge import judge_epochs
+from .sampling.loop import LOOP_EPOCHS, LOOP_STEPS_PER_EPOCH, loop_epochs, observe_loop, unsharded_problem
 from .sampling.pipeline import PIPELINE_SEED, production_rng  # noqa: F401 - where they were first
 
 EPOCHS = 3
@@ -142,43 +133,6 @@ def check_distributed_sampler(world_sizes: Iterable[int]) -> tuple[list[str], di
 # -- the target's own pipeline ---------------------------------------------------------------
 
 
-def _per_rank_differences(built: list[dict[str, Any]]) -> dict[str, Any]:
-    """What differs from rank 0 in how each rank's DataLoader was built (measured)."""
-    if not built or any(not b for b in built):
-        return {}
-    out: dict[str, Any] = {}
-    dataset_keys = ("dataset", "base_dataset", "length", "subset_digest")
-    differs = [r for r, b in enumerate(built) if any(b.get(k) != built[0].get(k) for k in dataset_keys)]
-    if differs:
-        out[DATASET_DIFFERS_ON_RANKS] = differs
-    seeds = [b.get("seed") for b in built]
-    if len(set(seeds)) > 1:
-        out[SAMPLER_SEEDS] = seeds
-    epochs = [b.get("epoch") for b in built]
-    if len(set(epochs)) > 1:
-        out["sampler_epochs"] = epochs
-    return out
-
-
-def _overlap_cause(differences: dict[str, Any], identity: str) -> str:
-    """The named cause of duplicates *and* missing samples with equal counts, when measured."""
-    if DATASET_DIFFERS_ON_RANKS in differences:
-        ranks = differences[DATASET_DIFFERS_ON_RANKS]
-        return (f"rank {ranks[0]}'s dataset differs from rank 0's (its length or Subset indices): "
-                f"the dataset is built differently per rank — e.g. random_split without "
-                f"generator=torch.Generator().manual_seed(...), whose default seed differs between "
-                f"processes")
-    if SAMPLER_SEEDS in differences:
-        return (f"ranks shuffle with different permutations (sampler seed differs per rank: "
-                f"{differences[SAMPLER_SEEDS]})")
-    if "sampler_epochs" in differences:
-        return f"ranks shuffle with different permutations (set_epoch got different epochs: {differences['sampler_epochs']})"
-    inspected = "identity by " + identity.split(" ")[0]
-    return (f"ranks draw overlapping samples — no known cause matched (each rank's dataset and "
-            f"sampler {'look identical' if identity.startswith('index (from') else 'cannot be inspected: not a DataLoader'}; "
-            f"{inspected})")
-
-
 def collect_epochs(rank_ctx: RankContext, target_spec: str, identity: str, epochs: int,
                    budget_s: float | None = None) -> list[Any]:
     """Rank side: this rank's pipeline for every epoch, in this rank's own process.
@@ -208,87 +162,6 @@ def check_epoch_batches(epoch_batches: Any, world_size: int, *,
     return judge_epochs(per_rank)
 
 
-def judge_epochs(per_rank: list[list[Any]], *, loop: bool = False) -> tuple[list[str], dict[str, Any]]:
-    """Judge what every rank's pipeline yielded: ``per_rank[rank][epoch] = (RankEpoch, how)``
-    (``loop``: the epochs the training loop itself started, ``sampling.loop``).
-
-    Returns the problems (the check fails) and the evidence; ``info["undecided"]`` lists what
-    the measurements cannot decide (the check is inconclusive when nothing failed)."""
-    n = len(per_rank)
-    how = per_rank[0][-1][1] if per_rank and per_rank[0] else ""
-    got = [[per_rank[rank][epoch][0] for rank in range(n)] for epoch in range(len(per_rank[0]) if per_rank else 0)]
-    per_epoch = [[e.ids for e in ranks] for ranks in got]  # [epoch][rank] -> sample ids in order
-    batch_counts = [[e.batches for e in ranks] for ranks in got]
-    biggest = max([-(-len(e.ids) // e.batches) for ranks in got for e in ranks if e.batches] + [1])
-    multiplicity = _multiplicity(per_epoch, n, how)
-    universe = {i for ranks in per_epoch for ids in ranks for i in ids}
-    pad_allowance = n - 1
-    drop_allowance = n - 1 + n * (biggest - 1)
-    differences = _per_rank_differences([e.built for e in got[0]]) if got else {}
-    problems: list[str] = []
-    undecided: list[str] = []
-    epochs: list[dict[str, Any]] = []
-    for epoch, ranks in enumerate(per_epoch):
-        seen = Counter(i for ids in ranks for i in ids)
-        duplicates = sum(max(0, c - multiplicity.get(i, 1)) for i, c in seen.items())
-        missing = len(universe - set(seen))
-        per_rank_sets = [set(ids) for ids in ranks]  # once per rank: not once per sample
-        shared = sum(1 for i in seen if sum(i in ids for ids in per_rank_sets) > 1)
-        within = [repeats_within_rank(ids, multiplicity) for ids in ranks]
-        epochs.append({"epoch": epoch, "samples": sum(seen.values()), "distinct": len(seen),
-                       "missing": missing, "duplicates": duplicates, "on_several_ranks": shared,
-                       "repeats_within_rank": within, "batches_per_rank": batch_counts[epoch],
-                       "samples_per_rank": [len(ids) for ids in ranks]})
-        if len(set(batch_counts[epoch])) > 1:
-            problems.append(f"epoch {epoch}: unequal batch counts per rank {batch_counts[epoch]} — "
-                            f"the rank with fewer batches leaves the others waiting in an all-reduce "
-                            f"(end-of-epoch hang)")
-        wrapped = [wraps(ids, how) for ids in ranks]
-        if duplicates > pad_allowance and max(within) > pad_allowance and any(wrapped):
-            rank = max(range(n), key=lambda r: wrapped[r])
-            problems.append(f"epoch {epoch}: rank {rank} reads its samples in order and wraps to the "
-                            f"start before the epoch ends: {wrapped[rank]} sample(s) read twice in one "
-                            f"epoch — its read position is reset while a batch of its own still fits "
-                            f"(e.g. an end-of-data test on the whole step's stride, B·T·N, instead of "
-                            f"its own next batch), so the data before the reset point is skipped")
-        elif duplicates > pad_allowance and max(within) > pad_allowance and not differences:
-            # One rank drawing a sample twice in one epoch is no epoch sampler: a measurement
-            # of random draws, not of a sharding bug (a declared mode, see the README).
-            undecided.append(_with_replacement(epoch, within, duplicates, missing, got[epoch]))
-        elif duplicates > pad_allowance:
-            if missing > drop_allowance:
-                problems.append(f"epoch {epoch}: {duplicates} duplicate and {missing} missing samples "
-                                f"with equal counts — {_overlap_cause(differences, how)}")
-            else:
-                problems.append(f"epoch {epoch}: {duplicates} samples seen more than once across "
-                                f"ranks ({shared} on several ranks) — the data is not sharded by rank")
-        elif missing > drop_allowance:
-            problems.append(f"epoch {epoch}: {missing} of {len(universe)} samples never seen")
-    # Ranks holding different datasets is the design of hand sharding (a Subset or a file shard
-    # per rank): it is blamed only where the coverage shows what it did.
-    uncovered = any(e["duplicates"] > pad_allowance or e["missing"] > drop_allowance for e in epochs)
-    if (DATASET_DIFFERS_ON_RANKS in differences and uncovered
-            and not any("dataset differs" in p for p in problems)):
-        problems.append(_overlap_cause(differences, how))
-    built_alike = same_built(got[0]) if got else None
-    if built_alike is not None:
-        problems.insert(0, same_built_problem(built_alike))
-    order = order_of(got[0], how) if got else Order("unknown", "no epoch")
-    orders = [[i for ids in ranks for i in ids] for ranks in per_epoch]
-    repeated = [e for e in range(1, len(orders)) if orders[e] == orders[e - 1]]
-    if repeated and not undecided:
-        _judge_repeats(repeated, order, problems, undecided,
-                       [e.built.get("epoch") for e, _ in per_rank[0]] if loop else None)
-    return problems, {"world_size": n, "dataset_samples": len(universe), "epochs": epochs,
-                      "sample_identity": how, "built_per_rank": [e.built for e in got[0]] if got else [],
-                      **differences, "order": order.to_json(),
-                      "same_built": None if built_alike is None else built_alike.to_json(),
-                      "built_samples_compared": [len(e.contents) for e in got[0]] if got else [],
-                      "content_repeated_in_dataset": sum(1 for c in multiplicity.values() if c > 1),
-                      "epochs_with_repeated_order": repeated, "undecided": undecided,
-                      "allowed_padding_duplicates": pad_allowance, "allowed_dropped": drop_allowance}
-
-
 def _not_ending(exc: RankFailure | WorldHang) -> str | None:
     """The first rank's "epoch did not end" (``sampling.pipeline.EpochNotEnding``), or None."""
     for result in exc.results:
@@ -296,52 +169,6 @@ def _not_ending(exc: RankFailure | WorldHang) -> str | None:
         if error is not None and error.exc_type == "EpochNotEnding":
             return f"rank {result.rank}: {error.message}"
     return None
-
-
-def _multiplicity(per_epoch: list[list[list[Any]]], n: int, how: str) -> Counter[Any]:
-    """Content identity only: a value the dataset itself holds c times appears c times in every
-    epoch of a correct pipeline; count it as c samples (identity by index needs no such rule)."""
-    universe = {i for ranks in per_epoch for ids in ranks for i in ids}
-    # Every rank yielding every sample is "not sharded", whatever the multiplicities: then each
-    # value's count per epoch is N times its count in the dataset, not a repetition within it.
-    unsharded = n > 1 and all(set(ids) == universe for ranks in per_epoch for ids in ranks)
-    if not how.startswith("content") or unsharded:
-        return Counter()
-    counts_per_epoch = [Counter(i for ids in ranks for i in ids) for ranks in per_epoch]
-    keys = set().union(*counts_per_epoch)
-    return Counter({k: max(1, min(c[k] for c in counts_per_epoch)) for k in keys})
-
-
-def _with_replacement(epoch: int, within: list[int], duplicates: int, missing: int,
-                      ranks: list[Any]) -> str:
-    rank = max(range(len(within)), key=lambda r: within[r])
-    declared = (" (its sampler draws with replacement: replacement=True)"
-                if any(e.built.get("replacement") for e in ranks) else "")
-    return (f"epoch {epoch}: rank {rank} sees {within[rank]} sample(s) more than once within its "
-            f"own epoch ({duplicates} duplicate and {missing} missing samples over all ranks){declared} "
-            f"— this looks like sampling with replacement (random draws or random windows), not an "
-            f"epoch sampler; if it draws with replacement by design, declare sampling = "
-            f"\"with-replacement\" in the target (there is then no epoch to cover); if it should "
-            f"visit every sample once per epoch, use DistributedSampler")
-
-
-def _judge_repeats(repeated: list[int], order: Order, problems: list[str],
-                   undecided: list[str], loop_epochs_set: list[Any] | None = None) -> None:
-    """An epoch that repeats the previous one: the bug only when the order was shuffled
-    (``loop_epochs_set``: the loop's sampler's ``epoch`` at each start, when the loop is judged)."""
-    if order.kind == "sequential":
-        return  # reading in order by design: the same order every epoch is the design
-    if order.kind == "shuffled" and loop_epochs_set is not None:
-        problems.append(repeated_order_problem(repeated, order.reason, loop_epochs_set))
-        return
-    if order.kind == "shuffled":
-        problems.append(f"epochs {repeated} repeat the previous epoch's order — set_epoch(epoch) is "
-                        f"not called, or the shuffle is seeded without the epoch: the order is "
-                        f"shuffled ({order.reason}), yet every epoch trains in the same one")
-        return
-    undecided.append(f"epochs {repeated} repeat the previous epoch's order, and whether that order "
-                     f"is shuffled cannot be read: {order.reason} — a shuffled order that repeats "
-                     f"is a forgotten set_epoch(epoch), an unshuffled one is a choice")
 
 
 def _epochs_failed(ctx: CheckContext, exc: RankFailure | WorldHang) -> Outcome:
@@ -401,7 +228,7 @@ def _judge_pipeline(ctx: CheckContext) -> _Judged | Outcome:
                                                      ctx.deadline / (2 * EPOCHS), deadline=ctx.deadline)]
     except (RankFailure, WorldHang) as exc:
         return _epochs_failed(ctx, exc)
-    problems, info = judge_epochs(per_rank)
+    problems, info = judge_epochs(per_rank, repeats=target.sampling_repeats)
     return _Judged(f"{target.name}.epoch_batches", problems, info["undecided"], info)
 
 
@@ -423,7 +250,7 @@ def _judge_loop(ctx: CheckContext) -> _Judged | Outcome:
     info: dict[str, Any] = {"loop": found.to_json()}
     if not found.per_rank:
         return _Judged(source, [], [], info)
-    problems, judged = judge_epochs(found.per_rank, loop=True)
+    problems, judged = judge_epochs(found.per_rank, loop=True, repeats=ctx.target.sampling_repeats)
     unsharded = unsharded_problem(found)
     problems = ([unsharded] if unsharded else []) + [
         p if p.startswith("the training loop") else f"the training loop's DataLoader: {p}" for p in problems]
@@ -443,7 +270,7 @@ def _loop_said(loop: _Judged) -> str:
                 f"ctx.epochs and ctx.steps_per_epoch: at most ctx.steps_per_epoch steps per epoch)")
     e0 = loop.info["epochs"][0]
     return (f"the training loop itself (run_loop), {found['epochs_judged']} epochs ({e0['distinct']}/"
-            f"{loop.info['dataset_samples']} samples per epoch in its sampler's order, batches drawn per epoch "
+            f"{e0.get('dataset_length') or loop.info['dataset_samples']} samples per epoch in its sampler's order, batches drawn per epoch "
             f"on rank 0: {found['batches_drawn_per_rank'][0]})")
 
 
@@ -524,11 +351,26 @@ def run(ctx: CheckContext) -> Outcome:
     return _passed(ctx, source, subject, loop, sampler_info, metrics, evidence)
 
 
+def _coverage_said(info: dict[str, Any]) -> str:
+    """What a pass says of each epoch's coverage: once per sample, or r times under repeated
+    augmentation, counted against the dataset's length."""
+    repetition = info.get("repetition")
+    if not repetition:
+        return "every sample once per epoch (padding/drop_last as documented), disjoint shards"
+    e0 = info["epochs"][0]
+    length = repetition["dataset_length"]
+    of = f"{e0['distinct']}/{length}" if length is not None else f"{e0['distinct']}"
+    return (f"repeated augmentation ({repetition['source']}): each sample drawn at most {repetition['repeats']} "
+            f"times per epoch, {of} distinct samples of the dataset in epoch 0's {e0['samples']} draws "
+            f"(at least {e0['distinct_due']} due; the rest of the dataset is drawn in other epochs), no "
+            f"sample beyond its {repetition['repeats']} copies across the ranks")
+
+
 def _passed(ctx: CheckContext, source: str, subject: _Judged | None, loop: _Judged | None,
             sampler_info: dict[str, Any], metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:
     if subject is not None:
         e0 = subject.info["epochs"][0]
-        metrics["key_figure"] = (f"{e0['distinct']}/{subject.info['dataset_samples']} "
+        metrics["key_figure"] = (f"{e0['distinct']}/{e0.get('dataset_length') or subject.info['dataset_samples']} "
                                  f"samples/epoch, batches/rank {e0['batches_per_rank']}")
     else:
         metrics["key_figure"] = f"{sampler_info['configurations_checked']} sampler configurations exact"
@@ -560,6 +402,5 @@ def _passed(ctx: CheckContext, source: str, subject: _Judged | None, loop: _Judg
                   f"restate it)")
         evidence["judged"] = "the pipeline as epoch_batches builds it"
     return Outcome.passed(
-        f"{source}: every sample once per epoch (padding/drop_last as documented), disjoint "
-        f"shards, equal batch counts, {order} over {epochs} epoch{'s' if epochs > 1 else ''}{seen}{judged}",
+        f"{source}: {_coverage_said(info)}, equal batch counts, {order} over {epochs} epoch{'s' if epochs > 1 else ''}{seen}{judged}",
         metrics=metrics, evidence=evidence)

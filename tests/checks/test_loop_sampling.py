@@ -88,8 +88,9 @@ def test_correct_loop_passes(suite_session: Any) -> None:
 def test_loop_loader_not_sharded_by_rank_fails(suite_session: Any) -> None:
     record = _record(suite_session, target_spec("loop_unsharded"))
     assert record.status == "failed", record.message
+    # The loop seeds torch alike on every rank (torch.manual_seed(0)), so both shuffle alike too.
     assert ("loop_unsharded.run_loop: the training loop's DataLoader is not sharded by rank: every rank iterates "
-            "all 40 samples of TensorDataset[40] each epoch (RandomSampler)") in record.message, record.message
+            "the same 40 indices of TensorDataset[40] in the same order (RandomSampler)") in record.message, record.message
 
 
 def test_loop_ignoring_the_epoch_cap_is_said_to_show_one_epoch(suite_session: Any) -> None:
@@ -110,3 +111,19 @@ def test_pipeline_only_says_the_loop_was_not_observed(suite_session: Any) -> Non
     assert record.status == "passed", record.message
     assert "the training loop itself was not observed" in record.message
     assert "run_loop" not in record.evidence
+
+
+def test_a_plain_shuffle_of_the_whole_dataset_on_every_rank_is_not_sharded() -> None:
+    # Unseeded per rank (as under torchrun): other orders, every rank still holds every sample.
+    from conformance.checks.sampling import RankEpoch
+    from conformance.checks.sampling.loop import LOOP_IDENTITY, LoopEpochs, unsharded_problem
+
+    built = {"sampler": "RandomSampler", "length": 6}
+    orders = ([3, 1, 5, 0, 2, 4], [0, 4, 2, 5, 1, 3])
+    found = LoopEpochs([[(RankEpoch(o, 2, built), LOOP_IDENTITY)] for o in orders], "TensorDataset[6]")
+    said = unsharded_problem(found)
+    assert said is not None and said.startswith(
+        "the training loop's DataLoader is not sharded by rank: every rank iterates all 6 samples of "
+        "TensorDataset[6] each epoch (RandomSampler)"), said
+    sharded = LoopEpochs([[(RankEpoch(o[:3], 1, built), LOOP_IDENTITY)] for o in ([3, 1, 5], [0, 4, 2])], "x")
+    assert unsharded_problem(sharded) is None

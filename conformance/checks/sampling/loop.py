@@ -118,16 +118,23 @@ def repeated_order_problem(repeated: list[int], reason: str, epochs_set: list[An
 
 
 def unsharded_problem(found: LoopEpochs) -> str | None:
-    """The loop's loader not sharded by rank: every rank's epoch holds every sample of the
-    dataset (None when some rank holds only part, or there is one rank)."""
+    """The loop's loader not sharded by rank: in epoch 0 every rank iterates the same indices in
+    the same order (a sampler told num_replicas=1, rank=0), or every rank iterates every sample of
+    the dataset (a plain shuffle); None otherwise, or with one rank."""
     if len(found.per_rank) < 2 or not found.per_rank[0]:
         return None
     epoch0 = [ranks[0][0] for ranks in found.per_rank]
+    sampler = epoch0[0].built.get("sampler", "its sampler")
+    fix = "use DistributedSampler(dataset, num_replicas=world_size, rank=rank) so each rank trains on its own shard"
+    if len(epoch0[0].ids) > 1 and all(e.ids == epoch0[0].ids for e in epoch0):
+        told = {e.built.get("num_replicas") for e in epoch0}
+        said = f", num_replicas={told.pop()}" if len(told) == 1 and None not in told else ""
+        return (f"the training loop's DataLoader is not sharded by rank: every rank iterates the same "
+                f"{len(epoch0[0].ids)} indices of {found.dataset} in the same order ({sampler}{said}) — give "
+                f"the sampler num_replicas=world_size and rank=rank (or {fix})")
     length = epoch0[0].built.get("length")
     every = {i for e in epoch0 for i in e.ids}
     if not isinstance(length, int) or len(every) < length or any(set(e.ids) != every for e in epoch0):
         return None
-    sampler = epoch0[0].built.get("sampler", "its sampler")
     return (f"the training loop's DataLoader is not sharded by rank: every rank iterates all {length} samples "
-            f"of {found.dataset} each epoch ({sampler}) — use DistributedSampler(dataset, "
-            f"num_replicas=world_size, rank=rank) so each rank trains on its own shard")
+            f"of {found.dataset} each epoch ({sampler}) — {fix}")
