@@ -60,3 +60,11 @@ def test_epochs_are_read_whole_without_changing_the_draws(name: str) -> None:
     size = 10 if name == "distributed_subset" else 30
     assert [len(e.order) for e in epochs] == [size, size]
     assert epochs[0].key == "TensorDataset[30]"
+
+
+def test_both_readings_of_one_probe_come_back() -> None:
+    probe = LoaderIndices(fetched=True, epochs=True)
+    Observation([probe]).run(lambda: _two_epochs(LOADERS["distributed_subset"]))
+    result = probe.result()
+    assert len(result["loader_epochs"]) == 2
+    assert sum(len(v) for v in result["samples"].indices.values()) == 2 * 2 * 3  # 2 batches of 3, 2 epochs

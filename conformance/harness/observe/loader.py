@@ -202,10 +202,12 @@ class LoaderIndices(Probe):
         self.consumed.append(0)
 
     def result(self) -> Slice:
+        """``samples`` when ``fetched``, ``loader_epochs`` when ``epochs`` (both when both)."""
+        out: dict[str, Any] = {}
+        if self.fetched:
+            out.update(LoaderSlice(samples=SamplesSlice({k: tuple(v) for k, v in self.indices.items()},
+                                                        tuple(self.samplers.values()), self.unindexed)))
         if self.epochs:
-            return LoaderEpochsSlice(loader_epochs=tuple(
-                dataclasses.replace(e, consumed=c) for e, c in zip(self.started, self.consumed)))
-        if not self.fetched:
-            return {}
-        return LoaderSlice(samples=SamplesSlice({k: tuple(v) for k, v in self.indices.items()},
-                                                tuple(self.samplers.values()), self.unindexed))
+            out.update(LoaderEpochsSlice(loader_epochs=tuple(
+                dataclasses.replace(e, consumed=c) for e, c in zip(self.started, self.consumed))))
+        return out
