@@ -127,3 +127,14 @@ def test_a_plain_shuffle_of_the_whole_dataset_on_every_rank_is_not_sharded() -> 
         "TensorDataset[6] each epoch (RandomSampler)"), said
     sharded = LoopEpochs([[(RankEpoch(o[:3], 1, built), LOOP_IDENTITY)] for o in ([3, 1, 5], [0, 4, 2])], "x")
     assert unsharded_problem(sharded) is None
+
+
+def test_the_loader_that_shuffles_is_judged_not_an_evaluation_before_it() -> None:
+    from conformance.checks.sampling.loop import loop_epochs
+    from conformance.harness.observe import LoaderEpoch
+
+    evaluation = LoaderEpoch("TensorDataset[8]", tuple(range(8)), 1, 1, {"shuffles": False})
+    training = [LoaderEpoch("TensorDataset[40]", tuple(range(r, 40, 2)), 5, 2, {"shuffles": True}) for r in (0, 1)]
+    found = loop_epochs([(evaluation, training[0]), (evaluation, training[1])])
+    assert found.dataset == "TensorDataset[40]" and found.others == ["TensorDataset[8]"]
+    assert [ranks[0][0].ids for ranks in found.per_rank] == [list(range(0, 40, 2)), list(range(1, 40, 2))]

@@ -9,8 +9,9 @@ boundary crossed in a few steps) and the loader probe's ``epochs`` reading attac
 (``harness.observe.loader_epochs``): every epoch a DataLoader starts, its sampler's whole order
 read from a replayed copy, so the few steps the loop takes still show every index each epoch
 holds. Rank side: :func:`observe_loop`. Supervisor side: :func:`loop_epochs` picks the loader
-that trains (the first dataset a loader started on rank 0: an evaluation's loader comes after)
-and hands its epochs, per rank, to the same judgement as ``epoch_batches``' epochs.
+that trains (the first one started on rank 0 whose sampler shuffles, else the first started: an
+evaluation's loader reads in order) and hands its epochs, per rank, to the same judgement as
+``epoch_batches``' epochs.
 """
 
 from __future__ import annotations
@@ -87,12 +88,14 @@ class LoopEpochs:
 
 
 def loop_epochs(per_rank: list[tuple[LoaderEpoch, ...]]) -> LoopEpochs:
-    """The loader that trains (the first dataset a loader started on rank 0) and its epochs on
-    every rank, as many as every rank started."""
+    """The loader that trains (on rank 0, the first loader started whose sampler shuffles, else
+    the first started) and its epochs on every rank, as many as every rank started."""
     first = per_rank[0] if per_rank else ()
     if not first:
         return LoopEpochs([], None)
-    dataset = first[0].key
+    # An evaluation's loader may start first (a validation pass before training): the loader
+    # that shuffles is the training one; without one, the first started.
+    dataset = next((e.key for e in first if e.built.get("shuffles")), first[0].key)
     mine = [[e for e in epochs if e.key == dataset] for epochs in per_rank]
     others = sorted({e.key for epochs in per_rank for e in epochs} - {dataset})
     started = [len(epochs) for epochs in mine]
