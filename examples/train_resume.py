@@ -67,7 +67,8 @@ def _dataset() -> TensorDataset:
 
 
 def run_loop(ctx: Any) -> None:
-    """Train ``ctx.steps`` optimizer steps in all, resuming from ``ctx.checkpoint_dir``."""
+    """Train ``ctx.steps`` optimizer steps in all, at most ``ctx.steps_per_epoch`` of them per
+    epoch, resuming from ``ctx.checkpoint_dir``."""
     path = Path(ctx.checkpoint_dir) / "checkpoint.pt"
     torch.manual_seed(0)
     raw = build_model()
@@ -104,6 +105,8 @@ def run_loop(ctx: Any) -> None:
                 _save(ctx, path, model, optimizer, scheduler, scaler, step, epoch, position)
             if step == ctx.steps:
                 return
+            if position == ctx.steps_per_epoch:
+                break  # the check's cap: the next epoch (and its set_epoch) within a few steps
         epoch, position = epoch + 1, 0
 
 

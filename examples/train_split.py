@@ -114,8 +114,10 @@ def run_loop(ctx: Any) -> None:
     steps = 0
     for epoch in range(ctx.steps):
         loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
-        for source, targets in loader:
+        for i, (source, targets) in enumerate(loader):
             trainer._run_batch(source.to(ctx.device), targets.to(ctx.device))
             steps += 1
             if steps >= ctx.steps:
                 return
+            if i + 1 == ctx.steps_per_epoch:
+                break  # the check's cap: the next epoch (and its set_epoch) within a few steps

@@ -23,6 +23,14 @@ blamed on a cause only when measured: rank r's dataset differs from rank 0's (le
 indices), the sampler seeds differ, the epochs passed to set_epoch differ; otherwise "no known
 cause matched".
 
+When the target has a ``run_loop``, the loop itself is judged too (``sampling.loop``): it runs
+once on every rank, in a fresh world, with ``ctx.epochs = 2`` and ``ctx.steps_per_epoch = 2``,
+and the loader probe reads each epoch a DataLoader of the loop starts whole from its sampler;
+the training loader's epochs are judged as ``epoch_batches``' are, with the loop's own message
+for a forgotten ``set_epoch`` and for a loader not sharded by rank. The message and
+``evidence["judged"]`` say what was judged: the pipeline as ``epoch_batches`` builds it (the
+loop not observed), the loop, or both. A loop that iterates no DataLoader is said so.
+
 An epoch that repeats the previous epoch's order fails only when the order is shuffled (the
 loader's sampler shuffles, or the indices are not ascending): a pipeline that reads in order by
 design (a token stream, ``shuffle=False``) passes with "sequential order, no shuffling"; one
@@ -32,7 +40,8 @@ Ranks whose datasets build the same samples from different indices (epoch 0's fi
 compared by content, ``sampling.order.same_built``) fail with that cause. See ``sampling.order``.
 
 Skipped with the reason: a target that declares ``sampling = "with-replacement"`` (no epoch to
-cover), a target file without ``epoch_batches`` (its pipeline cannot be checked), a pipeline
+cover), a target file without ``epoch_batches`` whose ``run_loop`` (if any) iterates no
+DataLoader (its pipeline cannot be checked), a pipeline
 that yields no sample, an epoch that does not end (an endless stream: each epoch is read within
 its share of half the deadline and at most ``sampling.pipeline.MAX_EPOCH_BATCHES`` batches). A batch
 that never comes is inconclusive, naming the data pipeline: no collective runs while epochs are
@@ -47,10 +56,10 @@ Evidence: per epoch ``missing`` and ``duplicates`` counts, ``batches_per_rank``,
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from ddp_conformance.reports.keys import DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS, VERIFIED
@@ -59,7 +68,9 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
 from ..harness.world import RankContext, RankFailure, WorldHang
-from .sampling import Order, order_of, repeats_within_rank, same_built, same_built_problem, wraps
+from .sampling.judge import judge_epochs
+from .sampling.loop import LOOP_EPOCHS, LOOP_STEPS_PER_EPOCH, loop_epochs, observe_loop, unsharded_problem
+from .sampling.pipeline import PIPELINE_SEED, production_rng  # noqa: F401 - where they were first
 
 EPOCHS = 3
 WORLD_SIZES = (2, 3, 4)
@@ -122,66 +133,6 @@ def check_distributed_sampler(world_sizes: Iterable[int]) -> tuple[list[str], di
 # -- the target's own pipeline ---------------------------------------------------------------
 
 
-def _per_rank_differences(built: list[dict[str, Any]]) -> dict[str, Any]:
-    """What differs from rank 0 in how each rank's DataLoader was built (measured)."""
-    if not built or any(not b for b in built):
-        return {}
-    out: dict[str, Any] = {}
-    dataset_keys = ("dataset", "base_dataset", "length", "subset_digest")
-    differs = [r for r, b in enumerate(built) if any(b.get(k) != built[0].get(k) for k in dataset_keys)]
-    if differs:
-        out[DATASET_DIFFERS_ON_RANKS] = differs
-    seeds = [b.get("seed") for b in built]
-    if len(set(seeds)) > 1:
-        out[SAMPLER_SEEDS] = seeds
-    epochs = [b.get("epoch") for b in built]
-    if len(set(epochs)) > 1:
-        out["sampler_epochs"] = epochs
-    return out
-
-
-def _overlap_cause(differences: dict[str, Any], identity: str) -> str:
-    """The named cause of duplicates *and* missing samples with equal counts, when measured."""
-    if DATASET_DIFFERS_ON_RANKS in differences:
-        ranks = differences[DATASET_DIFFERS_ON_RANKS]
-        return (f"rank {ranks[0]}'s dataset differs from rank 0's (its length or Subset indices): "
-                f"the dataset is built differently per rank — e.g. random_split without "
-                f"generator=torch.Generator().manual_seed(...), whose default seed differs between "
-                f"processes")
-    if SAMPLER_SEEDS in differences:
-        return (f"ranks shuffle with different permutations (sampler seed differs per rank: "
-                f"{differences[SAMPLER_SEEDS]})")
-    if "sampler_epochs" in differences:
-        return f"ranks shuffle with different permutations (set_epoch got different epochs: {differences['sampler_epochs']})"
-    inspected = "identity by " + identity.split(" ")[0]
-    return (f"ranks draw overlapping samples — no known cause matched (each rank's dataset and "
-            f"sampler {'look identical' if identity.startswith('index (from') else 'cannot be inspected: not a DataLoader'}; "
-            f"{inspected})")
-
-
-#: torch's default generator in the data pipeline, per rank: ``PIPELINE_SEED + rank``.
-PIPELINE_SEED = 4321
-
-
-@contextlib.contextmanager
-def production_rng(rank: int) -> Iterator[None]:
-    """torch's default generator seeded per rank for the block (``PIPELINE_SEED + rank``), and
-    restored after it.
-
-    A torchrun worker is a fresh interpreter whose default generator starts from its own seed:
-    a pipeline that draws from it unseeded (minGPT-ddp's ``random_split`` with no generator in
-    ``get_train_objs()``) builds another dataset on every rank. The suite's rank processes have
-    seeded torch alike by then (``torch.manual_seed`` before every ``build_model``), which hid
-    exactly that; a seed the pipeline sets itself still decides, as in production. Only
-    torch's: the suite seeds no other generator (a forked rank's Python and numpy generators
-    are reseeded by its zygote, and a user's ``random.seed`` at import stands)."""
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(PIPELINE_SEED + rank)
-        yield
-
-
 def collect_epochs(rank_ctx: RankContext, target_spec: str, identity: str, epochs: int,
                    budget_s: float | None = None) -> list[Any]:
     """Rank side: this rank's pipeline for every epoch, in this rank's own process.
@@ -211,85 +162,6 @@ def check_epoch_batches(epoch_batches: Any, world_size: int, *,
     return judge_epochs(per_rank)
 
 
-def judge_epochs(per_rank: list[list[Any]]) -> tuple[list[str], dict[str, Any]]:
-    """Judge what every rank's pipeline yielded: ``per_rank[rank][epoch] = (RankEpoch, how)``.
-
-    Returns the problems (the check fails) and the evidence; ``info["undecided"]`` lists what
-    the measurements cannot decide (the check is inconclusive when nothing failed)."""
-    n = len(per_rank)
-    how = per_rank[0][-1][1] if per_rank and per_rank[0] else ""
-    got = [[per_rank[rank][epoch][0] for rank in range(n)] for epoch in range(len(per_rank[0]) if per_rank else 0)]
-    per_epoch = [[e.ids for e in ranks] for ranks in got]  # [epoch][rank] -> sample ids in order
-    batch_counts = [[e.batches for e in ranks] for ranks in got]
-    biggest = max([-(-len(e.ids) // e.batches) for ranks in got for e in ranks if e.batches] + [1])
-    multiplicity = _multiplicity(per_epoch, n, how)
-    universe = {i for ranks in per_epoch for ids in ranks for i in ids}
-    pad_allowance = n - 1
-    drop_allowance = n - 1 + n * (biggest - 1)
-    differences = _per_rank_differences([e.built for e in got[0]]) if got else {}
-    problems: list[str] = []
-    undecided: list[str] = []
-    epochs: list[dict[str, Any]] = []
-    for epoch, ranks in enumerate(per_epoch):
-        seen = Counter(i for ids in ranks for i in ids)
-        duplicates = sum(max(0, c - multiplicity.get(i, 1)) for i, c in seen.items())
-        missing = len(universe - set(seen))
-        per_rank_sets = [set(ids) for ids in ranks]  # once per rank: not once per sample
-        shared = sum(1 for i in seen if sum(i in ids for ids in per_rank_sets) > 1)
-        within = [repeats_within_rank(ids, multiplicity) for ids in ranks]
-        epochs.append({"epoch": epoch, "samples": sum(seen.values()), "distinct": len(seen),
-                       "missing": missing, "duplicates": duplicates, "on_several_ranks": shared,
-                       "repeats_within_rank": within, "batches_per_rank": batch_counts[epoch],
-                       "samples_per_rank": [len(ids) for ids in ranks]})
-        if len(set(batch_counts[epoch])) > 1:
-            problems.append(f"epoch {epoch}: unequal batch counts per rank {batch_counts[epoch]} — "
-                            f"the rank with fewer batches leaves the others waiting in an all-reduce "
-                            f"(end-of-epoch hang)")
-        wrapped = [wraps(ids, how) for ids in ranks]
-        if duplicates > pad_allowance and max(within) > pad_allowance and any(wrapped):
-            rank = max(range(n), key=lambda r: wrapped[r])
-            problems.append(f"epoch {epoch}: rank {rank} reads its samples in order and wraps to the "
-                            f"start before the epoch ends: {wrapped[rank]} sample(s) read twice in one "
-                            f"epoch — its read position is reset while a batch of its own still fits "
-                            f"(e.g. an end-of-data test on the whole step's stride, B·T·N, instead of "
-                            f"its own next batch), so the data before the reset point is skipped")
-        elif duplicates > pad_allowance and max(within) > pad_allowance and not differences:
-            # One rank drawing a sample twice in one epoch is no epoch sampler: a measurement
-            # of random draws, not of a sharding bug (a declared mode, see the README).
-            undecided.append(_with_replacement(epoch, within, duplicates, missing, got[epoch]))
-        elif duplicates > pad_allowance:
-            if missing > drop_allowance:
-                problems.append(f"epoch {epoch}: {duplicates} duplicate and {missing} missing samples "
-                                f"with equal counts — {_overlap_cause(differences, how)}")
-            else:
-                problems.append(f"epoch {epoch}: {duplicates} samples seen more than once across "
-                                f"ranks ({shared} on several ranks) — the data is not sharded by rank")
-        elif missing > drop_allowance:
-            problems.append(f"epoch {epoch}: {missing} of {len(universe)} samples never seen")
-    # Ranks holding different datasets is the design of hand sharding (a Subset or a file shard
-    # per rank): it is blamed only where the coverage shows what it did.
-    uncovered = any(e["duplicates"] > pad_allowance or e["missing"] > drop_allowance for e in epochs)
-    if (DATASET_DIFFERS_ON_RANKS in differences and uncovered
-            and not any("dataset differs" in p for p in problems)):
-        problems.append(_overlap_cause(differences, how))
-    built_alike = same_built(got[0]) if got else None
-    if built_alike is not None:
-        problems.insert(0, same_built_problem(built_alike))
-    order = order_of(got[0], how) if got else Order("unknown", "no epoch")
-    orders = [[i for ids in ranks for i in ids] for ranks in per_epoch]
-    repeated = [e for e in range(1, len(orders)) if orders[e] == orders[e - 1]]
-    if repeated and not undecided:
-        _judge_repeats(repeated, order, problems, undecided)
-    return problems, {"world_size": n, "dataset_samples": len(universe), "epochs": epochs,
-                      "sample_identity": how, "built_per_rank": [e.built for e in got[0]] if got else [],
-                      **differences, "order": order.to_json(),
-                      "same_built": None if built_alike is None else built_alike.to_json(),
-                      "built_samples_compared": [len(e.contents) for e in got[0]] if got else [],
-                      "content_repeated_in_dataset": sum(1 for c in multiplicity.values() if c > 1),
-                      "epochs_with_repeated_order": repeated, "undecided": undecided,
-                      "allowed_padding_duplicates": pad_allowance, "allowed_dropped": drop_allowance}
-
-
 def _not_ending(exc: RankFailure | WorldHang) -> str | None:
     """The first rank's "epoch did not end" (``sampling.pipeline.EpochNotEnding``), or None."""
     for result in exc.results:
@@ -297,48 +169,6 @@ def _not_ending(exc: RankFailure | WorldHang) -> str | None:
         if error is not None and error.exc_type == "EpochNotEnding":
             return f"rank {result.rank}: {error.message}"
     return None
-
-
-def _multiplicity(per_epoch: list[list[list[Any]]], n: int, how: str) -> Counter[Any]:
-    """Content identity only: a value the dataset itself holds c times appears c times in every
-    epoch of a correct pipeline; count it as c samples (identity by index needs no such rule)."""
-    universe = {i for ranks in per_epoch for ids in ranks for i in ids}
-    # Every rank yielding every sample is "not sharded", whatever the multiplicities: then each
-    # value's count per epoch is N times its count in the dataset, not a repetition within it.
-    unsharded = n > 1 and all(set(ids) == universe for ranks in per_epoch for ids in ranks)
-    if not how.startswith("content") or unsharded:
-        return Counter()
-    counts_per_epoch = [Counter(i for ids in ranks for i in ids) for ranks in per_epoch]
-    keys = set().union(*counts_per_epoch)
-    return Counter({k: max(1, min(c[k] for c in counts_per_epoch)) for k in keys})
-
-
-def _with_replacement(epoch: int, within: list[int], duplicates: int, missing: int,
-                      ranks: list[Any]) -> str:
-    rank = max(range(len(within)), key=lambda r: within[r])
-    declared = (" (its sampler draws with replacement: replacement=True)"
-                if any(e.built.get("replacement") for e in ranks) else "")
-    return (f"epoch {epoch}: rank {rank} sees {within[rank]} sample(s) more than once within its "
-            f"own epoch ({duplicates} duplicate and {missing} missing samples over all ranks){declared} "
-            f"— this looks like sampling with replacement (random draws or random windows), not an "
-            f"epoch sampler; if it draws with replacement by design, declare sampling = "
-            f"\"with-replacement\" in the target (there is then no epoch to cover); if it should "
-            f"visit every sample once per epoch, use DistributedSampler")
-
-
-def _judge_repeats(repeated: list[int], order: Order, problems: list[str],
-                   undecided: list[str]) -> None:
-    """An epoch that repeats the previous one: the bug only when the order was shuffled."""
-    if order.kind == "sequential":
-        return  # reading in order by design: the same order every epoch is the design
-    if order.kind == "shuffled":
-        problems.append(f"epochs {repeated} repeat the previous epoch's order — set_epoch(epoch) is "
-                        f"not called, or the shuffle is seeded without the epoch: the order is "
-                        f"shuffled ({order.reason}), yet every epoch trains in the same one")
-        return
-    undecided.append(f"epochs {repeated} repeat the previous epoch's order, and whether that order "
-                     f"is shuffled cannot be read: {order.reason} — a shuffled order that repeats "
-                     f"is a forgotten set_epoch(epoch), an unshuffled one is a choice")
 
 
 def _epochs_failed(ctx: CheckContext, exc: RankFailure | WorldHang) -> Outcome:
@@ -365,7 +195,86 @@ def _epochs_failed(ctx: CheckContext, exc: RankFailure | WorldHang) -> Outcome:
     return world_error_outcome(exc, f"epoch_batches(rank, {ctx.world_size}, epoch)")
 
 
-def run(ctx: CheckContext) -> Outcome:
+@dataclass(frozen=True)
+class _Judged:
+    """One subject's judgement (the pipeline ``epoch_batches`` builds, or the loop's own loaders)."""
+
+    source: str
+    problems: list[str]
+    undecided: list[str]
+    info: dict[str, Any]
+
+
+def _pipeline_metrics(info: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "missing_per_epoch": [e["missing"] for e in info["epochs"]],
+        "duplicates_per_epoch": [e["duplicates"] for e in info["epochs"]],
+        "batches_per_rank": [e["batches_per_rank"] for e in info["epochs"]],
+        "epochs_with_repeated_order": info["epochs_with_repeated_order"],
+        "dataset_samples": info["dataset_samples"],
+        "samples_seen": sum(e["samples"] for e in info["epochs"]),
+        "sample_identity": info["sample_identity"],
+        "order": info["order"]["kind"],
+    }
+
+
+def _judge_pipeline(ctx: CheckContext) -> _Judged | Outcome:
+    """The target's ``epoch_batches`` on every rank, over EPOCHS epochs, judged."""
+    target = ctx.target
+    try:
+        # Each epoch gets its share of half the deadline: an endless stream (or an epoch too
+        # long to read here) ends with its own message, well before the world's deadline.
+        per_rank = [r.value for r in ctx.world().run(collect_epochs, target.spec, target.sample_identity, EPOCHS,
+                                                     ctx.deadline / (2 * EPOCHS), deadline=ctx.deadline)]
+    except (RankFailure, WorldHang) as exc:
+        return _epochs_failed(ctx, exc)
+    problems, info = judge_epochs(per_rank, repeats=target.sampling_repeats)
+    return _Judged(f"{target.name}.epoch_batches", problems, info["undecided"], info)
+
+
+def _judge_loop(ctx: CheckContext) -> _Judged | Outcome:
+    """The target's ``run_loop`` once on every rank (``sampling.loop``), its training loader's
+    epochs judged as ``epoch_batches``' are. In a fresh world when there can be one (a loop is
+    the user's own code: what it leaves pending must not reach the shared world)."""
+    args = (observe_loop, ctx.target.spec, LOOP_EPOCHS, LOOP_STEPS_PER_EPOCH)
+    try:
+        if ctx.new_world is None:  # --attach: the only world there is
+            raw = [r.value for r in ctx.world().run(*args, deadline=ctx.deadline)]
+        else:
+            with ctx.fresh_world() as world:
+                raw = [r.value for r in world.run(*args, deadline=ctx.deadline)]
+    except (RankFailure, WorldHang) as exc:
+        return world_error_outcome(exc, "the target's run_loop (its DataLoaders watched)")
+    found = loop_epochs(raw)
+    source = f"{ctx.target.name}.run_loop"
+    info: dict[str, Any] = {"loop": found.to_json()}
+    if not found.per_rank:
+        return _Judged(source, [], [], info)
+    problems, judged = judge_epochs(found.per_rank, loop=True, repeats=ctx.target.sampling_repeats)
+    unsharded = unsharded_problem(found)
+    problems = ([unsharded] if unsharded else []) + [
+        p if p.startswith("the training loop") else f"the training loop's DataLoader: {p}" for p in problems]
+    return _Judged(source, problems, judged["undecided"], {**judged, **info})
+
+
+def _loop_said(loop: _Judged) -> str:
+    """What was judged of the loop, for the record and the message."""
+    found = loop.info["loop"]
+    if found["dataset"] is None:
+        return "its run_loop iterates no DataLoader"
+    if found["unreadable"]:
+        return (f"the training loop's DataLoader over {found['dataset']} was not judged: {found['unreadable']}")
+    if found["epochs_judged"] < 2:
+        return (f"the training loop itself (run_loop), 1 epoch: it started only one epoch of its DataLoader in "
+                f"{LOOP_EPOCHS * LOOP_STEPS_PER_EPOCH} steps, so a new order per epoch was not observed (honour "
+                f"ctx.epochs and ctx.steps_per_epoch: at most ctx.steps_per_epoch steps per epoch)")
+    e0 = loop.info["epochs"][0]
+    return (f"the training loop itself (run_loop), {found['epochs_judged']} epochs ({e0['distinct']}/"
+            f"{e0.get('dataset_length') or loop.info['dataset_samples']} samples per epoch in its sampler's order, batches drawn per epoch "
+            f"on rank 0: {found['batches_drawn_per_rank'][0]})")
+
+
+def _skip_reason(ctx: CheckContext) -> Outcome | None:
     target = ctx.target
     if target.sampling == "with-replacement":
         return Outcome.skipped(
@@ -373,50 +282,50 @@ def run(ctx: CheckContext) -> Outcome:
             f"sampling = 'with-replacement'; its samples are random draws, not a permutation)",
             metrics={"key_figure": "sampling with replacement"},
             evidence={"sampling": "with-replacement"})
-    if not target.has("epoch_batches") and not target.builtin:
+    if not target.has("epoch_batches") and not target.has("run_loop") and not target.builtin:
         return Outcome.skipped(
             f"target {target.name!r} defines no epoch_batches(rank, world_size, epoch): its data "
             f"pipeline cannot be checked (define it to return this rank's DataLoader)",
             metrics={"key_figure": "no epoch_batches"}, evidence={"epoch_batches": None})
+    return None
+
+
+def run(ctx: CheckContext) -> Outcome:
+    target = ctx.target
+    skipped = _skip_reason(ctx)
+    if skipped is not None:
+        return skipped
     sampler_problems, sampler_info = check_distributed_sampler((*WORLD_SIZES, ctx.world_size))
     evidence: dict[str, Any] = {"distributed_sampler": {**sampler_info, "problems": sampler_problems}}
     metrics: dict[str, Any] = {"sampler_configurations": sampler_info["configurations_checked"],
                                "sampler_problems": len(sampler_problems)}
-    problems = list(sampler_problems)
-    source = "DistributedSampler"
-    if target.has("epoch_batches"):
-        source = f"{target.name}.epoch_batches"
-        try:
-            # Each epoch gets its share of half the deadline: an endless stream (or an epoch too
-            # long to read here) ends with its own message, well before the world's deadline.
-            per_rank = [r.value for r in ctx.world().run(collect_epochs, target.spec,
-                                                         target.sample_identity, EPOCHS,
-                                                         ctx.deadline / (2 * EPOCHS),
-                                                         deadline=ctx.deadline)]
-        except (RankFailure, WorldHang) as exc:
-            return _epochs_failed(ctx, exc)
-        target_problems, info = judge_epochs(per_rank)
-        evidence["epoch_batches"] = info
+    problems, undecided = [f"DistributedSampler: {p}" for p in sampler_problems], []
+    judged: list[_Judged] = []
+    for has, judge in (("epoch_batches", _judge_pipeline), ("run_loop", _judge_loop)):
+        if target.has(has):
+            found = judge(ctx)
+            if isinstance(found, Outcome):
+                return found
+            judged.append(found)
+            problems += [f"{found.source}: {p}" for p in found.problems]
+            undecided += [f"{found.source}: {u}" for u in found.undecided]
+    pipeline = next((j for j in judged if j.source.endswith(".epoch_batches")), None)
+    loop = next((j for j in judged if j.source.endswith(".run_loop")), None)
+    subject = pipeline or (loop if loop is not None and "epochs" in loop.info else None)
+    source = subject.source if subject is not None else "DistributedSampler"
+    if pipeline is not None:
+        evidence["epoch_batches"] = pipeline.info
         # The per-rank measurements a recommendation reads, at the top of the evidence.
-        evidence.update({k: info[k] for k in (DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS) if k in info})
-        problems += target_problems
-        metrics.update({
-            "missing_per_epoch": [e["missing"] for e in info["epochs"]],
-            "duplicates_per_epoch": [e["duplicates"] for e in info["epochs"]],
-            "batches_per_rank": [e["batches_per_rank"] for e in info["epochs"]],
-            "epochs_with_repeated_order": info["epochs_with_repeated_order"],
-            "dataset_samples": info["dataset_samples"],
-            "samples_seen": sum(e["samples"] for e in info["epochs"]),
-            "sample_identity": info["sample_identity"],
-            "order": info["order"]["kind"],
-        })
-        if info["dataset_samples"] == 0:
-            return Outcome.skipped(f"{source} yielded no samples in {EPOCHS} epochs: nothing to cover",
-                                   metrics={**metrics, "key_figure": "no samples"}, evidence=evidence)
+        evidence.update({k: pipeline.info[k] for k in (DATASET_DIFFERS_ON_RANKS, SAMPLER_SEEDS) if k in pipeline.info})
+    if loop is not None:
+        evidence["run_loop"] = loop.info
+        metrics["loop_epochs"] = loop.info["loop"]["epochs_judged"]
+    if subject is not None:
+        metrics.update(_pipeline_metrics(subject.info))
     if problems:
         metrics["key_figure"] = f"{len(problems)} coverage problem(s) in {source}"
         return Outcome.failed(
-            f"{source}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
+            problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""),
             metrics=metrics, evidence={**evidence, "problems": problems},
             recommendation="build the dataset identically on every rank (seed random_split), use "
                            "DistributedSampler(dataset, num_replicas=world_size, rank=rank, "
@@ -424,39 +333,74 @@ def run(ctx: CheckContext) -> Outcome:
                            "shard IterableDatasets by rank; make every rank yield the same number of batches; "
                            "a dataset that draws its samples at random must not draw the same on every "
                            "rank (seed its generator with the rank, or derive each sample from its index)")
-    undecided = evidence.get("epoch_batches", {}).get("undecided", [])
     if undecided:
         metrics["key_figure"] = ("looks like sampling with replacement" if "with replacement" in undecided[0]
                                  else "order repeats, shuffling unknown")
         return Outcome.inconclusive(
-            f"{source}: {undecided[0]}" + (f" (+{len(undecided) - 1} more)" if len(undecided) > 1 else ""),
+            undecided[0] + (f" (+{len(undecided) - 1} more)" if len(undecided) > 1 else ""),
             metrics=metrics, evidence={**evidence, "undecided": undecided})
-    if target.has("epoch_batches"):
-        e0 = evidence["epoch_batches"]["epochs"][0]
-        metrics["key_figure"] = (f"{e0['distinct']}/{evidence['epoch_batches']['dataset_samples']} "
+    if subject is None and loop is not None:  # no epoch_batches, and the loop iterates no DataLoader
+        return Outcome.skipped(
+            f"target {target.name!r} defines no epoch_batches(rank, world_size, epoch) and "
+            f"{_loop_said(loop)}: its data pipeline cannot be checked (define epoch_batches "
+            f"to return this rank's DataLoader)",
+            metrics={**metrics, "key_figure": "no DataLoader in run_loop"}, evidence=evidence)
+    if subject is not None and subject.info["dataset_samples"] == 0:
+        return Outcome.skipped(f"{source} yielded no samples in {EPOCHS} epochs: nothing to cover",
+                               metrics={**metrics, "key_figure": "no samples"}, evidence=evidence)
+    return _passed(ctx, source, subject, loop, sampler_info, metrics, evidence)
+
+
+def _coverage_said(info: dict[str, Any]) -> str:
+    """What a pass says of each epoch's coverage: once per sample, or r times under repeated
+    augmentation, counted against the dataset's length."""
+    repetition = info.get("repetition")
+    if not repetition:
+        return "every sample once per epoch (padding/drop_last as documented), disjoint shards"
+    e0 = info["epochs"][0]
+    length = repetition["dataset_length"]
+    of = f"{e0['distinct']}/{length}" if length is not None else f"{e0['distinct']}"
+    return (f"repeated augmentation ({repetition['source']}): each sample drawn at most {repetition['repeats']} "
+            f"times per epoch, {of} distinct samples of the dataset in epoch 0's {e0['samples']} draws "
+            f"(at least {e0['distinct_due']} due; the rest of the dataset is drawn in other epochs), no "
+            f"sample beyond its {repetition['repeats']} copies across the ranks")
+
+
+def _passed(ctx: CheckContext, source: str, subject: _Judged | None, loop: _Judged | None,
+            sampler_info: dict[str, Any], metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:
+    if subject is not None:
+        e0 = subject.info["epochs"][0]
+        metrics["key_figure"] = (f"{e0['distinct']}/{e0.get('dataset_length') or subject.info['dataset_samples']} "
                                  f"samples/epoch, batches/rank {e0['batches_per_rank']}")
     else:
         metrics["key_figure"] = f"{sampler_info['configurations_checked']} sampler configurations exact"
     # What the pass rests on (the ready rule, reports/verdict.py): the target's pipeline on the
     # run's ranks, else DistributedSampler simulated at every world size checked.
     evidence[VERIFIED] = ({"ranks": ctx.world_size, "samples_seen": metrics["samples_seen"]}
-                          if target.has("epoch_batches") else
+                          if subject is not None else
                           {"ranks": max((*WORLD_SIZES, ctx.world_size)),
                            "sampler_configurations": sampler_info["configurations_checked"]})
     seen = (f" ({metrics['samples_seen']} samples seen, identified by "
             f"{metrics['sample_identity']})" if "samples_seen" in metrics else "")
-    info = evidence.get("epoch_batches", {})
+    info = subject.info if subject is not None else {}
+    epochs = len(info.get("epochs", [])) or EPOCHS
     order = (f"sequential order, no shuffling ({info['order']['reason']}): the same order every epoch "
              f"by design" if info.get("order", {}).get("kind") == "sequential" and info["epochs_with_repeated_order"]
-             else "a new order each epoch")
+             else "a new order each epoch" if epochs > 1 else "one epoch")
     # Say what was judged: epoch_batches is the target's statement of its pipeline, and a loop
-    # that calls the sampler differently (set_epoch deleted there) is not seen through it.
-    judged = (f"; judged: the pipeline as {source} builds it, the training loop itself was not "
-              f"observed (epoch_batches must call the training code's own loader factory, not "
-              f"restate it)" if target.has("epoch_batches") else "")
-    evidence["judged"] = ("the pipeline as epoch_batches builds it" if target.has("epoch_batches")
-                          else "DistributedSampler itself, simulated")
+    # that calls the sampler differently (set_epoch deleted there) is seen only through the loop.
+    said = _loop_said(loop) if loop is not None else None
+    if subject is None:
+        judged, evidence["judged"] = "", "DistributedSampler itself, simulated"
+    elif loop is not None and "epochs" in loop.info:
+        pipeline = f"the pipeline as {source} builds it and " if subject is not loop else ""
+        judged, evidence["judged"] = f"; judged: {pipeline}{said}", f"{pipeline}{said}"
+    else:
+        why = f"{said}; " if said else ""
+        judged = (f"; judged: the pipeline as {source} builds it, the training loop itself was not "
+                  f"observed ({why}epoch_batches must call the training code's own loader factory, not "
+                  f"restate it)")
+        evidence["judged"] = "the pipeline as epoch_batches builds it"
     return Outcome.passed(
-        f"{source}: every sample once per epoch (padding/drop_last as documented), disjoint "
-        f"shards, equal batch counts, {order} over {EPOCHS} epochs{seen}{judged}",
+        f"{source}: {_coverage_said(info)}, equal batch counts, {order} over {epochs} epoch{'s' if epochs > 1 else ''}{seen}{judged}",
         metrics=metrics, evidence=evidence)

@@ -308,8 +308,18 @@ class LoopContext:
     checkpoint_every: int = CHECKPOINT_EVERY
     #: 0 on the first start, 1 after a restart (for the loop's logs: a correct loop does not need it).
     restarts: int = 0
+    #: How many epochs the check needs the loop to reach (2 where sampler-coverage watches the
+    #: sampler, else 1): a loop driven by epochs runs this many, one driven by steps reaches
+    #: them within ``steps`` (which the check sets to ``epochs * steps_per_epoch``).
+    epochs: int = 1
+    #: The most steps the loop runs in one epoch before it starts the next (a cap it applies),
+    #: so an epoch boundary is crossed in a few steps. 0 when built: ``steps`` (no cap then:
+    #: an epoch never holds more steps than the whole run).
+    steps_per_epoch: int = 0
 
     def __post_init__(self) -> None:
+        if self.steps_per_epoch <= 0:
+            self.steps_per_epoch = self.steps
         if self.checkpoint_dir is None:
             self.checkpoint_dir = Path(self.tmpdir) / "checkpoints"
         Path(self.checkpoint_dir).mkdir(parents=True, exist_ok=True)

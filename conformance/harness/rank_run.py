@@ -98,6 +98,7 @@ class RankRun:
     def loop_context(self, *, steps: int, tmpdir: Path, **extra: Any) -> LoopContext:
         """The ``ctx`` the target's ``run_loop`` receives on this rank: ``ctx.wrap`` wraps with
         the target's ``ddp_kwargs`` and ``configure_ddp``, as :meth:`wrap` does; ``extra``: the
-        loop's other fields (``on_wrap``, ``checkpoint_dir``, ``checkpoint_every``, ``restarts``)."""
+        loop's other fields (``on_wrap``, ``checkpoint_dir``, ``checkpoint_every``, ``restarts``,
+        ``epochs``, ``steps_per_epoch``)."""
         return LoopContext(rank=self.rank, world_size=self.world_size, device=self.device, steps=steps,
                            tmpdir=tmpdir, ddp_kwargs=self.ddp_kwargs(), target=self.target, **extra)

@@ -78,7 +78,8 @@ def epoch_batches(rank: int, world_size: int, epoch: int) -> DataLoader[tuple[to
 
 
 def run_loop(ctx: Any) -> None:
-    """Train ``ctx.steps`` optimizer steps in all, resuming from ``ctx.checkpoint_dir``."""
+    """Train ``ctx.steps`` optimizer steps in all, at most ``ctx.steps_per_epoch`` of them per
+    epoch, resuming from ``ctx.checkpoint_dir``."""
     path = Path(ctx.checkpoint_dir) / CHECKPOINT
     torch.manual_seed(0)
     raw = build_model()
@@ -107,6 +108,8 @@ def run_loop(ctx: Any) -> None:
                 _save(ctx, path, model, optimizer, scheduler, step=step, epoch=epoch, position=position)
             if step == ctx.steps:
                 return
+            if position == ctx.steps_per_epoch:
+                break  # the check's cap: the next epoch (and its set_epoch) within a few steps
         epoch, position = epoch + 1, 0
 
 

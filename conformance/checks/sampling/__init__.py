@@ -1,7 +1,9 @@
 """sampler-coverage's engine: what each rank's pipeline yields in an epoch (``pipeline``: the
 target's ``epoch_batches`` read with a bound, sample identities, built contents) and what the
 orders say (``order``: shuffled, sequential, with replacement, wrapped, the same built samples on
-every rank). The check entry is ``conformance/checks/sampler_coverage.py``."""
+every rank); the judgement of every rank's epochs (``judge``), repeated augmentation counted as
+such (``repeated``), and the training loop's own loaders watched (``loop``). The check entry is
+``conformance/checks/sampler_coverage.py``."""
 
 from __future__ import annotations
 

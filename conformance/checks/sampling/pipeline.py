@@ -28,6 +28,7 @@ are disjoint, their samples are not.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Iterable, Iterator
@@ -35,6 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...harness.batches import DimsMismatch, first_dim, sample_rows, walk
+from ...harness.observe.loader_epochs import base_indices as _base_indices
+from ...harness.observe.loader_epochs import describe_sampling
+from ...harness.observe.loader_epochs import shuffles as _shuffles
 
 #: The most batches one rank's epoch may yield before it is taken for an endless stream (an
 #: IterableDataset over a live source has no epoch to cover). Far above the check's datasets
@@ -77,18 +81,6 @@ class RankEpoch:
 BUILT_SAMPLES = 32
 
 
-def _base_indices(dataset: Any) -> tuple[Any, list[int] | None]:
-    """Follow ``Subset`` wrappers down to the underlying dataset: (base, index map or None)."""
-    from torch.utils.data import Subset
-
-    mapping: list[int] | None = None
-    while isinstance(dataset, Subset):
-        local = [int(i) for i in dataset.indices]
-        mapping = local if mapping is None else [local[i] for i in mapping]
-        dataset = dataset.dataset
-    return dataset, mapping
-
-
 def _map_style_loader(value: Any) -> bool:
     from torch.utils.data import DataLoader, IterableDataset
 
@@ -97,43 +89,9 @@ def _map_style_loader(value: Any) -> bool:
 
 
 def describe_loader(loader: Any) -> dict[str, Any]:
-    """How a DataLoader was built: its dataset and, for a DistributedSampler, its settings."""
-    from torch.utils.data import DistributedSampler
-
-    base, mapping = _base_indices(loader.dataset)
-    built: dict[str, Any] = {"dataset": type(loader.dataset).__name__,
-                             "base_dataset": type(base).__name__}
-    try:
-        built["length"] = len(loader.dataset)
-    except TypeError:
-        built["length"] = None
-    if mapping is not None:
-        built["subset_digest"] = hashlib.sha1(repr(mapping).encode()).hexdigest()[:12]
-    sampler = loader.sampler
-    built["sampler"] = type(sampler).__name__
-    shuffles = _shuffles(sampler)
-    if shuffles is not None:
-        built["shuffles"] = shuffles
-    if getattr(sampler, "replacement", False):
-        built["replacement"] = True
-    if isinstance(sampler, DistributedSampler):
-        built.update(seed=sampler.seed, epoch=sampler.epoch, shuffle=sampler.shuffle,
-                     drop_last=sampler.drop_last, num_replicas=sampler.num_replicas,
-                     sampler_rank=sampler.rank)
-    return built
-
-
-def _shuffles(sampler: Any) -> bool | None:
-    """Whether a stock sampler shuffles (None: a sampler of the user's, unknown)."""
-    from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
-
-    if isinstance(sampler, DistributedSampler):
-        return bool(sampler.shuffle)
-    if isinstance(sampler, RandomSampler):
-        return True
-    if isinstance(sampler, SequentialSampler):
-        return False
-    return None
+    """How a DataLoader was built: its dataset and, for a DistributedSampler, its settings
+    (``harness.observe.loader_epochs.describe_sampling``, which the loop's probe records too)."""
+    return describe_sampling(loader.dataset, loader.sampler)
 
 
 def _sample_digest(sample: Any) -> str | None:
@@ -291,3 +249,26 @@ def _loader_inside(pipeline: Any) -> Any:
         return None
     found = [v for v in pipeline.gi_frame.f_locals.values() if _map_style_loader(v)]
     return found[0] if len(found) == 1 else None
+
+
+#: torch's default generator in the data pipeline, per rank: ``PIPELINE_SEED + rank``.
+PIPELINE_SEED = 4321
+
+
+@contextlib.contextmanager
+def production_rng(rank: int) -> Iterator[None]:
+    """torch's default generator seeded per rank for the block (``PIPELINE_SEED + rank``), and
+    restored after it.
+
+    A torchrun worker is a fresh interpreter whose default generator starts from its own seed:
+    a pipeline that draws from it unseeded (minGPT-ddp's ``random_split`` with no generator in
+    ``get_train_objs()``) builds another dataset on every rank. The suite's rank processes have
+    seeded torch alike by then (``torch.manual_seed`` before every ``build_model``), which hid
+    exactly that; a seed the pipeline sets itself still decides, as in production. Only
+    torch's: the suite seeds no other generator (a forked rank's Python and numpy generators
+    are reseeded by its zygote, and a user's ``random.seed`` at import stands)."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(PIPELINE_SEED + rank)
+        yield

@@ -4,6 +4,8 @@
   result slice) and the ``Observation`` driver (a body once or per step, journaled per step
   when asked; the union of the slices);
 - :mod:`.loader` — the loader-index probe (the one patch of torch's DataLoader iterator);
+  :mod:`.loader_epochs` — its ``epochs`` reading: each epoch's whole order, replayed from a copy
+  of the sampler;
 - :mod:`.collectives` — the collectives probe (the one patch of ``torch.distributed``) and its taps;
 - :mod:`.comm_rounds` — DDP's bucket all-reduces, counted inside its comm hook chain;
 - :mod:`.forwards` — forwards through DDP and through the inner module, training or not;
@@ -35,6 +37,7 @@ from .collectives import (
 from .comm_rounds import AllReduceSlice, CommRounds, counting_allreduce
 from .forwards import OUTSIDE, TRAINING, ForwardCountSlice, Forwards, SyncFlags, SyncFlagSlice
 from .loader import LoaderIndices, SamplerSeen, SamplesSlice
+from .loader_epochs import LoaderEpoch
 from .optimizer_steps import OptimizerSteps
 from .probe import Counts, Observation, Probe, Slice, Step
 from .step_collectives import StepCollective, StepCollectives, StepCollectivesSlice
@@ -55,6 +58,7 @@ __all__ = [
     "Counts",
     "ForwardCountSlice",
     "Forwards",
+    "LoaderEpoch",
     "LoaderIndices",
     "Observation",
     "OptimizerSteps",

@@ -15,18 +15,24 @@ the same patch, for two subjects:
   an iterator yields is the k-th index batch its sampler gave, with workers or without (indices
   go to the workers in order and their batches come back in order; ``in_order=False`` and
   iterable datasets are not recorded).
+- *epochs* (``LoaderIndices(epochs=True)``, sampler-coverage's subject when it watches the
+  training loop): at the first index of every epoch an iterator starts, the sampler's whole
+  order for the epoch, read from a replayed copy, and how the loader was built
+  (``loader_epochs``); the batches the loop drew from it are counted.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from ..patching import replaced
+from .loader_epochs import LoaderEpoch, agrees, describe_sampling, replay
 from .probe import Probe, Slice
 
 
@@ -59,6 +65,11 @@ class LoaderSlice(TypedDict):
     samples: SamplesSlice
 
 
+class LoaderEpochsSlice(TypedDict):
+    #: Every epoch a DataLoader started on this rank, in the order started.
+    loader_epochs: tuple[LoaderEpoch, ...]
+
+
 def _root(dataset: Any, indices: list[int]) -> tuple[Any, list[int]]:
     """Indices of a (nested) ``Subset`` mapped to the dataset it is cut from."""
     from torch.utils.data import Subset
@@ -67,6 +78,12 @@ def _root(dataset: Any, indices: list[int]) -> tuple[Any, list[int]]:
         indices = [int(dataset.indices[i]) for i in indices]
         dataset = dataset.dataset
     return dataset, indices
+
+
+def _iterable() -> Any:
+    from torch.utils.data.dataloader import _DatasetKind
+
+    return _DatasetKind.Iterable
 
 
 def _key(dataset: Any) -> str:
@@ -88,12 +105,15 @@ class LoaderIndices(Probe):
     """The indices DataLoaders fetch and yield on this rank (module docstring). ``fetched``:
     also count every fetched index by root dataset (``result``'s ``samples``)."""
 
-    def __init__(self, *, fetched: bool = False) -> None:
+    def __init__(self, *, fetched: bool = False, epochs: bool = False) -> None:
         self.fetched = fetched
+        self.epochs = epochs
         self.indices: dict[str, list[int]] = {}
         self.samplers: dict[int, SamplerSeen] = {}
         self.unindexed = 0
         self.latest: list[str] = []
+        self.started: list[LoaderEpoch] = []  # ``consumed`` filled in by ``result``
+        self.consumed: list[int] = []
 
     def attach(self, stack: contextlib.ExitStack) -> None:
         from torch.utils.data.dataloader import _BaseDataLoaderIter
@@ -109,7 +129,16 @@ class LoaderIndices(Probe):
 
     def _next_index(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def next_index(it: Any) -> Any:
+            # An epoch starts where an iterator first draws from a sampler iteration it has not
+            # drawn from (``_reset`` makes a new one per epoch): read before the real draw, as
+            # a sampler advancing its own state in ``__iter__`` would be read after it.
+            starting = self.epochs and it.__dict__.get("_epoch_of") is not it._sampler_iter
+            replayed = replay(it._index_sampler) if starting and it._dataset_kind != _iterable() else None
             index = original(it)  # StopIteration at the epoch's end: nothing recorded
+            if starting:
+                it.__dict__["_epoch_of"] = it._sampler_iter
+                it.__dict__["_epoch_at"] = len(self.started)
+                self._start(it, replayed, index)
             if self.fetched:
                 self._count(it, index)
             it.__dict__.setdefault("_resume_indices", collections.deque()).append(index)
@@ -120,6 +149,9 @@ class LoaderIndices(Probe):
     def _next(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def next_(it: Any) -> Any:
             data = original(it)
+            at = it.__dict__.get("_epoch_at")
+            if at is not None:
+                self.consumed[at] += 1
             queue = it.__dict__.get("_resume_indices")
             index = queue.popleft() if queue else None
             if index is not None and getattr(it, "_in_order", True):
@@ -150,8 +182,32 @@ class LoaderIndices(Probe):
         root, mapped = _root(it._dataset, batch)
         self.indices.setdefault(_key(root), []).extend(mapped)
 
+    def _start(self, it: Any, replayed: tuple[list[int] | None, int | None, str | None] | None,
+               first: Any) -> None:
+        """Record the epoch ``it`` starts: its replayed order mapped to the root dataset."""
+        sampler = getattr(it._index_sampler, "sampler", it._index_sampler)
+        built = describe_sampling(it._dataset, sampler)
+        root, _ = _root(it._dataset, [])
+        order: list[int] | None
+        batches: int | None
+        why: str | None
+        if replayed is None:
+            order, batches, why = None, None, "the DataLoader iterates an IterableDataset: its samples carry no index"
+        else:
+            order, batches, why = replayed
+            if why is None and not agrees(order, first):
+                order, why = None, "its sampler's replayed order differs from the batches it gave"
+        mapped = None if order is None else tuple(_root(it._dataset, order)[1])
+        self.started.append(LoaderEpoch(_key(root), mapped, batches, 0, built, why))
+        self.consumed.append(0)
+
     def result(self) -> Slice:
-        if not self.fetched:
-            return {}
-        return LoaderSlice(samples=SamplesSlice({k: tuple(v) for k, v in self.indices.items()},
-                                                tuple(self.samplers.values()), self.unindexed))
+        """``samples`` when ``fetched``, ``loader_epochs`` when ``epochs`` (both when both)."""
+        out: dict[str, Any] = {}
+        if self.fetched:
+            out.update(LoaderSlice(samples=SamplesSlice({k: tuple(v) for k, v in self.indices.items()},
+                                                        tuple(self.samplers.values()), self.unindexed)))
+        if self.epochs:
+            out.update(LoaderEpochsSlice(loader_epochs=tuple(
+                dataclasses.replace(e, consumed=c) for e, c in zip(self.started, self.consumed))))
+        return out

@@ -145,12 +145,13 @@ def load_target(spec: str) -> Target:
                           f"({SEE})")
     sampling = _choice(module, name, "sampling", SAMPLING_MODES)
     identity = _choice(module, name, "sample_identity", SAMPLE_IDENTITIES)
+    repeats = _repeats(module, name, sampling)
     batch_dim = getattr(module, "batch_dim", None)
     wrong = declaration_error(batch_dim)
     if wrong is not None:
         raise TargetError(f"target {name!r}: {wrong} ({SEE})")
     target = Target(name=name, spec=spec, module=module, ddp_kwargs=dict(ddp_kwargs),
-                    builtin=builtin, global_batch_size=batch_size, sampling=sampling,
+                    builtin=builtin, global_batch_size=batch_size, sampling=sampling, sampling_repeats=repeats,
                     sample_identity=identity, batch_dim=batch_dim, user_files=_user_files(module, found),
                     user_dir=_user_dir(module), **found)
     _CACHE[spec] = target
@@ -163,6 +164,20 @@ def _choice(module: ModuleType, name: str, attr: str, allowed: tuple[str, ...]) 
         raise TargetError(f"target {name!r}: {attr} = {value!r} is not one of "
                           f"{', '.join(repr(a) for a in allowed)} ({SEE})")
     return str(value)
+
+
+def _repeats(module: ModuleType, name: str, sampling: str) -> int | None:
+    """``sampling_repeats``: required with ``sampling = "repeated"`` (an int >= 2), refused without."""
+    value = getattr(module, "sampling_repeats", None)
+    if sampling != "repeated":
+        if value is not None:
+            raise TargetError(f"target {name!r}: sampling_repeats = {value!r} applies only with "
+                              f"sampling = 'repeated' (repeated augmentation) ({SEE})")
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+        raise TargetError(f"target {name!r}: sampling = 'repeated' needs sampling_repeats = r, how many "
+                          f"times each sample is drawn per epoch (an int >= 2), not {value!r} ({SEE})")
+    return value
 
 
 def _user_files(module: ModuleType, found: dict[str, Any]) -> frozenset[str]:

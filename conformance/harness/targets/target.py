@@ -20,8 +20,9 @@ OPTIONAL_CALLABLES = ("loss_fn", "forward_loss", "build_optimizer", "train_step"
 #: ``sampling``: how the target draws its training samples. "epochs": a sampler that visits every
 #: sample once per epoch (DistributedSampler), which sampler-coverage verifies through
 #: ``epoch_batches``; "with-replacement": random draws (e.g. random windows of a token stream),
-#: where there is no epoch to cover.
-SAMPLING_MODES = ("epochs", "with-replacement")
+#: where there is no epoch to cover; "repeated": repeated augmentation (DeiT's RASampler), each
+#: sample drawn ``sampling_repeats`` times per epoch by design.
+SAMPLING_MODES = ("epochs", "with-replacement", "repeated")
 #: ``sample_identity``: what ``epoch_batches`` yields per batch. "content": the batch itself
 #: (samples told apart by a hash of their input rows); "index": the batch's sample indices
 #: (a list of ints or a 1-D integer tensor), so repeated content in the dataset is never
@@ -59,6 +60,8 @@ class Target(TargetCalls):
     builtin: bool = False
     global_batch_size: int | None = None  # optional extension: the production global batch
     sampling: str = "epochs"  # one of SAMPLING_MODES
+    #: With ``sampling = "repeated"``: how many times each sample is drawn per epoch (r >= 2).
+    sampling_repeats: int | None = None
     sample_identity: str = "content"  # one of SAMPLE_IDENTITIES
     # Where make_batch's tensors hold the batch (harness.batches): None is dim 0 everywhere.
     batch_dim: Any = None
@@ -77,7 +80,7 @@ class Target(TargetCalls):
                                             if getattr(self, a) is not None and not _is_default(self, a)),
                           ddp_kwargs={k: _plain(v) for k, v in self.ddp_kwargs.items()},
                           global_batch_size=self.global_batch_size, sampling=self.sampling,
-                          sample_identity=self.sample_identity)
+                          sample_identity=self.sample_identity, sampling_repeats=self.sampling_repeats)
 
 
 def global_batch_for(name: str, global_batch_size: int | None, world_size: int,
@@ -128,6 +131,7 @@ class TargetInfo:
     global_batch_size: int | None = None
     sampling: str = SAMPLING_MODES[0]
     sample_identity: str = SAMPLE_IDENTITIES[0]
+    sampling_repeats: int | None = None
 
     def has(self, attr: str) -> bool:
         """True when the target defines the optional function ``attr`` (e.g. ``run_loop``)."""
@@ -141,11 +145,11 @@ class TargetInfo:
         return {"name": self.name, "spec": self.spec, "builtin": self.builtin,
                 "defines": sorted(self.defines), "ddp_kwargs": self.ddp_kwargs,
                 "global_batch_size": self.global_batch_size, "sampling": self.sampling,
-                "sample_identity": self.sample_identity}
+                "sample_identity": self.sample_identity, "sampling_repeats": self.sampling_repeats}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TargetInfo:
         return cls(name=str(data["name"]), spec=str(data["spec"]), builtin=bool(data["builtin"]),
                    defines=frozenset(data["defines"]), ddp_kwargs=dict(data["ddp_kwargs"]),
                    global_batch_size=data["global_batch_size"], sampling=str(data["sampling"]),
-                   sample_identity=str(data["sample_identity"]))
+                   sample_identity=str(data["sample_identity"]), sampling_repeats=data.get("sampling_repeats"))
