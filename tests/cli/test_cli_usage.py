@@ -92,7 +92,7 @@ def test_version_names_the_package_and_its_torch_without_importing_torch(capsys)
 
 
 #: The pages whose 'Command line' block shows `ddp-conformance run`'s synopsis.
-SYNOPSES = (Path("docs", "running.md"),)
+SYNOPSES = (Path("docs", "running.md"), Path("README.md"))
 
 
 @pytest.mark.parametrize("page", SYNOPSES, ids=str)
