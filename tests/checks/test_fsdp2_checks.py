@@ -66,3 +66,14 @@ def test_split_clip_is_observed_before_it_hides_a_factor(suite_session):
     assert record.status == "failed", (record.status, record.message)
     assert "before clip_grad_norm_ the gradient of" in record.message, record.message
     assert "factor 1/2" in record.message, record.message
+
+
+@pytest.mark.parametrize("check_id", ["gradient-equivalence", "rank-consistency"])
+def test_premul_sum_on_gloo_is_inconclusive_needing_nccl(suite_session, check_id):
+    # set_gradient_divide_factor(1.0) makes FSDP2 reduce-scatter with PREMUL_SUM, which gloo
+    # lacks: the backend's limit, neither the target's bug nor a pass.
+    record, _ = suite_session.run_check(BY_ID[check_id], target_spec("fsdp2_divide_factor"))
+    assert record.status == "inconclusive", (record.status, record.message)
+    assert "could not run: needs nccl: PREMUL_SUM reduce-scatter is not available on gloo" in record.message, \
+        record.message
+    assert record.recommendation is not None and "--backend nccl" in record.recommendation
