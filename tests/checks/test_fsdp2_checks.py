@@ -82,3 +82,21 @@ def test_premul_sum_on_gloo_is_inconclusive_needing_nccl(suite_session, check_id
     assert "could not run: needs nccl: PREMUL_SUM reduce-scatter is not available on gloo" in record.message, \
         record.message
     assert record.recommendation is not None and "--backend nccl" in record.recommendation
+
+
+def test_rank_consistency_compares_the_optimizer_state_of_fully_shard(suite_session):
+    # The correct port: AdamW's state of each shard laid out as its parameter, its step alike.
+    record, _ = suite_session.run_check(BY_ID["rank-consistency"], FSDP2)
+    assert record.status == "passed", (record.status, record.message)
+    assert "the optimizer state of 2 ranks' shards laid out as their parameters" in record.message, record.message
+
+
+def test_rank_consistency_catches_one_rank_skipping_its_optimizer_step(suite_session):
+    # Rank 1's local loss trips a spike guard: its shards stop training. The gathered parameters
+    # agree on every rank (each gathers every shard); the optimizer state does not.
+    record, _ = suite_session.run_check(BY_ID["rank-consistency"], target_spec("fsdp2_local_spike_guard"))
+    assert record.status == "failed", (record.status, record.message)
+    assert re.search(r"optimizer state '0\.weight:\w+' differs between rank 0 and rank 1 after step 0 "
+                     r"\(rank 1 has none: that rank's optimizer did not step this parameter\)",
+                     record.message), record.message
+    assert "reduced over all ranks" in (record.recommendation or "")

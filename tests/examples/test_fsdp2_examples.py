@@ -84,6 +84,16 @@ BUGS = {
           "        model.load_state_dict(state[\"model\"])\n        optimizer.load_state_dict(state[\"optimizer\"])\n"),
          ('torch.load(path, map_location="cpu", weights_only=True)', 'torch.load(path, map_location="cpu", weights_only=False)')],
         r"only rank\(s\) \[0\] saved the checkpoint, and it holds \d+ FSDP2 shard\(s\) \(DTensors\)"),
+    # DDP's order kept through the port: the optimizer built on the parameters before wrapping.
+    # fully_shard replaces them with DTensors, so the optimizer steps tensors the model no longer
+    # holds; the model never trains, and its ranks agree on that (every other check passes).
+    "fsdp2_optimizer_built_before_fully_shard": (
+        "train_fsdp2.py", "rank-consistency",
+        [("    model = ctx.wrap(raw)\n    optimizer = build_optimizer(model.parameters())\n",
+          "    optimizer = build_optimizer(raw.parameters())\n    model = ctx.wrap(raw)\n")],
+        r"run_loop's optimizer on rank 0, at its first step: the optimizer steps 8 of its 8 tensor\(s\) that "
+        r"are not parameters of the trained model but plain tensors of its sharded parameters' shapes .*"
+        r"built on the parameters before fully_shard/replicate replaced them"),
     "replicate_loss_times_world": (
         "train_replicate.py", "gradient-equivalence",
         [("from train_fsdp2 import Trainer, build_model, build_optimizer, loss_fn, make_batch, train_step\n",
