@@ -100,3 +100,21 @@ def test_rank_consistency_catches_one_rank_skipping_its_optimizer_step(suite_ses
                      r"\(rank 1 has none: that rank's optimizer did not step this parameter\)",
                      record.message), record.message
     assert "reduced over all ranks" in (record.recommendation or "")
+
+
+def test_eval_equivalence_through_parallelize_passes_a_correct_evaluate(suite_session):
+    # evaluate gets what parallelize returned; its weight norm gathers the shards (full_tensor).
+    record, _ = suite_session.run_check(BY_ID["eval-equivalence"], target_spec("fsdp2_eval"))
+    assert record.status == "passed", (record.status, record.message)
+    assert "3 metric(s) (loss, accuracy, weight_norm) on 2 ranks equal the 1-rank run" in record.message, \
+        record.message
+
+
+def test_eval_equivalence_catches_an_evaluate_reading_local_shards(suite_session):
+    # The DDP version's p.norm() became p.to_local().norm(): each rank logs its own slice's norm.
+    record, _ = suite_session.run_check(BY_ID["eval-equivalence"], target_spec("fsdp2_eval_local_shards"))
+    assert record.status == "failed", (record.status, record.message)
+    assert re.search(r"metric 'weight_norm' differs across ranks .* — cause: evaluate read this rank's shard "
+                     r"of \d+ FSDP2-sharded parameter\(s\) \(.*0\.weight.*\) with to_local\(\)", record.message), \
+        record.message
+    assert "p.full_tensor()" in (record.recommendation or "")
