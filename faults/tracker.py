@@ -22,17 +22,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from conformance.harness.parallel import COLLECTIVE_WORDS as OP_WORDS
+from conformance.harness.parallel import FSDP2_ALL_GATHERS
+
 from ._log import read_jsonl
-
-
-#: FSDP2's parameter all-gathers as ``torch.distributed.<name>`` (``all_gather_into_tensor``: the
-#: name torch before 2.13 called).
-FSDP2_ALL_GATHERS = ("all_gather_single", "all_gather_into_tensor")
-#: What each recorded op is, in the words a message uses (DDP's bucket all-reduces are
-#: ``all_reduce`` too: :meth:`CollectiveTracker.issued` tells them apart by the wrapper).
-OP_WORDS = {"all_gather_single": "all-gathers", "all_gather_into_tensor": "all-gathers",
-            "reduce_scatter_single": "reduce-scatters", "reduce_scatter_tensor": "reduce-scatters",
-            "all_reduce": "all-reduces"}
 
 
 def log_path(directory: str | Path, rank: int) -> Path:

@@ -133,7 +133,7 @@ def world_error_outcome(exc: WorldError, what: str) -> Outcome:
     traces = {str(r.rank): r.error.traceback[-3000:] for r in exc.results
               if r.error is not None and r.error.traceback}
     if (refused := gloo_refusal(errors.values())) is not None:
-        # The backend, not the target: the same step runs on NCCL (docs/targets.md, "parallelize").
+        # The backend, not the target: the same step runs on NCCL (docs/running.md).
         return Outcome.inconclusive(
             f"{what} could not run: {refused} (FSDP2 reduces with ReduceOp.PREMUL_SUM when a "
             f"gradient divide factor other than the world size is set, e.g. "

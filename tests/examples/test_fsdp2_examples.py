@@ -126,8 +126,45 @@ def test_port_bug_is_caught_naming_its_cause(suite_session, tmp_path, case):
 
 
 def test_compare_ddp_runs_every_check_both_ways():
+    from conformance.harness.registry import select
     from conformance.harness.session import Settings
 
     spec = BY_ID["gradient-equivalence"]
     assert Settings(target="t.py", compare_ddp=True).targets_for(spec) == ["t.py", "t.py#ddp"]
     assert Settings(target="t.py").targets_for(spec) == ["t.py"]
+    # The migration table runs both ways itself, once, and only with --compare-ddp (or named).
+    assert Settings(target="t.py", compare_ddp=True).targets_for(BY_ID["ddp-migration"]) == ["t.py"]
+    assert [s.id for s in select("gradient-equivalence", compare_ddp=True)] == ["gradient-equivalence",
+                                                                               "ddp-migration"]
+    assert "ddp-migration" not in [s.id for s in select(None, "full")]
+
+
+def test_migration_puts_ddp_beside_the_port(suite_session):
+    record, _ = suite_session.run_check(BY_ID["ddp-migration"], str(EXAMPLES / "train_fsdp2.py"))
+    assert record.status == "passed", (record.status, record.message)
+    rows = record.metrics["migration"]
+    assert [(r["wrapper"], r["rank"]) for r in rows] == [("DDP", 0), ("DDP", 1), ("fully_shard", 0), ("fully_shard", 1)]
+    # What each wrapper issued per step: DDP one bucket all-reduce; fully_shard all-gathers (the
+    # blocks' and the root's, forward and backward) and one reduce-scatter per group (3 groups).
+    assert rows[0]["collectives_per_step"] == {"bucket all-reduces": 1.0}, rows[0]
+    assert rows[2]["collectives_per_step"]["reduce-scatters"] == 3.0, rows[2]
+    assert rows[2]["collectives_per_step"]["all-gathers"] >= 3, rows[2]
+    assert all(r["peak_rss"] > 0 and r["step_s"] > 0 for r in rows), rows
+    hazards = record.evidence["warnings"]
+    assert [h.split(":")[0] for h in hazards] == [
+        "ddp_kwargs find_unused_parameters=False has no FSDP2 meaning", "clipping on DTensors",
+        "optimizer state dict format"], hazards
+
+
+@pytest.mark.slow
+def test_migration_fails_where_the_port_trains_other_weights_than_ddp(suite_session, tmp_path):
+    # A DDP habit kept only on the port's branch: the loss scaled by the world size under FSDP2
+    # (without the clip, which engaged on both ways would scale the factor away).
+    target = variant(tmp_path, "train_fsdp2.py", "parted",
+                     (_LOSS, _LOSS.replace("/ k\n", "/ k * (torch.distributed.get_world_size() if "
+                                                   "hasattr(self.model, 'set_requires_gradient_sync') else 1)\n")),
+                     (_CLIP, ""))
+    record, _ = suite_session.run_check(BY_ID["ddp-migration"], target)
+    assert record.status == "failed", (record.status, record.message)
+    assert re.search(r"after 4 steps from the same weights, \d+ parameter\(s\) differ between DDP and "
+                     r"fully_shard beyond 0\.0001 relative", record.message), record.message
