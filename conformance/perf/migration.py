@@ -38,7 +38,7 @@ from typing import Any
 from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.outcome import Outcome
-from ..harness.parallel import COLLECTIVE_WORDS
+from ..harness.parallel import COLLECTIVE_WORDS, FSDP2_WRAPPERS
 from ..harness.world import RankContext, RankFailure, WorldHang
 from ddp_conformance.reports.keys import MIGRATION, WARNINGS
 
@@ -165,9 +165,10 @@ def step_cost(rank_ctx: RankContext, target_spec: str, warmup: int, steps: int) 
 def hazards(ddp_kwargs: dict[str, Any], port: list[StepCost]) -> list[str]:
     """What the port changed that production code or settings still assume of DDP, each from a
     measurement of the port's run (or a ``ddp_kwargs`` key the target sets)."""
-    out = [f"ddp_kwargs {key}={value!r} has no FSDP2 meaning: {DDP_KWARGS_UNDER_FSDP2.get(key, 'FSDP2 ignores it')}"
-           for key, value in ddp_kwargs.items() if key != "process_group"]
     first = port[0]
+    # The DDP-based composable replicate still takes DDP's arguments: only FSDP2 drops them.
+    out = [f"ddp_kwargs {key}={value!r} has no FSDP2 meaning: {DDP_KWARGS_UNDER_FSDP2.get(key, 'FSDP2 ignores it')}"
+           for key, value in ddp_kwargs.items() if key != "process_group" and first.wrapper in FSDP2_WRAPPERS]
     if first.dtensor_grads:
         out.append(f"clipping on DTensors: {first.dtensor_grads} of {first.grads} gradients are DTensor shards; "
                    f"torch.nn.utils.clip_grad_norm_ reduces their norm over every rank (call it on every rank), "
