@@ -114,3 +114,12 @@ def test_eval_equivalence_catches_an_evaluate_reading_local_shards(suite_session
                      r"of \d+ FSDP2-sharded parameter\(s\) \(.*0\.weight.*\) with to_local\(\)", record.message), \
         record.message
     assert "p.full_tensor()" in (record.recommendation or "")
+
+
+def test_node_health_on_a_fully_shard_target_checks_the_node_through_ddp(suite_session):
+    # The node's all-reduce is digested bucket by bucket through DDP: FSDP2 has no bucket (the
+    # check raised AttributeError on FSDPNet.module and failed a healthy node).
+    record, _ = suite_session.run_check(BY_ID["node-health"], FSDP2)
+    assert record.status == "passed", (record.status, record.message)
+    assert re.search(r"node healthy: 2 ranks agree bitwise on \d+ tensors .* and on [1-9]\d* all-reduced buckets",
+                     record.message), record.message
