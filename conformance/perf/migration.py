@@ -77,9 +77,9 @@ class StepCost:
     step_s: float  # median
     collectives_per_step: dict[str, float]
     params: dict[str, tuple[float, float]]  # name -> (sum, norm) of the full tensor
-    optimizer_state_dtensors: int  # entries of optimizer.state_dict()["state"] that are DTensors
+    optimizer_state_dtensors: int  # entries of optimizer.state_dict()["state"] that are sharded DTensors
     optimizer_state_tensors: int
-    dtensor_grads: int
+    dtensor_grads: int  # gradients that are sharded DTensors
     grads: int
     scaler_steps: int
 
@@ -158,8 +158,13 @@ def step_cost(rank_ctx: RankContext, target_spec: str, warmup: int, steps: int) 
     return StepCost(wrapper, rank_ctx.rank, _vm("VmHWM"), baseline,
                     int(torch.cuda.max_memory_allocated(rank_ctx.device)) if cuda else None,
                     statistics.median(times[warmup:]), issued, params,
-                    sum(hasattr(v, "placements") for v in state), len(state),
-                    sum(hasattr(g, "placements") for g in grads), len(grads), scaler["steps"])
+                    sum(map(_sharded, state)), len(state), sum(map(_sharded, grads)), len(grads), scaler["steps"])
+
+
+def _sharded(tensor: Any) -> bool:
+    """A DTensor sharded over the mesh (a replicated one holds the whole tensor on every rank)."""
+    placements = getattr(tensor, "placements", None)
+    return placements is not None and not all(p.is_replicate() for p in placements)
 
 
 def hazards(ddp_kwargs: dict[str, Any], port: list[StepCost]) -> list[str]:
