@@ -389,7 +389,7 @@ def _run(args: argparse.Namespace) -> int:
         if code == pytest.ExitCode.OK:
             return EXIT_READY
         return EXIT_NOT_READY if code == pytest.ExitCode.TESTS_FAILED else EXIT_INCONCLUSIVE
-    requested = [spec.id for spec in select(args.checks, args.suite)]
+    requested = [spec.id for spec in select(args.checks, args.suite, compare_ddp=args.compare_ddp)]
     return _verdict_exit(stopped.report, run_id, int(code), requested=requested, report_dir=report_dir)
 
 

@@ -8,11 +8,16 @@
 The port as a team makes it when DDP gives way to ``fully_shard``: ``parallelize`` shards
 every block, then the root (the root's own parameters, stem and head, form the last group);
 gradient accumulation keeps its one reduction per optimizer step with
-``set_requires_gradient_sync(False)`` on all but the last microbatch (FSDP2's ``no_sync``);
+``set_requires_gradient_sync(False)`` on all but the last microbatch (FSDP2's ``no_sync``; left
+out, every microbatch reduce-scatters: the same result for K times the communication, which
+no-sync-equivalence reports as a cost, not a failure — FSDP2 then keeps sharded instead of
+unsharded gradients between microbatches, torchtitan's default);
 the loss stays the mean over the microbatch divided by K (FSDP2 averages over ranks as DDP did);
 clipping goes through ``clip_grad_norm_``, which on FSDP2's DTensor gradients reduces the norm
-over every shard. Each of those three is where a port breaks silently: the bug variants in
-tests/examples/test_fsdp2_examples.py keep DDP's habits and are caught naming the cause.
+over every shard; the optimizer is built after ``parallelize``, on the DTensor parameters it
+left. The loss, the clip, the checkpoint and the optimizer's construction are where a port
+breaks silently: the bug variants in tests/examples/test_fsdp2_examples.py keep DDP's habits
+and are caught naming the cause.
 ``ddp_kwargs`` is what the DDP version used: ``--compare-ddp`` runs that version beside this one.
 """
 

@@ -42,7 +42,7 @@ from . import _flight
 from ._log import Injection, InjectionLog, read_injections
 from .diagnosis import HangDiagnosis, RankState, diagnose_hang
 from .sites import NO_FAULT, Fault, Site, faulted_step
-from .tracker import CollectiveTracker, read_logs
+from .tracker import OP_WORDS, CollectiveTracker, read_logs
 
 if TYPE_CHECKING:  # at run time these import torch (vehicles) or are only annotations
     from conformance.harness.context import CheckContext
@@ -60,6 +60,9 @@ EXERCISED = {
     "optimizer_steps": "took no optimizer.step()",
     "allreduces": "issued no gradient all-reduce through DDP",
 }
+
+#: The kinds of FSDP2 collective a loop's counts carry (``CollectiveTracker.issued``).
+FSDP2_WORDS = frozenset(OP_WORDS.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,13 @@ class ScenarioResult:
         """Join contexts entered, the most of any rank."""
         return max((v["joins"] for v in self.loop.values()), default=0)
 
+    def fsdp2_issued(self) -> dict[str, int]:
+        """FSDP2's collectives by kind (``{"all-gathers": 24, "reduce-scatters": 12}``), the
+        fewest any rank issued; {} when no FSDP2 model was attached (DDP's are all-reduces)."""
+        ranks = [self.loop.get(s.rank, {}) for s in self.states]
+        kinds = sorted({k for r in ranks for k in r if k in FSDP2_WORDS})
+        return {k: min(r.get(k, 0) for r in ranks) for k in kinds}
+
     def exercised(self) -> dict[str, int]:
         """What the target's code did, per count of :data:`EXERCISED` the fewest any rank did (a
         rank that did not answer counts 0); {} for a scenario that runs no code of the target's
@@ -158,7 +168,7 @@ def _ddp_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
     with _steps_counted(stats) if own else contextlib.nullcontext():
         _ddp_steps(ctx, sc, tracker, log, group, target, model, optimizer)
     if own:
-        stats["allreduces"] = sum(r["event"] == "enqueued" for r in tracker.records)
+        stats.update(tracker.issued())
 
 
 def _ddp_steps(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: InjectionLog, group: Any,
@@ -271,7 +281,7 @@ def _run_loop(ctx: RankContext, sc: Scenario, tracker: CollectiveTracker, log: I
     finally:
         # The tracker's layer sees every bucket of every model ctx.wrap returned: the loop's
         # gradient all-reduces, counted from what it already recorded for the diagnosis.
-        stats["allreduces"] = sum(r["event"] == "enqueued" for r in tracker.records)
+        stats.update(tracker.issued())
 
 
 def _steps_counted(stats: dict[str, int]) -> AbstractContextManager[None]:

@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from conformance.harness.parallel import COLLECTIVE_WORDS as OP_WORDS
+from conformance.harness.parallel import FSDP2_ALL_GATHERS
+
 from ._log import read_jsonl
 
 
@@ -40,7 +43,8 @@ class CollectiveTracker:
         self._file = open(log_path(directory, rank), "a", buffering=1) if directory else None
         self._names: dict[int, str] = {}
         self._open: dict[int, float] = {}  # seq -> t_perf of collectives enqueued, not completed
-        self._taps = contextlib.ExitStack()  # FSDP2's reductions, tapped (``attach``)
+        self._taps = contextlib.ExitStack()  # FSDP2's collectives, tapped (``attach``)
+        self.fsdp2 = False  # an FSDP2 model attached: its collectives are recorded by name
 
     def name_parameters(self, module: Any) -> None:
         self._names = {p.data_ptr(): n for n, p in module.named_parameters()}
@@ -100,20 +104,36 @@ class CollectiveTracker:
         # The composable replicate and fully_shard change the module in place: no ``.module``.
         self.name_parameters(getattr(ddp_model, "module", ddp_model))
         if is_fsdp2(ddp_model):
-            # FSDP2 has no comm hook: its reductions are Python collectives, recorded through
-            # the collectives probe's taps (closed with the tracker).
+            # FSDP2 has no comm hook: its all-gathers (before each group's forward and backward)
+            # and reductions are Python collectives, recorded through the collectives probe's
+            # taps (closed with the tracker); a rank that skips a forward is then found at the
+            # all-gather its peers wait in, not only at the next reduction.
             from conformance.harness.observe import tap
             from conformance.harness.observe.comm_rounds import FSDP2_REDUCTIONS
 
-            tap(self._taps, self._collective, FSDP2_REDUCTIONS)
+            if not self.fsdp2:
+                tap(self._taps, self._collective, (*FSDP2_ALL_GATHERS, *FSDP2_REDUCTIONS))
+            self.fsdp2 = True
             return ddp_model
         # A layer of the model's one comm hook chain, not a hook of its own: a hook the target
         # registered in configure_ddp still reduces the bucket (DDP takes one hook only).
         add_layer(ddp_model, self.layer)
         return ddp_model
 
+    def issued(self) -> dict[str, int]:
+        """The collectives this rank enqueued: ``allreduces``, every gradient reduction (DDP's
+        bucket all-reduces; FSDP2's reduce-scatters and all-reduces), and with an FSDP2 model
+        attached, one count per kind in :data:`OP_WORDS`' words (``"all-gathers": 24``, ...)."""
+        ops = [r["op"] for r in self.records if r["event"] == "enqueued"]
+        counts = {"allreduces": sum(op not in FSDP2_ALL_GATHERS for op in ops)}
+        if self.fsdp2:
+            for op in ops:
+                counts[OP_WORDS.get(op, op)] = counts.get(OP_WORDS.get(op, op), 0) + 1
+        return counts
+
     def _collective(self, called: Any, proceed: Callable[[], Any]) -> Any:
-        """Record one FSDP2 reduction (reduce-scatter or all-reduce) around its issue."""
+        """Record one FSDP2 collective (all-gather, reduce-scatter or all-reduce) around its
+        issue."""
         first = next((a for a in [*called.args, *called.kwargs.values()] if hasattr(a, "shape")), None)
         seq = self.enqueue(called.name, tuple(first.shape) if first is not None else (),
                            tag=f"step{self.step}/{called.name}")

@@ -47,6 +47,8 @@ from .configuration import tables
 from .recommend import recommend, verification, warnings_of
 from .node_table import HEADERS as NODE_HEADERS
 from .node_table import node_tables
+from .migration_table import HEADERS as MIGRATION_HEADERS
+from .migration_table import migration_tables
 from .verdict import EXIT_CODES, USAGE
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -177,7 +179,8 @@ def render(report: Mapping[str, Any]) -> str:
         reasons=[_linked(shorten_paths(str(r), cwd), anchors) for r in report.get("reasons") or []], complete=bool(report.get("complete", False)),
         checks=views, failing=failing, groups=groups, several_targets=len(groups) > 1,
         target=shorten_paths(relative_path(report.get("target"), cwd), cwd), cwd=cwd if shortened else None,
-        configuration=tables(report), node_health=node_tables(checks), node_headers=NODE_HEADERS, tally=tally, statuses=STATUS_ORDER, facts=facts, settings=settings, env_errors=env_errors,
+        configuration=tables(report), node_health=node_tables(checks), node_headers=NODE_HEADERS,
+        migration=migration_tables(checks), migration_headers=MIGRATION_HEADERS, tally=tally, statuses=STATUS_ORDER, facts=facts, settings=settings, env_errors=env_errors,
         harness_errors=[str(e) for e in report.get("harness_errors") or []],
         missing=[str(m) for m in report.get("missing_checks") or []],
         loose_events=[e for e in events if id(e) not in checked], all_events=events,

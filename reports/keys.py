@@ -111,6 +111,10 @@ CLIFF_VALIDATED = "cliff_simulator_validated"  # bool: every shaped rate within 
 # "resumed_from", "kill_after", "kill"}}: the report's resume chart
 RESUME_TRAJECTORIES = "resume_trajectories"
 
+# conformance/perf/migration.py (ddp-migration, --compare-ddp), metrics. list[{"wrapper", "rank",
+# "peak_rss", "step_rss", "cuda_peak", "step_s", "collectives_per_step"}]: the side-by-side table.
+MIGRATION = "migration"
+
 # Which module produces which key: what the test of this module holds the producers to.
 PRODUCERS: dict[str, tuple[str, ...]] = {
     WARNINGS: ("conformance.checks.equivalence.presentation", "conformance.checks.resume_equivalence"),
@@ -144,6 +148,7 @@ PRODUCERS: dict[str, tuple[str, ...]] = {
                "conformance.perf.scaling_cliff"),
     COMPILED: ("conformance.checks.equivalence.compiled",),
     RESUME_TRAJECTORIES: ("conformance.checks.resume_equivalence",),
+    MIGRATION: ("conformance.perf.migration",),
     GRAPH_BREAKS: ("conformance.checks.equivalence.compiled",),
     DDP_BUCKET_SPLITS: ("conformance.checks.equivalence.compiled",),
     CLIFF_WORLD_SIZE: ("conformance.perf.allreduce_bandwidth",),

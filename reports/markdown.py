@@ -35,6 +35,8 @@ from ._format import (
 from .configuration import tables
 from .node_table import HEADERS as NODE_HEADERS
 from .node_table import node_tables
+from .migration_table import HEADERS as MIGRATION_HEADERS
+from .migration_table import migration_tables
 from .recommend import recommend, verification, warnings_of
 
 MAX_BYTES = 1_000_000  # GitHub's limit is 1 MiB per step summary; keep a margin
@@ -168,6 +170,17 @@ def _node_health(checks: list[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _migration(checks: list[Mapping[str, Any]]) -> list[str]:
+    """DDP beside the port (``--compare-ddp``): per rank, memory, step time, collectives; hazards."""
+    lines = []
+    for t in migration_tables(checks):
+        rows = [[cell(v, 120) for v in row] for row in t.rows]
+        lines += [f"## DDP migration{f' ({cell(t.target, 80)})' if t.target else ''}", "",
+                  tabulate(rows, headers=list(MIGRATION_HEADERS), tablefmt="github", disable_numparse=True), ""]
+        lines += [f"- ⚠️ {cell(h, 400)}" for h in t.hazards] + ([""] if t.hazards else [])
+    return lines
+
+
 def _configuration(report: Mapping[str, Any]) -> list[str]:
     """Per target: the features its step used, where, and what was verified with each."""
     lines = []
@@ -236,7 +249,7 @@ def render(report: Mapping[str, Any]) -> str:
     """The markdown document for a report.json dict; always under :data:`MAX_BYTES` bytes."""
     report = encodable(report)
     checks = [c for c in report.get("checks") or [] if isinstance(c, Mapping)]
-    lines = _header(report) + _table(checks, report) + _node_health(checks) + _configuration(report) + _not_run(report)
+    lines = _header(report) + _table(checks, report) + _node_health(checks) + _migration(checks) + _configuration(report) + _not_run(report)
     failing = [c for c in checks if c.get("status") in ("failed", "inconclusive")]
     advised = [c for c in checks if c.get("status") not in ("failed", "inconclusive") and (warnings_of(c) or c.get("recommendation"))]
     if failing:

@@ -22,7 +22,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
     settings = Settings(target=config.getoption("--ddp-target"),
                         compare_ddp=bool(config.getoption("--ddp-compare-ddp", False)))
-    specs = select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"))
+    specs = select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"),
+                   compare_ddp=bool(config.getoption("--ddp-compare-ddp", False)))
     params = []
     for spec in specs:
         marks = [getattr(pytest.mark, m) for m in spec.markers]

@@ -125,4 +125,5 @@ def cases(config: pytest.Config) -> list[list[str]]:
 
 
 def selected(config: pytest.Config) -> list[Any]:
-    return select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"))
+    return select(config.getoption("--ddp-checks"), config.getoption("--ddp-suite"),
+                  compare_ddp=bool(config.getoption("--ddp-compare-ddp", False)))

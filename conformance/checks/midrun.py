@@ -79,6 +79,9 @@ class Recorder:
         self.counts = Counts()  # forwards and torch.distributed collectives so far (loop_calls)
         self.forwards = 0  # "forward" checkpoints taken
         self.last_forward: dict[str, str] | None = None  # the parameters at the last one
+        #: At the first optimizer step of an FSDP2 model: its optimizer's state or parameters not
+        #: laid out as the model's (``optimizer_state.layout_problems``), with the step's label.
+        self.layout: list[str] = []
 
     def _params(self) -> dict[str, str]:
         from ..harness.ddp import tensor_digest
@@ -132,6 +135,16 @@ class Recorder:
             self.last_forward = params
             self.record("forward", params=params)
 
+    def _check_layout(self, optimizer: Any) -> None:
+        """An optimizer's first step on FSDP2 models: does it step their parameters, with its
+        state laid out as they are? (One built before ``fully_shard`` steps the replaced ones.)"""
+        from ..harness.parallel import is_fsdp2
+        from .optimizer_state import layout_problems
+
+        models = [m for m in self.models if is_fsdp2(m)]
+        if models and not self.layout:
+            self.layout = layout_problems(models, optimizer)
+
     def _new_block(self) -> None:
         self.block += 1
         self.in_block = 0
@@ -149,6 +162,7 @@ class Recorder:
             return
         if optimizer not in self.optimizers:
             self.optimizers.append(optimizer)
+            self._check_layout(optimizer)
         if self.scaler_depth:
             self.scaler_stepped = True  # the scaler's step is the checkpoint
             return
@@ -287,7 +301,8 @@ def watch_loop(rank_ctx: RankContext, target_spec: str, steps: int) -> dict[str,
         error = one_line(exc)[:400]
     else:
         recorder.record("end")
-    return {"points": recorder.points, "error": error, "calls": dict(recorder.counts)}
+    return {"points": recorder.points, "error": error, "calls": dict(recorder.counts),
+            "layout": recorder.layout}
 
 
 # -- supervisor side --------------------------------------------------------------------------

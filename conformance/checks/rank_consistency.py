@@ -54,7 +54,7 @@ from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
 from ..harness.ddp import MODEL_SEED, build_model, tensor_digest, unwrap
 from ..harness.outcome import Outcome
-from ..harness.parallel import comparable, wrapper_of
+from ..harness.parallel import FSDP2_WRAPPERS, comparable, wrapper_of
 from ..harness.sharding import batch_dims, global_batch, shard, to_device
 from ..harness.timing import MIDRUN_PG_TIMEOUT_S
 from ..harness.world import RankContext, RankFailure, WorldHang
@@ -64,6 +64,7 @@ from .midrun import features as midrun_features
 from .midrun import judge as judge_midrun
 from .loop_calls import advice as calls_advice
 from .loop_calls import uneven
+from . import optimizer_state
 
 STEPS = 3
 #: ``ctx.steps`` of the mid-run look's run_loop: as many as hang-detection gives it.
@@ -135,6 +136,12 @@ def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) 
             target.run_step(ddp, optimizer, micro, step=step)
             checkpoints.append({"when": f"after step {step}", "step": step, "kind": "parameter",
                                 "digests": _snapshot(unwrap(ddp).named_parameters())})
+            if wrapper in FSDP2_WRAPPERS:
+                # Each rank steps its own shards: their state must be laid out as the parameters
+                # are, and what every rank holds whole must agree (optimizer_state).
+                checkpoints.append({"when": f"after step {step}", "step": step, "kind": optimizer_state.KIND,
+                                    "digests": optimizer_state.named_state(unwrap(ddp), optimizer),
+                                    "layout": optimizer_state.layout_problems([unwrap(ddp)], optimizer)})
     finally:
         handle.remove()
     return checkpoints
@@ -210,26 +217,35 @@ def run(ctx: CheckContext) -> Outcome:
                           "checkpoints": [p["when"] + f" ({p['kind']}s)" for p in per_rank[0]]},
                 recommendation="find where the value first becomes non-finite (learning rate, loss "
                                "scale, a log or division of zero, fp16 overflow)")
+    if (misplaced := _layout_outcome(per_rank, structure)) is not None:
+        return misplaced
     compared = 0
     for index, point in enumerate(per_rank[0]):
-        for name, (digest, total) in point["digests"].items():
+        # Every name some rank has: a rank whose optimizer never stepped has no state to name.
+        names = dict.fromkeys([*point["digests"], *(n for p in per_rank[1:] for n in p[index]["digests"])])
+        for name in names:
+            digest, total = point["digests"].get(name, (None, math.nan))
             compared += 1
             for rank in range(1, len(per_rank)):
                 other = per_rank[rank][index]["digests"].get(name)
                 if other is not None and other[0] == digest:
                     continue
-                delta = None if other is None else abs(other[1] - total)
+                delta = None if other is None or digest is None else abs(other[1] - total)
                 where = point["when"]
                 divergence = {"tensor": name, "kind": point["kind"], "rank": rank,
                               "step": point["step"], "when": where, "abs_sum_diff": delta}
                 rec = ("keep broadcast_buffers=True (the default) or use SyncBatchNorm; never "
                        "update buffers with rank-dependent values outside forward"
-                       if point["kind"] == "buffer" else
+                       if point["kind"] == "buffer" else optimizer_state.RECOMMENDATION
+                       if point["kind"] == optimizer_state.KIND else
                        "every backward that ends an accumulation window must synchronise, and "
                        "nothing may change parameters outside optimizer.step() on one rank only")
+                size = f"|Δsum| {delta if delta is None else format(delta, '.3g')}"
+                absent = (f"rank {rank} has none" if other is None else "rank 0 has none" if digest is None
+                          else None)
                 return Outcome.failed(
                     f"{point['kind']} {name!r} differs between rank 0 and rank {rank} {where} "
-                    f"(|Δsum| {delta if delta is None else f'{delta:.3g}'})",
+                    f"({absent + (optimizer_state.ABSENT if point['kind'] == optimizer_state.KIND else '') if absent else size})",
                     metrics={"key_figure": f"{name} diverges on rank {rank} ({where})",
                              "first_divergence": divergence, "tensors_compared": compared},
                     evidence={"structure": structure, "first_divergence": divergence,
@@ -240,11 +256,31 @@ def run(ctx: CheckContext) -> Outcome:
     evidence = {"structure": structure, "checkpoints": [p["when"] + f" ({p['kind']}s)" for p in per_rank[0]],
                 # What the pass rests on (the ready rule, reports/verdict.py): 1 rank agrees with itself.
                 VERIFIED: {"ranks": len(per_rank), "tensors_compared": compared}}
+    state = (f"; the optimizer state of {ctx.world_size} ranks' shards laid out as their parameters, its "
+             f"whole entries bit-identical and its sharded ones alike in layout"
+             if any(p["kind"] == optimizer_state.KIND for p in per_rank[0]) else "")
     message = (f"identical structure ({len(prints[0])} tensors) and bit-identical parameters and buffers "
-               f"on {ctx.world_size} ranks at {len(per_rank[0])} checkpoints over {STEPS} steps")
+               f"on {ctx.world_size} ranks at {len(per_rank[0])} checkpoints over {STEPS} steps{state}")
     if ctx.target.has("run_loop"):
         return _with_midrun(ctx, message, metrics, evidence)
     return Outcome.passed(message, metrics=metrics, evidence=evidence)
+
+
+def _layout_outcome(per_rank: list[list[dict[str, Any]]], structure: dict[str, Any]) -> Outcome | None:
+    """Failed where a rank's optimizer state is not laid out as its parameters (or it steps
+    tensors the model does not hold: ``optimizer_state.layout_problems``), else None."""
+    for rank, points in enumerate(per_rank):
+        for point in points:
+            if point.get("layout"):
+                problems = point["layout"]
+                return Outcome.failed(
+                    f"optimizer state on rank {rank} {point['when']}: {problems[0]}"
+                    + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+                    metrics={"key_figure": f"optimizer state misplaced on rank {rank}", "tensors_compared": 0},
+                    evidence={"structure": structure, "optimizer_layout": {"rank": rank, "when": point["when"],
+                                                                           "problems": problems[:20]}},
+                    recommendation=optimizer_state.LAYOUT_RECOMMENDATION)
+    return None
 
 
 def _with_midrun(ctx: CheckContext, message: str, metrics: dict[str, Any],
@@ -265,6 +301,15 @@ def _with_midrun(ctx: CheckContext, message: str, metrics: dict[str, Any],
                                                       deadline=ctx.deadline)]
     except (RankFailure, WorldHang) as exc:
         return world_error_outcome(exc, "the target's run_loop")
+    misplaced = next(((rank, r["layout"]) for rank, r in enumerate(results) if r.get("layout")), None)
+    if misplaced is not None:
+        rank, problems = misplaced
+        return Outcome.failed(
+            f"{message}; but run_loop's optimizer on rank {rank}, at its first step: {problems[0]}",
+            metrics={**metrics, "key_figure": f"run_loop's optimizer misplaced on rank {rank}"},
+            evidence={**evidence, "optimizer_layout": {"rank": rank, "when": "run_loop's first optimizer step",
+                                                       "problems": problems[:20]}},
+            recommendation=optimizer_state.LAYOUT_RECOMMENDATION)
     found = judge_midrun(results)
     evidence = {**evidence, "midrun": found.as_dict()}
     seen = midrun_features(found)

@@ -19,6 +19,7 @@ from ddp_conformance.reports.keys import EXHAUSTED
 
 from .exhaustion import exhausted
 from .outcome import Outcome
+from .parallel import gloo_refusal
 from .world import RankFailure, WorldError, WorldHang
 
 #: Frames on a rank's stack that only a compilation in progress has: dynamo converting a frame,
@@ -131,6 +132,16 @@ def world_error_outcome(exc: WorldError, what: str) -> Outcome:
             evidence={EXHAUSTED: short, "rank_errors": errors})
     traces = {str(r.rank): r.error.traceback[-3000:] for r in exc.results
               if r.error is not None and r.error.traceback}
+    if (refused := gloo_refusal(errors.values())) is not None:
+        # The backend, not the target: the same step runs on NCCL (docs/running.md).
+        return Outcome.inconclusive(
+            f"{what} could not run: {refused} (FSDP2 reduces with ReduceOp.PREMUL_SUM when a "
+            f"gradient divide factor other than the world size is set, e.g. "
+            f"set_gradient_divide_factor(1.0)); this says nothing about your training step",
+            metrics={"key_figure": refused, "failed_ranks": exc.failed_ranks},
+            evidence={"backend_refused": refused, "rank_errors": errors, "tracebacks": traces},
+            recommendation="run this check with --backend nccl on GPUs, where FSDP2's PREMUL_SUM "
+                           "reduce-scatter exists")
     # The culprit is the rank that died or failed first (World orders causes before symptoms):
     # with rank 1 exiting, rank 0's "connection reset by peer" is not the headline.
     culprit = exc.culprit

@@ -36,6 +36,34 @@ def not_applicable(what: str) -> str:
             f"replicate), not DistributedDataParallel, so {what} is not what production runs")
 
 
+#: FSDP2's parameter all-gathers as ``torch.distributed.<name>`` (``all_gather_into_tensor``: the
+#: name torch before 2.13 called); its reductions are ``observe.comm_rounds.FSDP2_REDUCTIONS``.
+FSDP2_ALL_GATHERS = ("all_gather_single", "all_gather_into_tensor")
+#: What a message calls each collective FSDP2 issues (DDP's bucket all-reduces are ``all_reduce``
+#: too, told apart by the wrapper).
+COLLECTIVE_WORDS = {"all_gather_single": "all-gathers", "all_gather_into_tensor": "all-gathers",
+                    "reduce_scatter_single": "reduce-scatters", "reduce_scatter_tensor": "reduce-scatters",
+                    "all_reduce": "all-reduces"}
+
+#: Errors by which gloo refuses what FSDP2 asks of it, and the backend-neutral name of what was
+#: refused. FSDP2 reduce-scatters with ``ReduceOp.PREMUL_SUM(1/factor)`` when a gradient divide
+#: factor other than the world size is set (``set_gradient_divide_factor``: torchtitan's 1.0 for
+#: a loss already divided by the global token count), and gloo implements no PREMUL_SUM: the
+#: step cannot run on gloo at all, which says nothing about the target's training code.
+GLOO_REFUSALS = {"Cannot use ReduceOp.PREMUL_SUM with Gloo": "PREMUL_SUM reduce-scatter is not available on gloo"}
+
+
+def gloo_refusal(errors: Iterable[str]) -> str | None:
+    """``"needs nccl: <what gloo lacks>"`` when a rank's error is gloo refusing an operation
+    FSDP2 issued (:data:`GLOO_REFUSALS`), else None: the check is inconclusive on gloo, never a
+    failure blamed on the target, never a pass."""
+    for error in errors:
+        for refusal, lacking in GLOO_REFUSALS.items():
+            if refusal in error:
+                return f"needs nccl: {lacking}"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class ParallelContext:
     """What ``parallelize(model, ctx)`` receives (docs/targets.md, "The parallelize context")."""

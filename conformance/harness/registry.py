@@ -115,6 +115,14 @@ CHECKS: tuple[CheckSpec, ...] = (
         suites=frozenset({"full"}),
     ),
     CheckSpec(
+        "ddp-migration", "DDP migration", "perf",
+        "the target through DDP and through its parallelize, side by side: per-rank peak memory, step time, "
+        "collectives per step, the port's hazards",
+        "conformance.perf.migration:run",
+        # Opt-in: --compare-ddp adds it (it runs both ways itself), or --checks ddp-migration.
+        suites=frozenset(),
+    ),
+    CheckSpec(
         "eval-equivalence", "Evaluation equivalence", "conformance",
         "the target's evaluate on N ranks reports the metrics of 1 rank; every eval sample once; eval mode, no gradients, buffers untouched",
         "conformance.checks.eval_equivalence:run",
@@ -130,11 +138,23 @@ CHECKS: tuple[CheckSpec, ...] = (
 BY_ID: dict[str, CheckSpec] = {spec.id: spec for spec in CHECKS}
 
 
-def select(ids: str | None, suite: str = "full") -> list[CheckSpec]:
-    """Checks to run: an explicit comma list (any suite), else every check of the suite.
+#: The check that --compare-ddp adds to any selection (it runs the target both ways itself).
+MIGRATION_CHECK = "ddp-migration"
+
+
+def select(ids: str | None, suite: str = "full", *, compare_ddp: bool = False) -> list[CheckSpec]:
+    """Checks to run: an explicit comma list (any suite), else every check of the suite; with
+    ``compare_ddp``, :data:`MIGRATION_CHECK` too.
 
     Raises ValueError with the known ids when a name is not a check id.
     """
+    specs = _select(ids, suite)
+    if compare_ddp and all(spec.id != MIGRATION_CHECK for spec in specs):
+        specs.append(BY_ID[MIGRATION_CHECK])
+    return specs
+
+
+def _select(ids: str | None, suite: str) -> list[CheckSpec]:
     if suite not in SUITES:
         raise ValueError(f"--suite {suite!r} is not one of {', '.join(SUITES)}")
     if ids:

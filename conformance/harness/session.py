@@ -23,7 +23,7 @@ from ddp_conformance.reports.schema import CheckRecord
 from .context import CheckContext, entry_of
 from .exhaustion import exhausted
 from .outcome import Outcome
-from .registry import CheckSpec
+from .registry import MIGRATION_CHECK, CheckSpec
 from .resources import CostMeter, model_size_on_rank, size_metrics
 from .root_cause import RootCauses
 from .targets import BUILTINS, TargetError, TargetInfo, load_target, raise_target_error
@@ -105,7 +105,9 @@ class Settings:
         if self.target is not None:
             from .targets.loading import VIA_DDP
 
-            return [self.target, self.target + VIA_DDP] if self.compare_ddp else [self.target]
+            # ddp-migration runs both ways itself, once.
+            both = self.compare_ddp and spec.id != MIGRATION_CHECK
+            return [self.target, self.target + VIA_DDP] if both else [self.target]
         return list(BUILTINS) if spec.kind == "conformance" else ["builtin"]
 
 

@@ -18,7 +18,8 @@ uneven inputs, with Join advised. A run_loop that completes with ``Join`` over u
 re-run with Join a no-op context, to show the hang it prevents (culprit rank and collective).
 A loop that completes is a pass only if the target's code exercised training on every rank: the
 run_loop wrapped a model with ``ctx.wrap``, and the loop (run_loop, or the default loop's
-train_step) ran a training forward, took an ``optimizer.step()`` and issued a DDP all-reduce
+train_step) ran a training forward, took an ``optimizer.step()`` and issued a gradient reduction
+(DDP's bucket all-reduce; FSDP2's reduce-scatter or all-reduce, named so in the message)
 (counted as it runs, ``scenarios.EXERCISED``); one that did not (``def run_loop(ctx): return``,
 a train_step that does nothing) is skipped with what it did not do, and a pass says the counts.
 
@@ -276,17 +277,17 @@ def _target(ctx: CheckContext) -> Outcome:
         entry["exercised"] = exercised
     if d.classification == "none" and exercised and not all(exercised.values()):
         # A loop that returned without training verified nothing about hangs: never a pass.
-        idle = "; ".join(why for name, why in EXERCISED.items() if not exercised[name])
+        idle = _idle(exercised, result.fsdp2_issued())
         metrics["key_figure"] = "run_loop exercised nothing"
         return Outcome.skipped(
             f"{target.name}: {source} completed on every rank in {result.latency_s:.1f} s but {idle} "
-            f"(fewest on any rank: {_exercised_text(exercised)}): a loop that trains nothing cannot hang "
+            f"(fewest on any rank: {_exercised_text(exercised, result.fsdp2_issued())}): a loop that trains nothing cannot hang "
             f"where training would, so nothing about hangs was verified", metrics=metrics, evidence=evidence,
             recommendation=IDLE_RECOMMENDATIONS[kind])
     if d.classification == "none":
         message = f"{target.name}: {source} completed on every rank in {result.latency_s:.1f} s; no hang"
         if exercised:
-            message += f" ({_exercised_text(exercised)}, the fewest on any rank)"
+            message += f" ({_exercised_text(exercised, result.fsdp2_issued())}, the fewest on any rank)"
         if without is not None:
             message += "; " + _join_shown(without, result, evidence)
             metrics["key_figure"] = ("no hang; Join prevents one" if without.diagnosis.classification != "none"
@@ -315,11 +316,24 @@ def _advice(d: HangDiagnosis) -> str:
             f"them, or set find_unused_parameters=True in ddp_kwargs. " + RECOMMENDATIONS[d.classification])
 
 
-def _exercised_text(exercised: dict[str, int]) -> str:
-    """What a run_loop did, in words: ``2 models wrapped, 4 training batches, ...``."""
+def _exercised_text(exercised: dict[str, int], fsdp2: dict[str, int]) -> str:
+    """What a run_loop did, in words: ``2 models wrapped, 4 training batches, ...``; the
+    collectives by what the wrapper issued (``fsdp2``: FSDP2's, by kind, from
+    ``ScenarioResult.fsdp2_issued``; DDP's bucket all-reduces otherwise)."""
     words = {"models_wrapped": "model(s) wrapped", "batches": "training batches",
              "optimizer_steps": "optimizer steps", "allreduces": "DDP all-reduces"}
-    return ", ".join(f"{exercised[name]} {words[name]}" for name in EXERCISED)
+    said = {name: f"{exercised[name]} {words[name]}" for name in EXERCISED}
+    if fsdp2:
+        said["allreduces"] = " and ".join(f"{n} {kind}" for kind, n in fsdp2.items() if n) + " issued by FSDP2"
+    return ", ".join(said.values())
+
+
+def _idle(exercised: dict[str, int], fsdp2: dict[str, int]) -> str:
+    """What a loop that exercised nothing did not do (:data:`EXERCISED`), its gradient
+    reductions named by the wrapper that should have issued them."""
+    why = {**EXERCISED, **({"allreduces": "issued no gradient reduce-scatter or all-reduce through FSDP2"}
+                           if fsdp2 else {})}
+    return "; ".join(why[name] for name in EXERCISED if not exercised[name])
 
 
 def _join_shown(without: ScenarioResult, result: ScenarioResult, evidence: dict[str, Any]) -> str:

@@ -251,6 +251,13 @@ def causes(ranks: list[EvalRank], comp: Comparison, cov: Coverage) -> list[Cause
         text = test(ranks, comp, sizes)
         if text is not None:
             found.append(Cause(name, text))
+    read = sorted({n for r in ranks if r.world_size > 1 for n in r.shard_reads})
+    if read and comp.per_rank and len({v for v in comp.per_rank.values()}) > 1:
+        # Measured: the ranks disagree, and evaluate's own code read their local shards.
+        found.append(Cause("local-shards", f"evaluate read this rank's shard of {len(read)} FSDP2-sharded "
+                                           f"parameter(s) ({', '.join(read[:4])}{' ...' if len(read) > 4 else ''}) "
+                                           f"with to_local(): each of the {len(ranks)} ranks computed from "
+                                           f"its own slice of the model, not the whole parameter"))
     modules = sorted({m for r in ranks for m in r.forward.train_mode_modules})
     changed = sorted({b for r in ranks for b in r.buffers.changed})
     if modules or changed:

@@ -10,12 +10,13 @@ sample indices the DataLoaders fetched, the collectives called: ``harness.observ
 from __future__ import annotations
 
 import contextlib
+import os
 from collections import Counter
 from typing import Any
 
 from ...harness.ddp import tensor_digest, unwrap
 from ...harness.observe import Probe, SamplesSlice, unseen
-from .records import BufferPart, BufferSlice, ForwardPart, ForwardSlice
+from .records import BufferPart, BufferSlice, ForwardPart, ForwardSlice, ShardReadPart
 
 
 def _mode_dependent(module: Any) -> bool:
@@ -84,6 +85,52 @@ class Buffers(Probe):
         after = {n: tensor_digest(b) for n, b in self._module.named_buffers()}
         changed = tuple(n for n, d in after.items() if self._before.get(n) != d)
         return BufferPart(buffers=BufferSlice(len(after), changed))
+
+
+class ShardReads(Probe):
+    """``DTensor.to_local()`` called on a sharded parameter of the model during ``evaluate`` by
+    code outside torch (the target's): this rank's slice read where one process holds the whole
+    parameter (a weight norm, a head applied by hand). FSDP2's own forward reads shards through
+    torch's frames, which are not counted. Nothing to watch on a model without sharded DTensors."""
+
+    def __init__(self, model: Any) -> None:
+        self._names = {id(p): n for n, p in unwrap(model).named_parameters()
+                       if not all(pl.is_replicate() for pl in getattr(p, "placements", None) or [_Whole()])}
+        self._read: dict[str, None] = {}
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        if not self._names:
+            return
+        from torch.distributed.tensor import DTensor
+
+        from ...harness.patching import replaced
+
+        stack.enter_context(replaced(DTensor, "to_local", self._watching))
+
+    def _watching(self, original: Any) -> Any:
+        import sys
+
+        names, read = self._names, self._read
+        torch_dir = f"{os.sep}torch{os.sep}"
+
+        def to_local(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            name = names.get(id(tensor))
+            if name is not None and torch_dir not in sys._getframe(1).f_code.co_filename:
+                read.setdefault(name)
+            return original(tensor, *args, **kwargs)
+
+        return to_local
+
+    def result(self) -> ShardReadPart:
+        return ShardReadPart(shard_reads=tuple(self._read))
+
+
+class _Whole:
+    """The placement of a plain tensor: whole on this rank."""
+
+    @staticmethod
+    def is_replicate() -> bool:
+        return True
 
 
 def index_counts(samples: list[SamplesSlice]) -> dict[str, Counter[int]]:

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from ...harness.batches import first_dim
 from ...harness.world import RankContext
 from ...harness.observe import CallRecords, LoaderIndices, Observation, UnevenGather
-from .observers import Buffers, Forward
+from .observers import Buffers, Forward, ShardReads
 from .records import EvalRank, StepSlice
 
 #: The seed of the global batch of the training step run right after evaluate.
@@ -122,7 +122,7 @@ def evaluate_on_rank(rank_ctx: RankContext, target_spec: str, *, train_after: bo
     # Detached in reverse order (the Observation's stack), and before any slice is read.
     observation = Observation([LoaderIndices(fetched=True),
                                CallRecords(side_group=rank_ctx.side_group, world_size=rank_ctx.world_size),
-                               Forward(ddp, dim=first_dim(target.batch_dim)), Buffers(ddp)])
+                               Forward(ddp, dim=first_dim(target.batch_dim)), Buffers(ddp), ShardReads(ddp)])
     evaluate, eval_ctx = target.evaluate, EvalContext(rank_ctx.rank, rank_ctx.world_size, rank_ctx.device)
     metrics: dict[str, float] | None = None
     error = error_call = None
@@ -147,4 +147,4 @@ def evaluate_on_rank(rank_ctx: RankContext, target_spec: str, *, train_after: bo
     step = _train_step(target, ddp, rank_ctx) if train_after and error is None else StepSlice(ran=False)
     return EvalRank(rank_ctx.rank, rank_ctx.world_size, metrics, error, digest, slices["forward"],
                     slices["samples"], slices["collectives"], slices["buffers"], step, round(seconds, 4),
-                    error_call)
+                    error_call, slices["shard_reads"])

@@ -46,6 +46,11 @@ class BufferPart(TypedDict):
     buffers: BufferSlice
 
 
+class ShardReadPart(TypedDict):
+    #: Sharded parameters whose local shard the target's code read (``to_local()``) in evaluate.
+    shard_reads: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class StepSlice:
     """The training step run right after ``evaluate`` (``model.train()``, then ``train_step``)."""
@@ -72,3 +77,5 @@ class EvalRank:
     #: Where evaluate was when it raised: the torch.distributed call and the user's line that
     #: made it ("recv at eval.py:16"), None when the error came from elsewhere or nothing raised.
     error_call: str | None = None
+    #: Sharded (FSDP2) parameters whose local shard evaluate's own code read (``ShardReads``).
+    shard_reads: tuple[str, ...] = ()

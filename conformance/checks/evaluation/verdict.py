@@ -11,6 +11,9 @@ from .judge import REDUCER_ERROR, Cause, Comparison, Coverage, Hygiene, causes, 
 from .records import EvalRank
 
 NO_CAUSE = "no known cause matched"
+REC_LOCAL_SHARDS = ("read a sharded parameter whole in evaluate: p.full_tensor() (a collective: on every rank, "
+                    "in the same order), or a DTensor operation whose result is reduced over the shards "
+                    "(torch.linalg.vector_norm(p) on the DTensor), never p.to_local()")
 REC_PADDING = ("count every sample once: shard without padding (indices rank, rank+N, ...), or drop the "
                "padded repeats before counting (DistributedSampler pads to a multiple of the world size, "
                "pytorch/pytorch#25162)")
@@ -104,6 +107,8 @@ def _recommend(names: set[str]) -> list[str]:
         recs.append(REC_TRAIN)
     if "only-some-ranks" in names:
         recs.append(REC_EVERY_RANK)
+    if "local-shards" in names:
+        recs.append(REC_LOCAL_SHARDS)
     return recs
 
 

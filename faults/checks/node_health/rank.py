@@ -203,7 +203,9 @@ def _buckets(ctx: RankContext, target: Any, model: Any, batch: tuple[Any, Any], 
 
     from conformance.harness.ddp import effective_ddp_kwargs, wrap
 
-    ddp = wrap(model, ctx.device, effective_ddp_kwargs(target), target=target)
+    # Through DDP even for a target that trains through parallelize (via_ddp): the buckets
+    # are the node's all-reduce under test, and FSDP2 has no bucket to digest.
+    ddp = wrap(model, ctx.device, effective_ddp_kwargs(target), target=target, via_ddp=True)
 
     def reduced(step: Step) -> None:
         model.zero_grad(set_to_none=True)
