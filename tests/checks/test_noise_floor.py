@@ -267,3 +267,27 @@ def test_the_twin_run_past_its_deadline_is_recorded_as_timed_out(monkeypatch):
 
     out = twin_module._run_twin(_Ctx(), None)  # type: ignore[arg-type]
     assert out["timed_out"] is True and "did not finish within the deadline" in out["failed"]
+
+
+def test_the_rounds_are_judged_when_the_floor_ran_out_of_time(monkeypatch):
+    """EDM's step with ddp_sync(.., True) on every round (planted): numerically the same step,
+    4 all-reduce rounds per optimizer step. With the twin out of time the gradients are
+    undecided, but the rounds do not depend on the floor: failed on them, saying so."""
+    from types import SimpleNamespace
+
+    from conformance.checks import no_sync_equivalence
+
+    ref, _ = _runs([_c("w", 3e-7, 1.0)])
+    floor = twin_floor(ref, {"failed": "did not finish within the deadline", "timed_out": True}, twin_microbatches=8)
+    eq = _equivalence(floor, 2e-5)
+    for rank in eq.ranks:
+        rank.update(allreduce_rounds=[4], allreduce_calls=[4], inner_forwards=[4], buckets_per_step=[1])
+    monkeypatch.setattr(no_sync_equivalence, "run_equivalence", lambda ctx, **kw: eq)
+    monkeypatch.setattr(no_sync_equivalence, "microbatches_for", lambda ctx: 4)
+    outcome = no_sync_equivalence.run(SimpleNamespace(world_size=2))  # type: ignore[arg-type]
+    assert outcome.status == "failed", outcome.message
+    assert outcome.message.startswith("4 all-reduce rounds per optimizer step for K=4 microbatches instead of 1 "
+                                      "(judged without the gradients, which a noise floor not measured in time "
+                                      "kept from being compared: accumulating K=4 microbatches cannot be judged")
+    assert "model.no_sync()" in (outcome.recommendation or "")
+    assert "make_batch" not in (outcome.recommendation or "")  # no randomness to move
