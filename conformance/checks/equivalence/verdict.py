@@ -117,9 +117,7 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
     message = f"{what} differs from the single-process step: {mismatch_message(eq)} — {cause}"
     evidence[HYPOTHESES] = causes
     if not decidable:
-        message = (f"{what} cannot be judged: {cause}; measured: {mismatch_message(eq)}")
-        return Outcome.inconclusive(message, metrics=metrics, evidence=evidence,
-                                    recommendation=RANDOM_FORWARD)
+        return _random_forward(eq, what, cause, recommendation, metrics, evidence)
     if (untimed := _floor_ran_out_of_time(eq, what, causes, metrics, evidence)) is not None:
         return untimed
     named = collective(eq)
@@ -131,6 +129,21 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
         # cause and size in the message: the user decides whether to normalise globally.
         recommendation = GLOBAL_COUNT
     return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)
+
+
+def _random_forward(eq: Equivalence, what: str, cause: str, recommendation: str, metrics: dict[str, Any],
+                    evidence: dict[str, Any]) -> Outcome:
+    """Randomness left in forward: undecided — unless every gradient is the reference's times a
+    known bug's factor (N, 1/N, K, 1/K, within ``hypotheses.RESIDUAL``). Random draws move
+    gradients apart, they do not scale them all alike: MoCo v2's shuffle BN draws a randperm in
+    forward, and its loss times the world size gave 2.000000 on every parameter."""
+    if eq.known_factor:
+        return Outcome.failed(
+            f"{what} differs from the single-process step: {mismatch_message(eq)} — "
+            f"{'; '.join(eq.known_factor)} (forward draws random numbers, which did not move the "
+            f"gradients off that factor)", metrics=metrics, evidence=evidence, recommendation=recommendation)
+    return Outcome.inconclusive(f"{what} cannot be judged: {cause}; measured: {mismatch_message(eq)}",
+                                metrics=metrics, evidence=evidence, recommendation=RANDOM_FORWARD)
 
 
 #: What to do when the noise floor's own run ran past the deadline.
