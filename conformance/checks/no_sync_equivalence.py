@@ -87,19 +87,21 @@ def run(ctx: CheckContext) -> Outcome:
     # fully_shard without set_requires_gradient_sync(False): K reduce-scatters, a cost it may
     # choose (sharded gradients kept instead of unsharded ones), never a wrong result.
     sharded_cost = eq.wrapper == FULLY_SHARD and worst_rounds > 1
-    if verdict is not None and verdict.status == "inconclusive" and eq.random_forward and (
+    undecided = ("randomness in forward" if eq.random_forward else
+                 "a noise floor not measured in time" if eq.floor.timed_out else None)
+    if verdict is not None and verdict.status == "inconclusive" and undecided and (
             least_rounds == 0 or (worst_rounds > 1 and not sharded_cost)):
-        # The rounds do not depend on the randomness that keeps the gradients from being
-        # compared (MAE's random masking): judged, and the message says what was not.
-        metrics["key_figure"] = f"{worst_rounds} rounds/step for K={k} (gradients not judged: random forward)"
+        # The rounds depend neither on the randomness that keeps the gradients from being
+        # compared (MAE's random masking) nor on the floor: judged, and the message says what was not.
+        metrics["key_figure"] = f"{worst_rounds} rounds/step for K={k} (gradients not judged: {undecided})"
         return Outcome.failed(
             f"{worst_rounds if least_rounds else 0} all-reduce rounds per optimizer step for K={k} "
-            f"microbatches instead of 1 (judged without the gradients, which randomness in "
-            f"forward kept from being compared: {verdict.message})",
+            f"microbatches instead of 1 (judged without the gradients, which {undecided} "
+            f"kept from being compared: {verdict.message})",
             metrics={**verdict.metrics, **metrics}, evidence=verdict.evidence,
             recommendation="wrap every microbatch's forward and backward except the last in "
-                           "model.no_sync() (or set model.require_backward_grad_sync=False); "
-                           + equivalence.RANDOM_FORWARD)
+                           "model.no_sync() (or set model.require_backward_grad_sync=False)"
+                           + ("; " + equivalence.RANDOM_FORWARD if eq.random_forward else ""))
     if verdict is not None:
         return replace(verdict, metrics={**metrics, **verdict.metrics})
     evidence = equivalence.evidence(eq)

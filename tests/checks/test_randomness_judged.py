@@ -57,3 +57,36 @@ def test_the_rounds_of_a_random_forward_are_judged_without_its_gradients(suite_s
                                      "in forward kept from being compared")
     assert "model.no_sync()" in (record.recommendation or "")
     assert "random mask drawn in make_batch" in (record.recommendation or "")
+
+
+def _random_forward_equivalence(factor: float, residual: float):  # type: ignore[no-untyped-def]
+    """An Equivalence as run_equivalence builds it (no world): forward drew random numbers on
+    every side, and every gradient is the reference's times ``factor`` up to ``residual``."""
+    from conformance.checks.equivalence import Equivalence
+    from conformance.checks.equivalence.hypotheses import Scale
+    from conformance.checks.equivalence.recording import RunPlan
+    from conformance.checks.equivalence.tensors import TensorDiff, tolerance_for
+
+    tol = tolerance_for("float32", grad=True)
+    rel = abs(factor - 1) + residual
+    grad = [TensorDiff("w", rel, rel, rel / tol.rtol, tol, ref_max=1.0)]
+    rank = {"rank": 0, "optimizer_steps": [1], "grads0_step": 0, "ddp_forwards": [1], "inner_forwards": [1],
+            "allreduce_rounds": [1], "batch_digests": ["a"], "rng_in_forward": True}
+    return Equivalence(RunPlan(target_spec="mlp", global_batch=8, steps=1), grad, {"w": 0}, [], [], [[]],
+                       [rank, {**rank, "rank": 1}], {"optimizer_steps": [1], "grads0_step": 0, "rng_in_forward": True},
+                       Scale(2, factor - residual, factor + residual, residual), None)
+
+
+def test_a_uniform_factor_of_n_under_a_random_forward_still_fails():
+    """MoCo v2 (shuffle BN draws a randperm in forward) with its loss times the world size,
+    planted: every gradient exactly 2x the reference's (residual 2e-6). Before: inconclusive
+    ("forward still draws random numbers"), the factor named but no verdict on it."""
+    from conformance.checks.equivalence import judge
+
+    scaled = judge(_random_forward_equivalence(2.0, 2e-6), what="the DDP step", recommendation="r")
+    assert scaled is not None and scaled.status == "failed", scaled
+    assert "the loss is multiplied by the world size (factor 2 = N)" in scaled.message
+    assert "did not move the gradients off that factor" in scaled.message
+    # Randomness that does move them (no uniform factor within 1e-3): undecided, as before.
+    moved = judge(_random_forward_equivalence(1.3, 0.05), what="the DDP step", recommendation="r")
+    assert moved is not None and moved.status == "inconclusive" and "cannot be judged" in moved.message

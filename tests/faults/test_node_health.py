@@ -14,6 +14,8 @@ from conformance.harness.world import World
 from ddp_conformance.faults.checks.node_health import judge, judge_injected, measure
 from ddp_conformance.faults.corruption import BitFlip, CorruptAllReduce
 
+from .conftest import fault_target
+
 pytestmark = pytest.mark.chaos
 
 REPEATS = 3
@@ -131,3 +133,14 @@ def test_on_gpus_the_comparison_runs_deterministic_in_a_fresh_world_and_agrees()
     with World(2, "nccl", devices=gpus[:2], deadline=120.0) as world:
         outcome = judge(measure(world, "mlp", deterministic=True)[0])
         assert outcome.status == "inconclusive" and "CUBLAS_WORKSPACE_CONFIG is not :4096:8" in outcome.message
+
+
+def test_a_forward_that_reads_its_rank_is_not_blamed_on_the_node(world2: Any) -> None:
+    """MoCo's shuffle BN (each rank encodes its rank's share of a gathered batch): the ranks
+    disagree in every repeat by design; said as such, never a pair to drain."""
+    results, _ = measure(world2, fault_target("rank_share"), repeats=2, buckets=False, speed=False)
+    assert all(r["reads_rank"] for r in results)
+    outcome = judge(results)
+    assert outcome.status == "inconclusive", outcome.message
+    assert "reads its rank (torch.distributed.get_rank() at rank_share.py:" in outcome.message
+    assert "not a node fault" in outcome.message and "Drain" not in (outcome.recommendation or "")

@@ -90,6 +90,20 @@ def test_different_work_on_the_ranks_is_not_a_node_fault() -> None:
     assert outcome.status == "inconclusive" and "did not run the same work" in outcome.message
 
 
+
+def test_a_forward_that_reads_its_rank_is_not_a_node_fault() -> None:
+    """Two ranks that disagree every time: a pair to drain, unless the forward asked for its
+    rank (MoCo's shuffle BN takes its rank's share): then other work by design, inconclusive."""
+    data = _world([[CLEAN] * 2, [FLIPPED] * 2])
+    assert judge(data).status == "failed"
+    data[1]["reads_rank"] = ["builder.py:107 in _batch_shuffle_ddp"]
+    outcome = judge(data)
+    assert outcome.status == "inconclusive", outcome.message
+    assert outcome.message.startswith("the target's forward reads its rank (torch.distributed.get_rank() at "
+                                      "builder.py:107 in _batch_shuffle_ddp)")
+    assert "they part at output:0" in outcome.message and "not a node fault" in outcome.message
+    assert "--checks node-health" in (outcome.recommendation or "")
+
 # -- the injected-fault judge ---------------------------------------------------------------------
 
 FLIP = BitFlip(rank=2, tensor="output:0", bit="mantissa", steps=(1,))

@@ -107,6 +107,8 @@ class Floor:
     # Per step, how far an adaptive optimizer's update rule lets two runs part per element
     # whatever their gradients (``adaptive.parameter_floor``; None: not Adam/AdamW).
     optimizer_abs: tuple[float, ...] | None = None
+    # The twin ran past its deadline: no measurement at all (not a step that refuses the split).
+    timed_out: bool = False
 
     @property
     def measured(self) -> bool:
@@ -159,7 +161,7 @@ class Floor:
                               "reference: the step joins its microbatches, so only another "
                               "summation order shows the rounding)" if self.reordered else "")
                            + ", against the whole-batch reference"),
-                "reordered": self.reordered,
+                "reordered": self.reordered, "timed_out": self.timed_out,
                 "twin_microbatches": self.twin_microbatches, "margin": self.margin,
                 "loss_split": dict(self.loss_split) if self.loss_split else None,
                 "loss_weighting": self.weighting,
@@ -243,6 +245,10 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
 
     if twin is None:
         return no(NOT_NEEDED)
+    if twin.get("failed") and twin.get("timed_out"):
+        return replace(no(f"the same train_step on {twin_microbatches} microbatches in one process did "
+                          f"not finish within the deadline ({twin['failed']}): no measurement"),
+                       timed_out=True)
     if twin.get("failed"):
         return no(f"the same train_step on {twin_microbatches} microbatches in one process raised "
                   f"({twin['failed']}): the step does not take that split")

@@ -55,7 +55,10 @@ def _run_twin(ctx: CheckContext, plan: RunPlan) -> dict[str, Any]:
         # fixed tolerances judge alone, and the record says why. (The failed call replaced the
         # 1-rank world; the snapshots are still in place.)
         said = exc.headline() if isinstance(exc, WorldError) else str(exc)
-        return {"failed": first_line(said.split("; fix it")[0]) or type(exc).__name__}
+        # Past the deadline is no answer about the split (a loaded host, a slow model): the floor
+        # is then missing, not refused, and a difference only it could explain is undecided.
+        return {"failed": first_line(said.split("; fix it")[0]) or type(exc).__name__,
+                "timed_out": isinstance(exc, WorldHang)}
 
 
 def run_twin(ctx: CheckContext, plan: RunPlan, group: int, folder: Path) -> dict[str, Any]:

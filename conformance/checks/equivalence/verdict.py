@@ -15,6 +15,7 @@ from ...harness.outcome import Outcome
 from .comparison import Equivalence
 from .diagnosis import (collective, empty_reason, hints, no_known_cause, nonfinite, scale_fix,
                         scaler_skips_differ, skipped_steps)
+from .floor import smallest_bug
 from .hypotheses import GLOBAL_COUNT
 from . import presentation
 from .presentation import key_figure, mismatch_message
@@ -117,9 +118,9 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
     message = f"{what} differs from the single-process step: {mismatch_message(eq)} — {cause}"
     evidence[HYPOTHESES] = causes
     if not decidable:
-        message = (f"{what} cannot be judged: {cause}; measured: {mismatch_message(eq)}")
-        return Outcome.inconclusive(message, metrics=metrics, evidence=evidence,
-                                    recommendation=RANDOM_FORWARD)
+        return _random_forward(eq, what, cause, recommendation, metrics, evidence)
+    if (untimed := _floor_ran_out_of_time(eq, what, causes, metrics, evidence)) is not None:
+        return untimed
     named = collective(eq)
     if named:
         recommendation = named[0].fix  # the one change the named collective cause needs
@@ -131,6 +132,46 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
         # cause and size in the message: the user decides whether to normalise globally.
         recommendation = GLOBAL_COUNT
     return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)
+
+
+def _random_forward(eq: Equivalence, what: str, cause: str, recommendation: str, metrics: dict[str, Any],
+                    evidence: dict[str, Any]) -> Outcome:
+    """Randomness left in forward: undecided — unless every gradient is the reference's times a
+    known bug's factor (N, 1/N, K, 1/K, within ``hypotheses.RESIDUAL``). Random draws move
+    gradients apart, they do not scale them all alike: MoCo v2's shuffle BN draws a randperm in
+    forward, and its loss times the world size gave 2.000000 on every parameter."""
+    if eq.known_factor:
+        return Outcome.failed(
+            f"{what} differs from the single-process step: {mismatch_message(eq)} — "
+            f"{'; '.join(eq.known_factor)} (forward draws random numbers, which did not move the "
+            f"gradients off that factor)", metrics=metrics, evidence=evidence, recommendation=recommendation)
+    return Outcome.inconclusive(f"{what} cannot be judged: {cause}; measured: {mismatch_message(eq)}",
+                                metrics=metrics, evidence=evidence, recommendation=RANDOM_FORWARD)
+
+
+#: What to do when the noise floor's own run ran past the deadline.
+FLOOR_DEADLINE = ("re-run the check alone with a longer --deadline, on a less loaded host: the noise "
+                  "floor's run is one more single-process run of the check's steps on the global batch, "
+                  "split as the N-rank run splits it")
+
+
+def _floor_ran_out_of_time(eq: Equivalence, what: str, causes: list[str], metrics: dict[str, Any],
+                           evidence: dict[str, Any]) -> Outcome | None:
+    """A mismatch with no known cause, undecided: the twin that measures the noise floor ran
+    past its deadline, so nothing says whether a difference beyond the fixed tolerances is this
+    configuration's rounding — unless it reaches the smallest scaling bug, which no floor admits
+    (such a floor makes the check inconclusive itself). None: judge as usual."""
+    if causes or not eq.floor.timed_out:
+        return None
+    worst = eq.worst_grad
+    bug, _ = smallest_bug(world_size=eq.world_size, microbatches=eq.plan.microbatches)
+    if worst is not None and worst.max_rel >= bug:
+        return None
+    return Outcome.inconclusive(
+        f"{what} cannot be judged: the noise floor was not measured (its single-process run did not "
+        f"finish within the deadline), and the difference goes beyond the fixed tolerances only, with "
+        f"no known cause: {mismatch_message(eq)}", metrics=metrics, evidence=evidence,
+        recommendation=FLOOR_DEADLINE)
 
 
 def _past_flip(eq: Equivalence, what: str, metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:

@@ -4,8 +4,9 @@ Order of judgement, each step able to end it:
 
 1. a rank where bitwise agreement cannot hold (torch refused an op without a deterministic
    implementation; the cuBLAS setting missing) — inconclusive with the reason;
-2. ranks that ran different work (``compare.STRUCTURE``) — inconclusive: a rank-dependent
-   model or input, not a node fault;
+2. ranks that ran different work (``compare.STRUCTURE``), or a disagreement where the
+   target's own forward read its rank (``rank_reads``) — inconclusive: a rank-dependent model
+   or input, not a node fault;
 3. a disagreement while the ranks' software or settings differ — inconclusive: the mismatch
    explains it without any fault (listed first);
 4. every rank's own results changing from repeat to repeat — inconclusive: the work is not
@@ -155,6 +156,14 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
         return Outcome.inconclusive(f"the ranks did not run the same work (they part at {located['tensor']}): "
                                     f"a model or input that depends on the rank, not a node fault",
                                     metrics=metrics, evidence=evidence)
+    reads = next((r["reads_rank"] for r in results if r.get("reads_rank")), None)
+    if located is not None and reads:
+        return Outcome.inconclusive(
+            f"the target's forward reads its rank (torch.distributed.get_rank() at {', '.join(reads)}): every "
+            f"rank runs other work on the same input by design (they part at {located['tensor']}), so their "
+            f"disagreement is not a node fault", metrics=metrics, evidence={**evidence, "reads_rank": reads},
+            recommendation="For the node's verdict run `ddp-conformance run --checks node-health` (the built-in "
+                           "models), or give node-health a target whose forward does the same work on every rank.")
     if located is not None and mismatch:
         return Outcome.inconclusive(f"{software}: that explains the bitwise disagreement at {located['tensor']} "
                                     f"(ranks {list(diagnosis.ranks)}) without any fault; align them and rerun",

@@ -10,7 +10,8 @@ One world call (:func:`node_rank`) on every rank:
    (rank 0's), the RNG reseeded and the buffers put back each time; every module output, the
    loss and every gradient digested (``probes``); the digests gathered and compared on every
    rank (``compare.locate``), and where they differ the one tensor named fetched from every
-   rank for its element count and largest difference;
+   rank for its element count and largest difference; where the target's own forward or
+   backward asked for its rank, recorded (``rank_reads``: work that differs by design);
 4. once: the same work through DDP, each all-reduced bucket digested and compared;
 5. each repeat's own compute time (forward and backward, the gathers left out) as the
    throughput sample, and each pair of ring neighbours' link (``speed``).
@@ -31,6 +32,7 @@ from ..._log import InjectionLog
 from ...sites import NO_FAULT, Fault, Site
 from .compare import Located, locate
 from .probes import BucketDigests, ComputeDigests, TensorSites
+from .rank_reads import rank_reads
 from .software import fingerprint
 from .speed import pair_links, timed_steps
 
@@ -116,7 +118,8 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
     fault = fault or NO_FAULT
     log = InjectionLog()
     out: dict[str, Any] = {"fingerprint": fingerprint(ctx.device), "hostname": ctx.hostname,
-                           "device": str(ctx.device), "repeats": [], "buckets": None, "not_deterministic": None}
+                           "device": str(ctx.device), "repeats": [], "buckets": None, "not_deterministic": None,
+                           "reads_rank": []}
     out["not_deterministic"] = _determinism(deterministic)
     phases = out["phases_s"] = {}  # where the check's time goes on this rank (its cost, in the record)
     mark = time.perf_counter()
@@ -139,6 +142,7 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
     digests = ComputeDigests(model)
     observation = Observation([sites, digests])
     compute_s: list[float] = []
+    reads: list[str] = []  # where the target's own forward or backward asked for its rank
 
     def compare(names: list[str], values: list[str]) -> Located | None:
         gathered = _gather(ctx, (names, values))
@@ -160,7 +164,8 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
                 # rank's peers wait there); a slow rank's fault (SlowRank) strikes here.
                 fault.inject(Site("step", ctx.rank, r, "forward", log, device=ctx.device))
                 digests.record("input", inputs)
-                loss = target.compute_loss(model, inputs, targets)
+                with rank_reads(reads):
+                    loss = target.compute_loss(model, inputs, targets)
                 digests.record("loss", loss)
                 sync_device(ctx.device)
                 forward_s = time.perf_counter() - started
@@ -170,7 +175,8 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
                 found = compare(list(digests.names), list(digests.digests))
                 digests.release()
                 started = time.perf_counter()
-                loss.backward()
+                with rank_reads(reads):
+                    loss.backward()
                 sync_device(ctx.device)
                 compute_s.append(forward_s + time.perf_counter() - started)
                 mine = observation.end_step(step)
@@ -179,6 +185,7 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
                 out["repeats"].append({"digests": mine["digests"], "names": mine["names"] if r == 0 else None,
                                        "located": None if found is None else found.to_json()})
         lap("repeats")
+        out["reads_rank"] = list(dict.fromkeys(reads))[:3]
     except RuntimeError as exc:
         if "deterministic" not in str(exc):
             raise
