@@ -59,13 +59,22 @@ def test_bit_flip_named_by_the_majority(world3: Any, fault: BitFlip) -> None:
     assert outcome.metrics["culprit_rank"] == fault.rank
 
 
-def test_corrupt_allreduce_names_the_bucket_and_rank(world3: Any) -> None:
-    fault = CorruptAllReduce(rank=1, bucket=0)
-    results, injections = measure(world3, "mlp", repeats=1, fault=fault)
+@pytest.mark.parametrize("fault", [
+    CorruptAllReduce(rank=1, bucket=0),  # every repeat: persistent
+    CorruptAllReduce(rank=2, bucket=0, bit="mantissa", steps=(1,)),  # once in 3: transient
+], ids=["persistent", "transient"])
+def test_corrupt_allreduce_names_the_bucket_rank_and_its_repeats(world3: Any, fault: CorruptAllReduce) -> None:
+    results, injections = measure(world3, "mlp", repeats=REPEATS, fault=fault)
     outcome = judge(results)
-    assert judge_injected(fault, outcome, injections, world_size=3, repeats=1).status == "passed", outcome.message
-    assert "all-reduced bucket 0 (parameters " in outcome.message and "differs on rank 1" in outcome.message
+    verdict = judge_injected(fault, outcome, injections, world_size=3, repeats=REPEATS)
+    assert verdict.status == "passed", verdict.message
+    assert "all-reduced bucket 0 (parameters " in outcome.message and f"differs on rank {fault.rank}" in outcome.message
     assert "not in compute" in outcome.message
+    if fault.steps is None:
+        assert "after the all-reduce in every repeat (persistent: drain it)" in outcome.message
+    else:
+        assert "after the all-reduce in 1 of 3 repeats (repeat 1: transient)" in outcome.message
+    assert outcome.metrics["culprit_rank"] == fault.rank
 
 
 def test_two_ranks_name_the_pair_and_say_what_separates_them(world2: Any) -> None:

@@ -252,3 +252,52 @@ def test_the_device_digest_is_the_same_in_chunks_as_in_one_pass(monkeypatch: pyt
     whole = digests.weighted_sum(x)
     monkeypatch.setattr(digests, "CHUNK", 7)  # the sums wrap mod 2**64 alike, chunk by chunk
     assert digests.weighted_sum(x) == whole
+
+
+# -- the all-reduced buckets, repeat by repeat ----------------------------------------------------
+
+BUCKETS = ["b0", "b1"]
+
+
+def _reduced(per_rank: list[list[list[str]]]) -> list[dict[str, Any]]:
+    """Every rank's data with agreeing compute and, per repeat, each rank's bucket digests
+    compared as the ranks compare them."""
+    data = _world([[CLEAN] * len(per_rank[0])] * len(per_rank))
+    for i in range(len(per_rank[0])):
+        found = locate([r[i] for r in per_rank], ["bucket:0", "bucket:1"])
+        for r in data:
+            r["repeats"][i]["buckets"] = None if found is None else found.to_json()
+    return data
+
+
+ONCE = CorruptAllReduce(rank=1, bucket=0, steps=(1,))
+
+
+def test_a_bucket_corrupted_every_repeat_or_once_is_persistent_or_transient() -> None:
+    wrong = ["X", "b1"]
+    persistent = judge(_reduced([[BUCKETS] * 3, [wrong] * 3, [BUCKETS] * 3]))
+    assert persistent.status == "failed" and persistent.message.startswith(
+        "all-reduced bucket 0 (parameters 0.weight) differs on rank 1 after the all-reduce in every repeat "
+        "(persistent: drain it), while every rank's local gradients agreed")
+    transient = judge(_reduced([[BUCKETS] * 3, [BUCKETS, wrong, BUCKETS], [BUCKETS] * 3]))
+    assert "differs on rank 1 after the all-reduce in 1 of 3 repeats (repeat 1: transient)" in transient.message
+    assert transient.metrics["diagnosis"] == {"ranks": [1], "how": "bucket", "tensor": "bucket:0",
+                                              "repeats": {"1": [1]}, "total": 3, "persistent": False}
+    verdict = judge_injected(ONCE, transient, _fired(ONCE), world_size=3, repeats=3)
+    assert verdict.status == "passed", verdict.message
+    pair = judge(_reduced([[BUCKETS] * 2, [wrong] * 2]))
+    assert "differs on ranks [0, 1] (a set: pair) after the all-reduce in every repeat" in pair.message
+    assert "culprit_rank" not in pair.metrics
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda d: {**d, "persistent": True, "repeats": {"1": [0, 1, 2]}},
+     "differed in repeats [0, 1, 2], injected in [1]; called persistent, injected in repeats [1]"),
+    (lambda d: {**d, "ranks": [2], "repeats": {"2": [1]}}, "named ranks [2], injected on rank 1"),
+    (lambda d: {**d, "tensor": "bucket:1"}, "located at bucket:1, injected at bucket:0"),
+])
+def test_the_injected_judge_fails_a_wrong_bucket_diagnosis(change: Any, said: str) -> None:
+    right = judge(_reduced([[BUCKETS] * 3, [BUCKETS, ["X", "b1"], BUCKETS], [BUCKETS] * 3]))
+    wrong = dataclasses.replace(right, metrics={**right.metrics, "diagnosis": change(right.metrics["diagnosis"])})
+    verdict = judge_injected(ONCE, wrong, _fired(ONCE), world_size=3, repeats=3)
+    assert verdict.status == "failed" and said in verdict.message, verdict.message

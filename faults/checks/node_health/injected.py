@@ -1,8 +1,8 @@
 """The injected-fault judge: was the corruption that was injected the one the check named?
 
 As every chaos judge (``tests/faults/test_judges.py``): fed the right diagnosis it passes;
-fed a wrong rank, tensor or bucket, the wrong persistence, or a fault that never fired, it
-fails saying what was wrong.
+fed a wrong rank, tensor or bucket, the wrong repeats or persistence (a bit flip's and a
+corrupted all-reduce's alike), or a fault that never fired, it fails saying what was wrong.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from .compare import MAJORITY
 def expected(fault: BitFlip | CorruptAllReduce, world_size: int, repeats: int) -> dict[str, Any]:
     """What a right diagnosis of ``fault`` says: its rank (alone with 3+ ranks, in the pair with
     2), where it went wrong, and the repeats it differed in."""
-    if isinstance(fault, CorruptAllReduce):
-        return {"ranks": [fault.rank], "tensor": fault.label, "how": "bucket", "repeats": None}
     steps = list(range(repeats)) if fault.steps is None else sorted(s for s in fault.steps if s < repeats)
     ranks = [fault.rank] if world_size >= 3 else list(range(world_size))
+    if isinstance(fault, CorruptAllReduce):
+        return {"ranks": ranks, "tensor": fault.label, "how": "bucket", "repeats": steps,
+                "persistent": len(steps) == repeats}
     return {"ranks": ranks, "tensor": fault.tensor, "how": MAJORITY if world_size >= 3 else "pair",
             "repeats": steps, "persistent": len(steps) == repeats}
 
@@ -47,13 +48,12 @@ def judge_injected(fault: BitFlip | CorruptAllReduce, outcome: Outcome, injectio
         problems.append(f"located at {tensor or 'nothing'}, injected at {want['tensor']}")
     if got.get("how") != want["how"]:
         problems.append(f"named by {got.get('how')}, expected {want['how']}")
-    if want["repeats"] is not None:
-        seen = sorted({i for v in (got.get("repeats") or {}).values() for i in v})
-        if seen != want["repeats"]:
-            problems.append(f"differed in repeats {seen}, injected in {want['repeats']}")
-        if bool(got.get("persistent")) != want["persistent"]:
-            problems.append(f"called {'persistent' if got.get('persistent') else 'transient'}, injected "
-                            f"{'every time' if want['persistent'] else 'in repeats ' + str(want['repeats'])}")
+    seen = sorted({i for v in (got.get("repeats") or {}).values() for i in v})
+    if seen != want["repeats"]:
+        problems.append(f"differed in repeats {seen}, injected in {want['repeats']}")
+    if bool(got.get("persistent")) != want["persistent"]:
+        problems.append(f"called {'persistent' if got.get('persistent') else 'transient'}, injected "
+                        f"{'every time' if want['persistent'] else 'in repeats ' + str(want['repeats'])}")
     metrics = {"expected": want, "diagnosis": got, "fired": len(fired)}
     if problems:
         return Outcome.failed(f"injected {fault.name} not diagnosed: " + "; ".join(problems), metrics=metrics)

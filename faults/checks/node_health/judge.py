@@ -14,7 +14,7 @@ Order of judgement, each step able to end it:
    first went wrong, the elements that differ and the largest difference, and in how many of
    the repeats (persistent: every repeat; transient: some);
 6. an all-reduced bucket that differs between ranks — failed: the bucket, its parameters, the
-   rank(s);
+   rank(s), and in how many of the repeats (persistent or transient);
 7. else passed: the node is healthy, with what was compared.
 """
 
@@ -110,9 +110,7 @@ def _naming(results: list[dict[str, Any]], d: NodeDiagnosis, located: dict[str, 
     if d.how == MAJORITY:
         parts = []
         for rank in d.ranks:
-            seen = d.repeats[rank]
-            when = ("in every repeat (persistent: drain it)" if len(seen) == d.total else
-                    f"in {len(seen)} of {d.total} repeats (repeat {', '.join(map(str, seen))}: transient)")
+            when = _when(d.repeats[rank], d.total)
             tensor = (located.get("first") or {}).get(str(rank), d.tensor)
             parts.append(f"{_where(results, rank)} computed differently from the majority of {n} ranks {when}: "
                          f"first at {tensor}{_stats(located, rank)}")
@@ -145,6 +143,7 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
     metrics: dict[str, Any] = {NODE_HEALTH: table(results, diagnosis, speed), "diagnosis": diagnosis.to_json(),
                                "software_mismatches": mismatch, "speed": speed}
     evidence: dict[str, Any] = {"located": [rep.get("located") for rep in results[0]["repeats"]],
+                                "buckets_located": [rep.get("buckets") for rep in results[0]["repeats"]],
                                 "buckets": results[0].get("buckets"), "fingerprint": results[0]["fingerprint"]}
     software = f"software differs across ranks: {describe(mismatch)}" if mismatch else ""
     refused = next((r["not_deterministic"] for r in results if r.get("not_deterministic")), None)
@@ -173,19 +172,9 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
         return Outcome.failed(_naming(results, diagnosis, located), metrics=metrics, evidence=evidence,
                               recommendation=f"Drain {drain} and run {DIAGNOSTIC}.")
     buckets = results[0].get("buckets") or {}
-    wrong = buckets.get("located")
-    if wrong:
-        index = int(str(wrong["tensor"]).partition(":")[2] or 0)
-        params = (buckets.get("parameters") or {}).get(index) or (buckets.get("parameters") or {}).get(str(index), [])
-        ranks = wrong["ranks"]
-        metrics["diagnosis"] = NodeDiagnosis(tuple(ranks), "bucket", wrong["tensor"], total=1).to_json()
-        who = f"rank {ranks[0]}" if wrong["how"] == MAJORITY and len(ranks) == 1 else f"ranks {ranks} (a set: {wrong['how']})"
-        return Outcome.failed(f"all-reduced bucket {index} (parameters {', '.join(params[:4])}"
-                              f"{'…' if len(params) > 4 else ''}) differs on {who} after the all-reduce, while "
-                              f"every rank's local gradients agreed: corruption on the wire or in the collective, "
-                              f"not in compute{_stats(wrong, ranks[0])}", metrics=metrics, evidence=evidence,
-                              recommendation=f"Drain the node of {who} and test its interconnect (NCCL tests, "
-                                             f"the NIC's and GPU's error counters) and run {DIAGNOSTIC}.")
+    reduced = _bucket_outcome(results, metrics, evidence)
+    if reduced is not None:
+        return reduced
     slow = _slow(results, speed, metrics, evidence)
     if slow is not None:
         return slow
@@ -204,6 +193,46 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
                           f"gradients) in {diagnosis.total} repeats and on {count} all-reduced buckets; no rank "
                           f"{speed['threshold']:g}x slower than the others{shared}{bandwidth}{note}",
                           metrics=metrics, evidence=evidence)
+
+
+def _when(seen: tuple[int, ...], total: int) -> str:
+    """In every repeat (persistent) or in which of them (transient), for a message."""
+    return ("in every repeat (persistent: drain it)" if len(seen) == total else
+            f"in {len(seen)} of {total} repeats (repeat {', '.join(map(str, seen))}: transient)")
+
+
+def _bucket_outcome(results: list[dict[str, Any]], metrics: dict[str, Any],
+                    evidence: dict[str, Any]) -> Outcome | None:
+    """An all-reduced bucket that differed between ranks, while every rank's local gradients
+    agreed (failed: the bucket, its parameters, the rank(s), in which repeats); None when every
+    repeat's buckets agreed."""
+    per_repeat = [rep.get("buckets") for rep in results[0]["repeats"]]
+    wrong = [(i, b) for i, b in enumerate(per_repeat) if b]
+    if not wrong:
+        return None
+    first = wrong[0][1]
+    per_rank: dict[int, tuple[int, ...]] = {}
+    for i, located in wrong:
+        for rank in located["ranks"]:
+            per_rank[rank] = (*per_rank.get(rank, ()), i)
+    ranks = tuple(sorted(per_rank))
+    total = len(per_repeat)
+    persistent = all(len(v) == total for v in per_rank.values())
+    index = int(str(first["tensor"]).partition(":")[2] or 0)
+    parameters = (results[0].get("buckets") or {}).get("parameters") or {}
+    params = parameters.get(index) or parameters.get(str(index), [])
+    metrics["diagnosis"] = NodeDiagnosis(ranks, "bucket", first["tensor"], per_rank, total, persistent).to_json()
+    alone = first["how"] == MAJORITY and len(ranks) == 1
+    who = f"rank {ranks[0]}" if alone else f"ranks {list(ranks)} (a set: {first['how']})"
+    if alone:
+        metrics[CULPRIT_RANK] = ranks[0]
+    when = _when(per_rank[ranks[0]], total) if alone else _when(tuple(sorted({i for i, _ in wrong})), total)
+    return Outcome.failed(f"all-reduced bucket {index} (parameters {', '.join(params[:4])}"
+                          f"{'…' if len(params) > 4 else ''}) differs on {who} after the all-reduce {when}, while "
+                          f"every rank's local gradients agreed: corruption on the wire or in the collective, "
+                          f"not in compute{_stats(first, ranks[0])}", metrics=metrics, evidence=evidence,
+                          recommendation=f"Drain the node of {who} and test its interconnect (NCCL tests, "
+                                         f"the NIC's and GPU's error counters) and run {DIAGNOSTIC}.")
 
 
 def _slow(results: list[dict[str, Any]], speed: dict[str, Any], metrics: dict[str, Any],
