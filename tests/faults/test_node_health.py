@@ -6,6 +6,7 @@ The check's own entry runs once, from the registry, on the built-in targets."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from ddp_conformance.faults.corruption import BitFlip, CorruptAllReduce
 pytestmark = pytest.mark.chaos
 
 REPEATS = 3
+TARGETS = Path(__file__).with_name("targets")
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,18 @@ def test_control_is_clean_on_three_ranks(world3: Any) -> None:
     verified = outcome.evidence["verified"]
     assert verified["ranks"] == 3 and verified["repeats"] == REPEATS and verified["buckets"] >= 1
     assert verified["tensors"] > 4  # input, module outputs, loss, gradients
+
+
+def test_weights_built_alike_are_verified_by_digest_and_only_differing_ones_broadcast(world3: Any) -> None:
+    results, _ = measure(world3, "mlp", repeats=1, speed=False)
+    assert [r["weights_broadcast_to"] for r in results] == [[]] * 3  # the same seed: the same bits
+    # A model initialised per process: rank 0's weights broadcast, as DDP's constructor would,
+    # and the compute then compared from the same bits (without it: every rank "disagrees").
+    results, _ = measure(world3, str(TARGETS / "rank_init.py"), repeats=1, speed=False)
+    assert [r["weights_broadcast_to"] for r in results] == [[1, 2]] * 3
+    outcome = judge(results)
+    assert outcome.status == "passed", outcome.message
+    assert outcome.evidence["weights_broadcast_to"] == [1, 2]
 
 
 @pytest.mark.parametrize("fault", [
