@@ -44,16 +44,13 @@ def test_control_is_clean_on_three_ranks(world3: Any) -> None:
     assert verified["tensors"] > 4  # input, module outputs, loss, gradients
 
 
-def test_weights_built_alike_are_verified_by_digest_and_only_differing_ones_broadcast(world3: Any) -> None:
-    results, _ = measure(world3, "mlp", repeats=1, speed=False)
-    assert [r["weights_broadcast_to"] for r in results] == [[]] * 3  # the same seed: the same bits
-    # A model initialised per process: rank 0's weights broadcast, as DDP's constructor would,
-    # and the compute then compared from the same bits (without it: every rank "disagrees").
-    results, _ = measure(world3, str(TARGETS / "rank_init.py"), repeats=1, speed=False)
-    assert [r["weights_broadcast_to"] for r in results] == [[1, 2]] * 3
+@pytest.mark.parametrize("buckets", [True, False], ids=["through-ddp", "plain-module"])
+def test_a_model_initialised_per_process_is_compared_from_rank_0s_weights(world3: Any, buckets: bool) -> None:
+    # Each rank's build differs (as a per-process RNG's would): DDP's construction, or the plain
+    # comparison's own broadcast, gives every rank rank 0's bits first (without: all "disagree").
+    results, _ = measure(world3, str(TARGETS / "rank_init.py"), repeats=1, buckets=buckets, speed=False)
     outcome = judge(results)
     assert outcome.status == "passed", outcome.message
-    assert outcome.evidence["weights_broadcast_to"] == [1, 2]
 
 
 @pytest.mark.parametrize("fault", [

@@ -144,9 +144,7 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
                                "software_mismatches": mismatch, "speed": speed}
     evidence: dict[str, Any] = {"located": [rep.get("located") for rep in results[0]["repeats"]],
                                 "buckets_located": [rep.get("buckets") for rep in results[0]["repeats"]],
-                                "buckets": results[0].get("buckets"), "fingerprint": results[0]["fingerprint"],
-                                # ranks whose own build differed from rank 0's, given its weights
-                                "weights_broadcast_to": results[0].get("weights_broadcast_to", [])}
+                                "buckets": results[0].get("buckets"), "fingerprint": results[0]["fingerprint"]}
     software = f"software differs across ranks: {describe(mismatch)}" if mismatch else ""
     refused = next((r["not_deterministic"] for r in results if r.get("not_deterministic")), None)
     if refused:

@@ -3,11 +3,10 @@
 One world call (:func:`node_rank`) on every rank:
 
 1. the fingerprint of its software and settings (``software``);
-2. the target's model built from the suite's seed; the digests of its parameters and buffers
-   compared across ranks, and rank 0's broadcast only where they differ (``_same_weights``), so
-   every rank starts from the same bits;
-3. the model wrapped in DDP (the target's ``ddp_kwargs``; its construction's broadcast
-   skipped: the bits are already the same), then ``repeats`` times: the target's own loss
+2. the target's model built from the suite's seed and wrapped in DDP (the target's
+   ``ddp_kwargs``), whose construction broadcasts rank 0's parameters and buffers, so every
+   rank starts from the same bits;
+3. ``repeats`` times: the target's own loss
    (``forward_loss`` / ``loss_fn``) forward and backward, on the same microbatch on every rank
    (rank 0's), the RNG reseeded and the buffers put back each time; every module output, the
    loss and every *local* gradient (as it is accumulated, before the all-reduce averages it)
@@ -79,26 +78,14 @@ def _with_stats(ctx: RankContext, found: Located, held: dict[str, Any]) -> Locat
     return replace(found, stats={r: diff[r] for r in found.ranks if r in diff})
 
 
-def _same_weights(ctx: RankContext, model: Any) -> list[int]:
-    """Make every rank start from rank 0's parameters and buffers; the ranks that did not.
-
-    Every rank built the model from the same seed, so the bits are normally equal already: a
-    digest of each tensor, gathered, shows it for a few bytes per tensor, where DDP's
-    construction would broadcast every byte (the check's DDP skips that: ``init_sync=False``).
-    Only where some rank's digests differ (an initialisation that depends on the process) are
-    rank 0's tensors broadcast, as DDP's constructor would."""
+def _sync_state(ctx: RankContext, model: Any) -> None:
     import torch.distributed as dist
 
-    from .digests import digest
-
-    tensors = [*model.parameters(), *model.buffers()]
-    gathered = _gather(ctx, [digest(t) for t in tensors])
-    differed = [r for r, d in enumerate(gathered) if d != gathered[0]]
-    if differed:
-        # Every rank saw the same gathered digests, so every rank reaches these broadcasts.
-        for tensor in tensors:
-            dist.broadcast(tensor.data, src=0, group=ctx.group)
-    return differed
+    # Rank 0's weights on every rank, as DDP's constructor broadcasts them (the plain module's
+    # comparison, without DDP): the comparison is of compute from identical bits, whatever a
+    # model's initialisation does per process.
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=0, group=ctx.group)
 
 
 def _determinism(on: bool) -> str | None:
@@ -145,13 +132,16 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
     model = build_model(target, ctx.device, seed=NODE_SEED)
     model.train()
     lap("build")
-    out["weights_broadcast_to"] = _same_weights(ctx, model)
-    lap("weights")
     # The repeats run through DDP, as the user's step does: the local gradients are digested as
     # they are accumulated (before the all-reduce averages them), the all-reduced buckets after.
-    # Its construction's broadcast is skipped: the weights were just made identical.
-    trained = (wrap(model, ctx.device, effective_ddp_kwargs(target, {"init_sync": False}), target=target)
-               if buckets else model)
+    # DDP's construction broadcasts rank 0's weights (a collective: every rank reaches it), so
+    # every rank computes from the same bits. Verifying equal bits by digest instead measured
+    # slower than the broadcast on CPU ranks (docs/node-health.md, "The numbers").
+    if buckets:
+        trained = wrap(model, ctx.device, effective_ddp_kwargs(target), target=target)
+    else:
+        _sync_state(ctx, model)
+        trained = model
     lap("wrap")
     try:
         compute_s = _repeats(ctx, target, model, trained, fault, log, out, repeats=repeats, buckets=buckets)
@@ -191,8 +181,7 @@ def _repeats(ctx: RankContext, target: Any, model: Any, trained: Any, fault: Fau
     observation = Observation(probes)
     compute_s: list[float] = []
 
-    def compare(names: list[str], values: list[str]) -> Located | None:
-        gathered = _gather(ctx, (names, values))
+    def compare(gathered: list[tuple[list[str], list[str]]]) -> Located | None:
         found = locate([g[1] for g in gathered], [g[0] for g in gathered])
         return None if found is None else _with_stats(ctx, found, digests.held)
 
@@ -213,15 +202,20 @@ def _repeats(ctx: RankContext, target: Any, model: Any, trained: Any, fault: Fau
             # The forward compared first, at the forward's own memory peak: its values are
             # then let go, not held through the backward. Every rank decides alike whether
             # to compare again (the same gathered digests), so the gathers pair up.
-            found = compare(list(digests.names), list(digests.digests))
+            found = compare(_gather(ctx, (list(digests.names), list(digests.digests))))
             digests.release()
             backward_start = time.perf_counter()
             loss.backward()  # under DDP: the buckets all-reduced, each digested (BucketDigests)
             sync_device(ctx.device)
             backward_end = time.perf_counter()
             mine = observation.end_step(step)
+            reduced = [(f"bucket:{b['index']}", b["digest"]) for b in mine["buckets"]] if buckets else []
+            # One gather after the backward: the gradients' digests (where the forward agreed)
+            # and the all-reduced buckets'.
+            gathered = _gather(ctx, (None if found else (mine["names"], mine["digests"]), reduced))
             if found is None:
-                found = compare(mine["names"], mine["digests"])
+                found = compare([g[0] for g in gathered])
+            located_buckets = locate([[d for _, d in g[1]] for g in gathered], [[n for n, _ in g[1]] for g in gathered])
             began, last = mine["compute_began"], mine["last_gradient"]
             # The throughput sample: this rank's own compute, from its module's forward to its
             # last gradient; the gathers and DDP's waits for the other ranks left out (a slow
@@ -230,18 +224,11 @@ def _repeats(ctx: RankContext, target: Any, model: Any, trained: Any, fault: Fau
                              + ((last if last is not None else backward_end) - backward_start))
             out["repeats"].append({"digests": mine["digests"], "names": mine["names"] if r == 0 else None,
                                    "located": None if found is None else found.to_json(),
-                                   "buckets": _compare_buckets(ctx, mine["buckets"]) if buckets else None})
+                                   "buckets": None if located_buckets is None else located_buckets.to_json()})
     if buckets:
         first = mine["buckets"] if repeats else []
         out["buckets"] = {"count": len(first), "parameters": {b["index"]: b["parameters"] for b in first}}
     return compute_s
-
-
-def _compare_buckets(ctx: RankContext, seen: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """This repeat's all-reduced buckets, gathered and compared: the located difference, or None."""
-    gathered = _gather(ctx, [(f"bucket:{b['index']}", b["digest"]) for b in seen])
-    found = locate([[d for _, d in g] for g in gathered], [[n for n, _ in g] for g in gathered])
-    return None if found is None else found.to_json()
 
 
 def bare_steps(ctx: RankContext, source: Any, *, steps: int) -> list[float]:
