@@ -121,6 +121,35 @@ def test_a_slow_rank_is_named_with_its_ratio(world3: Any) -> None:
     assert sorted(tuple(e["pair"]) for e in links) == [(0, 1), (0, 2), (1, 2)] and not any(e["wrong"] for e in links)
 
 
+def test_a_slow_pair_is_named_with_its_bandwidth_ratio() -> None:
+    from conformance.harness.world import unavailable_reason
+    from ddp_conformance.faults import SlowPair
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    # A private network: every gloo byte stays in the world's own namespace, where each rank's end
+    # of its ring pairs gets an address of its own, so that one pair alone can be slowed.
+    with World(3, "gloo", deadline=120.0, private_network=True) as world:
+        clean, injections = measure(world, "mlp", repeats=REPEATS, private_network=True)
+        fault = SlowPair(pair=(1, 2), rate_gbps=0.2)  # loopback moves GB/s: this pair ~50x slower
+        results, faulty = measure(world, "mlp", repeats=REPEATS, fault=fault, private_network=True)
+    # The links alone are judged here: this small model's compute takes milliseconds, which the
+    # busy host's scheduler can stretch for one rank (the throughput rule: test_a_slow_rank_...).
+    for r in [*clean, *results]:
+        r["timing"] = []
+    assert judge(clean).status == "passed", judge(clean).message
+    assert not injections and len(clean[0]["links"]) == 2  # every rank is in two ring pairs
+    outcome, injections = judge(results), faulty
+    verdict = judge_injected(fault, outcome, injections, world_size=3, repeats=REPEATS)
+    assert verdict.status == "passed", verdict.message
+    assert outcome.message.startswith("the link between ranks [1, 2] (within a host) reaches "), outcome.message
+    ratio = outcome.metrics["diagnosis"]["ratio"]
+    assert 0 < ratio < 0.1 and f"x{ratio:.2f} the other such pairs' median" in outcome.message
+    assert [(i.name, i.rank, i.data["pair"]) for i in injections] == [("slow-pair", 0, [1, 2])]
+    assert "culprit_rank" not in outcome.metrics  # a link, not a rank, is named
+
+
 def test_the_registered_check_passes_a_healthy_node_on_every_builtin_target(suite_session: Any) -> None:
     from conformance.harness.registry import BY_ID
 

@@ -282,7 +282,8 @@ def test_a_bucket_corrupted_every_repeat_or_once_is_persistent_or_transient() ->
     transient = judge(_reduced([[BUCKETS] * 3, [BUCKETS, wrong, BUCKETS], [BUCKETS] * 3]))
     assert "differs on rank 1 after the all-reduce in 1 of 3 repeats (repeat 1: transient)" in transient.message
     assert transient.metrics["diagnosis"] == {"ranks": [1], "how": "bucket", "tensor": "bucket:0",
-                                              "repeats": {"1": [1]}, "total": 3, "persistent": False}
+                                              "repeats": {"1": [1]}, "total": 3, "persistent": False,
+                                              "ratio": None}
     verdict = judge_injected(ONCE, transient, _fired(ONCE), world_size=3, repeats=3)
     assert verdict.status == "passed", verdict.message
     pair = judge(_reduced([[BUCKETS] * 2, [wrong] * 2]))
@@ -301,3 +302,31 @@ def test_the_injected_judge_fails_a_wrong_bucket_diagnosis(change: Any, said: st
     wrong = dataclasses.replace(right, metrics={**right.metrics, "diagnosis": change(right.metrics["diagnosis"])})
     verdict = judge_injected(ONCE, wrong, _fired(ONCE), world_size=3, repeats=3)
     assert verdict.status == "failed" and said in verdict.message, verdict.message
+
+
+# -- a slow pair ----------------------------------------------------------------------------------
+
+def test_the_injected_judge_names_a_slow_pair_and_fails_a_wrong_diagnosis() -> None:
+    from ddp_conformance.faults import SlowPair
+
+    pair = SlowPair(pair=(3, 2), rate_gbps=0.2)
+    assert pair.pair == (2, 3)  # a pair has no direction
+    fired = [Injection(pair.name, 0, 0, "data", 0.0, 0.0, {"pair": [2, 3]})]
+    links = [_link(p, [0.004] * 5) for p in RING[:3]] + [_link(RING[3], [0.080] * 5)]
+    right = judge(_timed({r: FAST for r in range(4)}, links))
+    assert right.metrics["diagnosis"] == {"ranks": [2, 3], "how": "link", "tensor": "link:2-3", "repeats": {},
+                                          "total": 0, "persistent": False, "ratio": 0.05}
+    assert judge_injected(pair, right, fired, world_size=4, repeats=3).status == "passed"
+    for change, said in [({"ranks": [1, 2], "tensor": "link:1-2"}, "named ranks [1, 2], injected on ranks"),
+                         ({"how": "majority"}, "named by majority, expected link"),
+                         ({"ratio": None}, "bandwidth ratio None, expected the pair's share")]:
+        wrong = dataclasses.replace(right, metrics={**right.metrics, "diagnosis": {**right.metrics["diagnosis"],
+                                                                                   **change}})
+        verdict = judge_injected(pair, wrong, fired, world_size=4, repeats=3)
+        assert verdict.status == "failed" and said in verdict.message, verdict.message
+    verdict = judge_injected(pair, right, [], world_size=4, repeats=3)
+    assert verdict.status == "failed" and "the slow-pair never fired (no injection recorded)" in verdict.message
+    healthy = judge(_timed({r: FAST for r in range(4)}, [_link(p, [0.004] * 5) for p in RING]))
+    assert judge_injected(pair, healthy, fired, world_size=4, repeats=3).status == "failed"
+    with pytest.raises(ValueError, match=r"pair=\(1, 1\) must be two different ranks"):
+        SlowPair(pair=(1, 1), rate_gbps=0.2)

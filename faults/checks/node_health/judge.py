@@ -31,6 +31,8 @@ from .compare import MAJORITY, PAIR, STRUCTURE
 from .software import describe, mismatches
 from .speed import LINK_FACTOR, SHARED_LINK_FACTOR, SHARED_SLOW_RATIO, SLOW_RATIO, judge_speed
 
+#: How a slow pair is named (``NodeDiagnosis.how``).
+LINK = "link"
 #: What to run next on a rank the check names (the vendor's own diagnostic of the device).
 DIAGNOSTIC = "dcgmi diag -r 3 (DCGM's long run) on its GPU, or the vendor's memory and core test"
 
@@ -40,16 +42,17 @@ class NodeDiagnosis:
     """What the judge concluded, for the injected-fault judge and the report's table."""
 
     ranks: tuple[int, ...] = ()  # the ranks named (empty: none)
-    how: str = ""  # compare.MAJORITY | PAIR | NO_MAJORITY, or "bucket"
-    tensor: str = ""  # where it first went wrong ("output:fc1", "grad:fc1.weight", "bucket:0")
+    how: str = ""  # compare.MAJORITY | PAIR | NO_MAJORITY, "bucket", or LINK (a slow pair)
+    tensor: str = ""  # where it went wrong ("output:fc1", "grad:fc1.weight", "bucket:0", "link:1-2")
     repeats: dict[int, tuple[int, ...]] = field(default_factory=dict)  # per named rank: repeats it differed in
     total: int = 0  # repeats run
     persistent: bool = False
+    ratio: float | None = None  # a slow link: its best bandwidth over the other such pairs' median
 
     def to_json(self) -> dict[str, Any]:
         return {"ranks": list(self.ranks), "how": self.how, "tensor": self.tensor,
                 "repeats": {str(k): list(v) for k, v in self.repeats.items()}, "total": self.total,
-                "persistent": self.persistent}
+                "persistent": self.persistent, "ratio": self.ratio}
 
 
 def _where(results: list[dict[str, Any]], rank: int) -> str:
@@ -253,6 +256,9 @@ def _slow(results: list[dict[str, Any]], speed: dict[str, Any], metrics: dict[st
                                              "CLOCK,PERFORMANCE), noisy neighbours and its PCIe link; drain it "
                                              "if it persists.")
     if speed["slow_links"]:
+        slowest = min(speed["slow_links"], key=lambda e: e["ratio"])
+        a, b = slowest["pair"]
+        metrics["diagnosis"] = NodeDiagnosis((a, b), LINK, f"link:{a}-{b}", ratio=slowest["ratio"]).to_json()
         named = "; ".join(f"the link between ranks {e['pair']} ({e['kind']}) reaches {e['best_gbps']:.2f} GB/s at "
                           f"best, x{e['ratio']:.2f} the other such pairs' median" for e in speed["slow_links"])
         return Outcome.failed(named, metrics=metrics, evidence=evidence,

@@ -15,7 +15,8 @@ One world call (:func:`node_rank`) on every rank:
    fetched from every rank for its element count and largest difference;
 4. each repeat's own compute time (from the module's forward to its last gradient: the gathers
    and DDP's waits for other ranks left out) as the throughput sample, and each pair of ring
-   neighbours' link (``speed``).
+   neighbours' link (``speed``; in a private network each rank's end on an address of its own,
+   so that one pair can be slowed: ``pairs``).
 
 Faults (``faults/corruption.py``) are offered every value as it is computed, so a test can
 show the comparison naming the rank, tensor or bucket that was corrupted.
@@ -107,7 +108,8 @@ def _determinism(on: bool) -> str | None:
 
 
 def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | None = None,
-              buckets: bool = True, deterministic: bool = False, speed: bool = True) -> dict[str, Any]:
+              buckets: bool = True, deterministic: bool = False, speed: bool = True,
+              private_network: bool = False) -> dict[str, Any]:
     """World work function (module docstring). Returns plain data: the fingerprint, per repeat
     this rank's digests, the located disagreement and the bucket comparison, the injections."""
     from conformance.harness.ddp import build_model, effective_ddp_kwargs, wrap
@@ -155,7 +157,7 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
         return {**out, "injections": log.items}
     if speed:
         out["timing"] = compute_s
-        out["links"] = pair_links(ctx)
+        out["links"] = pair_links(ctx, private=private_network, fault=fault, log=log)
         lap("links")
     return {**out, "injections": log.items}
 
