@@ -123,11 +123,13 @@ def main() -> None:
     parser.add_argument("--cost-width", type=int, default=4096, help="MLP width for the cost (4096: 100 M parameters)")
     parser.add_argument("--cost-runs", type=int, default=1, help="cost measurements, one line each")
     parser.add_argument("--only", choices=("detection", "false-alarms", "cost"), help="one part alone")
+    parser.add_argument("--deadline", type=float, default=600.0,
+                        help="seconds one world call may take (the 100 M cost's check, on a busy host: minutes)")
     args = parser.parse_args()
 
     from conformance.harness.session import Session, Settings
 
-    session = Session(Settings(backend=args.backend, world_size=args.world_size))
+    session = Session(Settings(backend=args.backend, world_size=args.world_size, deadline=args.deadline))
     try:
         world = session.world()
         if args.only in (None, "detection"):

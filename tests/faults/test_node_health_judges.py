@@ -330,3 +330,80 @@ def test_the_injected_judge_names_a_slow_pair_and_fails_a_wrong_diagnosis() -> N
     assert judge_injected(pair, healthy, fired, world_size=4, repeats=3).status == "failed"
     with pytest.raises(ValueError, match=r"pair=\(1, 1\) must be two different ranks"):
         SlowPair(pair=(1, 1), rate_gbps=0.2)
+
+
+# -- the GPU path, what of it runs on CPU ---------------------------------------------------------
+
+def test_on_nccl_the_check_runs_deterministic_in_a_fresh_world_with_the_cublas_setting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from conformance.harness.context import CheckContext
+    from ddp_conformance.faults.checks.node_health import check
+    from ddp_conformance.faults.checks.node_health.rank import CUBLAS_WORKSPACE
+
+    spawned: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+
+    class FakeWorld:
+        def run(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]:
+            calls.append(kwargs)
+            return [SimpleNamespace(value=v) for v in _world([[CLEAN]] * 2)]
+
+        def close(self) -> None:
+            pass
+
+    def new_world(**kwargs: Any) -> FakeWorld:
+        spawned.append(kwargs)
+        return FakeWorld()
+
+    def shared() -> FakeWorld:
+        raise AssertionError("the shared world was used: cuBLAS there started without its setting")
+
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    ctx = SimpleNamespace(world_size=2, injected=False, target=SimpleNamespace(spec="my_target.py"), backend="nccl",
+                          world=shared, new_world=new_world, deadline=60.0)
+    ctx.fresh_world = lambda **kw: CheckContext.fresh_world(ctx, **kw)  # the harness's own spawning rule
+    outcome = check.run(ctx)  # type: ignore[arg-type]
+    assert outcome.status == "passed", outcome.message
+    assert spawned and spawned[0]["env"] == {**CUBLAS_WORKSPACE, "NCCL_DEBUG": "WARN"}
+    assert calls == [{"repeats": 3, "fault": None, "buckets": True, "deterministic": True, "speed": True,
+                      "private_network": False}]
+
+
+def test_determinism_is_turned_on_only_with_the_cublas_setting_and_says_why_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from ddp_conformance.faults.checks.node_health.rank import _determinism
+
+    assert _determinism(False) is None
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert _determinism(True) == ("CUBLAS_WORKSPACE_CONFIG is not :4096:8 in this process (cuBLAS reads it when "
+                                  "it starts): set it in the launcher's environment")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    try:
+        assert _determinism(True) is None
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert not torch.backends.cudnn.benchmark
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
+
+
+def test_the_device_digest_is_exact_on_every_dtype_it_meets() -> None:
+    import torch
+
+    from ddp_conformance.faults.checks.node_health.digests import weighted_sum
+    from ddp_conformance.faults.corruption import flipped
+
+    # The GPU digest is device-agnostic torch: exercised here on CPU tensors of each width.
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        x = torch.randn(300).to(dtype)
+        assert weighted_sum(x) == weighted_sum(x.clone())
+        for bit in ("mantissa", "exponent", "sign"):
+            assert weighted_sum(flipped(x, 299, bit)[0].view(-1)) != weighted_sum(x), (dtype, bit)
+    ints = torch.arange(10, dtype=torch.uint8)
+    assert weighted_sum(ints) != weighted_sum(ints.flip(0))
