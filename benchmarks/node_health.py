@@ -6,11 +6,13 @@
     python benchmarks/node_health.py --backend nccl --world-size 8   # a GPU node (spawned world)
 
 1. **Detection**: a :class:`BitFlip` of each bit class (lowest mantissa bit, lowest exponent
-   bit, sign) in one element of one activation and of one gradient, on each rank, once (repeat
-   1 of 3): caught (the check failed), located (rank, tensor, repeat, transient), and whether
-   the injector's own record says the flip changed the value at all.
-2. **False alarms**: ``--clean`` clean comparisons (repeats of the digest comparison on every
-   built-in target's work), counting any disagreement; and a clean full check per target.
+   bit, sign) in one element of one activation and of one gradient, and a
+   :class:`CorruptAllReduce` of each in one element of the first bucket, on each rank, once
+   (repeat 1 of 3): caught (the check failed), located (rank, tensor or bucket, repeat,
+   transient), and whether the injector's own record says the flip changed the value at all.
+2. **False alarms**: ``--clean`` clean comparisons (repeats of the digest comparison, compute and
+   all-reduced buckets, on every built-in target's work), counting any disagreement; and a
+   clean full check per target.
 3. **Cost**: on an MLP of ``--cost-width`` x 6 layers (4096: 100.7 M parameters) the check's
    wall time in the user's DDP training steps of the same work on the same world (forward,
    backward, all-reduce, optimizer step: the yardstick of benchmarks/model_scale.py; the slowest
@@ -34,14 +36,17 @@ from tabulate import tabulate
 
 def _detection(world: Any, world_size: int) -> list[list[Any]]:
     from ddp_conformance.faults.checks.node_health import judge, judge_injected, measure
-    from ddp_conformance.faults.corruption import BIT_CLASSES, BitFlip
+    from ddp_conformance.faults.corruption import BIT_CLASSES, BitFlip, CorruptAllReduce
 
     rows = []
-    for where in ("output:0", "grad:2.weight"):
+    for where in ("output:0", "grad:2.weight", "bucket:0"):
         for bit in BIT_CLASSES:
             for rank in range(world_size):
-                fault = BitFlip(rank=rank, tensor=where, bit=bit, element=3, steps=(1,))
-                results, injections = measure(world, "mlp", repeats=3, fault=fault, buckets=False, speed=False)
+                fault: Any = (CorruptAllReduce(rank=rank, bucket=0, bit=bit, element=3, steps=(1,))
+                              if where.startswith("bucket") else
+                              BitFlip(rank=rank, tensor=where, bit=bit, element=3, steps=(1,)))
+                # The check's own path: through DDP, the buckets compared in every repeat.
+                results, injections = measure(world, "mlp", repeats=3, fault=fault, speed=False)
                 outcome = judge(results)
                 right = judge_injected(fault, outcome, injections, world_size=world_size, repeats=3)
                 changed = all(i.data.get("value_changed") for i in injections)
@@ -58,9 +63,10 @@ def _false_alarms(world: Any, clean: int) -> tuple[int, int, list[str]]:
     compared = alarms = 0
     statuses = []
     for name in BUILTINS:
-        results, _ = measure(world, name, repeats=per_target, buckets=False, speed=False)
+        # The check's own path (through DDP): compute and all-reduced buckets, every repeat.
+        results, _ = measure(world, name, repeats=per_target, speed=False)
         compared += per_target
-        alarms += sum(1 for rep in results[0]["repeats"] if rep["located"])
+        alarms += sum(1 for rep in results[0]["repeats"] if rep["located"] or rep["buckets"])
         full = judge(measure(world, name)[0])
         statuses.append(f"{name}: {full.status}")
     return compared, alarms, statuses

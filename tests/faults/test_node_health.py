@@ -150,6 +150,20 @@ def test_a_slow_pair_is_named_with_its_bandwidth_ratio() -> None:
     assert "culprit_rank" not in outcome.metrics  # a link, not a rank, is named
 
 
+def test_examples_that_mix_ranks_or_are_not_ddp_are_not_node_faults(world2: Any) -> None:
+    examples = Path(__file__).parents[2] / "examples"
+    # A gathered-features loss with labels offset by rank: the two ranks' gradients differ in the
+    # last bits (their sums run in another order), which says nothing about the node.
+    outcome = judge(measure(world2, str(examples / "train_contrastive.py"), repeats=2)[0])
+    assert outcome.status == "inconclusive", outcome.message
+    assert "the target's forward or loss calls all_gather" in outcome.message and "not judged a node fault" \
+        in outcome.message
+    # A target that trains with its own fully_shard: compute compared, no DDP buckets to compare.
+    outcome = judge(measure(world2, str(examples / "train_fsdp2.py"), repeats=2)[0])
+    assert outcome.status == "passed", outcome.message
+    assert "no buckets compared: the target trains with its own parallelize(), not DDP" in outcome.message
+
+
 def test_the_registered_check_passes_a_healthy_node_on_every_builtin_target(suite_session: Any) -> None:
     from conformance.harness.registry import BY_ID
 

@@ -80,6 +80,20 @@ def test_nondeterministic_work_and_a_refused_op_are_inconclusive_never_a_fault()
     assert outcome.message.startswith("bitwise agreement cannot hold here: index_add_cuda_")
 
 
+def test_a_pair_that_disagrees_where_the_loss_calls_collectives_is_inconclusive_a_majority_still_named() -> None:
+    pair = _world([[CLEAN] * 2, [FLIPPED] * 2])
+    for r in pair:
+        r["forward_collectives"] = ["all_gather"]
+    outcome = judge(pair)
+    assert outcome.status == "inconclusive"
+    assert outcome.message.startswith("ranks [0, 1] disagree bitwise (first at output:0), and the target's forward "
+                                      "or loss calls all_gather: its results mix the ranks' data")
+    three = _world([[CLEAN] * 2, [CLEAN] * 2, [FLIPPED] * 2])
+    for r in three:
+        r["forward_collectives"] = ["all_gather_into_tensor"]  # SyncBatchNorm's
+    assert judge(three).status == "failed" and judge(three).metrics["culprit_rank"] == 2
+
+
 def test_different_work_on_the_ranks_is_not_a_node_fault() -> None:
     found = locate([CLEAN, CLEAN, CLEAN[:3]], [NAMES, NAMES, NAMES[:2] + ["grad:other"]])
     assert found is not None and found.how == "structure"

@@ -9,7 +9,9 @@ Order of judgement, each step able to end it:
 3. a disagreement while the ranks' software or settings differ — inconclusive: the mismatch
    explains it without any fault (listed first);
 4. every rank's own results changing from repeat to repeat — inconclusive: the work is not
-   deterministic here;
+   deterministic here; a disagreement without a majority (a pair, a set) where the target's
+   forward or loss calls collectives — inconclusive: its results mix the ranks' data and may
+   depend on the rank;
 5. a disagreement — failed: the rank named by the majority (or the pair, or the set), where it
    first went wrong, the elements that differ and the largest difference, and in how many of
    the repeats (persistent: every repeat; transient: some);
@@ -167,6 +169,14 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
         return Outcome.inconclusive(f"every rank's own results changed from repeat to repeat (first difference "
                                     f"at {located['tensor']}): the work is not deterministic here, so ranks "
                                     f"cannot be compared bitwise", metrics=metrics, evidence=evidence)
+    mixing = sorted({name for r in results for name in r.get("forward_collectives") or ()})
+    if located is not None and mixing and diagnosis.how != MAJORITY:
+        return Outcome.inconclusive(f"ranks {list(diagnosis.ranks)} disagree bitwise (first at {located['tensor']}), "
+                                    f"and the target's forward or loss calls {', '.join(mixing)}: its results mix "
+                                    f"the ranks' data and may depend on the rank (e.g. a gathered-features loss "
+                                    f"with labels offset by rank), so they need not agree bitwise; not judged a "
+                                    f"node fault (with 3 or more ranks, one rank departing from the others is "
+                                    f"still named)", metrics=metrics, evidence=evidence)
     if located is not None:
         if diagnosis.how == MAJORITY and len(diagnosis.ranks) == 1:
             metrics[CULPRIT_RANK] = diagnosis.ranks[0]
@@ -188,6 +198,8 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
         return Outcome.skipped("one rank has no peer to compare its results with; run with --world-size 2 or more",
                                metrics=metrics, evidence=evidence)
     note = f"; note: {software}" if software else ""
+    skipped = results[0].get("buckets_skipped")
+    note += f"; no buckets compared: {skipped}" if skipped else ""
     shared = "" if own_devices else " (CPU ranks share the host's cores)"
     links = speed["links"]
     bandwidth = (f"; {len(links)} ring link(s) {min(e['median_gbps'] for e in links):.2f}-"

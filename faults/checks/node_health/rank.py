@@ -112,6 +112,7 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
               private_network: bool = False) -> dict[str, Any]:
     """World work function (module docstring). Returns plain data: the fingerprint, per repeat
     this rank's digests, the located disagreement and the bucket comparison, the injections."""
+    from conformance.harness.comm_hooks import ddp_of
     from conformance.harness.ddp import build_model, effective_ddp_kwargs, wrap
 
     from ...vehicles import resolve
@@ -139,8 +140,15 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
     # DDP's construction broadcasts rank 0's weights (a collective: every rank reaches it), so
     # every rank computes from the same bits. Verifying equal bits by digest instead measured
     # slower than the broadcast on CPU ranks (docs/node-health.md, "The numbers").
+    if buckets and getattr(target, "parallelize", None) is not None:
+        # The target trains with its own wrapper (fully_shard, replicate): there are no DDP
+        # buckets to compare; its compute is compared on the plain module.
+        out["buckets_skipped"] = "the target trains with its own parallelize(), not DDP: no DDP buckets"
+        buckets = False
     if buckets:
-        trained = wrap(model, ctx.device, effective_ddp_kwargs(target), target=target)
+        # The DDP object itself, also where configure_ddp compiled it: the compute compared is
+        # DDP's eager step, whose every module output the probes can see.
+        trained = ddp_of(wrap(model, ctx.device, effective_ddp_kwargs(target), target=target))
     else:
         _sync_state(ctx, model)
         trained = model
@@ -170,16 +178,17 @@ def _repeats(ctx: RankContext, target: Any, model: Any, trained: Any, fault: Fau
     time in each repeat."""
     import torch
 
-    from conformance.harness.comm_hooks import ddp_of
     from conformance.harness.ddp import sync_device
+    from conformance.harness.observe import CallCounts, Counts
 
     saved = {name: b.detach().clone() for name, b in model.named_buffers()}
     inputs, targets = _batch(target, ctx.world_size, ctx.device)
     digests = ComputeDigests(model, copy_grads=buckets)
     clock = ComputeClock(model, fault, ctx.rank, log, ctx.device)
-    probes: list[Any] = [TensorSites(model, fault, ctx.rank, log), digests, clock]
+    calls = Counts()
+    probes: list[Any] = [TensorSites(model, fault, ctx.rank, log), digests, clock, CallCounts(calls)]
     if buckets:
-        probes.append(BucketDigests(ddp_of(trained), fault, ctx.rank, log))
+        probes.append(BucketDigests(trained, fault, ctx.rank, log))
     observation = Observation(probes)
     compute_s: list[float] = []
 
@@ -197,8 +206,13 @@ def _repeats(ctx: RankContext, target: Any, model: Any, trained: Any, fault: Fau
             torch.manual_seed(NODE_SEED)  # dropout and other draws: the same on every rank
             observation.begin_step(step)
             digests.record("input", inputs)
+            before = dict(calls)
             loss = target.compute_loss(trained, inputs, targets)
             digests.record("loss", loss)
+            # Collectives the target's own forward and loss called (a gathered-features loss,
+            # SyncBatchNorm): its results then mix the ranks' data and may depend on the rank.
+            out["forward_collectives"] = sorted({*out.get("forward_collectives", ()),
+                                                 *(k for k, n in calls.items() if n > before.get(k, 0))})
             sync_device(ctx.device)
             forward_end = time.perf_counter()
             # The forward compared first, at the forward's own memory peak: its values are
