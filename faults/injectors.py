@@ -29,7 +29,7 @@ from conformance.harness.world import LinkShape
 from .sites import PHASES, Site, check_phase, fires_at
 
 __all__ = ["PHASES", "BucketConfig", "ConditionalBranch", "DeadRank", "SkipCollective", "SlowLink",
-           "SlowRank", "StalledRank", "UnevenBatches", "delay", "freeze"]
+           "SlowPair", "SlowRank", "StalledRank", "UnevenBatches", "delay", "freeze"]
 
 
 def _steps(value: Iterable[int] | None) -> tuple[int, ...] | None:
@@ -317,6 +317,47 @@ class SlowLink:
         shape = self.shape()
         site.link.shape(shape)
         site.mark(self, rate_gbps=self.rate_gbps, burst_bytes=shape.burst, mtu=shape.mtu)
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class SlowPair:
+    """The link between two ranks slowed to ``rate_gbps``, the others' untouched: the slow pair
+    of a node (a degraded cable, a NIC at a lower link width). It acts at a "link" site whose
+    link can shape one pair (``shape_pair``: the node-health check's ring pairs, each rank on
+    an address of its own in the world's private network, ``faults/checks/node_health/pairs.py``)
+    and is recorded with the pair and its rate; nothing else is slowed.
+
+        SlowPair(pair=(1, 2), rate_gbps=0.2).inject(Site("link", 0, 0, "data", log, link=pairs))
+    """
+
+    pair: tuple[int, int]
+    rate_gbps: float
+    burst_bytes: int | None = None
+    name: str = "slow-pair"
+
+    def __post_init__(self) -> None:
+        pair = tuple(sorted(int(r) for r in self.pair))
+        if len(pair) != 2 or pair[0] == pair[1] or pair[0] < 0:
+            raise ValueError(f"pair={self.pair!r} must be two different ranks")
+        object.__setattr__(self, "pair", pair)
+        self.shape()  # the same validation as the link will apply: a bad rate fails here
+
+    def shape(self) -> LinkShape:
+        return LinkShape(rate_bits_per_s=self.rate_gbps * 1e9, burst_bytes=self.burst_bytes)
+
+    def fires(self, rank: int, step: int, phase: str = "data") -> bool:
+        return phase == "data"
+
+    def inject(self, site: Site) -> bool:
+        """At a "link" site whose link shapes pairs: that pair shaped, the injection recorded."""
+        if site.kind != "link" or getattr(site.link, "shape_pair", None) is None:
+            return False
+        if not self.fires(site.rank, site.step, site.phase):
+            return False
+        shape = self.shape()
+        site.link.shape_pair(self.pair, shape)
+        site.mark(self, pair=list(self.pair), rate_gbps=self.rate_gbps, burst_bytes=shape.burst)
         return True
 
 

@@ -6,6 +6,7 @@ The check's own entry runs once, from the registry, on the built-in targets."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from .conftest import fault_target
 pytestmark = pytest.mark.chaos
 
 REPEATS = 3
+TARGETS = Path(__file__).with_name("targets")
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,15 @@ def test_control_is_clean_on_three_ranks(world3: Any) -> None:
     assert verified["tensors"] > 4  # input, module outputs, loss, gradients
 
 
+@pytest.mark.parametrize("buckets", [True, False], ids=["through-ddp", "plain-module"])
+def test_a_model_initialised_per_process_is_compared_from_rank_0s_weights(world3: Any, buckets: bool) -> None:
+    # Each rank's build differs (as a per-process RNG's would): DDP's construction, or the plain
+    # comparison's own broadcast, gives every rank rank 0's bits first (without: all "disagree").
+    results, _ = measure(world3, str(TARGETS / "rank_init.py"), repeats=1, buckets=buckets, speed=False)
+    outcome = judge(results)
+    assert outcome.status == "passed", outcome.message
+
+
 @pytest.mark.parametrize("fault", [
     BitFlip(rank=2, tensor="output:0", bit="mantissa"),  # the lowest bit of one activation, every time
     BitFlip(rank=1, tensor="grad:2.weight", bit="sign", steps=(1,)),  # one gradient, once
@@ -61,13 +72,22 @@ def test_bit_flip_named_by_the_majority(world3: Any, fault: BitFlip) -> None:
     assert outcome.metrics["culprit_rank"] == fault.rank
 
 
-def test_corrupt_allreduce_names_the_bucket_and_rank(world3: Any) -> None:
-    fault = CorruptAllReduce(rank=1, bucket=0)
-    results, injections = measure(world3, "mlp", repeats=1, fault=fault)
+@pytest.mark.parametrize("fault", [
+    CorruptAllReduce(rank=1, bucket=0),  # every repeat: persistent
+    CorruptAllReduce(rank=2, bucket=0, bit="mantissa", steps=(1,)),  # once in 3: transient
+], ids=["persistent", "transient"])
+def test_corrupt_allreduce_names_the_bucket_rank_and_its_repeats(world3: Any, fault: CorruptAllReduce) -> None:
+    results, injections = measure(world3, "mlp", repeats=REPEATS, fault=fault)
     outcome = judge(results)
-    assert judge_injected(fault, outcome, injections, world_size=3, repeats=1).status == "passed", outcome.message
-    assert "all-reduced bucket 0 (parameters " in outcome.message and "differs on rank 1" in outcome.message
+    verdict = judge_injected(fault, outcome, injections, world_size=3, repeats=REPEATS)
+    assert verdict.status == "passed", verdict.message
+    assert "all-reduced bucket 0 (parameters " in outcome.message and f"differs on rank {fault.rank}" in outcome.message
     assert "not in compute" in outcome.message
+    if fault.steps is None:
+        assert "after the all-reduce in every repeat (persistent: drain it)" in outcome.message
+    else:
+        assert "after the all-reduce in 1 of 3 repeats (repeat 1: transient)" in outcome.message
+    assert outcome.metrics["culprit_rank"] == fault.rank
 
 
 def test_two_ranks_name_the_pair_and_say_what_separates_them(world2: Any) -> None:
@@ -101,6 +121,49 @@ def test_a_slow_rank_is_named_with_its_ratio(world3: Any) -> None:
     assert outcome.metrics["speed"]["slow"][0]["ratio"] > 1.25
     links = outcome.metrics["speed"]["links"]
     assert sorted(tuple(e["pair"]) for e in links) == [(0, 1), (0, 2), (1, 2)] and not any(e["wrong"] for e in links)
+
+
+def test_a_slow_pair_is_named_with_its_bandwidth_ratio() -> None:
+    from conformance.harness.world import unavailable_reason
+    from ddp_conformance.faults import SlowPair
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    # A private network: every gloo byte stays in the world's own namespace, where each rank's end
+    # of its ring pairs gets an address of its own, so that one pair alone can be slowed.
+    with World(3, "gloo", deadline=120.0, private_network=True) as world:
+        clean, injections = measure(world, "mlp", repeats=REPEATS, private_network=True)
+        fault = SlowPair(pair=(1, 2), rate_gbps=0.2)  # loopback moves GB/s: this pair ~50x slower
+        results, faulty = measure(world, "mlp", repeats=REPEATS, fault=fault, private_network=True)
+    # The links alone are judged here: this small model's compute takes milliseconds, which the
+    # busy host's scheduler can stretch for one rank (the throughput rule: test_a_slow_rank_...).
+    for r in [*clean, *results]:
+        r["timing"] = []
+    assert judge(clean).status == "passed", judge(clean).message
+    assert not injections and len(clean[0]["links"]) == 2  # every rank is in two ring pairs
+    outcome, injections = judge(results), faulty
+    verdict = judge_injected(fault, outcome, injections, world_size=3, repeats=REPEATS)
+    assert verdict.status == "passed", verdict.message
+    assert outcome.message.startswith("the link between ranks [1, 2] (within a host) reaches "), outcome.message
+    ratio = outcome.metrics["diagnosis"]["ratio"]
+    assert 0 < ratio < 0.1 and f"x{ratio:.2f} the other such pairs' median" in outcome.message
+    assert [(i.name, i.rank, i.data["pair"]) for i in injections] == [("slow-pair", 0, [1, 2])]
+    assert "culprit_rank" not in outcome.metrics  # a link, not a rank, is named
+
+
+def test_examples_that_mix_ranks_or_are_not_ddp_are_not_node_faults(world2: Any) -> None:
+    examples = Path(__file__).parents[2] / "examples"
+    # A gathered-features loss with labels offset by rank: the two ranks' gradients differ in the
+    # last bits (their sums run in another order), which says nothing about the node.
+    outcome = judge(measure(world2, str(examples / "train_contrastive.py"), repeats=2)[0])
+    assert outcome.status == "inconclusive", outcome.message
+    assert "the target's forward or loss calls all_gather" in outcome.message and "not judged a node fault" \
+        in outcome.message
+    # A target that trains with its own fully_shard: compute compared, no DDP buckets to compare.
+    outcome = judge(measure(world2, str(examples / "train_fsdp2.py"), repeats=2)[0])
+    assert outcome.status == "passed", outcome.message
+    assert "no buckets compared: the target trains with its own parallelize(), not DDP" in outcome.message
 
 
 def test_the_registered_check_passes_a_healthy_node_on_every_builtin_target(suite_session: Any) -> None:

@@ -80,6 +80,20 @@ def test_nondeterministic_work_and_a_refused_op_are_inconclusive_never_a_fault()
     assert outcome.message.startswith("bitwise agreement cannot hold here: index_add_cuda_")
 
 
+def test_a_pair_that_disagrees_where_the_loss_calls_collectives_is_inconclusive_a_majority_still_named() -> None:
+    pair = _world([[CLEAN] * 2, [FLIPPED] * 2])
+    for r in pair:
+        r["forward_collectives"] = ["all_gather"]
+    outcome = judge(pair)
+    assert outcome.status == "inconclusive"
+    assert outcome.message.startswith("ranks [0, 1] disagree bitwise (first at output:0), and the target's forward "
+                                      "or loss calls all_gather: its results mix the ranks' data")
+    three = _world([[CLEAN] * 2, [CLEAN] * 2, [FLIPPED] * 2])
+    for r in three:
+        r["forward_collectives"] = ["all_gather_into_tensor"]  # SyncBatchNorm's
+    assert judge(three).status == "failed" and judge(three).metrics["culprit_rank"] == 2
+
+
 def test_different_work_on_the_ranks_is_not_a_node_fault() -> None:
     found = locate([CLEAN, CLEAN, CLEAN[:3]], [NAMES, NAMES, NAMES[:2] + ["grad:other"]])
     assert found is not None and found.how == "structure"
@@ -266,3 +280,158 @@ def test_the_device_digest_is_the_same_in_chunks_as_in_one_pass(monkeypatch: pyt
     whole = digests.weighted_sum(x)
     monkeypatch.setattr(digests, "CHUNK", 7)  # the sums wrap mod 2**64 alike, chunk by chunk
     assert digests.weighted_sum(x) == whole
+
+
+# -- the all-reduced buckets, repeat by repeat ----------------------------------------------------
+
+BUCKETS = ["b0", "b1"]
+
+
+def _reduced(per_rank: list[list[list[str]]]) -> list[dict[str, Any]]:
+    """Every rank's data with agreeing compute and, per repeat, each rank's bucket digests
+    compared as the ranks compare them."""
+    data = _world([[CLEAN] * len(per_rank[0])] * len(per_rank))
+    for i in range(len(per_rank[0])):
+        found = locate([r[i] for r in per_rank], ["bucket:0", "bucket:1"])
+        for r in data:
+            r["repeats"][i]["buckets"] = None if found is None else found.to_json()
+    return data
+
+
+ONCE = CorruptAllReduce(rank=1, bucket=0, steps=(1,))
+
+
+def test_a_bucket_corrupted_every_repeat_or_once_is_persistent_or_transient() -> None:
+    wrong = ["X", "b1"]
+    persistent = judge(_reduced([[BUCKETS] * 3, [wrong] * 3, [BUCKETS] * 3]))
+    assert persistent.status == "failed" and persistent.message.startswith(
+        "all-reduced bucket 0 (parameters 0.weight) differs on rank 1 after the all-reduce in every repeat "
+        "(persistent: drain it), while every rank's local gradients agreed")
+    transient = judge(_reduced([[BUCKETS] * 3, [BUCKETS, wrong, BUCKETS], [BUCKETS] * 3]))
+    assert "differs on rank 1 after the all-reduce in 1 of 3 repeats (repeat 1: transient)" in transient.message
+    assert transient.metrics["diagnosis"] == {"ranks": [1], "how": "bucket", "tensor": "bucket:0",
+                                              "repeats": {"1": [1]}, "total": 3, "persistent": False,
+                                              "ratio": None}
+    verdict = judge_injected(ONCE, transient, _fired(ONCE), world_size=3, repeats=3)
+    assert verdict.status == "passed", verdict.message
+    pair = judge(_reduced([[BUCKETS] * 2, [wrong] * 2]))
+    assert "differs on ranks [0, 1] (a set: pair) after the all-reduce in every repeat" in pair.message
+    assert "culprit_rank" not in pair.metrics
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda d: {**d, "persistent": True, "repeats": {"1": [0, 1, 2]}},
+     "differed in repeats [0, 1, 2], injected in [1]; called persistent, injected in repeats [1]"),
+    (lambda d: {**d, "ranks": [2], "repeats": {"2": [1]}}, "named ranks [2], injected on rank 1"),
+    (lambda d: {**d, "tensor": "bucket:1"}, "located at bucket:1, injected at bucket:0"),
+])
+def test_the_injected_judge_fails_a_wrong_bucket_diagnosis(change: Any, said: str) -> None:
+    right = judge(_reduced([[BUCKETS] * 3, [BUCKETS, ["X", "b1"], BUCKETS], [BUCKETS] * 3]))
+    wrong = dataclasses.replace(right, metrics={**right.metrics, "diagnosis": change(right.metrics["diagnosis"])})
+    verdict = judge_injected(ONCE, wrong, _fired(ONCE), world_size=3, repeats=3)
+    assert verdict.status == "failed" and said in verdict.message, verdict.message
+
+
+# -- a slow pair ----------------------------------------------------------------------------------
+
+def test_the_injected_judge_names_a_slow_pair_and_fails_a_wrong_diagnosis() -> None:
+    from ddp_conformance.faults import SlowPair
+
+    pair = SlowPair(pair=(3, 2), rate_gbps=0.2)
+    assert pair.pair == (2, 3)  # a pair has no direction
+    fired = [Injection(pair.name, 0, 0, "data", 0.0, 0.0, {"pair": [2, 3]})]
+    links = [_link(p, [0.004] * 5) for p in RING[:3]] + [_link(RING[3], [0.080] * 5)]
+    right = judge(_timed({r: FAST for r in range(4)}, links))
+    assert right.metrics["diagnosis"] == {"ranks": [2, 3], "how": "link", "tensor": "link:2-3", "repeats": {},
+                                          "total": 0, "persistent": False, "ratio": 0.05}
+    assert judge_injected(pair, right, fired, world_size=4, repeats=3).status == "passed"
+    for change, said in [({"ranks": [1, 2], "tensor": "link:1-2"}, "named ranks [1, 2], injected on ranks"),
+                         ({"how": "majority"}, "named by majority, expected link"),
+                         ({"ratio": None}, "bandwidth ratio None, expected the pair's share")]:
+        wrong = dataclasses.replace(right, metrics={**right.metrics, "diagnosis": {**right.metrics["diagnosis"],
+                                                                                   **change}})
+        verdict = judge_injected(pair, wrong, fired, world_size=4, repeats=3)
+        assert verdict.status == "failed" and said in verdict.message, verdict.message
+    verdict = judge_injected(pair, right, [], world_size=4, repeats=3)
+    assert verdict.status == "failed" and "the slow-pair never fired (no injection recorded)" in verdict.message
+    healthy = judge(_timed({r: FAST for r in range(4)}, [_link(p, [0.004] * 5) for p in RING]))
+    assert judge_injected(pair, healthy, fired, world_size=4, repeats=3).status == "failed"
+    with pytest.raises(ValueError, match=r"pair=\(1, 1\) must be two different ranks"):
+        SlowPair(pair=(1, 1), rate_gbps=0.2)
+
+
+# -- the GPU path, what of it runs on CPU ---------------------------------------------------------
+
+def test_on_nccl_the_check_runs_deterministic_in_a_fresh_world_with_the_cublas_setting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from conformance.harness.context import CheckContext
+    from ddp_conformance.faults.checks.node_health import check
+    from ddp_conformance.faults.checks.node_health.rank import CUBLAS_WORKSPACE
+
+    spawned: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+
+    class FakeWorld:
+        def run(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]:
+            calls.append(kwargs)
+            return [SimpleNamespace(value=v) for v in _world([[CLEAN]] * 2)]
+
+        def close(self) -> None:
+            pass
+
+    def new_world(**kwargs: Any) -> FakeWorld:
+        spawned.append(kwargs)
+        return FakeWorld()
+
+    def shared() -> FakeWorld:
+        raise AssertionError("the shared world was used: cuBLAS there started without its setting")
+
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    ctx = SimpleNamespace(world_size=2, injected=False, target=SimpleNamespace(spec="my_target.py"), backend="nccl",
+                          world=shared, new_world=new_world, deadline=60.0)
+    ctx.fresh_world = lambda **kw: CheckContext.fresh_world(ctx, **kw)  # the harness's own spawning rule
+    outcome = check.run(ctx)  # type: ignore[arg-type]
+    assert outcome.status == "passed", outcome.message
+    assert spawned and spawned[0]["env"] == {**CUBLAS_WORKSPACE, "NCCL_DEBUG": "WARN"}
+    assert calls == [{"repeats": 3, "fault": None, "buckets": True, "deterministic": True, "speed": True,
+                      "private_network": False}]
+
+
+def test_determinism_is_turned_on_only_with_the_cublas_setting_and_says_why_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from ddp_conformance.faults.checks.node_health.rank import _determinism
+
+    assert _determinism(False) is None
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert _determinism(True) == ("CUBLAS_WORKSPACE_CONFIG is not :4096:8 in this process (cuBLAS reads it when "
+                                  "it starts): set it in the launcher's environment")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    try:
+        assert _determinism(True) is None
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert not torch.backends.cudnn.benchmark
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
+
+
+def test_the_device_digest_is_exact_on_every_dtype_it_meets() -> None:
+    import torch
+
+    from ddp_conformance.faults.checks.node_health.digests import weighted_sum
+    from ddp_conformance.faults.corruption import flipped
+
+    # The GPU digest is device-agnostic torch: exercised here on CPU tensors of each width.
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        x = torch.randn(300).to(dtype)
+        assert weighted_sum(x) == weighted_sum(x.clone())
+        for bit in ("mantissa", "exponent", "sign"):
+            assert weighted_sum(flipped(x, 299, bit)[0].view(-1)) != weighted_sum(x), (dtype, bit)
+    ints = torch.arange(10, dtype=torch.uint8)
+    assert weighted_sum(ints) != weighted_sum(ints.flip(0))

@@ -44,11 +44,12 @@ REPEATS = 3
 
 
 def measure(world: WorldLike, source: Any, *, repeats: int = REPEATS, fault: Fault | None = None,
-            buckets: bool = True, deterministic: bool = False,
-            speed: bool = True) -> tuple[list[dict[str, Any]], list[Injection]]:
-    """Every rank's node-health data (``rank.node_rank``) and the injections that fired."""
+            buckets: bool = True, deterministic: bool = False, speed: bool = True,
+            private_network: bool = False) -> tuple[list[dict[str, Any]], list[Injection]]:
+    """Every rank's node-health data (``rank.node_rank``) and the injections that fired.
+    ``private_network``: ``world`` was started with one (its pairs can then be told apart)."""
     results = world.run(node_rank, source, repeats=repeats, fault=fault, buckets=buckets,
-                        deterministic=deterministic, speed=speed)
+                        deterministic=deterministic, speed=speed, private_network=private_network)
     values = [r.value for r in results]
     return values, [i for v in values for i in v["injections"]]
 

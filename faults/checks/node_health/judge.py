@@ -10,12 +10,14 @@ Order of judgement, each step able to end it:
 3. a disagreement while the ranks' software or settings differ — inconclusive: the mismatch
    explains it without any fault (listed first);
 4. every rank's own results changing from repeat to repeat — inconclusive: the work is not
-   deterministic here;
+   deterministic here; a disagreement without a majority (a pair, a set) where the target's
+   forward or loss calls collectives — inconclusive: its results mix the ranks' data and may
+   depend on the rank;
 5. a disagreement — failed: the rank named by the majority (or the pair, or the set), where it
    first went wrong, the elements that differ and the largest difference, and in how many of
    the repeats (persistent: every repeat; transient: some);
 6. an all-reduced bucket that differs between ranks — failed: the bucket, its parameters, the
-   rank(s);
+   rank(s), and in how many of the repeats (persistent or transient);
 7. else passed: the node is healthy, with what was compared.
 """
 
@@ -32,6 +34,8 @@ from .compare import MAJORITY, PAIR, STRUCTURE
 from .software import describe, mismatches
 from .speed import LINK_FACTOR, SHARED_LINK_FACTOR, SHARED_SLOW_RATIO, SLOW_RATIO, judge_speed
 
+#: How a slow pair is named (``NodeDiagnosis.how``).
+LINK = "link"
 #: What to run next on a rank the check names (the vendor's own diagnostic of the device).
 DIAGNOSTIC = "dcgmi diag -r 3 (DCGM's long run) on its GPU, or the vendor's memory and core test"
 
@@ -41,16 +45,17 @@ class NodeDiagnosis:
     """What the judge concluded, for the injected-fault judge and the report's table."""
 
     ranks: tuple[int, ...] = ()  # the ranks named (empty: none)
-    how: str = ""  # compare.MAJORITY | PAIR | NO_MAJORITY, or "bucket"
-    tensor: str = ""  # where it first went wrong ("output:fc1", "grad:fc1.weight", "bucket:0")
+    how: str = ""  # compare.MAJORITY | PAIR | NO_MAJORITY, "bucket", or LINK (a slow pair)
+    tensor: str = ""  # where it went wrong ("output:fc1", "grad:fc1.weight", "bucket:0", "link:1-2")
     repeats: dict[int, tuple[int, ...]] = field(default_factory=dict)  # per named rank: repeats it differed in
     total: int = 0  # repeats run
     persistent: bool = False
+    ratio: float | None = None  # a slow link: its best bandwidth over the other such pairs' median
 
     def to_json(self) -> dict[str, Any]:
         return {"ranks": list(self.ranks), "how": self.how, "tensor": self.tensor,
                 "repeats": {str(k): list(v) for k, v in self.repeats.items()}, "total": self.total,
-                "persistent": self.persistent}
+                "persistent": self.persistent, "ratio": self.ratio}
 
 
 def _where(results: list[dict[str, Any]], rank: int) -> str:
@@ -111,9 +116,7 @@ def _naming(results: list[dict[str, Any]], d: NodeDiagnosis, located: dict[str, 
     if d.how == MAJORITY:
         parts = []
         for rank in d.ranks:
-            seen = d.repeats[rank]
-            when = ("in every repeat (persistent: drain it)" if len(seen) == d.total else
-                    f"in {len(seen)} of {d.total} repeats (repeat {', '.join(map(str, seen))}: transient)")
+            when = _when(d.repeats[rank], d.total)
             tensor = (located.get("first") or {}).get(str(rank), d.tensor)
             parts.append(f"{_where(results, rank)} computed differently from the majority of {n} ranks {when}: "
                          f"first at {tensor}{_stats(located, rank)}")
@@ -146,6 +149,7 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
     metrics: dict[str, Any] = {NODE_HEALTH: table(results, diagnosis, speed), "diagnosis": diagnosis.to_json(),
                                "software_mismatches": mismatch, "speed": speed}
     evidence: dict[str, Any] = {"located": [rep.get("located") for rep in results[0]["repeats"]],
+                                "buckets_located": [rep.get("buckets") for rep in results[0]["repeats"]],
                                 "buckets": results[0].get("buckets"), "fingerprint": results[0]["fingerprint"]}
     software = f"software differs across ranks: {describe(mismatch)}" if mismatch else ""
     refused = next((r["not_deterministic"] for r in results if r.get("not_deterministic")), None)
@@ -174,6 +178,14 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
         return Outcome.inconclusive(f"every rank's own results changed from repeat to repeat (first difference "
                                     f"at {located['tensor']}): the work is not deterministic here, so ranks "
                                     f"cannot be compared bitwise", metrics=metrics, evidence=evidence)
+    mixing = sorted({name for r in results for name in r.get("forward_collectives") or ()})
+    if located is not None and mixing and diagnosis.how != MAJORITY:
+        return Outcome.inconclusive(f"ranks {list(diagnosis.ranks)} disagree bitwise (first at {located['tensor']}), "
+                                    f"and the target's forward or loss calls {', '.join(mixing)}: its results mix "
+                                    f"the ranks' data and may depend on the rank (e.g. a gathered-features loss "
+                                    f"with labels offset by rank), so they need not agree bitwise; not judged a "
+                                    f"node fault (with 3 or more ranks, one rank departing from the others is "
+                                    f"still named)", metrics=metrics, evidence=evidence)
     if located is not None:
         if diagnosis.how == MAJORITY and len(diagnosis.ranks) == 1:
             metrics[CULPRIT_RANK] = diagnosis.ranks[0]
@@ -182,19 +194,9 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
         return Outcome.failed(_naming(results, diagnosis, located), metrics=metrics, evidence=evidence,
                               recommendation=f"Drain {drain} and run {DIAGNOSTIC}.")
     buckets = results[0].get("buckets") or {}
-    wrong = buckets.get("located")
-    if wrong:
-        index = int(str(wrong["tensor"]).partition(":")[2] or 0)
-        params = (buckets.get("parameters") or {}).get(index) or (buckets.get("parameters") or {}).get(str(index), [])
-        ranks = wrong["ranks"]
-        metrics["diagnosis"] = NodeDiagnosis(tuple(ranks), "bucket", wrong["tensor"], total=1).to_json()
-        who = f"rank {ranks[0]}" if wrong["how"] == MAJORITY and len(ranks) == 1 else f"ranks {ranks} (a set: {wrong['how']})"
-        return Outcome.failed(f"all-reduced bucket {index} (parameters {', '.join(params[:4])}"
-                              f"{'…' if len(params) > 4 else ''}) differs on {who} after the all-reduce, while "
-                              f"every rank's local gradients agreed: corruption on the wire or in the collective, "
-                              f"not in compute{_stats(wrong, ranks[0])}", metrics=metrics, evidence=evidence,
-                              recommendation=f"Drain the node of {who} and test its interconnect (NCCL tests, "
-                                             f"the NIC's and GPU's error counters) and run {DIAGNOSTIC}.")
+    reduced = _bucket_outcome(results, metrics, evidence)
+    if reduced is not None:
+        return reduced
     slow = _slow(results, speed, metrics, evidence)
     if slow is not None:
         return slow
@@ -205,6 +207,8 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
         return Outcome.skipped("one rank has no peer to compare its results with; run with --world-size 2 or more",
                                metrics=metrics, evidence=evidence)
     note = f"; note: {software}" if software else ""
+    skipped = results[0].get("buckets_skipped")
+    note += f"; no buckets compared: {skipped}" if skipped else ""
     shared = "" if own_devices else " (CPU ranks share the host's cores)"
     links = speed["links"]
     bandwidth = (f"; {len(links)} ring link(s) {min(e['median_gbps'] for e in links):.2f}-"
@@ -213,6 +217,46 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
                           f"gradients) in {diagnosis.total} repeats and on {count} all-reduced buckets; no rank "
                           f"{speed['threshold']:g}x slower than the others{shared}{bandwidth}{note}",
                           metrics=metrics, evidence=evidence)
+
+
+def _when(seen: tuple[int, ...], total: int) -> str:
+    """In every repeat (persistent) or in which of them (transient), for a message."""
+    return ("in every repeat (persistent: drain it)" if len(seen) == total else
+            f"in {len(seen)} of {total} repeats (repeat {', '.join(map(str, seen))}: transient)")
+
+
+def _bucket_outcome(results: list[dict[str, Any]], metrics: dict[str, Any],
+                    evidence: dict[str, Any]) -> Outcome | None:
+    """An all-reduced bucket that differed between ranks, while every rank's local gradients
+    agreed (failed: the bucket, its parameters, the rank(s), in which repeats); None when every
+    repeat's buckets agreed."""
+    per_repeat = [rep.get("buckets") for rep in results[0]["repeats"]]
+    wrong = [(i, b) for i, b in enumerate(per_repeat) if b]
+    if not wrong:
+        return None
+    first = wrong[0][1]
+    per_rank: dict[int, tuple[int, ...]] = {}
+    for i, located in wrong:
+        for rank in located["ranks"]:
+            per_rank[rank] = (*per_rank.get(rank, ()), i)
+    ranks = tuple(sorted(per_rank))
+    total = len(per_repeat)
+    persistent = all(len(v) == total for v in per_rank.values())
+    index = int(str(first["tensor"]).partition(":")[2] or 0)
+    parameters = (results[0].get("buckets") or {}).get("parameters") or {}
+    params = parameters.get(index) or parameters.get(str(index), [])
+    metrics["diagnosis"] = NodeDiagnosis(ranks, "bucket", first["tensor"], per_rank, total, persistent).to_json()
+    alone = first["how"] == MAJORITY and len(ranks) == 1
+    who = f"rank {ranks[0]}" if alone else f"ranks {list(ranks)} (a set: {first['how']})"
+    if alone:
+        metrics[CULPRIT_RANK] = ranks[0]
+    when = _when(per_rank[ranks[0]], total) if alone else _when(tuple(sorted({i for i, _ in wrong})), total)
+    return Outcome.failed(f"all-reduced bucket {index} (parameters {', '.join(params[:4])}"
+                          f"{'…' if len(params) > 4 else ''}) differs on {who} after the all-reduce {when}, while "
+                          f"every rank's local gradients agreed: corruption on the wire or in the collective, "
+                          f"not in compute{_stats(first, ranks[0])}", metrics=metrics, evidence=evidence,
+                          recommendation=f"Drain the node of {who} and test its interconnect (NCCL tests, "
+                                         f"the NIC's and GPU's error counters) and run {DIAGNOSTIC}.")
 
 
 def _slow(results: list[dict[str, Any]], speed: dict[str, Any], metrics: dict[str, Any],
@@ -233,6 +277,9 @@ def _slow(results: list[dict[str, Any]], speed: dict[str, Any], metrics: dict[st
                                              "CLOCK,PERFORMANCE), noisy neighbours and its PCIe link; drain it "
                                              "if it persists.")
     if speed["slow_links"]:
+        slowest = min(speed["slow_links"], key=lambda e: e["ratio"])
+        a, b = slowest["pair"]
+        metrics["diagnosis"] = NodeDiagnosis((a, b), LINK, f"link:{a}-{b}", ratio=slowest["ratio"]).to_json()
         named = "; ".join(f"the link between ranks {e['pair']} ({e['kind']}) reaches {e['best_gbps']:.2f} GB/s at "
                           f"best, x{e['ratio']:.2f} the other such pairs' median" for e in speed["slow_links"])
         return Outcome.failed(named, metrics=metrics, evidence=evidence,

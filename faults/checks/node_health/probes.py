@@ -1,6 +1,6 @@
 """The rank side's observers of the node-health work: every value offered to a fault, then digested.
 
-Three probes of the one observation contract (``conformance.harness.observe``), attached in
+Four probes of the one observation contract (``conformance.harness.observe``), attached in
 this order so that a digest sees what the (possibly faulty) device produced:
 
 - :class:`TensorSites` offers each value as it is computed to the check's fault (a "tensor"
@@ -8,14 +8,18 @@ this order so that a digest sees what the (possibly faulty) device produced:
   gradient once it is accumulated. Without a fault it changes nothing.
 - :class:`ComputeDigests` digests the same values (``digests.digest``), in computation order,
   and holds them for the step so that the one tensor where ranks first differ can be fetched.
+- :class:`ComputeClock` times the rank's own compute: from its module's forward (after DDP's
+  own pre-forward synchronisation) to its last gradient accumulated (before DDP's final wait
+  for the all-reduce), and offers the "step" site to the fault inside that window;
 - :class:`BucketDigests` is a layer of the DDP model's comm hook chain
   (``conformance.harness.comm_hooks``): each bucket's all-reduced result, offered to the fault
-  and digested, with the names of its parameters.
+  and digested, with the names of its parameters, every step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -97,9 +101,11 @@ class DigestSlice(TypedDict):
 class ComputeDigests(Probe):
     """Digests of every module output (forward order), then of what :meth:`record` is given
     (the input, the loss), and of every gradient (backward order); the step's tensors are held
-    (:attr:`held`) until the next step begins."""
+    (:attr:`held`) until the next step begins. ``copy_grads``: hold a copy of each gradient, as
+    it was accumulated (under DDP, whose all-reduce then overwrites ``.grad`` with the average)."""
 
     model: Any
+    copy_grads: bool = False
     names: list[str] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     held: dict[str, Any] = field(default_factory=dict)
@@ -124,7 +130,8 @@ class ComputeDigests(Probe):
         for leaf, tensor in leaves(value, label):
             self.names.append(leaf)
             self.digests.append(digest(tensor))
-            self.held[leaf] = tensor.detach()
+            copy = self.copy_grads and leaf.startswith("grad:")
+            self.held[leaf] = tensor.detach().clone() if copy else tensor.detach()
 
     def release(self) -> None:
         """Let go of everything held but the gradients (which ``.grad`` keeps anyway): the
@@ -139,6 +146,55 @@ class ComputeDigests(Probe):
 
     def end_step(self, step: Step) -> DigestSlice:
         return DigestSlice(names=list(self.names), digests=list(self.digests))
+
+
+class ClockSlice(TypedDict):
+    """When this step's compute began (its module's forward) and its last gradient was
+    accumulated, in ``time.perf_counter`` seconds (None: no gradient)."""
+
+    compute_began: float | None
+    last_gradient: float | None
+
+
+@dataclass
+class ComputeClock(Probe):
+    """The instants that bound this rank's own compute in a step, waits for other ranks left out
+    (module docstring); the "step" site at "forward" is offered to ``fault`` first, inside the
+    window (a :class:`~faults.injectors.SlowRank` slows it there)."""
+
+    model: Any
+    fault: Fault = NO_FAULT
+    rank: int = 0
+    log: InjectionLog = field(default_factory=InjectionLog)
+    device: Any = None
+    step: int = 0
+    began: float | None = None
+    last: float | None = None
+
+    def attach(self, stack: contextlib.ExitStack) -> None:
+        stack.callback(self.model.register_forward_pre_hook(unseen(self._forward)).remove)
+        for param in self.model.parameters():
+            if param.requires_grad:
+                stack.callback(param.register_post_accumulate_grad_hook(self._accumulated).remove)
+
+    def begin_step(self, step: Step) -> None:
+        self.step, self.began, self.last = step.index, None, None
+
+    def _forward(self, module: Any, args: Any) -> None:
+        if self.began is not None:
+            return  # a second forward in the step: the window is already open
+        from conformance.harness.ddp import sync_device
+
+        # Work still queued on the device belongs to what came before (DDP's buffer broadcast).
+        sync_device(self.device)
+        self.began = time.perf_counter()
+        self.fault.inject(Site("step", self.rank, self.step, "forward", self.log, device=self.device))
+
+    def _accumulated(self, param: Any) -> None:
+        self.last = time.perf_counter()
+
+    def end_step(self, step: Step) -> ClockSlice:
+        return ClockSlice(compute_began=self.began, last_gradient=self.last)
 
 
 class BucketSlice(TypedDict):
@@ -173,7 +229,7 @@ class BucketDigests(Probe):
         add_layer(self.ddp, layer)
 
     def begin_step(self, step: Step) -> None:
-        self.step = step.index
+        self.step, self.seen = step.index, []
 
     def _reduced(self, index: int, params: list[str], value: Any) -> Any:
         tensor = value[0] if isinstance(value, (list, tuple)) else value
@@ -184,5 +240,5 @@ class BucketDigests(Probe):
         self.seen.append({"index": index, "digest": digest(tensor), "parameters": params})
         return tensor
 
-    def result(self) -> BucketSlice:
+    def end_step(self, step: Step) -> BucketSlice:
         return BucketSlice(buckets=sorted(self.seen, key=lambda b: b["index"]))

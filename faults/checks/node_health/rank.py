@@ -3,18 +3,22 @@
 One world call (:func:`node_rank`) on every rank:
 
 1. the fingerprint of its software and settings (``software``);
-2. the target's model built from the suite's seed, then rank 0's parameters and buffers
-   broadcast (as DDP's construction does), so every rank starts from the same bits;
-3. ``repeats`` times: the target's own loss (``forward_loss`` / ``loss_fn``) forward and
-   backward on the *plain* module (nothing averaged yet), on the same microbatch on every rank
+2. the target's model built from the suite's seed and wrapped in DDP (the target's
+   ``ddp_kwargs``), whose construction broadcasts rank 0's parameters and buffers, so every
+   rank starts from the same bits;
+3. ``repeats`` times: the target's own loss
+   (``forward_loss`` / ``loss_fn``) forward and backward, on the same microbatch on every rank
    (rank 0's), the RNG reseeded and the buffers put back each time; every module output, the
-   loss and every gradient digested (``probes``); the digests gathered and compared on every
-   rank (``compare.locate``), and where they differ the one tensor named fetched from every
-   rank for its element count and largest difference; where the target's own forward or
-   backward asked for its rank, recorded (``rank_reads``: work that differs by design);
-4. once: the same work through DDP, each all-reduced bucket digested and compared;
-5. each repeat's own compute time (forward and backward, the gathers left out) as the
-   throughput sample, and each pair of ring neighbours' link (``speed``).
+   loss and every *local* gradient (as it is accumulated, before the all-reduce averages it)
+   digested, and each all-reduced bucket digested (``probes``); the digests gathered and
+   compared on every rank (``compare.locate``), and where they differ the one tensor named
+   fetched from every rank for its element count and largest difference; where the target's
+   own forward or backward asked for its rank, recorded (``rank_reads``: work that differs by
+   design);
+4. each repeat's own compute time (from the module's forward to its last gradient: the gathers
+   and DDP's waits for other ranks left out) as the throughput sample, and each pair of ring
+   neighbours' link (``speed``; in a private network each rank's end on an address of its own,
+   so that one pair can be slowed: ``pairs``).
 
 Faults (``faults/corruption.py``) are offered every value as it is computed, so a test can
 show the comparison naming the rank, tensor or bucket that was corrupted.
@@ -31,7 +35,7 @@ from conformance.harness.observe import Observation, Step
 from ..._log import InjectionLog
 from ...sites import NO_FAULT, Fault, Site
 from .compare import Located, locate
-from .probes import BucketDigests, ComputeDigests, TensorSites
+from .probes import BucketDigests, ComputeClock, ComputeDigests, TensorSites
 from .rank_reads import rank_reads
 from .software import fingerprint
 from .speed import pair_links, timed_steps
@@ -81,8 +85,9 @@ def _with_stats(ctx: RankContext, found: Located, held: dict[str, Any]) -> Locat
 def _sync_state(ctx: RankContext, model: Any) -> None:
     import torch.distributed as dist
 
-    # Rank 0's weights on every rank, as DDP's constructor broadcasts them: the comparison is of
-    # compute from identical bits, whatever a model's initialisation does per process.
+    # Rank 0's weights on every rank, as DDP's constructor broadcasts them (the plain module's
+    # comparison, without DDP): the comparison is of compute from identical bits, whatever a
+    # model's initialisation does per process.
     for tensor in [*model.parameters(), *model.buffers()]:
         dist.broadcast(tensor.data, src=0, group=ctx.group)
 
@@ -106,12 +111,12 @@ def _determinism(on: bool) -> str | None:
 
 
 def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | None = None,
-              buckets: bool = True, deterministic: bool = False, speed: bool = True) -> dict[str, Any]:
+              buckets: bool = True, deterministic: bool = False, speed: bool = True,
+              private_network: bool = False) -> dict[str, Any]:
     """World work function (module docstring). Returns plain data: the fingerprint, per repeat
-    this rank's digests and the located disagreement, the bucket comparison, the injections."""
-    import torch
-
-    from conformance.harness.ddp import build_model, sync_device
+    this rank's digests, the located disagreement and the bucket comparison, the injections."""
+    from conformance.harness.comm_hooks import ddp_of
+    from conformance.harness.ddp import build_model, effective_ddp_kwargs, wrap
 
     from ...vehicles import resolve
 
@@ -134,56 +139,25 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
     model = build_model(target, ctx.device, seed=NODE_SEED)
     model.train()
     lap("build")
-    _sync_state(ctx, model)
-    lap("broadcast")
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    inputs, targets = _batch(target, ctx.world_size, ctx.device)
-    sites = TensorSites(model, fault, ctx.rank, log)
-    digests = ComputeDigests(model)
-    observation = Observation([sites, digests])
-    compute_s: list[float] = []
-    reads: list[str] = []  # where the target's own forward or backward asked for its rank
-
-    def compare(names: list[str], values: list[str]) -> Located | None:
-        gathered = _gather(ctx, (names, values))
-        found = locate([g[1] for g in gathered], [g[0] for g in gathered])
-        return None if found is None else _with_stats(ctx, found, digests.held)
-
+    # The repeats run through DDP, as the user's step does: the local gradients are digested as
+    # they are accumulated (before the all-reduce averages them), the all-reduced buckets after.
+    # DDP's construction broadcasts rank 0's weights (a collective: every rank reaches it), so
+    # every rank computes from the same bits. Verifying equal bits by digest instead measured
+    # slower than the broadcast on CPU ranks (docs/node-health.md, "The numbers").
+    if buckets:
+        # The DDP object itself, also where configure_ddp compiled it: the compute compared is
+        # DDP's eager step, whose every module output the probes can see.
+        # Through DDP also for a target that trains through parallelize (via_ddp): the buckets
+        # are the node's all-reduce under test, and FSDP2 has no bucket to digest.
+        trained = ddp_of(wrap(model, ctx.device, effective_ddp_kwargs(target), target=target, via_ddp=True))
+    else:
+        _sync_state(ctx, model)
+        trained = model
+    lap("wrap")
     try:
-        with observation.attached():
-            for r in range(repeats):
-                step = Step(r)
-                with torch.no_grad():
-                    for name, b in model.named_buffers():
-                        b.copy_(buffers[name])
-                model.zero_grad(set_to_none=True)
-                torch.manual_seed(NODE_SEED)  # dropout and other draws: the same on every rank
-                observation.begin_step(step)
-                started = time.perf_counter()
-                # The throughput sample: this rank's own compute, the gathers left out (a slow
-                # rank's peers wait there); a slow rank's fault (SlowRank) strikes here.
-                fault.inject(Site("step", ctx.rank, r, "forward", log, device=ctx.device))
-                digests.record("input", inputs)
-                with rank_reads(reads):
-                    loss = target.compute_loss(model, inputs, targets)
-                digests.record("loss", loss)
-                sync_device(ctx.device)
-                forward_s = time.perf_counter() - started
-                # The forward compared first, at the forward's own memory peak: its values are
-                # then let go, not held through the backward. Every rank decides alike whether
-                # to compare again (the same gathered digests), so the gathers pair up.
-                found = compare(list(digests.names), list(digests.digests))
-                digests.release()
-                started = time.perf_counter()
-                with rank_reads(reads):
-                    loss.backward()
-                sync_device(ctx.device)
-                compute_s.append(forward_s + time.perf_counter() - started)
-                mine = observation.end_step(step)
-                if found is None:
-                    found = compare(mine["names"], mine["digests"])
-                out["repeats"].append({"digests": mine["digests"], "names": mine["names"] if r == 0 else None,
-                                       "located": None if found is None else found.to_json()})
+        reads: list[str] = []  # where the target's own forward or backward asked for its rank
+        compute_s = _repeats(ctx, target, model, trained, fault, log, out, repeats=repeats, buckets=buckets,
+                             reads=reads)
         lap("repeats")
         out["reads_rank"] = list(dict.fromkeys(reads))[:3]
     except RuntimeError as exc:
@@ -193,44 +167,95 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
         # hold for this model here; said, never judged as a fault.
         out["not_deterministic"] = str(exc).splitlines()[0]
         return {**out, "injections": log.items}
-    if buckets:
-        out["buckets"] = _buckets(ctx, target, model, (inputs, targets), fault, log, step=repeats)
-        lap("ddp_step")
     if speed:
         out["timing"] = compute_s
-        out["links"] = pair_links(ctx)
+        out["links"] = pair_links(ctx, private=private_network, fault=fault, log=log)
         lap("links")
     return {**out, "injections": log.items}
 
 
-def _buckets(ctx: RankContext, target: Any, model: Any, batch: tuple[Any, Any], fault: Fault,
-             log: InjectionLog, *, step: int) -> dict[str, Any]:
-    """The same work once through DDP: each all-reduced bucket digested, gathered, compared."""
+def _repeats(ctx: RankContext, target: Any, model: Any, trained: Any, fault: Fault, log: InjectionLog,
+             out: dict[str, Any], *, repeats: int, buckets: bool, reads: list[str]) -> list[float]:
+    """``repeats`` times the same work on ``trained`` (the plain model, or DDP around it), every
+    value digested and compared across ranks; into ``out``: per repeat the digests and the
+    located disagreement of compute and of the all-reduced buckets. Returns this rank's compute
+    time in each repeat."""
     import torch
 
-    from conformance.harness.ddp import effective_ddp_kwargs, wrap
+    from conformance.harness.ddp import sync_device
+    from conformance.harness.observe import CallCounts, Counts
 
-    # Through DDP even for a target that trains through parallelize (via_ddp): the buckets
-    # are the node's all-reduce under test, and FSDP2 has no bucket to digest.
-    ddp = wrap(model, ctx.device, effective_ddp_kwargs(target), target=target, via_ddp=True)
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    inputs, targets = _batch(target, ctx.world_size, ctx.device)
+    digests = ComputeDigests(model, copy_grads=buckets)
+    clock = ComputeClock(model, fault, ctx.rank, log, ctx.device)
+    calls = Counts()
+    probes: list[Any] = [TensorSites(model, fault, ctx.rank, log), digests, clock, CallCounts(calls)]
+    if buckets:
+        probes.append(BucketDigests(trained, fault, ctx.rank, log))
+    observation = Observation(probes)
+    compute_s: list[float] = []
 
-    def reduced(step: Step) -> None:
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(NODE_SEED)
-        target.compute_loss(ddp, *batch).backward()
+    def compare(gathered: list[tuple[list[str], list[str]]]) -> Located | None:
+        found = locate([g[1] for g in gathered], [g[0] for g in gathered])
+        return None if found is None else _with_stats(ctx, found, digests.held)
 
-    observation = Observation([BucketDigests(ddp, fault, ctx.rank, log)])
-    observation.run_steps([Step(step)], reduced)
-    seen = observation.result()["buckets"]
-    gathered = _gather(ctx, [(f"bucket:{b['index']}", b["digest"]) for b in seen])
-    found = locate([[d for _, d in g] for g in gathered], [[n for n, _ in g] for g in gathered])
-    return {"count": len(seen), "parameters": {b["index"]: b["parameters"] for b in seen},
-            "located": None if found is None else found.to_json()}
+    with observation.attached():
+        for r in range(repeats):
+            step = Step(r)
+            with torch.no_grad():
+                for name, b in model.named_buffers():
+                    b.copy_(saved[name])
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(NODE_SEED)  # dropout and other draws: the same on every rank
+            observation.begin_step(step)
+            digests.record("input", inputs)
+            before = dict(calls)
+            with rank_reads(reads):
+                loss = target.compute_loss(trained, inputs, targets)
+            digests.record("loss", loss)
+            # Collectives the target's own forward and loss called (a gathered-features loss,
+            # SyncBatchNorm): its results then mix the ranks' data and may depend on the rank.
+            out["forward_collectives"] = sorted({*out.get("forward_collectives", ()),
+                                                 *(k for k, n in calls.items() if n > before.get(k, 0))})
+            sync_device(ctx.device)
+            forward_end = time.perf_counter()
+            # The forward compared first, at the forward's own memory peak: its values are
+            # then let go, not held through the backward. Every rank decides alike whether
+            # to compare again (the same gathered digests), so the gathers pair up.
+            found = compare(_gather(ctx, (list(digests.names), list(digests.digests))))
+            digests.release()
+            backward_start = time.perf_counter()
+            with rank_reads(reads):
+                loss.backward()  # under DDP: the buckets all-reduced, each digested (BucketDigests)
+            sync_device(ctx.device)
+            backward_end = time.perf_counter()
+            mine = observation.end_step(step)
+            reduced = [(f"bucket:{b['index']}", b["digest"]) for b in mine["buckets"]] if buckets else []
+            # One gather after the backward: the gradients' digests (where the forward agreed)
+            # and the all-reduced buckets'.
+            gathered = _gather(ctx, (None if found else (mine["names"], mine["digests"]), reduced))
+            if found is None:
+                found = compare([g[0] for g in gathered])
+            located_buckets = locate([[d for _, d in g[1]] for g in gathered], [[n for n, _ in g[1]] for g in gathered])
+            began, last = mine["compute_began"], mine["last_gradient"]
+            # The throughput sample: this rank's own compute, from its module's forward to its
+            # last gradient; the gathers and DDP's waits for the other ranks left out (a slow
+            # rank's peers wait there).
+            compute_s.append((forward_end - (began or forward_end))
+                             + ((last if last is not None else backward_end) - backward_start))
+            out["repeats"].append({"digests": mine["digests"], "names": mine["names"] if r == 0 else None,
+                                   "located": None if found is None else found.to_json(),
+                                   "buckets": None if located_buckets is None else located_buckets.to_json()})
+    if buckets:
+        first = mine["buckets"] if repeats else []
+        out["buckets"] = {"count": len(first), "parameters": {b["index"]: b["parameters"] for b in first}}
+    return compute_s
 
 
 def bare_steps(ctx: RankContext, source: Any, *, steps: int) -> list[float]:
-    """World work function: ``steps`` bare forward/backward passes of the same work, timed (the
-    unit the check's cost is counted in: benchmarks/node_health.py)."""
+    """World work function: ``steps`` bare forward/backward passes of the same work on the plain
+    module, timed (benchmarks/node_health.py: the check's cost in plain compute)."""
     from conformance.harness.ddp import build_model
 
     from ...vehicles import resolve
@@ -239,3 +264,29 @@ def bare_steps(ctx: RankContext, source: Any, *, steps: int) -> list[float]:
     model = build_model(target, ctx.device, seed=NODE_SEED)
     inputs, targets = _batch(target, ctx.world_size, ctx.device)
     return timed_steps(ctx, target, model, inputs, targets, NO_FAULT, InjectionLog(), steps=steps)
+
+
+def training_steps(ctx: RankContext, source: Any, *, steps: int) -> list[float]:
+    """World work function: ``steps`` of the user's own DDP training step on the same work (the
+    target's ``ddp_kwargs``, optimizer and ``run_step``: forward, backward, all-reduce, optimizer
+    step), timed, every rank starting each step together (benchmarks/node_health.py: the unit
+    the check's cost is counted in, as benchmarks/model_scale.py counts every check's)."""
+    import torch.distributed as dist
+
+    from conformance.harness.ddp import build_model, effective_ddp_kwargs, sync_device, wrap
+
+    from ...vehicles import resolve
+
+    target = resolve(source, ctx.rank)
+    model = wrap(build_model(target, ctx.device, seed=NODE_SEED), ctx.device, effective_ddp_kwargs(target),
+                 target=target)
+    optimizer = target.make_optimizer(model)
+    batch = _batch(target, ctx.world_size, ctx.device)
+    times = []
+    for step in range(steps):
+        dist.barrier(group=ctx.side_group)  # the ranks timed on the same host moments
+        t0 = time.perf_counter()
+        target.run_step(model, optimizer, [batch], step=step)
+        sync_device(ctx.device)
+        times.append(time.perf_counter() - t0)
+    return times

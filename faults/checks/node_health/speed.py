@@ -75,25 +75,43 @@ def _pairs(world_size: int) -> list[tuple[int, int]]:
     return sorted((a, b) for a, b in pairs if a != b)
 
 
-def pair_links(ctx: RankContext, *, sizes: tuple[int, ...] = LINK_SIZES, iters: int = 5) -> list[dict[str, Any]]:
-    """Per ring-neighbour pair this rank belongs to: sizes, per-iteration times, wrong results."""
+def pair_links(ctx: RankContext, *, sizes: tuple[int, ...] = LINK_SIZES, iters: int = 5, private: bool = False,
+               fault: Fault | None = None, log: InjectionLog | None = None) -> list[dict[str, Any]]:
+    """Per ring-neighbour pair this rank belongs to: sizes, per-iteration times, wrong results.
+
+    ``private``: the world runs in a private network (``World(private_network=True)``); each
+    rank's end of its pairs then gets an address of its own there (``pairs``), and rank 0
+    offers ``fault`` a "link" site that can shape one pair (a :class:`~faults.injectors.SlowPair`)
+    before the pairs are measured, and unshapes it after."""
     import torch.distributed as dist
 
     from conformance.harness.collective_timing import sweep_on
 
+    from .pairs import PairShaper, new_pair_groups
+
     pairs = _pairs(ctx.world_size)
-    key = f"node-health/pairs/{ctx.world_size}"
+    key = f"node-health/pairs/{ctx.world_size}/{'private' if private else 'loopback'}"
     groups = ctx.cache.get(key)
     if groups is None:
         # new_group is itself collective: every rank creates every pair's group, in one order.
-        groups = ctx.cache[key] = [dist.new_group(list(p)) for p in pairs]
+        groups = ctx.cache[key] = (new_pair_groups(ctx, pairs) if private
+                                   else [dist.new_group(list(p)) for p in pairs])
+    shaper = PairShaper(pairs) if private and ctx.rank == 0 else None
+    if shaper is not None and fault is not None:
+        fault.inject(Site("link", ctx.rank, 0, "data", log if log is not None else InjectionLog(), link=shaper))
+    # Every pair is measured after the shaping (or its absence) is in place.
+    dist.barrier(group=ctx.side_group)
     out = []
-    for pair, group in zip(pairs, groups):
-        if ctx.rank in pair:
-            swept = sweep_on(group, pair.index(ctx.rank), 2, ctx.device, list(sizes), warmup=1, iters=iters)
-            out.append({"pair": list(pair), "sizes": list(sizes), **swept})
-        # One pair at a time: two pairs at once would share a rank's link and each other's cores.
-        dist.barrier(group=ctx.side_group)
+    try:
+        for pair, group in zip(pairs, groups):
+            if ctx.rank in pair:
+                swept = sweep_on(group, pair.index(ctx.rank), 2, ctx.device, list(sizes), warmup=1, iters=iters)
+                out.append({"pair": list(pair), "sizes": list(sizes), **swept})
+            # One pair at a time: two pairs at once would share a rank's link and each other's cores.
+            dist.barrier(group=ctx.side_group)
+    finally:
+        if shaper is not None:
+            shaper.close()
     return out
 
 
