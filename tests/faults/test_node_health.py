@@ -5,6 +5,8 @@ The check's own entry runs once, from the registry, on the built-in targets."""
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,12 +160,14 @@ def test_examples_that_mix_ranks_or_are_not_ddp_are_not_node_faults(world2: Any)
     # last bits (their sums run in another order), which says nothing about the node.
     outcome = judge(measure(world2, str(examples / "train_contrastive.py"), repeats=2)[0])
     assert outcome.status == "inconclusive", outcome.message
-    assert "the target's forward or loss calls all_gather" in outcome.message and "not judged a node fault" \
-        in outcome.message
-    # A target that trains with its own fully_shard: compute compared, no DDP buckets to compare.
+    # Two explanations hold (it gathers features and reads its rank): the rank read is named.
+    assert "the target's forward reads its rank" in outcome.message and "train_contrastive.py" in outcome.message
+    assert "not a node fault" in outcome.message
+    # A target that trains with its own fully_shard: its compute compared, and the node's
+    # all-reduce through DDP's buckets (FSDP2 has none to digest).
     outcome = judge(measure(world2, str(examples / "train_fsdp2.py"), repeats=2)[0])
     assert outcome.status == "passed", outcome.message
-    assert "no buckets compared: the target trains with its own parallelize(), not DDP" in outcome.message
+    assert re.search(r"and on [1-9]\d* all-reduced buckets", outcome.message), outcome.message
 
 
 def test_the_registered_check_passes_a_healthy_node_on_every_builtin_target(suite_session: Any) -> None:

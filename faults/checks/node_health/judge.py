@@ -197,7 +197,7 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
     reduced = _bucket_outcome(results, metrics, evidence)
     if reduced is not None:
         return reduced
-    slow = _slow(results, speed, metrics, evidence)
+    slow = _slow(results, speed, metrics, evidence, own_devices=own_devices)
     if slow is not None:
         return slow
     names = results[0]["repeats"][0]["names"] if results[0]["repeats"] else []
@@ -207,9 +207,13 @@ def judge(results: list[dict[str, Any]]) -> Outcome:
         return Outcome.skipped("one rank has no peer to compare its results with; run with --world-size 2 or more",
                                metrics=metrics, evidence=evidence)
     note = f"; note: {software}" if software else ""
-    skipped = results[0].get("buckets_skipped")
-    note += f"; no buckets compared: {skipped}" if skipped else ""
     shared = "" if own_devices else " (CPU ranks share the host's cores)"
+    if speed["noisy"] and not own_devices:
+        # CPU ranks have no device of their own to drain: a rank slow in some repeats only is
+        # the shared host's scheduling, which a busy machine shows every run (a rank slow in
+        # every repeat by the shared-cores ratio is still named above).
+        note += "; " + ", ".join(f"rank {s['rank']} x{s['ratio']:.2f}" for s in speed["noisy"]) + \
+            " slower in some repeats only: the shared host's noise, not judged"
     links = speed["links"]
     bandwidth = (f"; {len(links)} ring link(s) {min(e['median_gbps'] for e in links):.2f}-"
                  f"{max(e['median_gbps'] for e in links):.2f} GB/s" if links else "")
@@ -260,9 +264,10 @@ def _bucket_outcome(results: list[dict[str, Any]], metrics: dict[str, Any],
 
 
 def _slow(results: list[dict[str, Any]], speed: dict[str, Any], metrics: dict[str, Any],
-          evidence: dict[str, Any]) -> Outcome | None:
+          evidence: dict[str, Any], *, own_devices: bool) -> Outcome | None:
     """A link that corrupts, a slow rank, a slow link (failed), or a slowness the host's noise
-    cannot separate from the rank (inconclusive); None when the node is fast everywhere."""
+    cannot separate from a device's (inconclusive); None when the node is fast everywhere, or
+    its only slowness is CPU ranks' in some repeats (said in the pass: ``_noise_note``)."""
     if speed["wrong_links"]:
         pairs = ", ".join(f"ranks {e['pair']} ({e['wrong']} wrong)" for e in speed["wrong_links"])
         return Outcome.failed(f"all-reduce results wrong on the link between {pairs}: corruption on that link",
@@ -285,7 +290,7 @@ def _slow(results: list[dict[str, Any]], speed: dict[str, Any], metrics: dict[st
         return Outcome.failed(named, metrics=metrics, evidence=evidence,
                               recommendation="Check that pair's link (NCCL tests between the two, the NIC's "
                                              "error counters, link width/speed).")
-    if speed["noisy"]:
+    if speed["noisy"] and own_devices:
         named = "; ".join(f"rank {s['rank']} x{s['ratio']:.2f}" for s in speed["noisy"])
         return Outcome.inconclusive(f"slower ranks ({named}) but not in every repeat: the host's noise cannot "
                                     f"be told from the rank; compute agreed bitwise", metrics=metrics,
