@@ -4,7 +4,7 @@ wrong gradient, so the ranks agree; the default loop of its train_step trains wi
 the constant is the same on 2 ranks and on 1, every sample fetched once. None of that verifies
 the training step: eval-equivalence is skipped (it evaluated nothing) and
 ``--checks eval-equivalence,rank-consistency,hang-detection`` is inconclusive (exit 3), never
-ready (docs/architecture.md, "Ready means the training step was verified").
+ready (docs/architecture.md, "Results").
 
     ddp-conformance run --target tests/targets/eval_constant_loss_times_world.py \
         --checks eval-equivalence,rank-consistency,hang-detection

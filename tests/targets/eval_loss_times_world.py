@@ -2,7 +2,7 @@
 its eval set once, sums and counts all-reduced, divided once). eval-equivalence passes: the
 metrics of N ranks equal the 1-rank run's, as they do for any training step. That agreement
 does not verify the step, so ``--checks eval-equivalence`` alone is inconclusive (exit 3),
-never ready (docs/architecture.md, "Ready means the training step was verified").
+never ready (docs/architecture.md, "Results").
 
     ddp-conformance run --target tests/targets/eval_loss_times_world.py --checks eval-equivalence
 """
