@@ -92,6 +92,9 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
     times: list[list[float]] = [[] for _ in caps]
     buckets = [0] * len(caps)
     rounds, step_s, step, wraps = reps or 0, 0.0, 0, 0
+    # The most buckets DDP said it all-reduced in a step (its logging data), over every wrap: 0
+    # when the target's step never ran a synchronising backward (``exercised_nothing``).
+    reduced = 0
     layouts: dict[str, int] = {}  # a rebuilt bucket layout -> the first cap that gave it
     same: dict[int, int] = {}  # a cap -> the earlier cap with its layout, whose times it shares
     warm: tuple[int, Any, Any] | None = None  # the cap at a pass's turn, still wrapped
@@ -135,6 +138,7 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
                         same[i] = layouts[layout]
                         break
             buckets[i] = bucket_count(model)
+            reduced = max(reduced, int(model._get_ddp_logging_data().get("num_buckets_reduced") or 0))
             if i == order[-1] and i not in same and pass_ + 1 < PASSES and len(times[i]) < rounds:
                 warm = (i, model, optimizer)  # every rank keeps it: the same caps, the same order
                 continue
@@ -147,7 +151,8 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
     for i, j in same.items():
         times[i] = times[j]
     return {"times": times, "buckets": buckets, "rounds": rounds, "step_s": step_s, "wraps": wraps,
-            "same_layout": {caps[i]: caps[j] for i, j in same.items()}}
+            "same_layout": {caps[i]: caps[j] for i, j in same.items()}, "steps": step,
+            "buckets_reduced": reduced}
 
 
 def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketConfig, find_unused: bool,
@@ -240,7 +245,25 @@ def sweep(world: WorldLike, source: VehicleSpec | str, configured: float, *, dea
     penalty = curve[conf_i]["step_time_s"] / curve[best_i]["step_time_s"]
     clear = _quartiles(per_round[conf_i])[0] > _quartiles(per_round[best_i])[1]
     return {"sweep": curve, "best": caps[best_i], "penalty": round(penalty, 3), "clear_gap": clear,
-            "configured": configured, "rounds": rounds, "warmup_step_s": round(results[0].value["step_s"], 6)}
+            "configured": configured, "rounds": rounds, "warmup_step_s": round(results[0].value["step_s"], 6),
+            "steps": results[0].value.get("steps"),
+            "buckets_reduced": {r.rank: r.value["buckets_reduced"] for r in results if "buckets_reduced" in r.value}}
+
+
+def exercised_nothing(result: dict[str, Any]) -> Outcome | None:
+    """Skipped when DDP all-reduced no bucket on some rank in the whole sweep (a ``train_step``
+    that runs no backward of the DDP model): no bucket size could matter to it, and "within
+    1.25x of the fastest cap" would be a pass on nothing (docs/architecture.md,
+    "Results": a pass says what it exercised). None when every rank's DDP reduced its buckets."""
+    per_rank = result.get("buckets_reduced") or {}  # a sweep that did not count: nothing to say
+    idle = sorted(r for r, n in per_rank.items() if n == 0)
+    if not idle:
+        return None
+    return Outcome.skipped(
+        f"its train_step issued no gradient all-reduce through DDP in the sweep's {result['steps']} steps on "
+        f"rank(s) {', '.join(map(str, idle))}: no bucket size could matter, so nothing about bucket_cap_mb was "
+        f"measured", metrics={"key_figure": "train_step exercised nothing",
+                              "buckets_reduced": {str(r): n for r, n in per_rank.items()}})
 
 
 def judge_side_by_side(configured: float, recommended: float, configured_s: list[float],
@@ -317,6 +340,9 @@ def run(ctx: CheckContext) -> Outcome:
     kwargs = {} if ctx.injected else ctx.target.ddp_kwargs
     configured = float(kwargs.get("bucket_cap_mb", DEFAULT_CAP))
     result = sweep(ctx.world(), source, configured, deadline_s=ctx.deadline)
+    idle = None if ctx.injected else exercised_nothing(result)
+    if idle is not None:
+        return idle
     mismatch: list[dict[str, Any]] = []
     if ctx.new_world is not None:
         options = (False, True) if ctx.injected else (bool(kwargs.get("find_unused_parameters", False)),)

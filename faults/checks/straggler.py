@@ -112,7 +112,7 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
             if segment >= WARMUP:
                 rows.append({"segment": segment - WARMUP, "step": step, "t_start": t_wall,
                              "t_end": t_wall + (t1 - t0), "step_s": t1 - t0, "wait_s": wait,
-                             "compute_s": (t1 - t0) - wait})
+                             "compute_s": (t1 - t0) - wait, "allreduces": len(launched)})
             step += 1
         if until_cleared and segment >= WARMUP and cleared(ctx, rows, segment - WARMUP):
             break
@@ -162,6 +162,8 @@ def measure(world: WorldLike, source: VehicleSpec | str, faults: list[SlowRank |
             timeline += [{"rank": r.rank, "step": row["step"], "t_start": row["t_start"],
                           "t_end": row["t_end"]} for row in rows]
         out.append({"fault": fault, "verdict": score_stragglers(compute, wait, step),
+                    "allreduces": {r.rank: sum(row["allreduces"] for row in r.value["rows"] if row["segment"] == seg)
+                                   for r in results},
                     "timeline": timeline, "compute": compute,
                     "injections": [i for r in results for i in r.value["injections"]
                                    if fault is not None and i.step in {row["step"] for row in
@@ -284,8 +286,30 @@ TARGET_ROUNDS = 3
 def _target(ctx: CheckContext, world: WorldLike) -> Outcome:
     segments = measure(world, ctx.target.spec, [None] * TARGET_ROUNDS, steps_each=None, deadline_s=ctx.deadline,
                        until_cleared=True)
+    idle = exercised_nothing(segments)
+    if idle is not None:
+        return idle
     return judge_target([seg["verdict"] for seg in segments], segments[0]["timeline"], segments[0]["ddp_timing"],
                         steps=segments[0]["steps_each"], compute=[seg["compute"] for seg in segments])
+
+
+def exercised_nothing(segments: list[dict[str, Any]]) -> Outcome | None:
+    """Skipped when the target's step issued no gradient all-reduce through DDP on some rank in
+    every timed step measured (a ``train_step`` that never runs a backward of the DDP model):
+    no rank then waits for another, and a "no straggler" would be a pass on nothing
+    (docs/architecture.md, "Results": a pass says what it exercised). None when every rank all-reduced."""
+    per_rank: dict[int, int] = {}
+    for seg in segments:
+        for rank, n in seg.get("allreduces", {}).items():
+            per_rank[rank] = per_rank.get(rank, 0) + n
+    if not per_rank or min(per_rank.values()) > 0:
+        return None
+    idle = sorted(r for r, n in per_rank.items() if n == 0)
+    steps = sum(len(seg["compute"].get(idle[0], [])) for seg in segments)
+    return Outcome.skipped(
+        f"its train_step issued no gradient all-reduce through DDP in {steps} timed steps on rank(s) "
+        f"{', '.join(map(str, idle))}: no rank waited for another, so nothing about stragglers was measured",
+        metrics={"key_figure": "train_step exercised nothing", "allreduces": {str(r): n for r, n in per_rank.items()}})
 
 
 def judge_target(verdicts: list[StragglerVerdict], timeline: list[dict[str, Any]],

@@ -164,13 +164,15 @@ def test_standalone_single_node(tmp_path: Path) -> None:
     assert len(verdicts) == 1 and verdicts[0].startswith("ddp-conformance: verdict ready"), verdicts
 
 
-def test_a_loss_times_the_launchers_world_size_is_not_ready(tmp_path: Path) -> None:
-    # WORLD_SIZE=2 is read at import (world_size_constant.py); the ranks are torchrun's, and the
-    # 1-rank reference that rank 0 starts must see a 1-process job's WORLD_SIZE=1, not the
-    # launcher's 2, or both sides carry x2 and the bug is "ready" (docs/rank-environment.md).
+@pytest.mark.parametrize("target", ["world_size_constant", "world_size_from_env"])
+def test_a_loss_times_the_launchers_world_size_is_not_ready(tmp_path: Path, target: str) -> None:
+    # WORLD_SIZE=2 is read at import (world_size_constant.py) or at every step
+    # (world_size_from_env.py); the ranks are torchrun's, and the 1-rank reference that rank 0
+    # starts must see a 1-process job's WORLD_SIZE=1, not the launcher's 2, or both sides carry
+    # x2 and the bug is "ready" (docs/rank-environment.md).
     report_dir = tmp_path / "report"
     log = tmp_path / "world_size.log"
-    target = ROOT / "tests" / "targets" / "world_size_constant.py"
+    target = str(ROOT / "tests" / "targets" / f"{target}.py")
     proc = _launch(["--standalone", "--nproc-per-node", "2", "-m", "conformance", "run", "--attach",
                     "--backend", "gloo", "--target", str(target), "--checks", "gradient-equivalence",
                     "--report-dir", str(report_dir)], log)

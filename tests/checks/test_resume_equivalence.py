@@ -503,6 +503,17 @@ def test_a_loop_that_writes_no_checkpoint_skips_with_the_reason(suite_session: A
     assert record.message.startswith("run_loop wrote nothing in ctx.checkpoint_dir over 6 optimizer steps")
 
 
+def test_a_loop_that_returns_at_once_is_skipped_never_passed(suite_session: Any) -> None:
+    # A pass says what it exercised (docs/architecture.md): a run_loop that trains nothing has
+    # nothing to resume, whatever its restarts would compare.
+    from conformance.harness.registry import BY_ID
+
+    target = str(Path(__file__).resolve().parents[1] / "faults" / "targets" / "loop_returns_at_once.py")
+    record, _ = suite_session.run_check(BY_ID["resume-equivalence"], target)
+    assert record.status == "skipped", record.message
+    assert record.message == "run_loop took no optimizer step: there is nothing to resume"
+
+
 def test_no_run_loop_skips_without_starting_a_world() -> None:
     from types import SimpleNamespace
 

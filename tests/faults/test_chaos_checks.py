@@ -142,6 +142,21 @@ def test_hang_detection_skips_a_loop_that_exercised_nothing(suite_session: Any, 
                         r"would, so nothing about hangs was verified", record.message), record.message
 
 
+@pytest.mark.parametrize(("check", "said"), [
+    ("straggler", r"its train_step issued no gradient all-reduce through DDP in \d+ timed steps on rank\(s\) 0, 1: "
+                  r"no rank waited for another, so nothing about stragglers was measured"),
+    ("bucket-config", r"its train_step issued no gradient all-reduce through DDP in the sweep's \d+ steps on "
+                      r"rank\(s\) 0, 1: no bucket size could matter, so nothing about bucket_cap_mb was measured"),
+])
+def test_a_timing_check_on_a_step_that_exercised_nothing_is_skipped(suite_session: Any, check: str,
+                                                                    said: str) -> None:
+    """A train_step that does nothing passed both ("no persistent straggler ... of a 0.0 ms
+    step", "bucket_cap_mb=25 is within 1.25x of the fastest cap"): passes on nothing."""
+    record, _ = _run(suite_session, check, str(TARGETS / "step_does_nothing.py"))
+    assert record.status == "skipped", record.message
+    assert re.fullmatch(said, record.message), record.message
+
+
 def test_straggler_names_injected_rank_in_every_phase(suite_session: Any) -> None:
     record, ctx = _run(suite_session, "straggler")
     assert record.status == "passed", record.message

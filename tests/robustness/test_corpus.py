@@ -143,6 +143,18 @@ CASES = [
     Case("rank-agreement-on-a-loss-times-world",
          ["--target", str(TESTS / "targets" / "loss_times_world.py"), "--checks", "rank-consistency"], 3,
          RANKS_AGREE_ONLY, 60, stdout=r"\[ddp\] rank-consistency: PASSED"),
+    # ... and so did eval agreement on it, and the three checks that verify no step together, with
+    # an evaluate that returns a constant (which eval-equivalence passed; it evaluated nothing).
+    Case("eval-agreement-on-a-loss-times-world",
+         ["--target", str(TESTS / "targets" / "eval_loss_times_world.py"), "--checks", "eval-equivalence"], 3,
+         r"verdict inconclusive: the training step was not verified on .*: eval-equivalence passed, but ready "
+         r"needs gradient-equivalence", 60, stdout=r"\[ddp\] eval-equivalence: PASSED"),
+    Case("eval-rank-hang-agreement-on-a-loss-times-world",
+         ["--target", str(TESTS / "targets" / "eval_constant_loss_times_world.py"),
+          "--checks", "eval-equivalence,rank-consistency,hang-detection"], 3,
+         r"verdict inconclusive: the training step was not verified on .*: (rank-consistency, hang-detection|"
+         r"hang-detection, rank-consistency) passed, but ready needs gradient-equivalence", 90,
+         stdout=r"\[ddp\] eval-equivalence: SKIPPED .*without a forward of the model.*it evaluated nothing"),
 ]
 
 
