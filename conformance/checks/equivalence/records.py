@@ -48,6 +48,9 @@ class SetupSlice(TypedDict, total=False):
     batchnorm_grouped: list[str]
     batchnorm_group: int | None
     batchnorm_sizes_seen: list[int]
+    # Per grouped BatchNorm: which rows of its input are which samples, or why that is unknown
+    # ("unmapped": ``batch_layout``).
+    batchnorm_layouts: dict[str, dict[str, Any]]
     # BatchNorm modules whose forward called a collective: synchronised, never grouped.
     batchnorm_synchronised: list[str]
     # nn.SyncBatchNorm modules run as the suite's CPU implementation (``harness.sync_batchnorm``).
