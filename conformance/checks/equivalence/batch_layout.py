@@ -21,11 +21,12 @@ arrangement, is *unmapped*: the record says why, and a mismatch it may explain i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from ...harness.batches import part_dims, rows, take_rows, walk
 
@@ -34,6 +35,12 @@ PROBE_SEED = 20261206
 #: Samples the probe changes one by one: enough to tell sample-major from view-major rows,
 #: few enough for the probe's forwards (one more than these) to cost next to nothing.
 PROBE_SAMPLES = 4
+#: The probe's key for the top-k calls (no module is named so).
+TOPK = "<topk>"
+SEVERAL, NONE = -1, -2  # a row's owner: several samples, none
+#: A row counts as changed beyond this share of the call's largest fingerprint.
+CHANGED = 1e-6
+NO_SAMPLE = "some of its rows depend on no sample"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +108,51 @@ def _perturbed(inputs: Any, dims: Any, sample: int) -> Any:
     return changed
 
 
-def _fingerprints(model: Any, run: Callable[[], Any]) -> dict[str, list[Any]]:
-    """Per BatchNorm module, per call of one ``run()``: a number per row of its input."""
+def _row_prints(x: Any) -> Any:
+    """One float64 number per row of ``x`` (rows: its first dimension), on the host."""
     import torch
+
+    flat = x.detach().reshape(x.shape[0], -1).to(torch.float64) if x.dim() else x.detach().reshape(1, 1)
+    g = torch.Generator().manual_seed(PROBE_SEED)
+    return (flat @ torch.randn(flat.shape[1], generator=g, dtype=torch.float64).to(flat.device)).cpu()
+
+
+@contextlib.contextmanager
+def _topk_rows(found: list[Any]) -> Iterator[None]:
+    """``torch.topk``/``Tensor.topk`` observed: the rows each call chooses among, in the order
+    ``routing.RoutingProbe`` keeps its indices (every dimension but the last flattened)."""
+    import torch
+
+    function, method = torch.topk, torch.Tensor.topk
+
+    def seen(*args: Any, **kwargs: Any) -> None:
+        x = args[0] if args else kwargs["input"]
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
+        if x.dim() and dim % x.dim() == x.dim() - 1:
+            found.append(_row_prints(x.reshape(-1, x.shape[-1])))
+        else:
+            found.append(f"a top-k over dimension {dim} of {x.dim()}, not the last")
+
+    def topk(*args: Any, **kwargs: Any) -> Any:
+        seen(*args, **kwargs)
+        return function(*args, **kwargs)
+
+    def tensor_topk(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    torch.topk = topk
+    torch.Tensor.topk = tensor_topk  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.topk = function
+        torch.Tensor.topk = method  # type: ignore[method-assign]
+
+
+def _fingerprints(model: Any, run: Callable[[], Any]) -> dict[str, list[Any]]:
+    """Per BatchNorm module (and ``TOPK``: the top-k calls), per call of one ``run()``: a
+    number per row of its input."""
     from torch import nn
 
     found: dict[str, list[Any]] = {}
@@ -111,28 +160,32 @@ def _fingerprints(model: Any, run: Callable[[], Any]) -> dict[str, list[Any]]:
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             def hook(_: Any, args: Any, name: str = name) -> None:
-                x = args[0].detach()
-                flat = x.reshape(x.shape[0], -1).to(torch.float64) if x.dim() else x.reshape(1, 1)
-                g = torch.Generator().manual_seed(PROBE_SEED)
-                found.setdefault(name, []).append(
-                    (flat @ torch.randn(flat.shape[1], generator=g, dtype=torch.float64).to(flat.device)).cpu())
+                found.setdefault(name, []).append(_row_prints(args[0]))
             handles.append(module.register_forward_pre_hook(hook))
+    routing: list[Any] = []
     try:
-        run()
+        with _topk_rows(routing):
+            run()
     finally:
         for handle in handles:
             handle.remove()
+    if routing:
+        found[TOPK] = routing
     return found
 
 
 def _owners(base: Any, changed: list[Any]) -> Any:
-    """Per row of one call: the one probe sample whose change changed it; -1 for a row that
-    changed with several samples (an op before it mixes them) or with none."""
+    """Per row of one call: the one probe sample whose change changed it; ``SEVERAL`` for a row
+    that changed with several samples (an op before it mixes them), ``NONE`` with none."""
     import torch
 
-    hits = torch.stack([c != base for c in changed])  # samples x rows
-    owner = hits.int().argmax(0)
-    return torch.where(hits.sum(0) == 1, owner, torch.full_like(owner, -1))
+    # Changed by more than rounding: a changed sample moves its rows by O(1) of the call's
+    # scale, while a kernel picked anew on an accelerator may move the others in the last bits.
+    scale = float(base.abs().max()) if base.numel() else 0.0
+    hits = torch.stack([(c - base).abs() > CHANGED * scale for c in changed])  # samples x rows
+    count = hits.sum(0)
+    owner = torch.where(count == 1, hits.int().argmax(0), torch.full_like(count, SEVERAL))
+    return torch.where(count == 0, torch.full_like(count, NONE), owner)
 
 
 def _classify(base: Any, changed: list[Any]) -> Layout | str:
@@ -140,12 +193,15 @@ def _classify(base: Any, changed: list[Any]) -> Layout | str:
     changed in turn), or why it has none."""
     import torch
 
-    if any(c.shape != base.shape for c in changed):
+    if isinstance(base, str):
+        return base
+    if any(isinstance(c, str) or c.shape != base.shape for c in changed):
         return "its calls receive other numbers of rows when a sample changes"
     owner = _owners(base, changed)
-    if bool((owner < 0).any()):
-        return ("some of its rows depend on several samples (an op before it mixes samples) "
-                "or on none")
+    if bool((owner == SEVERAL).any()):
+        return "some of its rows depend on several samples (an op before it mixes samples)"
+    if bool((owner == NONE).any()):
+        return NO_SAMPLE
     present, local = torch.unique(owner, sorted=True, return_inverse=True)
     counts = torch.bincount(local)
     if bool((counts != counts[0]).any()):
@@ -158,40 +214,88 @@ def _classify(base: Any, changed: list[Any]) -> Layout | str:
     return f"its {per} rows per sample are neither sample-major nor view-major"
 
 
-def observe_layouts(model: Any, loss: Callable[[Any, Any], Any], batch: tuple[Any, Any], dims: Any,
-                    *, samples: int = PROBE_SAMPLES) -> dict[str, Layout | str]:
-    """Per training-mode BatchNorm of ``model``: its rows' layout, or why it is unmapped.
-    ``loss(inputs, targets)`` is the target's loss on ``model``; ``batch`` (on the model's
-    device) gives its first ``samples`` samples (at least 2) to the probe. Empty where the
-    probe cannot run (fewer than 2 samples, a loss that fails on the changed inputs)."""
+class LayoutSlice(TypedDict):
+    """What the probe saw, as each side's record keeps it (``records.SetupSlice``)."""
+
+    # Per grouped BatchNorm: which rows of its input are which samples, or why that is unknown.
+    batchnorm_layouts: dict[str, dict[str, Any]]
+    # Per top-k call of one loss, in order: the same for its rows (``routing`` maps by it).
+    routing_layouts: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What the probe saw: per BatchNorm module, and per top-k call of one loss (in order)."""
+
+    norms: dict[str, Layout | str]
+    routing: list[Layout | str]
+
+    def records(self, grouped: list[str]) -> LayoutSlice:
+        """The record's ``batchnorm_layouts`` (the grouped modules) and ``routing_layouts``."""
+        return LayoutSlice(batchnorm_layouts={name: layout_record(self.norms.get(name)) for name in grouped},
+                           routing_layouts=[layout_record(r) for r in self.routing])
+
+
+def observe_layouts(model: Any, loss: Callable[[Any, Any, Any], Any], batch: tuple[Any, Any], dims: Any,
+                    *, samples: int = PROBE_SAMPLES) -> Observed:
+    """Per training-mode BatchNorm of ``model`` and per top-k call: its rows' layout, or why
+    it is unmapped. ``loss(model, inputs, targets)`` is the target's loss; ``batch`` (on the
+    model's device) gives its first ``samples`` samples (at least 2) to the probe. Empty where
+    the probe cannot run (fewer than 2 samples, a loss that fails on changed inputs); one
+    forward only where nothing is to be observed."""
     import torch
-    from torch import nn
 
     in_dims, out_dims = part_dims(dims, 0), part_dims(dims, 1)
     count = min(samples, rows(batch[0], in_dims))
+    if count < 2:
+        return Observed({}, [])
+    probe = (take_rows(batch[0], 0, count, in_dims), take_rows(batch[1], 0, count, out_dims))
+    seen = _observe(model, loss, probe, in_dims)
+    if NO_SAMPLE in seen.routing:
+        # A router whose scores depend on no input yet (MoE gates initialised to zeros: every
+        # token ties): its layout is structure, not values, so a copy with its weights jittered
+        # shows it. Only then: the copy costs the model's memory once more.
+        jittered = copy.deepcopy(model)
+        g = torch.Generator().manual_seed(PROBE_SEED)
+        with torch.no_grad():
+            for p in jittered.parameters():
+                if p.is_floating_point():
+                    p.add_(0.01 * torch.randn(p.shape, generator=g).to(p.device, p.dtype))
+        seen = Observed(seen.norms, _observe(jittered, loss, probe, in_dims).routing)
+    return seen
+
+
+def _observe(model: Any, loss: Callable[[Any, Any, Any], Any], probe: tuple[Any, Any], in_dims: Any) -> Observed:
+    import torch
+    from torch import nn
+
+    inputs, targets = probe
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
-    if count < 2 or not norms:
-        return {}
-    inputs, targets = take_rows(batch[0], 0, count, in_dims), take_rows(batch[1], 0, count, out_dims)
     try:
         for m in norms:
             m.eval()  # running statistics: every row normalised on its own, nothing updated
         with torch.no_grad():
-            seen = [_fingerprints(model, functools.partial(loss, x, targets))
-                    for x in (inputs, *(_perturbed(inputs, in_dims, i) for i in range(count)))]
+            seen = [_fingerprints(model, functools.partial(loss, model, inputs, targets))]
+            if seen[0]:
+                seen += [_fingerprints(model, functools.partial(loss, model, _perturbed(inputs, in_dims, i), targets))
+                         for i in range(rows(inputs, in_dims))]
     except Exception:  # noqa: BLE001 - no observation: the batch-first rule applies (recorded)
-        return {}
+        return Observed({}, [])
     finally:
         for m in norms:
             m.train()
     out: dict[str, Layout | str] = {}
+    routing: list[Layout | str] = []
     for name, calls in seen[0].items():
         others = [s.get(name, []) for s in seen[1:]]
         if any(len(o) != len(calls) for o in others):
             out[name] = "it is called a different number of times when a sample changes"
             continue
         found = [_classify(call, [o[c] for o in others]) for c, call in enumerate(calls)]
+        if name == TOPK:
+            routing = found
+            continue
         why = [f for f in found if isinstance(f, str)]
         out[name] = (why[0] if why else found[0] if len(set(found)) == 1
                      else "its calls lay their rows out differently")
-    return out
+    return Observed(out, routing)

@@ -56,7 +56,7 @@ from ...harness.sync_batchnorm import substituted
 from ...harness.targets import Target
 from ...harness.world import RankContext
 from .adaptive import gradient_norms, update_bound
-from .batch_layout import layout_record, observe_layouts
+from .batch_layout import LayoutSlice, observe_layouts
 from .compiled import output_site, run_eagerly
 from .destination import Destination
 from .compression import comm_hook_of
@@ -488,7 +488,7 @@ class Settled:
     differs: str | None  # rank 0 of a comparing run: how its build differed from the reference's
     synchronised: list[str]  # BatchNorms whose forward called a collective: never grouped
     first: Any  # this rank's first microbatch (the reference's whole batch), on the device
-    layouts: dict[str, dict[str, Any]]  # per grouped BatchNorm: its rows' layout, or why unmapped
+    layouts: LayoutSlice  # which rows of each BatchNorm's and top-k call's input are which samples
 
 
 def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to: Destination) -> Settled:
@@ -512,16 +512,14 @@ def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to
             model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device))
         group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
         # Which rows of each BatchNorm's input are which samples, alike on every side (``batch_layout``).
-        layouts = observe_layouts(model, lambda x, y: target.compute_loss(model, x, y),
-                                  to_device([whole], rank_ctx.device)[0], dims)
-    grouped = group_batchnorm(model, group, keep={*synchronised, *plan.ungrouped}, layouts=layouts)
+        layouts = observe_layouts(model, target.compute_loss, to_device([whole], rank_ctx.device)[0], dims)
+    grouped = group_batchnorm(model, group, keep={*synchronised, *plan.ungrouped}, layouts=layouts.norms)
     # After grouping BatchNorm: the whole batch then normalises in the pieces' groups.
     split = _loss_split(target, model, plan, rank_ctx) if plan.measure_loss_split else None
     # Before wrapping, on rank 0 only: DDP's construction broadcast then carries rank 0's
     # (reference-checked) weights to every rank, including ranks that cannot read the files.
     differs = _verify_initial(model, to.folder, rank_ctx.device) if not writes and rank == 0 else None
-    return Settled(dropout, rng_left, group, grouped, split, differs, synchronised, first,
-                   {name: layout_record(layouts.get(name)) for name in grouped})
+    return Settled(dropout, rng_left, group, grouped, split, differs, synchronised, first, layouts.records(grouped))
 
 
 def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
@@ -537,7 +535,7 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
                        dropout_disabled=settled.dropout, rng_in_forward=settled.rng_left,
                        batchnorm_grouped=settled.grouped, batchnorm_group=settled.group if settled.grouped else None,
                        batchnorm_synchronised=settled.synchronised, sync_batchnorm_substituted=substituted(inner),
-                       batchnorm_layouts=settled.layouts)
+                       **settled.layouts)
     if settled.split is not None:
         setup["loss_split"] = settled.split
     # After DDP's construction broadcast (every rank at the reference's weights), on every rank.
