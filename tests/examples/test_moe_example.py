@@ -51,3 +51,25 @@ def test_a_routing_flip_is_inconclusive_with_where_the_routing_parted(suite_sess
     # The floor is not taken from the twin's flipped steps.
     floor = record.evidence["noise_floor"]
     assert floor["parameters"]["bound_abs"] < 1e-2, floor
+
+
+def test_a_sequence_major_router_is_compared_token_by_token(suite_session, tmp_path):
+    # Megatron's [s, b, h] hidden states: the router's rows are every sample's first token, then
+    # every second... Laid out rank by rank as if batch-first, the ranks' rows were other tokens
+    # than the reference's: "54 of 128 tokens chose other experts under DDP" on a correct model
+    # (inconclusive). The probe sees which rows are which samples (``batch_layout``).
+    seq_major = (("        tokens = x.reshape(-1, FEATURES)\n",
+                  "        tokens = x.transpose(0, 1).reshape(-1, FEATURES)\n"),
+                 ("        return out.reshape(x.shape)\n",
+                  "        return out.reshape(x.shape[1], x.shape[0], -1).transpose(0, 1)\n"))
+    record = _record(suite_session, "gradient-equivalence", variant(tmp_path, "train_moe.py", "seq_major", *seq_major))
+    assert record.status == "passed", record.message
+    assert record.evidence["routing"]["ddp_flip"] is None, record.evidence["routing"]
+    assert "all identical" in record.evidence["routing"]["compared"]
+    broken = variant(tmp_path, "train_moe.py", "seq_major_loss_times_world", *seq_major,
+                     ("        (loss_fn(model(x), y) / len(microbatches)).backward()",
+                      "        import torch.distributed as dist\n"
+                      "        (loss_fn(model(x), y) / len(microbatches) * dist.get_world_size()).backward()"))
+    bug = _record(suite_session, "gradient-equivalence", broken)
+    assert bug.status == "failed", bug.message
+    assert bug.metrics["gradient_factor"] == pytest.approx(2.0, rel=1e-3)

@@ -5,14 +5,19 @@ microbatch (B/(N·K) samples) — or each rank's whole shard (B/N) when ``train_
 microbatches into one batch — while the single-process reference sees all B samples at once.
 Comparing those compares two different models, whatever DDP does.
 
-So on both sides every BatchNorm normalises over consecutive groups of G = B/(N·K) samples
-(its own forward, applied group by group). The N-rank run's groups are exactly its
-microbatches; the reference's groups, in order, are the same samples (rank-major, contiguous
-shards). The check then judges DDP alone, whether ``train_step`` joins microbatches or not,
-and a loss that sums instead of averaging is seen as on any other model. Batches whose size is
-not a multiple of G are normalised whole; the sizes statistics were taken over are recorded
-(``sizes_seen``), and when the N-rank run normalised over one smaller size (a ``train_step``
-that splits its microbatches further), the reference uses that size as its group.
+So on both sides every BatchNorm normalises over groups of G = B/(N·K) samples (its own
+forward, applied group by group). The N-rank run's groups are exactly its microbatches; the
+reference's groups, in order, are the same samples (rank-major, contiguous shards). The check
+then judges DDP alone, whether ``train_step`` joins microbatches or not, and a loss that sums
+instead of averaging is seen as on any other model. A group is *samples*, with all their rows:
+which rows of a module's input are which samples is observed on the model before training
+(``batch_layout``: two views concatenated into one forward, a pair packed per sample, one
+forward per view), so a call whose rows are both views of one microbatch is normalised whole,
+as production does, and the reference normalises both views of each microbatch together.
+Calls whose samples are not a multiple of G are normalised whole; the sample counts statistics
+were taken over are recorded (``sizes_seen``), and when the N-rank run normalised over one
+smaller count (a ``train_step`` that splits its microbatches further), the reference uses
+that count as its group.
 
 A BatchNorm that synchronises its statistics (``nn.SyncBatchNorm``, the suite's CPU stand-in
 for it, detectron2's ``NaiveSyncBatchNorm``, any subclass whose forward calls a collective) is
@@ -24,14 +29,16 @@ runs again with it ungrouped (``RunPlan.ungrouped``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ...harness.sync_batchnorm import substituted
+from .batch_layout import Layout
 
 _GROUPED: dict[type, type] = {}
 GROUP_ATTR = "_conformance_group"
 SEEN_ATTR = "_conformance_sizes_seen"
+LAYOUT_ATTR = "_conformance_layout"
 T = TypeVar("T")
 
 
@@ -40,13 +47,23 @@ def _grouped_class(cls: type) -> type:
         import torch
 
         def forward(self: Any, x: Any) -> Any:
-            size, group = int(x.shape[0]), getattr(self, GROUP_ATTR)
-            if size > group and size % group == 0:
+            group, layout = getattr(self, GROUP_ATTR), getattr(self, LAYOUT_ATTR)
+            size = layout.samples(int(x.shape[0]))
+            if size is not None and size > group and size % group == 0:
                 getattr(self, SEEN_ATTR).add(group)
-                return torch.cat([cls.forward(self, chunk) for chunk in x.split(group)])  # type: ignore[attr-defined]
+                order = layout.grouped_rows(int(x.shape[0]), group)
+                if order == list(range(len(order))):
+                    return torch.cat([cls.forward(self, chunk)  # type: ignore[attr-defined]
+                                      for chunk in x.split(group * layout.per_sample)])
+                # View-major rows (views concatenated): a group's rows gathered, normalised
+                # together, and put back where the model laid them.
+                index = torch.tensor(order, device=x.device)
+                out = torch.cat([cls.forward(self, chunk)  # type: ignore[attr-defined]
+                                 for chunk in x.index_select(0, index).split(group * layout.per_sample)])
+                return out.index_select(0, torch.argsort(index))
             # Normalised whole: at or below the group size (a step that splits its microbatches
-            # further), or not a multiple of it. The size is what the statistics were taken over.
-            getattr(self, SEEN_ATTR).add(size)
+            # further), or not a multiple of it. The samples are what the statistics were taken over.
+            getattr(self, SEEN_ATTR).add(int(x.shape[0]) if size is None else size)
             return cls.forward(self, x)  # type: ignore[attr-defined]
 
         _GROUPED[cls] = type(f"Grouped{cls.__name__}", (cls,), {"forward": forward})
@@ -78,10 +95,13 @@ def synchronising(model: Any, calls: Sequence[Any]) -> list[str]:
                    and isinstance(modules.get(c.module), nn.modules.batchnorm._BatchNorm)})
 
 
-def group_batchnorm(model: Any, group: int, *, keep: Collection[str] = ()) -> list[str]:
+def group_batchnorm(model: Any, group: int, *, keep: Collection[str] = (),
+                    layouts: Mapping[str, Layout | str] | None = None) -> list[str]:
     """Make every plain (training-mode) BatchNorm of ``model`` normalise per ``group`` samples;
     the synchronised ones (``keep``: ``synchronising``, and ``nn.SyncBatchNorm``) already take
     their statistics over the global batch, as the reference does, and are left alone.
+    ``layouts`` (``batch_layout.observe_layouts``) says which rows of each module's input are
+    which samples; a module without one (not observed, or unmapped) is taken as batch-first.
 
     The class of each module is swapped for a subclass (not a bound-method patch), so copies
     of the model keep working. Returns the names of the modules changed.
@@ -95,6 +115,8 @@ def group_batchnorm(model: Any, group: int, *, keep: Collection[str] = ()) -> li
                 and not isinstance(module, nn.SyncBatchNorm) and module.training):
             module.__class__ = _grouped_class(type(module))
             setattr(module, GROUP_ATTR, group)
+            layout = (layouts or {}).get(name)
+            setattr(module, LAYOUT_ATTR, layout if isinstance(layout, Layout) else Layout())
             setattr(module, SEEN_ATTR, set())
             names.append(name)
     return names

@@ -171,6 +171,9 @@ def evidence(eq: Equivalence) -> dict[str, Any]:
         "batchnorm_group": head.get("batchnorm_group"),
         "batchnorm_sizes_seen": {"ranks": eq.per_rank("batchnorm_sizes_seen"),
                                  "reference": eq.reference.get("batchnorm_sizes_seen")},
+        # Which rows of each grouped BatchNorm's input are which samples (``batch_layout``).
+        "batchnorm_layouts": {"ranks": head.get("batchnorm_layouts") or {},
+                              "reference": eq.reference.get("batchnorm_layouts") or {}},
         BATCHNORM_PER_RANK: bool(grouped),
         NOISE_FLOOR: noise_floor(eq),
         VERIFIED: eq.verified(),

@@ -56,6 +56,7 @@ from ...harness.sync_batchnorm import substituted
 from ...harness.targets import Target
 from ...harness.world import RankContext
 from .adaptive import gradient_norms, update_bound
+from .batch_layout import LayoutSlice, observe_layouts
 from .compiled import output_site, run_eagerly
 from .destination import Destination
 from .compression import comm_hook_of
@@ -487,6 +488,7 @@ class Settled:
     differs: str | None  # rank 0 of a comparing run: how its build differed from the reference's
     synchronised: list[str]  # BatchNorms whose forward called a collective: never grouped
     first: Any  # this rank's first microbatch (the reference's whole batch), on the device
+    layouts: LayoutSlice  # which rows of each BatchNorm's and top-k call's input are which samples
 
 
 def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to: Destination) -> Settled:
@@ -494,9 +496,8 @@ def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to
     grouped, the loss split measured and (rank 0 of a comparing run) the reference's initial
     weights loaded and checked."""
     writes, n, rank = to.writer is not None, rank_ctx.world_size, rank_ctx.rank
-    dims = batch_dims(target)
-    first = to_device(shard(global_batch(target, plan.global_batch, seed=plan.seed), rank, n,
-                            plan.microbatches, dims=dims), rank_ctx.device)[0]
+    dims, whole = batch_dims(target), global_batch(target, plan.global_batch, seed=plan.seed)
+    first = to_device(shard(whole, rank, n, plan.microbatches, dims=dims), rank_ctx.device)[0]
     dropout = disable_dropout(model)
     # After switching dropout off: what randomness is left cannot be made equal on both sides.
     # The reference probes a slice of its one microbatch of the N-rank run's microbatch size
@@ -509,14 +510,16 @@ def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to
         # The collectives each module's forward calls (every rank alike): synchronised BatchNorms.
         rng_left, synchronised = watch_synchronising(model, rank, lambda: forward_is_random(
             model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device))
-    group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
-    grouped = group_batchnorm(model, group, keep={*synchronised, *plan.ungrouped})
+        group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
+        # Which rows of each BatchNorm's input are which samples, alike on every side (``batch_layout``).
+        layouts = observe_layouts(model, target.compute_loss, to_device([whole], rank_ctx.device)[0], dims)
+    grouped = group_batchnorm(model, group, keep={*synchronised, *plan.ungrouped}, layouts=layouts.norms)
     # After grouping BatchNorm: the whole batch then normalises in the pieces' groups.
     split = _loss_split(target, model, plan, rank_ctx) if plan.measure_loss_split else None
     # Before wrapping, on rank 0 only: DDP's construction broadcast then carries rank 0's
     # (reference-checked) weights to every rank, including ranks that cannot read the files.
     differs = _verify_initial(model, to.folder, rank_ctx.device) if not writes and rank == 0 else None
-    return Settled(dropout, rng_left, group, grouped, split, differs, synchronised, first)
+    return Settled(dropout, rng_left, group, grouped, split, differs, synchronised, first, layouts.records(grouped))
 
 
 def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
@@ -531,7 +534,8 @@ def prepare(rank_ctx: RankContext, plan: RunPlan) -> Prepared:
                        comm_hook=comm_hook_of(ddp, uncompressed=plan.uncompressed),
                        dropout_disabled=settled.dropout, rng_in_forward=settled.rng_left,
                        batchnorm_grouped=settled.grouped, batchnorm_group=settled.group if settled.grouped else None,
-                       batchnorm_synchronised=settled.synchronised, sync_batchnorm_substituted=substituted(inner))
+                       batchnorm_synchronised=settled.synchronised, sync_batchnorm_substituted=substituted(inner),
+                       **settled.layouts)
     if settled.split is not None:
         setup["loss_split"] = settled.split
     # After DDP's construction broadcast (every rank at the reference's weights), on every rank.

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from ...harness.observe import AllReduceSlice, ForwardCountSlice, StepCollectivesSlice, SyncFlagSlice
+from .batch_layout import LayoutSlice
 from .start_loss import StartLoss
 from .tensors import Compared
 
@@ -36,8 +37,9 @@ class LossSplit(TypedDict):
     threshold: float  # the largest rel_gap / grad_gap that still counts as a mean over samples
 
 
-class SetupSlice(TypedDict, total=False):
-    """How the run was set up on this rank (``recording.prepare``)."""
+class SetupSlice(LayoutSlice, total=False):
+    """How the run was set up on this rank (``recording.prepare``); with which rows of each
+    BatchNorm's and top-k call's input are which samples (``batch_layout.LayoutSlice``)."""
 
     rank: int
     ddp_kwargs: str  # repr of the effective DDP constructor arguments

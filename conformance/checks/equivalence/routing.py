@@ -14,7 +14,10 @@ So every ``topk`` call of the recorded run is observed (``RoutingProbe``: ``torc
 ``Tensor.topk`` wrapped while the step runs, as ``ClipProbe`` wraps clipping) and its indices
 kept per step, rows (tokens) by k choices. The supervisor lays each side's calls out in the
 reference's row order — rank by rank, forward by forward, in the N-rank run's contiguous
-shards — and compares the *sets* of chosen indices row by row (``first_flip``). Then:
+shards, each call's rows first put sample by sample as the probe saw them (``batch_layout``:
+a router fed sequence-major tokens, Megatron's ``[s, b, h]`` flattened, holds every sample's
+first token, then every second...) — and compares the *sets* of chosen indices row by row
+(``first_flip``). Then:
 
 - the twin's parameters from its first flipped step on are no measurement of noise: its floor
   is taken over the steps before (``trim_twin``), and a twin that flipped at its first compared
@@ -123,19 +126,40 @@ def _rows(calls: list[Call]) -> Any:
     return np.concatenate(parts)
 
 
-def _layout(side: list[list[Call]], layers: int, blocks_reversed: int) -> list[Any] | None:
-    """Each rank's calls of one step in the reference's row order, per reference call."""
+def _canonical(rows: Any, layout: dict[str, Any] | None) -> Any:
+    """One call's rows with each sample's rows adjacent (``batch_layout``: a router fed
+    sequence-major tokens, ``[s, b, h]`` flattened, sees every sample's first token, then every
+    second...); None where its rows were seen not to map onto samples."""
+    if layout is None:
+        return rows
+    if "unmapped" in layout:
+        return rows if str(layout["unmapped"]).startswith("not observed") else None
+    per = int(layout["rows_per_sample"])
+    if layout["arrangement"] == "sample-major" or per == 1:
+        return rows
+    if len(rows) % per:
+        return None
+    return rows.reshape(per, len(rows) // per, -1).transpose(1, 0, 2).reshape(len(rows), -1)
+
+
+def _layout(side: list[list[Call]], layers: int, blocks_reversed: int,
+            layouts: list[list[dict[str, Any]]] | None = None) -> list[Any] | None:
+    """Each rank's calls of one step in the reference's row order, per reference call:
+    ``layouts`` (per rank, per call of one loss) says which of a call's rows are which samples."""
     import numpy as np
 
     out = []
     for layer in range(layers):
         parts = []
-        for calls in side:
+        for rank, calls in enumerate(side):
             if len(calls) % layers:
                 return None
-            rows = _rows(calls[layer::layers])
-            if rows is None:
+            mine = (layouts or [])[rank] if rank < len(layouts or []) else []
+            pieces = [_canonical(_rows([c]), mine[layer] if len(mine) == layers else None)
+                      for c in calls[layer::layers]]
+            if any(r is None for r in pieces) or len({r.shape[1] for r in pieces}) != 1:
                 return None
+            rows = np.concatenate(pieces)
             if blocks_reversed > 1:
                 if len(rows) % blocks_reversed:
                     return None
@@ -161,13 +185,17 @@ def first_flip(reference: dict[str, Any], side: list[dict[str, Any]], *,
                 else None for v in side]
         if not ref_calls or any(m is None for m in mine):
             continue
-        laid = _layout([m for m in mine if m is not None], len(ref_calls), blocks_reversed)
+        laid = _layout([m for m in mine if m is not None], len(ref_calls), blocks_reversed,
+                       [v.get("routing_layouts") or [] for v in side])
+        ref_layouts = reference.get("routing_layouts") or []
         if laid is None:
             return None, (f"top-k calls of step {step} do not map onto the reference's "
                           f"({len(ref_calls)} per step there): not compared")
         differ = rows = 0
-        for ref_call, got in zip(ref_calls, laid):
+        for layer, (ref_call, got) in enumerate(zip(ref_calls, laid)):
             ref_rows = _rows([ref_call])
+            if ref_rows is not None and len(ref_layouts) == len(ref_calls):
+                ref_rows = _canonical(ref_rows, ref_layouts[layer])
             if ref_rows is None or ref_rows.shape != got.shape:
                 return None, f"top-k call shapes of step {step} differ from the reference's: not compared"
             differ += int((np.sort(ref_rows, axis=1) != np.sort(got, axis=1)).any(axis=1).sum())

@@ -16,9 +16,10 @@ from .comparison import Equivalence
 from .diagnosis import (collective, empty_reason, hints, no_known_cause, nonfinite, scale_fix,
                         scaler_skips_differ, skipped_steps)
 from .floor import smallest_bug
-from .hypotheses import GLOBAL_COUNT
+from .hypotheses import GLOBAL_COUNT, split_weighting
 from . import presentation
 from .presentation import key_figure, mismatch_message
+from .batch_layout import unmapped
 from .routing import explains, flip_message
 
 
@@ -114,6 +115,8 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
             eq.reference.get("grads0_step") or 0), before_ok=before_ok):
         # A discontinuity, not a bug: from the flip on the runs legitimately part (``routing``).
         return _past_flip(eq, what, metrics, evidence)
+    if (unmapped_norm := _unmapped_batchnorm(eq, what, causes, metrics, evidence)) is not None:
+        return unmapped_norm
     cause = ("; ".join(causes) if causes else no_known_cause(eq))
     message = f"{what} differs from the single-process step: {mismatch_message(eq)} — {cause}"
     evidence[HYPOTHESES] = causes
@@ -172,6 +175,27 @@ def _floor_ran_out_of_time(eq: Equivalence, what: str, causes: list[str], metric
         f"finish within the deadline), and the difference goes beyond the fixed tolerances only, with "
         f"no known cause: {mismatch_message(eq)}", metrics=metrics, evidence=evidence,
         recommendation=FLOOR_DEADLINE)
+
+
+def _unmapped_batchnorm(eq: Equivalence, what: str, causes: list[str], metrics: dict[str, Any],
+                        evidence: dict[str, Any]) -> Outcome | None:
+    """Inconclusive where a BatchNorm could not be grouped by sample alike on both sides
+    (``batch_layout``) and nothing but the loss split, which its statistics move too, explains
+    the mismatch."""
+    unmapped_norms = unmapped([*eq.ranks, eq.reference])
+    weighting = split_weighting(eq.floor.loss_split) if eq.floor.weighting else None
+    if not unmapped_norms or any(c != weighting for c in causes):
+        return None
+    # Its per-call statistics differ between the runs whatever DDP does, and they read as a
+    # loss that is not a mean over samples too: no finding either way.
+    name, why = next(iter(unmapped_norms.items()))
+    metrics["key_figure"] = f"BatchNorm {name!r}: rows not mapped onto samples"
+    return Outcome.inconclusive(
+        f"{what} cannot be judged: BatchNorm {name!r} could not be grouped by sample alike in "
+        f"both runs ({why}), so they normalise over other rows; measured: "
+        f"{mismatch_message(eq)}", metrics=metrics, evidence={**evidence, HYPOTHESES: causes},
+        recommendation="for the check, use SyncBatchNorm (one statistic over the global batch on "
+                       "both sides), or give that BatchNorm rows that each belong to one sample")
 
 
 def _past_flip(eq: Equivalence, what: str, metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:
