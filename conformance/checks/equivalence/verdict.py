@@ -40,15 +40,8 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
     """
     metrics = {**presentation.metrics(eq), "key_figure": key_figure(eq)}
     evidence = presentation.evidence(eq)
-    bad = nonfinite(eq)
-    if bad is not None:
-        message, where = bad
-        metrics["key_figure"] = (f"NaN/Inf at step {where['step']}"
-                                 + (f" on rank {where['rank']}" if where["rank"] is not None else ""))
-        return Outcome.failed(message, metrics=metrics, evidence={**evidence, NONFINITE: where},
-                              recommendation="find where the value first becomes non-finite (loss "
-                                             "scale, learning rate, a log or division of zero, fp16 "
-                                             "overflow): nothing trained on NaN can be verified")
+    if (bad := _nonfinite(eq, metrics, evidence)) is not None:
+        return bad
     skips = scaler_skips_differ(eq) if eq.divergence is None else None
     if skips is not None and not eq.ok and not hints(eq)[0]:
         # Not decidable step by step, and no measured cause (a gradient factor of N or K at a
@@ -135,6 +128,20 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
         # cause and size in the message: the user decides whether to normalise globally.
         recommendation = GLOBAL_COUNT
     return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)
+
+
+def _nonfinite(eq: Equivalence, metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome | None:
+    """Failed where a value first became NaN/Inf (nothing after it can be compared); else None."""
+    bad = nonfinite(eq)
+    if bad is None:
+        return None
+    message, where = bad
+    metrics["key_figure"] = (f"NaN/Inf at step {where['step']}"
+                             + (f" on rank {where['rank']}" if where["rank"] is not None else ""))
+    return Outcome.failed(message, metrics=metrics, evidence={**evidence, NONFINITE: where},
+                          recommendation="find where the value first becomes non-finite (loss "
+                                         "scale, learning rate, a log or division of zero, fp16 "
+                                         "overflow): nothing trained on NaN can be verified")
 
 
 def _random_forward(eq: Equivalence, what: str, cause: str, recommendation: str, metrics: dict[str, Any],
