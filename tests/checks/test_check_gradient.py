@@ -13,7 +13,7 @@ from ._check_helpers import run_check
 
 @pytest.mark.parametrize("target", ["mlp", "adam_mlp", "tiny_buckets", "convbn", "trainer", "nanogpt_order",
                                     "bn_joined", "bn_split_microbatches", "dropout_mlp",
-                                    "no_accumulation", "step_per_microbatch"])
+                                    "no_accumulation", "step_per_microbatch", "queue_buffer"])
 def test_passes_on_correct_targets(suite_session, target):
     record = run_check(suite_session, "gradient-equivalence", target)
     assert record.status == "passed", record.message

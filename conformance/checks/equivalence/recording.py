@@ -65,7 +65,7 @@ from .instruments import (BatchDigests, ClipProbe, CompileWatch, Features, Routi
                           nonfinite_output)
 from .hypotheses import loss_split
 from .normalisation import group_batchnorm, sizes_seen, watch_synchronising
-from .randomness import disable_dropout, forward_is_random
+from .randomness import disable_dropout, forward_is_random, state_kept
 from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
 from .shards import local_slices, shard_factor
 from .start_loss import measure_start_loss
@@ -511,8 +511,10 @@ def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to
         rng_left, synchronised = watch_synchronising(model, rank, lambda: forward_is_random(
             model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device))
         group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
-        # Which rows of each BatchNorm's input are which samples, alike on every side (``batch_layout``).
-        layouts = observe_layouts(model, target.compute_loss, to_device([whole], rank_ctx.device)[0], dims)
+        # Which rows of each BatchNorm's input are which samples, alike on every side (``batch_layout``);
+        # its forwards leave the model's buffers and the generators as they were (MoCo's queue pointer).
+        with state_kept(model, device=rank_ctx.device):
+            layouts = observe_layouts(model, target.compute_loss, to_device([whole], rank_ctx.device)[0], dims)
     grouped = group_batchnorm(model, group, keep={*synchronised, *plan.ungrouped}, layouts=layouts.norms)
     # After grouping BatchNorm: the whole batch then normalises in the pieces' groups.
     split = _loss_split(target, model, plan, rank_ctx) if plan.measure_loss_split else None
