@@ -15,10 +15,9 @@ copies the reference's in where a non-deterministic ``build_model`` made them di
 can read the files checks again after it: rank-local buffers), so both runs start from exactly
 the same weights either way.
 
-A rank that cannot see the files (``--attach`` across hosts: the reference ran on rank 0's
-host) digests the same tensors at the same points instead, and so does every rank that
-compares (only in such a run), for the judge to carry the comparison over by bit identity
-(``digests``).
+A rank that cannot see the files (``--attach`` across hosts: the reference ran on rank 0's host)
+digests the same tensors at the same points instead, and so does every rank that compares (only
+in such a run), for the judge to carry the comparison over by bit identity (``digests``).
 
 Build the target's model from the suite's seed, wrap it in DDP with the target's
 ``ddp_kwargs``, feed each rank its contiguous shard of the global batch as K microbatches, run
@@ -26,13 +25,13 @@ the target's own ``train_step`` and record what the optimizer consumed. The sing
 reference is the *same function* run in a 1-rank world with the whole global batch, so nothing
 about "what a step should do" is re-implemented here.
 
-Recorded per step (see ``instruments``): the gradients at the first ``optimizer.step()``
-(a step pre-hook: ``zero_grad`` before or after the step, ``set_to_none`` or not, all read
-the same), how many optimizer steps, forwards through DDP and through the inner module,
-all-reduce calls and rounds (a counting comm hook), what ``clip_grad_norm_`` measured and the
-gradients before it clipped them, and the first NaN/Inf (forward output, gradient, parameter).
-Before the run, dropout is switched off and BatchNorm normalises in fixed groups on both sides
-(``randomness``, ``normalisation``): the record says so.
+Recorded per step (see ``instruments``): the gradients at the first ``optimizer.step()`` (a step
+pre-hook: ``zero_grad`` before or after the step, ``set_to_none`` or not, all read the same),
+how many optimizer steps, forwards through DDP and through the inner module, all-reduce calls
+and rounds (a counting comm hook), what ``clip_grad_norm_`` measured and the gradients before it
+clipped them, and the first NaN/Inf (forward output, gradient, parameter). Before the run,
+dropout is switched off and BatchNorm normalises in fixed groups on both sides (``randomness``,
+``normalisation``): the record says so.
 
 ``run_recorded`` is module-level so that it pickles by reference into the spawned rank
 processes; it returns plain Python and per-tensor summaries only, never a tensor.
@@ -65,6 +64,7 @@ from .instruments import (BatchDigests, ClipProbe, CompileWatch, Features, Routi
                           nonfinite_output)
 from .hypotheses import loss_split
 from .normalisation import group_batchnorm, sizes_seen, watch_synchronising
+from .nudge import nudge
 from .randomness import disable_dropout, forward_is_random
 from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
 from .shards import local_slices, shard_factor
@@ -118,6 +118,7 @@ class RunPlan:
     # BatchNorm modules left ungrouped on this side because the other side saw them
     # synchronise (``normalisation``: a look-alike that syncs only in a world of 2 or more).
     ungrouped: tuple[str, ...] = ()
+    nudge_ulps: int = 0  # start this many ulps above the reference (``sensitivity``); 0: where it started
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -519,6 +520,7 @@ def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to
     # Before wrapping, on rank 0 only: DDP's construction broadcast then carries rank 0's
     # (reference-checked) weights to every rank, including ranks that cannot read the files.
     differs = _verify_initial(model, to.folder, rank_ctx.device) if not writes and rank == 0 else None
+    nudge(model, ulps=plan.nudge_ulps)
     return Settled(dropout, rng_left, group, grouped, split, differs, synchronised, first, layouts.records(grouped))
 
 
