@@ -187,17 +187,18 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
         # Each tensor passes within its fixed tolerance or within the larger of the measured
         # bound (margin x floor) and the comm hook's compression bound (``floor.Floor.widen``).
         hooked = compression[0]
-        # Only later steps' parameters beyond their bound: does this run amplify last bits? (Not
-        # under PowerSGD's low-rank phase: its later parameters are reported, not judged.)
+        # PowerSGD's low-rank phase approximates every later gradient: nothing exact to judge there.
+        later = [] if compression[2] else judge_later(ref, values, twin if floor.measured else None, first=first,
+                                                      rtol=rtol, margin=floor.margin, at_least=hooked,
+                                                      smallest_bug=smallest_bug(world_size=n, microbatches=microbatches)[0])
+        # Only later steps beyond their bound: does this run amplify last bits? (Not in PowerSGD's
+        # low-rank phase: its later parameters are reported, not judged.)
+        bad_later = next((s.step for s in later if not s.ok), None)
         sensitivity = None if compression[2] else _sensitivity(ctx, plan, group, folder, values, floor,
-                                                                first=first, at_least=hooked)
+                                                                first=first, at_least=hooked, later=bad_later)
     ref_norms: dict[str, Any] = ref.get("grads0") or {}
     routing = {"compared": routed, "ddp_flip": flip and flip.to_json(),
                "twin_flip": twin_flip and twin_flip.to_json()} if ref.get("routing") and any(ref["routing"]) else {}
-    # PowerSGD's low-rank phase approximates every later gradient: nothing exact to judge there.
-    later = [] if compression[2] else judge_later(ref, values, twin if floor.measured else None, first=first, rtol=rtol,
-                                                  margin=floor.margin, at_least=hooked,
-                                                  smallest_bug=smallest_bug(world_size=n, microbatches=microbatches)[0])
     # The tolerance comparisons come from the ranks that read the reference's files; the
     # others (another host under --attach) are held to those ranks by digest.
     compared = [v for v in values if v.get("compared_by") != DIGEST]
@@ -239,16 +240,16 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
 
 
 def _sensitivity(ctx: CheckContext, plan: RunPlan, group: int, folder: Path, values: list[dict[str, Any]],
-                 floor: Floor, *, first: int, at_least: float) -> Sensitivity | None:
-    """The nudged reference (``sensitivity``), run only where the parameters differ beyond their
-    bound at a later step alone."""
+                 floor: Floor, *, first: int, at_least: float, later: int | None) -> Sensitivity | None:
+    """The nudged reference (``sensitivity``), run only where the parameters, or the gradient
+    norms (``later``: the first such step), differ beyond their bound at a later step alone."""
     compared = [v for v in values if v.get("compared_by") != DIGEST]
     grads = [d for v in compared for d in floor.widen([c.diff for c in v.get("grads0") or []], grad=True,
                                                       at_least=at_least)]
     params = [[d for v in compared if len(v.get("params") or []) > step
                for d in floor.widen([c.diff for c in v["params"][step]], grad=False, at_least=at_least, step=step)]
               for step in range(plan.steps)]
-    if not needed(params, all(d.ok for d in grads), first=first):
+    if not needed(params, all(d.ok for d in grads), first=first, later=later):
         return None
     return measure(ctx, plan, group, folder, floor, first=first)
 

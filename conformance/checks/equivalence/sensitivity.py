@@ -62,10 +62,12 @@ class Sensitivity:
                 "worst": self.worst.to_json() if self.worst else None}
 
 
-def needed(params: list[list[TensorDiff]], grads_ok: bool, *, first: int) -> bool:
-    """Only parameters after a later step are beyond their bound: everything judged at the first
-    compared step (its gradients, its parameters) matched. Otherwise the first step decides."""
+def needed(params: list[list[TensorDiff]], grads_ok: bool, *, first: int, later: int | None = None) -> bool:
+    """Only a later step is beyond its bound (its parameters, or ``later``: the first step whose
+    gradient norms are): everything judged at the first compared step (its gradients, its
+    parameters) matched. Otherwise the first step decides."""
     bad = [s for s, diffs in enumerate(params) if any(not d.ok for d in diffs)]
+    bad += [later] if later is not None else []
     return grads_ok and bool(bad) and min(bad) > first
 
 
