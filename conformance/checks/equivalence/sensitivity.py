@@ -19,7 +19,7 @@ run, which differs from the reference by nothing but last bits, already goes bey
 check allows a correct run at some step, the trajectory from that step on cannot be judged
 (``Sensitivity``): a mismatch there with no measured cause is inconclusive (``verdict``), never
 failed. A stable trajectory (a nudge stays within the bounds) judges as before: a learning-rate
-schedule stepped per microbatch still fails on its later parameters.
+decay counted in every process's steps, which only the parameters after step 1 show, still fails.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ class Sensitivity:
         why = (f" (BatchNorm normalised groups of {batchnorm_group} samples: over so few its "
                f"gradient is a difference of nearly equal terms)" if batchnorm_group and batchnorm_group <= 2 else "")
         return (f"this run amplifies last-bit differences beyond any rounding bound from step "
-                f"{self.step} on{why}: the single-process reference started from weights one ulp "
-                f"apart already differs from itself by {fmt(self.worst.max_abs)} in "
+                f"{self.step} on{why}: the single-process reference, run again from weights one ulp "
+                f"away, differs from its first run by {fmt(self.worst.max_abs)} in "
                 f"{self.worst.name!r} after step {self.step} ({self.worst.judged_ratio:.3g}x the "
                 f"bound), and every later step of the N-rank run starts from weights that differ from "
                 f"the reference's in their last bits")
@@ -80,6 +80,8 @@ def measure(ctx: CheckContext, plan: RunPlan, group: int, folder: Path, floor: F
     try:
         record = ctx.world(world_size=1).run(run_recorded, nudged_plan, deadline=ctx.deadline)[0].value
     except (TargetError, RankFailure, WorldHang):
+        # No measurement (the reference itself ran, so this is the host or the deadline, not the
+        # target): nothing is excused, the mismatch is judged as it was.
         return None
     steps = record.get("params") or []
     for step in range(first + 1, len(steps)):
