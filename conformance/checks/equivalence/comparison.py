@@ -21,6 +21,7 @@ from .hypotheses import Scale, scale_causes
 from .records import RankRecord
 from .recording import RunPlan
 from .routing import Flip
+from .sensitivity import Sensitivity
 from .tensors import TensorDiff, fmt, worst
 
 
@@ -65,6 +66,9 @@ class Equivalence:
     # The gradient norms of every step after the first compared one, against the reference's
     # (``adaptive``): Adam hides a later step's gradient bug in the parameters.
     later: list[LaterStep] = field(default_factory=list)
+    # The nudged reference (``sensitivity``; None: not needed): from which step a last-bit
+    # difference of the start already goes beyond the bounds.
+    sensitivity: Sensitivity | None = None
 
     # -- what was compared ---------------------------------------------------------------
 

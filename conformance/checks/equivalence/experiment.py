@@ -37,11 +37,12 @@ from .adaptive import beyond_rtol, judge_later, parameter_floor
 from .comparison import Equivalence
 from .compression import compression_bound
 from .digests import DIGEST, compared_by, first_divergence
-from .floor import REORDERED, smallest_bug, twin_floor
+from .floor import REORDERED, Floor, smallest_bug, twin_floor
 from .hypotheses import factors_by_name, scale_from
 from .records import RankRecord
 from .recording import RunPlan, run_recorded
 from .routing import first_flip, trim_twin
+from .sensitivity import Sensitivity, measure, needed
 from .tensors import TOLERANCES, Compared, TensorDiff, at_gradient_scale
 from .twin import run_twin
 
@@ -176,23 +177,28 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
         # stay within their tolerance while a later step's gradients are N times too large.
         later_ok = not beyond_rtol(ref, values, first=first, rtol=rtol)
         twin = None if _within_fixed_tolerances(values) and later_ok else run_twin(ctx, plan, group, folder)
+        flip, routed = first_flip(ref, values)
+        twin, twin_flip = trim_twin(ref, twin, blocks_reversed=n * microbatches if (twin or {}).get(REORDERED) else 0)
+        floor = twin_floor(ref, twin, twin_microbatches=n * microbatches)
+        optimizer_abs = parameter_floor(ref.get("update_bounds"))
+        floor = replace(floor, optimizer_abs=tuple(optimizer_abs) if optimizer_abs else None)
+        compression = compression_bound((values[0] if values else {}).get("comm_hook"),
+                                        world_size=n, steps=steps)
+        # Each tensor passes within its fixed tolerance or within the larger of the measured
+        # bound (margin x floor) and the comm hook's compression bound (``floor.Floor.widen``).
+        hooked = compression[0]
+        # PowerSGD's low-rank phase approximates every later gradient: nothing exact to judge there.
+        later = [] if compression[2] else judge_later(ref, values, twin if floor.measured else None, first=first,
+                                                      rtol=rtol, margin=floor.margin, at_least=hooked,
+                                                      smallest_bug=smallest_bug(world_size=n, microbatches=microbatches)[0])
+        # Only later steps beyond their bound: does this run amplify last bits? (Not in PowerSGD's
+        # low-rank phase: its later parameters are reported, not judged.)
+        bad_later = next((s.step for s in later if not s.ok), None)
+        sensitivity = None if compression[2] else _sensitivity(ctx, plan, group, folder, values, floor,
+                                                                first=first, at_least=hooked, later=bad_later)
     ref_norms: dict[str, Any] = ref.get("grads0") or {}
-    flip, routed = first_flip(ref, values)
-    twin, twin_flip = trim_twin(ref, twin, blocks_reversed=n * microbatches if (twin or {}).get(REORDERED) else 0)
     routing = {"compared": routed, "ddp_flip": flip and flip.to_json(),
                "twin_flip": twin_flip and twin_flip.to_json()} if ref.get("routing") and any(ref["routing"]) else {}
-    floor = twin_floor(ref, twin, twin_microbatches=n * microbatches)
-    optimizer_abs = parameter_floor(ref.get("update_bounds"))
-    floor = replace(floor, optimizer_abs=tuple(optimizer_abs) if optimizer_abs else None)
-    compression = compression_bound((values[0] if values else {}).get("comm_hook"),
-                                    world_size=n, steps=steps)
-    # Each tensor passes within its fixed tolerance or within the larger of the measured
-    # bound (margin x floor) and the comm hook's compression bound (``floor.Floor.widen``).
-    hooked = compression[0]
-    # PowerSGD's low-rank phase approximates every later gradient: nothing exact to judge there.
-    later = [] if compression[2] else judge_later(ref, values, twin if floor.measured else None, first=first, rtol=rtol,
-                                                  margin=floor.margin, at_least=hooked,
-                                                  smallest_bug=smallest_bug(world_size=n, microbatches=microbatches)[0])
     # The tolerance comparisons come from the ranks that read the reference's files; the
     # others (another host under --attach) are held to those ranks by digest.
     compared = [v for v in values if v.get("compared_by") != DIGEST]
@@ -229,7 +235,23 @@ def run_equivalence(ctx: CheckContext, *, microbatches: int, steps: int = 3) -> 
                        divergence=first_divergence(values), compared_by=compared_by(values),
                        floor=floor, compression=compression, low_rank_params=low_rank,
                        twin_steps=(twin or {}).get("optimizer_steps"), flip=flip, routing=routing,
-                       factors=factors_by_name(rank_grads, _norms(ref_norms)), later=later)
+                       factors=factors_by_name(rank_grads, _norms(ref_norms)), later=later,
+                       sensitivity=sensitivity)
+
+
+def _sensitivity(ctx: CheckContext, plan: RunPlan, group: int, folder: Path, values: list[dict[str, Any]],
+                 floor: Floor, *, first: int, at_least: float, later: int | None) -> Sensitivity | None:
+    """The nudged reference (``sensitivity``), run only where the parameters, or the gradient
+    norms (``later``: the first such step), differ beyond their bound at a later step alone."""
+    compared = [v for v in values if v.get("compared_by") != DIGEST]
+    grads = [d for v in compared for d in floor.widen([c.diff for c in v.get("grads0") or []], grad=True,
+                                                      at_least=at_least)]
+    params = [[d for v in compared if len(v.get("params") or []) > step
+               for d in floor.widen([c.diff for c in v["params"][step]], grad=False, at_least=at_least, step=step)]
+              for step in range(plan.steps)]
+    if not needed(params, all(d.ok for d in grads), first=first, later=later):
+        return None
+    return measure(ctx, plan, group, folder, floor, first=first)
 
 
 def _norms(norms: dict[str, Any]) -> list[float]:

@@ -151,6 +151,9 @@ def evidence(eq: Equivalence) -> dict[str, Any]:
             for s, diffs in enumerate(eq.param_diffs)],
         "parameters_after_last_step": [d.to_json() for d in last],
         "gradient_norms_at_later_steps": [s.to_json() for s in eq.later],
+        # The nudged reference (``sensitivity``): does a last-bit difference of the start grow
+        # beyond the bounds? (None: not needed, every later step was within its bound.)
+        "sensitivity": eq.sensitivity.to_json() if eq.sensitivity else None,
         "ddp_kwargs": head.get("ddp_kwargs"),
         "wrapper": eq.wrapper,
         # A build_model that is not deterministic given the seed: the first tensor whose

@@ -1,24 +1,22 @@
 """One recorded training run of the target: the rank-side experiment of the equivalence checks.
 
-Where the comparison happens: the single-process reference runs *first* and writes its
-snapshots (initial weights, first-step gradients, parameters after every step) to files in
-the check's private temp dir, one tensor at a time (``snapshots``); the N-rank ranks then
-compare their own live tensors against those files, tensor by tensor, on their device, at the
-very moment the optimizer consumes them, and return summaries only. This way round (rather
-than ranks writing and the reference comparing) the disk holds one copy of the model per
-snapshot instead of N, the N comparisons run in parallel on the ranks' devices, and no rank
-ever keeps a copy of its gradients or parameters: its memory overhead is the one reference
-tensor being compared. Initial weights: the reference builds from the same seed; rank 0,
-before wrapping, checks its weights bit for bit against the reference's initial snapshot and
-copies the reference's in where a non-deterministic ``build_model`` made them differ
-(recorded); DDP's construction broadcast carries them to every rank (and every other rank that
-can read the files checks again after it: rank-local buffers), so both runs start from exactly
+Where the comparison happens: the single-process reference runs *first* and writes its snapshots
+(initial weights, first-step gradients, parameters after every step) to files in the check's private
+temp dir, one tensor at a time (``snapshots``); the N-rank ranks then compare their own live tensors
+against those files, tensor by tensor, on their device, at the very moment the optimizer consumes
+them, and return summaries only. This way round (rather than ranks writing and the reference
+comparing) the disk holds one copy of the model per snapshot instead of N, the N comparisons run in
+parallel on the ranks' devices, and no rank ever keeps a copy of its gradients or parameters: its
+memory overhead is the one reference tensor being compared. Initial weights: the reference builds
+from the same seed; rank 0, before wrapping, checks its weights bit for bit against the reference's
+initial snapshot and copies the reference's in where a non-deterministic ``build_model`` made them
+differ (recorded); DDP's construction broadcast carries them to every rank (and every other rank
+that can read the files checks again after it: rank-local buffers), so both runs start from exactly
 the same weights either way.
 
-A rank that cannot see the files (``--attach`` across hosts: the reference ran on rank 0's
-host) digests the same tensors at the same points instead, and so does every rank that
-compares (only in such a run), for the judge to carry the comparison over by bit identity
-(``digests``).
+A rank that cannot see the files (``--attach`` across hosts: the reference ran on rank 0's host)
+digests the same tensors at the same points instead, and so does every rank that compares (only
+in such a run), for the judge to carry the comparison over by bit identity (``digests``).
 
 Build the target's model from the suite's seed, wrap it in DDP with the target's
 ``ddp_kwargs``, feed each rank its contiguous shard of the global batch as K microbatches, run
@@ -26,13 +24,13 @@ the target's own ``train_step`` and record what the optimizer consumed. The sing
 reference is the *same function* run in a 1-rank world with the whole global batch, so nothing
 about "what a step should do" is re-implemented here.
 
-Recorded per step (see ``instruments``): the gradients at the first ``optimizer.step()``
-(a step pre-hook: ``zero_grad`` before or after the step, ``set_to_none`` or not, all read
-the same), how many optimizer steps, forwards through DDP and through the inner module,
-all-reduce calls and rounds (a counting comm hook), what ``clip_grad_norm_`` measured and the
-gradients before it clipped them, and the first NaN/Inf (forward output, gradient, parameter).
-Before the run, dropout is switched off and BatchNorm normalises in fixed groups on both sides
-(``randomness``, ``normalisation``): the record says so.
+Recorded per step (see ``instruments``): the gradients at the first ``optimizer.step()`` (a step
+pre-hook: ``zero_grad`` before or after the step, ``set_to_none`` or not, all read the same), how
+many optimizer steps, forwards through DDP and through the inner module, all-reduce calls and rounds
+(a counting comm hook), what ``clip_grad_norm_`` measured and the gradients before it clipped them,
+and the first NaN/Inf (forward output, gradient, parameter). Before the run, dropout is switched off
+and BatchNorm normalises in fixed groups on both sides (``randomness``, ``normalisation``): the
+record says so.
 
 ``run_recorded`` is module-level so that it pickles by reference into the spawned rank
 processes; it returns plain Python and per-tensor summaries only, never a tensor.
@@ -65,6 +63,7 @@ from .instruments import (BatchDigests, ClipProbe, CompileWatch, Features, Routi
                           nonfinite_output)
 from .hypotheses import loss_split
 from .normalisation import group_batchnorm, sizes_seen, watch_synchronising
+from .nudge import nudge
 from .randomness import disable_dropout, forward_is_random, state_kept
 from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
 from .shards import local_slices, shard_factor
@@ -118,6 +117,7 @@ class RunPlan:
     # BatchNorm modules left ungrouped on this side because the other side saw them
     # synchronise (``normalisation``: a look-alike that syncs only in a world of 2 or more).
     ungrouped: tuple[str, ...] = ()
+    nudge_ulps: int = 0  # start this many ulps above the reference (``sensitivity``); 0: where it started
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -511,8 +511,8 @@ def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to
         rng_left, synchronised = watch_synchronising(model, rank, lambda: forward_is_random(
             model, lambda m: target.compute_loss(m, *probe), device=rank_ctx.device))
         group = plan.norm_group or plan.global_batch // (n * plan.microbatches)
-        # Which rows of each BatchNorm's input are which samples, alike on every side (``batch_layout``);
-        # its forwards leave the model's buffers and the generators as they were (MoCo's queue pointer).
+        # Which rows of each BatchNorm's input are which samples, alike on every side (``batch_layout``),
+        # its forwards leaving buffers and generators as they were (MoCo's queue pointer).
         with state_kept(model, device=rank_ctx.device):
             layouts = observe_layouts(model, target.compute_loss, to_device([whole], rank_ctx.device)[0], dims)
     grouped = group_batchnorm(model, group, keep={*synchronised, *plan.ungrouped}, layouts=layouts.norms)
@@ -521,6 +521,7 @@ def _settle(target: Target, model: Any, plan: RunPlan, rank_ctx: RankContext, to
     # Before wrapping, on rank 0 only: DDP's construction broadcast then carries rank 0's
     # (reference-checked) weights to every rank, including ranks that cannot read the files.
     differs = _verify_initial(model, to.folder, rank_ctx.device) if not writes and rank == 0 else None
+    nudge(model, ulps=plan.nudge_ulps)
     return Settled(dropout, rng_left, group, grouped, split, differs, synchronised, first, layouts.records(grouped))
 
 

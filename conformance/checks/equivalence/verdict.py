@@ -108,6 +108,8 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
             eq.reference.get("grads0_step") or 0), before_ok=before_ok):
         # A discontinuity, not a bug: from the flip on the runs legitimately part (``routing``).
         return _past_flip(eq, what, metrics, evidence)
+    if not causes and (chaotic := _past_amplification(eq, what, metrics, evidence)) is not None:
+        return chaotic
     if (unmapped_norm := _unmapped_batchnorm(eq, what, causes, metrics, evidence)) is not None:
         return unmapped_norm
     cause = ("; ".join(causes) if causes else no_known_cause(eq))
@@ -217,3 +219,29 @@ def _past_flip(eq: Equivalence, what: str, metrics: dict[str, Any], evidence: di
         recommendation="compare a model with top-k routing over steps where its routing agrees: "
                        "the record says where it parted; a router with a margin (no near-ties), "
                        "or fewer steps, compares exactly")
+
+
+def _past_amplification(eq: Equivalence, what: str, metrics: dict[str, Any],
+                        evidence: dict[str, Any]) -> Outcome | None:
+    """Inconclusive where the run amplifies last-bit differences (``sensitivity``): the first
+    compared step matched, and everything beyond its bound comes at or after the step from which
+    a start one ulp away already leaves the bounds. None: judge as usual."""
+    found = eq.sensitivity
+    if found is None or found.step is None or not (eq.grads_ok and eq.pre_clip_ok and eq.same_first_step):
+        return None
+    bad = [s for s in (eq.first_bad_step, eq.first_bad_later.step if eq.first_bad_later else None) if s is not None]
+    if not bad or min(bad) < found.step:
+        return None
+    group = eq.ranks[0].get("batchnorm_group") if eq.ranks else None
+    metrics["key_figure"] = f"last-bit differences amplified from step {found.step}"
+    return Outcome.inconclusive(
+        f"{what} cannot be judged past step {found.step - 1}: "
+        f"{found.message(batchnorm_group=group)}; the first step matched (its gradients tensor by "
+        f"tensor, the parameters after it); measured: {mismatch_message(eq)}",
+        metrics=metrics, evidence=evidence,
+        recommendation=("for the check, give every BatchNorm more samples per microbatch (a larger "
+                        "global_batch_size, or SyncBatchNorm): over 2 samples its gradient is "
+                        "rounding's; " if group and group <= 2 else "")
+                       + "compare over steps where the run is stable (the record's 'sensitivity' "
+                         "says from which step it is not); the first step's gradients, which catch "
+                         "a loss scaled by N or K, matched")
