@@ -29,8 +29,7 @@ pre-hook: ``zero_grad`` before or after the step, ``set_to_none`` or not, all re
 many optimizer steps, forwards through DDP and through the inner module, all-reduce calls and rounds
 (a counting comm hook), what ``clip_grad_norm_`` measured and the gradients before it clipped them,
 and the first NaN/Inf (forward output, gradient, parameter). Before the run, dropout is switched off
-and BatchNorm normalises in fixed groups on both sides (``randomness``, ``normalisation``): the
-record says so.
+and BatchNorm normalises in fixed groups on both sides (``randomness``, ``normalisation``): recorded.
 
 ``run_recorded`` is module-level so that it pickles by reference into the spawned rank
 processes; it returns plain Python and per-tensor summaries only, never a tensor.
