@@ -145,7 +145,7 @@ def collect_epochs(rank_ctx: RankContext, target_spec: str, identity: str, epoch
     from .sampling import read_epoch
 
     target = load_target(target_spec)
-    with production_rng(rank_ctx.rank):
+    with production_rng(rank_ctx.rank, target.import_rng_state):
         return [call_target(target, "epoch_batches", read_epoch, target.epoch_batches, rank_ctx.rank,
                             rank_ctx.world_size, epoch, identity=identity, budget_s=budget_s,
                             dims=target.batch_dim)

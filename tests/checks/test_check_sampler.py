@@ -75,6 +75,14 @@ def test_an_unseeded_split_is_drawn_per_process_as_under_torchrun(suite_session)
     assert "random_split without generator=" in record.message
 
 
+def test_a_split_drawn_after_the_scripts_own_seed_is_the_same_on_every_rank(suite_session):
+    # torch.manual_seed(1337) at import, random_split without a generator later: every torchrun
+    # worker draws the same split. The per-rank pipeline generator replaced the import's state
+    # and failed it as "rank 1's dataset differs".
+    record = run_check(suite_session, "sampler-coverage", "sampler_seeded_at_import_lazy_split")
+    assert record.status == "passed", record.message
+
+
 def test_repeated_content_is_not_a_duplicate():
     from tests.targets import sampler_repeated_windows as windows
 

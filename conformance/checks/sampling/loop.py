@@ -54,7 +54,7 @@ def observe_loop(rank_ctx: RankContext, target_spec: str, epochs: int, steps_per
         loop = run.loop_context(steps=epochs * steps_per_epoch, tmpdir=scratch, epochs=epochs,
                                 steps_per_epoch=steps_per_epoch)
         probe = LoaderIndices(epochs=True)
-        with production_rng(rank_ctx.rank):
+        with production_rng(rank_ctx.rank, target.import_rng_state):
             Observation([probe]).run(lambda: call_target(target, "run_loop", run_loop, loop))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -256,19 +256,26 @@ PIPELINE_SEED = 4321
 
 
 @contextlib.contextmanager
-def production_rng(rank: int) -> Iterator[None]:
-    """torch's default generator seeded per rank for the block (``PIPELINE_SEED + rank``), and
-    restored after it.
+def production_rng(rank: int, import_rng_state: Any = None) -> Iterator[None]:
+    """torch's default generator for the block as a torchrun worker's pipeline has it, and
+    restored after it: seeded per rank (``PIPELINE_SEED + rank``), or, where the target's import
+    seeded torch itself (``Target.import_rng_state``), the state that import left.
 
     A torchrun worker is a fresh interpreter whose default generator starts from its own seed:
     a pipeline that draws from it unseeded (minGPT-ddp's ``random_split`` with no generator in
     ``get_train_objs()``) builds another dataset on every rank. The suite's rank processes have
     seeded torch alike by then (``torch.manual_seed`` before every ``build_model``), which hid
-    exactly that; a seed the pipeline sets itself still decides, as in production. Only
-    torch's: the suite seeds no other generator (a forked rank's Python and numpy generators
-    are reseeded by its zygote, and a user's ``random.seed`` at import stands)."""
+    exactly that. A script that seeds torch at import (``torch.manual_seed(1337)`` at module
+    level) and splits later, lazily, draws the same split on every rank in production: its
+    import's state is restored, not replaced by a per-rank one. A seed the pipeline sets itself
+    still decides, as in production. Only torch's: the suite seeds no other generator (a forked
+    rank's Python and numpy generators are reseeded by its zygote, and a user's ``random.seed``
+    at import stands)."""
     import torch
 
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(PIPELINE_SEED + rank)
+        if import_rng_state is not None:
+            torch.random.set_rng_state(import_rng_state)
+        else:
+            torch.manual_seed(PIPELINE_SEED + rank)
         yield

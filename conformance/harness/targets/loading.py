@@ -99,6 +99,34 @@ def _import(spec: str) -> tuple[ModuleType, str, bool]:
                           f"module-level code ({SEE})") from None
 
 
+#: The seed torch's default generator holds while a target is imported: an import that leaves
+#: another initial seed seeded torch itself. No user picks it (a fixed 64-bit pattern).
+IMPORT_SENTINEL_SEED = 0x6DDC_0F0A_11D5_EED1
+
+
+def _import_seeded(spec: str) -> tuple[ModuleType, str, bool, Any]:
+    """:func:`_import`, and torch's default generator state after it where the import seeded
+    torch (``torch.manual_seed`` at module level, the same on every rank unless it adds the
+    rank); else None. Told by the initial seed the import leaves: torch is seeded with a
+    sentinel for the import, and the state before it is put back where the import did not seed
+    (what the rank process had seeded stays as it was). Only where torch was imported before
+    (the rank processes): a first import of torch seeds it by itself."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return (*_import(spec), None)
+    before = torch.random.get_rng_state()
+    torch.manual_seed(IMPORT_SENTINEL_SEED)
+    try:
+        module, name, builtin = _import(spec)
+    except BaseException:
+        torch.random.set_rng_state(before)
+        raise
+    if torch.initial_seed() == IMPORT_SENTINEL_SEED:
+        torch.random.set_rng_state(before)
+        return module, name, builtin, None
+    return module, name, builtin, torch.random.get_rng_state()
+
+
 def load_target(spec: str) -> Target:
     """Import a target and check its names, kinds and signatures (cheap: builds nothing). Cached."""
     if spec in _CACHE:
@@ -107,7 +135,7 @@ def load_target(spec: str) -> Target:
         base = load_target(spec[:-len(VIA_DDP)])
         _CACHE[spec] = replace(base, spec=spec, name=f"{base.name} (via DDP)", parallelize=None)
         return _CACHE[spec]
-    module, name, builtin = _import(spec)
+    module, name, builtin, import_rng_state = _import_seeded(spec)
     found: dict[str, Any] = {}
     for attr in REQUIRED:
         value = getattr(module, attr, None)
@@ -153,7 +181,7 @@ def load_target(spec: str) -> Target:
     target = Target(name=name, spec=spec, module=module, ddp_kwargs=dict(ddp_kwargs),
                     builtin=builtin, global_batch_size=batch_size, sampling=sampling, sampling_repeats=repeats,
                     sample_identity=identity, batch_dim=batch_dim, user_files=_user_files(module, found),
-                    user_dir=_user_dir(module), **found)
+                    user_dir=_user_dir(module), import_rng_state=import_rng_state, **found)
     _CACHE[spec] = target
     return target
 

@@ -68,6 +68,10 @@ class Target(TargetCalls):
     # Where the user's code lives, for telling their exceptions from DDP's (target_calls.blame).
     user_files: frozenset[str] = frozenset()
     user_dir: str | None = None
+    # torch's default generator state right after the import, where the import seeded torch
+    # itself (``torch.manual_seed`` at module level); None where it did not: what a torchrun
+    # worker's data pipeline starts from (``checks/sampling/pipeline.production_rng``).
+    import_rng_state: Any = None
 
     def batch_size_for(self, world_size: int, microbatches: int = 1) -> int:
         """The global batch a check uses (:func:`global_batch_for`)."""
