@@ -16,28 +16,24 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any
 
-from conformance.harness.patching import replaced
-
-
-def _recording(sites: list[str]) -> Callable[[Any], Any]:
-    def make(original: Any) -> Any:
-        def get_rank(*args: Any, **kwargs: Any) -> Any:
-            caller = sys._getframe(1)
-            sites.append(f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno} in {caller.f_code.co_name}")
-            return original(*args, **kwargs)
-
-        return get_rank
-
-    return make
+from conformance.harness.observe import collectives
 
 
 @contextlib.contextmanager
 def rank_reads(sites: list[str]) -> Iterator[None]:
     """For the block, every ``torch.distributed.get_rank()`` call appends its caller
-    (``file:line in function``) to ``sites``."""
-    import torch.distributed as dist
+    (``file:line in function``) to ``sites``: a tap of the collectives probe, the one patch of
+    ``torch.distributed``."""
 
-    with replaced(dist, "get_rank", _recording(sites)):
+    def seen(called: collectives.Called, proceed: collectives.Proceed) -> Any:
+        caller = sys._getframe(1)
+        while caller.f_back is not None and caller.f_code.co_filename == collectives.__file__:
+            caller = caller.f_back  # past the probe's dispatcher: the code that asked
+        sites.append(f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno} in {caller.f_code.co_name}")
+        return proceed()
+
+    with contextlib.ExitStack() as stack:
+        collectives.tap(stack, seen, ("get_rank",))
         yield
