@@ -261,6 +261,28 @@ def test_both_digests_catch_every_single_flip_and_keep_equal_tensors_equal() -> 
     assert digest(x.flip(0)) != digest(x) and weighted_sum(x.flip(0)) != weighted_sum(x)
 
 
+def test_the_cpu_digest_catches_flips_that_cancel_in_its_word_sum_and_covers_a_short_tail() -> None:
+    import torch
+
+    from ddp_conformance.faults.checks.node_health.digests import _word_sum, digest
+
+    x = torch.zeros(5, dtype=torch.float32)  # 20 bytes: two 64-bit words and a 4-byte tail
+    y = x.clone()
+    words = y.view(torch.int32)
+    words[0], words[2] = 1, -1  # word 0 is 1, word 1 is 0xFFFFFFFF (its low half all ones)
+    data = memoryview(y.view(torch.uint8).numpy())
+    assert _word_sum(memoryview(x.view(torch.uint8).numpy())) == 0
+    assert _word_sum(data) == (1 + 0xFFFFFFFF) & (2**64 - 1)  # the words' sum, wrapping
+    z = x.clone()
+    z.view(torch.int32)[4] = 7  # only the tail changes
+    assert _word_sum(memoryview(z.view(torch.uint8).numpy())) == 7
+    # Two changes whose words sum to zero: the sum cannot see them; the CRC-32 does.
+    w = x.clone()
+    pairs = w[:4].view(torch.int64)  # the two whole words
+    pairs[0], pairs[1] = 5, -5
+    assert _word_sum(memoryview(w.view(torch.uint8).numpy())) == 0 and digest(w) != digest(x)
+
+
 def test_corruption_acts_only_at_its_labelled_tensor_site_where_its_schedule_fires() -> None:
     import torch
 

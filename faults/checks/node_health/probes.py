@@ -102,7 +102,8 @@ class ComputeDigests(Probe):
     """Digests of every module output (forward order), then of what :meth:`record` is given
     (the input, the loss), and of every gradient (backward order); the step's tensors are held
     (:attr:`held`) until the next step begins. ``copy_grads``: hold a copy of each gradient, as
-    it was accumulated (under DDP, whose all-reduce then overwrites ``.grad`` with the average)."""
+    it was accumulated (under DDP, whose all-reduce then overwrites ``.grad`` with the average),
+    into a buffer kept across steps (:attr:`_copies`)."""
 
     model: Any
     copy_grads: bool = False
@@ -110,6 +111,10 @@ class ComputeDigests(Probe):
     digests: list[str] = field(default_factory=list)
     held: dict[str, Any] = field(default_factory=dict)
     _calls: dict[str, int] = field(default_factory=dict)
+    # One buffer per gradient, allocated at the first step and written over at the next: a fresh
+    # clone each step faulted in the model's size of new pages every repeat (0.37 s for 400 MB
+    # on a loaded host, against 0.05 s to copy into pages already there).
+    _copies: dict[str, Any] = field(default_factory=dict)
 
     def attach(self, stack: contextlib.ExitStack) -> None:
         for name, module in _modules(self.model):
@@ -119,6 +124,7 @@ class ComputeDigests(Probe):
                 stack.callback(param.register_post_accumulate_grad_hook(
                     lambda p, name=name: self.record(f"grad:{name}", p.grad)).remove)
         stack.callback(self.held.clear)
+        stack.callback(self._copies.clear)
 
     def begin_step(self, step: Step) -> None:
         self.names, self.digests, self.held, self._calls = [], [], {}, {}
@@ -131,7 +137,15 @@ class ComputeDigests(Probe):
             self.names.append(leaf)
             self.digests.append(digest(tensor))
             copy = self.copy_grads and leaf.startswith("grad:")
-            self.held[leaf] = tensor.detach().clone() if copy else tensor.detach()
+            self.held[leaf] = self._copy(leaf, tensor.detach()) if copy else tensor.detach()
+
+    def _copy(self, leaf: str, tensor: Any) -> Any:
+        kept = self._copies.get(leaf)
+        if kept is None or kept.shape != tensor.shape or kept.dtype != tensor.dtype or kept.device != tensor.device:
+            kept = self._copies[leaf] = tensor.clone()
+        else:
+            kept.copy_(tensor)
+        return kept
 
     def release(self) -> None:
         """Let go of everything held but the gradients (which ``.grad`` keeps anyway): the
