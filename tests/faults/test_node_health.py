@@ -211,3 +211,38 @@ def test_a_forward_that_reads_its_rank_is_not_blamed_on_the_node(world2: Any) ->
     assert outcome.status == "inconclusive", outcome.message
     assert "reads its rank (torch.distributed.get_rank() at rank_share.py:" in outcome.message
     assert "not a node fault" in outcome.message and "Drain" not in (outcome.recommendation or "")
+
+
+def test_a_forward_drawing_from_numpy_and_python_generators_is_compared_from_the_same_seed(world2: Any) -> None:
+    """improved-diffusion draws each sample's timestep with np.random: every repeat on every
+    rank reseeds NumPy's and Python's global generators as well as torch's, so a healthy node
+    is healthy (it was "not deterministic here"), and the rank's own states are put back."""
+    first_draws = world2.run(_draw_after_seed)
+    world2.run(_seed_globals)
+    results, _ = measure(world2, fault_target("numpy_timesteps"), repeats=2, speed=False)
+    outcome = judge(results)
+    assert outcome.status == "passed", outcome.message
+    assert [r.value for r in world2.run(_draw)] == [r.value for r in first_draws]  # as if node-health had not run
+
+
+def _seed_globals(ctx: Any) -> None:
+    import random
+
+    import numpy as np
+
+    # Each rank its own state, as forked ranks have (seeded from the OS).
+    random.seed(7 + ctx.rank)
+    np.random.seed(7 + ctx.rank)
+
+
+def _draw(ctx: Any) -> tuple[float, float]:
+    import random
+
+    import numpy as np
+
+    return random.random(), float(np.random.random())
+
+
+def _draw_after_seed(ctx: Any) -> tuple[float, float]:
+    _seed_globals(ctx)
+    return _draw(ctx)

@@ -8,7 +8,8 @@ One world call (:func:`node_rank`) on every rank:
    rank starts from the same bits;
 3. ``repeats`` times: the target's own loss
    (``forward_loss`` / ``loss_fn``) forward and backward, on the same microbatch on every rank
-   (rank 0's), the RNG reseeded and the buffers put back each time; every module output, the
+   (rank 0's), torch's, NumPy's and Python's generators reseeded (and put back after) and the
+   buffers put back each time; every module output, the
    loss and every *local* gradient (as it is accumulated, before the all-reduce averages it)
    digested, and each all-reduced bucket digested (``probes``); the digests gathered and
    compared on every rank (``compare.locate``), and where they differ the one tensor named
@@ -26,7 +27,9 @@ show the comparison naming the rank, tensor or bucket that was corrupted.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -200,14 +203,14 @@ def _repeats(ctx: RankContext, target: Any, model: Any, trained: Any, fault: Fau
         found = locate([g[1] for g in gathered], [g[0] for g in gathered])
         return None if found is None else _with_stats(ctx, found, digests.held)
 
-    with observation.attached():
+    with observation.attached(), _global_generators_kept():
         for r in range(repeats):
             step = Step(r)
             with torch.no_grad():
                 for name, b in model.named_buffers():
                     b.copy_(saved[name])
             model.zero_grad(set_to_none=True)
-            torch.manual_seed(NODE_SEED)  # dropout and other draws: the same on every rank
+            _seed_every_generator()
             observation.begin_step(step)
             digests.record("input", inputs)
             before = dict(calls)
@@ -251,6 +254,36 @@ def _repeats(ctx: RankContext, target: Any, model: Any, trained: Any, fault: Fau
         first = mine["buckets"] if repeats else []
         out["buckets"] = {"count": len(first), "parameters": {b["index"]: b["parameters"] for b in first}}
     return compute_s
+
+
+def _seed_every_generator() -> None:
+    """The same draws on every rank in every repeat: dropout and ``torch.randn`` from torch's
+    generator, a timestep from NumPy's (improved-diffusion's ``np.random.choice``), an
+    augmentation from Python's ``random``; each rank otherwise has a state of its own."""
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.manual_seed(NODE_SEED)
+    np.random.seed(NODE_SEED)
+    random.seed(NODE_SEED)
+
+
+@contextlib.contextmanager
+def _global_generators_kept() -> Iterator[None]:
+    """NumPy's and Python's global generators put back as they were after the repeats: the
+    rank's later work draws as if node-health had not run."""
+    import random
+
+    import numpy as np
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 def bare_steps(ctx: RankContext, source: Any, *, steps: int) -> list[float]:
