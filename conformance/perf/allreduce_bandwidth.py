@@ -10,7 +10,9 @@ element-wise; a weighted least-squares alpha-beta fit of the ring model; the buc
 overlapped DDP step simulated from the target's measured per-gradient backward timeline and
 projected to 1..1024 ranks for three bucket caps (the scaling cliff: where communication stops
 hiding behind backward); the simulator checked against a measured DDP step at this world
-size; DDP's own overlap accounting per rank; each rank's host and node.
+size (the timeline and the step measured on one build of the model, each timed until its
+median is pinned: ``measure.model_step``; measured once, however many sweeps the fit takes);
+DDP's own overlap accounting per rank; each rank's host and node.
 
 Verdict: failed if any all-reduce result was wrong; inconclusive if the timings cannot be
 fitted (noise, non-positive times); passed otherwise. The projection informs, it never fails:
