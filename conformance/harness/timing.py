@@ -152,6 +152,18 @@ def sweep_reps(step_s: float, *, points: int, deadline_s: float, budget_s: float
     fits = int(deadline_s * SWEEP_DEADLINE_SHARE / per_rep)
     return max(1, min(reps, fits))
 
+#: Seconds of timed steps one straggler round aims for (faults/checks/straggler.py, target
+#: mode), within the sweep's floor and ceiling. What a round measures -- each rank's median
+#: compute and wait, the quartiles of a rank's per-step extra compute -- is resolved against
+#: the host's scheduling jitter, a few to tens of milliseconds whatever the model: a
+#: millisecond step needs the ceiling's 25 steps to see past it, a step of a fifth of a second
+#: or more is far past it at the floor's 5. Two seconds gives each its count (25 up to 80 ms
+#: a step, 8 at 0.25 s, the floor from 0.4 s); the sweep budget's 10 s over the three rounds
+#: a round is sized for gave a 0.43 s step (34 M parameters, 2-core host) 7 steps a round and
+#: a 0.1 s step 25: steps that cost the check their time and resolve nothing more.
+STRAGGLER_ROUND_S = 2.0
+
+
 #: The process-group timeout of the fresh world in which eval-equivalence runs the target's
 #: ``evaluate`` on N ranks (conformance/checks/eval_equivalence.py): an evaluation on only some
 #: ranks leaves the others' next collective waiting, and that collective raises after this long

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from conformance.harness.context import CheckContext
 from conformance.harness.ddp import STRAGGLER_DATA_SEED
 from conformance.harness.outcome import Outcome
-from conformance.harness.timing import DEFAULT_DEADLINE_S
+from conformance.harness.timing import DEFAULT_DEADLINE_S, STRAGGLER_ROUND_S, sweep_reps
 from ddp_conformance.reports.keys import CULPRIT_RANK
 
 from .._log import InjectionLog, record_injections
@@ -53,7 +53,7 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
                    steps_each: int | None, deadline_s: float | None = None,
                    until_cleared: bool = False) -> dict[str, Any]:
     """Run ``steps_each`` timed steps per entry of ``faults`` (None = unfaulted baseline); None:
-    as many as the last warm-up step's time allows (timing.sweep_reps, within ``deadline_s``).
+    as many as the last warm-up step's time allows (:func:`round_steps`, within ``deadline_s``).
     ``until_cleared``: stop after the round that clears every rank (``cleared``)."""
     import torch
 
@@ -82,8 +82,9 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
     step, last_step_s = 0, 0.0
     for segment, fault in enumerate([None] * WARMUP + list(faults)):
         if segment == WARMUP and steps_each is None:
-            steps_each, _ = agreed_reps(ctx, last_step_s, points=len(faults),
-                                        deadline_s=deadline_s or DEFAULT_DEADLINE_S)
+            _, slowest = agreed_reps(ctx, last_step_s, points=len(faults),
+                                     deadline_s=deadline_s or DEFAULT_DEADLINE_S)
+            steps_each = round_steps(slowest, rounds=len(faults), deadline_s=deadline_s or DEFAULT_DEADLINE_S)
         n = 1 if segment < WARMUP else (steps_each or 1)
         for _ in range(n):
             def batch(step: int = step) -> tuple[Any, Any]:
@@ -117,6 +118,13 @@ def straggler_rank(ctx: RankContext, source: VehicleSpec | str, faults: list[Slo
         if until_cleared and segment >= WARMUP and cleared(ctx, rows, segment - WARMUP):
             break
     return {"rows": rows, "ddp_timing": ddp_timing(model), "injections": log.items, "steps_each": steps_each}
+
+
+def round_steps(step_s: float, *, rounds: int, deadline_s: float) -> int:
+    """Timed steps per round for a step of ``step_s`` (the slowest rank's, agreed): what
+    ``STRAGGLER_ROUND_S`` of steps holds, within the sweep's floor and ceiling, every round
+    fitting the world's deadline (``timing.sweep_reps`` over ``rounds`` points)."""
+    return sweep_reps(step_s, points=rounds, deadline_s=deadline_s, budget_s=STRAGGLER_ROUND_S * rounds)
 
 
 def cleared(ctx: RankContext, rows: list[dict[str, Any]], upto: int) -> bool:

@@ -50,3 +50,17 @@ def test_a_rank_slow_in_every_round_is_measured_in_every_round(world: World) -> 
     results = world.run(straggler.straggler_rank, straggler.VEHICLE, [slow] * 3, 4, 60.0, True)
     assert sorted({row["segment"] for row in results[0].value["rows"]}) == [0, 1, 2]
     assert _named(results, 3) == [1, 1, 1]
+
+
+def test_a_round_of_a_production_size_step_costs_the_floor_of_steps() -> None:
+    """A round's timed steps come from STRAGGLER_ROUND_S of steps: the floor's 5 for a 0.43 s
+    step (34 M parameters on a 2-core host; the sweep budget gave it 7), the ceiling for a
+    millisecond step and for the 60 ms of tests/faults/targets/slow_rank1.py, and never more
+    than the world's deadline holds."""
+    from conformance.harness.timing import MAX_SWEEP_REPS, MIN_SWEEP_REPS, STRAGGLER_ROUND_S
+
+    assert straggler.round_steps(0.43, rounds=3, deadline_s=600) == MIN_SWEEP_REPS
+    assert straggler.round_steps(0.25, rounds=3, deadline_s=600) == int(STRAGGLER_ROUND_S / 0.25) == 8
+    assert straggler.round_steps(0.005, rounds=3, deadline_s=600) == MAX_SWEEP_REPS
+    assert straggler.round_steps(0.06, rounds=3, deadline_s=600) == MAX_SWEEP_REPS
+    assert straggler.round_steps(2.0, rounds=3, deadline_s=20) == 1  # 3 rounds of 2 s steps in half of 20 s

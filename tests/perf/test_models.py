@@ -214,3 +214,25 @@ def test_a_host_noisy_in_every_sweep_is_inconclusive_after_the_bounded_attempts(
     outcome = allreduce_bandwidth.run(_ctx())
     assert outcome.status == "inconclusive" and "noise" in outcome.message, outcome.message
     assert len(calls) == allreduce_bandwidth.SWEEP_ATTEMPTS == outcome.metrics["sweep_attempts"]
+
+
+def test_the_model_is_measured_with_the_first_sweep_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A noisy sweep is measured again, the model's part (backward profile, DDP steps: most of
+    the check's time at production size) is not: it does not enter the sweep's fit, and the
+    judge of the second sweep still gets the first one's model data."""
+    from conformance.perf import allreduce_bandwidth
+
+    asked: list[bool] = []
+    clean = [ring_allreduce_time(4096 << k, 2, 50e-6, 1e9) for k in range(8)]
+    noisy = [1e-3, 1e-6, 5e-2, 1e-6, 2e-2, 1e-6, 3e-2, 1e-6]
+
+    def fake_measure(*_args: Any, with_model: bool = True, **_kwargs: Any) -> dict:
+        asked.append(with_model)
+        data = _data(noisy if len(asked) == 1 else clean)
+        return {**data, "model_error": "measured once"} if with_model else data
+
+    monkeypatch.setattr(allreduce_bandwidth, "measure", fake_measure)
+    outcome = allreduce_bandwidth.run(_ctx())
+    assert outcome.status == "passed" and outcome.metrics["sweep_attempts"] == 2, outcome.message
+    assert asked == [True, False]
+    assert outcome.evidence["model_error"] == "measured once"  # the first sweep's model data, judged

@@ -3,15 +3,15 @@
 DDP's reducer times forward, backward compute, backward communication and their overlap
 (nanoseconds) — on gloo/CPU too (checked on torch 2.13). It samples only some iterations
 (every iteration below 10, then every 100th: ``kDDPRuntimeLoggingSampleRate``), and the
-``avg_*`` fields are running means over the sampled ones, so a short run of
-``STEPS`` >= 10 gives averages over iterations 1..9, after buckets were rebuilt.
+``avg_*`` fields are running means over the sampled ones: a short run (``STEPS``, or the
+7 to 12 steps of ``model_step``) is averaged over its first 10 iterations at most.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -74,9 +74,18 @@ def ddp_steps(ctx: RankContext, target_spec: str, *, steps: int = STEPS, warmup:
     target = load_target(target_spec)
     ddp = wrap(build_model(target, ctx.device, seed=PROBE_SEED), ctx.device, effective_ddp_kwargs(target),
                target=target)
+    return timed_ddp_steps(ctx, target, ddp, timed=steps - warmup, warmup=warmup)
+
+
+def timed_ddp_steps(ctx: RankContext, target: Any, ddp: Any, *, timed: int, warmup: int = WARMUP,
+                    stop: Callable[[list[float]], bool] | None = None) -> dict[str, Any]:
+    """:func:`ddp_steps` on a model already wrapped: ``warmup`` untimed steps, then up to
+    ``timed`` timed ones, fewer once ``stop(times so far)`` says so. ``stop`` runs on every rank
+    after every timed step and must answer the same on all of them (it may be collective):
+    a rank that stepped on alone would wait in DDP's all-reduce for ever."""
     inputs, targets = local_batch(target, ctx.rank, ctx.world_size, ctx.device)
-    times = []
-    for i in range(steps):
+    times: list[float] = []
+    for i in range(warmup + timed):
         ddp.zero_grad(set_to_none=True)
         sync_device(ctx.device)
         t0 = time.perf_counter()
@@ -86,4 +95,6 @@ def ddp_steps(ctx: RankContext, target_spec: str, *, steps: int = STEPS, warmup:
         sync_device(ctx.device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return {"step_s": statistics.median(times), "logging": logging_data(ddp)}
+            if stop is not None and stop(times):
+                break
+    return {"step_s": statistics.median(times), "logging": logging_data(ddp), "steps": len(times)}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...harness.ddp import PROBE_SEED, build_model, sync_device
 from ...harness.sharding import rank_batch
-from ...harness.timing import DEFAULT_DEADLINE_S, MIN_SWEEP_REPS, sweep_reps
+from ...harness.timing import DEFAULT_DEADLINE_S, MAX_SWEEP_REPS, MIN_SWEEP_REPS, sweep_reps
 from ..maths import BackwardProfile
 
 if TYPE_CHECKING:
@@ -95,6 +95,16 @@ def profile_backward(ctx: RankContext, target_spec: str, *, warmup: int = WARMUP
 
     target = load_target(target_spec)
     model = build_model(target, ctx.device, seed=PROBE_SEED)
+    return profile_passes(ctx, target, model, warmup=warmup, repeats=repeats, deadline_s=deadline_s)
+
+
+def profile_passes(ctx: RankContext, target: Target, model: Any, *, warmup: int = WARMUP,
+                   repeats: int | None = None, deadline_s: float = DEFAULT_DEADLINE_S,
+                   most: int = MAX_SWEEP_REPS) -> dict[str, Any]:
+    """:func:`profile_backward` on a model already built (``measure.model_step`` builds one
+    for the profile and the DDP steps after it), with at most ``most`` timed passes when
+    ``repeats`` is None. The model's hooks are removed and its gradients freed before
+    returning, so it can be wrapped next as it was built."""
     inputs, targets = local_batch(target, ctx.rank, ctx.world_size, ctx.device)
     recorder = GradReadyRecorder(model)
     sizes = [p.numel() * p.element_size() for p in model.parameters()]
@@ -117,10 +127,11 @@ def profile_backward(ctx: RankContext, target_spec: str, *, warmup: int = WARMUP
             ready.append({k: v - recorder.t0 for k, v in recorder.ready.items()})
         i += 1
         if i == warmup and repeats is None:
-            total = warmup + sweep_reps(t2 - t0, points=1, deadline_s=deadline_s)
+            total = warmup + min(most, sweep_reps(t2 - t0, points=1, deadline_s=deadline_s))
         elif repeats is None and settled([f + b for f, b in zip(forward, backward)]):
             break  # a production model's passes are long and steady: 5 of them, not the budget's 10-25
     recorder.remove()
+    model.zero_grad(set_to_none=True)
     end = statistics.median(backward)
     # Parameters that got no gradient are marked ready at the end by DDP (find_unused) or
     # never: either way they cannot release a bucket earlier than backward's end.
