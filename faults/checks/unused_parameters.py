@@ -53,12 +53,14 @@ from conformance.harness.remedies import (
     verify,
 )
 from conformance.harness.targets import TargetError
+from conformance.harness.timing import MIN_SWEEP_REPS
 from ddp_conformance.reports.keys import FIND_UNUSED_TAX, REMEDIES, UNUSED_TABLE
 
 from .._log import InjectionLog, record_injections
 from ..injectors import ConditionalBranch
 from ..scenarios import Scenario, run_scenario, scenario_deadline, scenario_world
 from ..vehicles import VehicleSpec, resolve
+from ._kept_model import build_or_take, keep
 
 if TYPE_CHECKING:
     from conformance.harness.world import RankContext, RankResult, WorldLike
@@ -66,9 +68,17 @@ if TYPE_CHECKING:
     from ..scenarios import ScenarioResult
 
 STEPS = 8  # seeded global batches per rank in discovery
-# Untimed steps of the tax: the first builds the buckets, the second runs the rebuilt ones; the
-# timed steps are then sized by the second one's time (timing.sweep_reps).
-TAX_WARMUP = 2
+# Untimed steps of the tax after each wrap. With find_unused_parameters=False DDP rebuilds its
+# buckets after the first step, in the order the gradients came: the first step builds them, the
+# second runs the rebuilt ones (the first block's second sizes the timed steps: timing.sweep_reps).
+# With True it never rebuilds (torch's Reducer::should_rebuild_buckets): its one untimed step is
+# the first use of its buckets and of the optimizer made for its wrap.
+TAX_WARMUP = {False: 2, True: 1}
+#: Timed steps of each flag: the noise floor every timed sweep holds (MIN_SWEEP_REPS: a median
+#: of five survives two outliers), no more. The budget is in the user's training steps, whose
+#: count is the cost: sized by seconds (SWEEP_BUDGET_S), the tax took 7 a flag at 34 M
+#: parameters and 25 at 8 M, up to 50 training steps for one ratio.
+TAX_REPS = MIN_SWEEP_REPS
 # Steps of the static_graph=True re-run: the first records the graph, the later ones run on it.
 STATIC_STEPS = 3
 #: Evidence key of a re-run: parameters that got no gradient at any step on any rank.
@@ -79,18 +89,18 @@ INCIDENT = VehicleSpec(kind="branchy", branch=ConditionalBranch(seed=1207))
 ALWAYS = VehicleSpec(kind="branchy", branch=ConditionalBranch())
 
 
-def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singles: int) -> dict[str, Any]:
-    """Names of the parameters without a gradient, per step (this rank's chunk) and sample."""
-    import torch
-
+def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singles: int, *,
+                  keep_model: bool = False) -> dict[str, Any]:
+    """Names of the parameters without a gradient, per step (this rank's chunk) and sample.
+    ``keep_model``: the module is left to the next call (a fresh world's only: ``_kept_model``)."""
     from conformance.harness.ddp import PROBE_SEED
     from conformance.harness.sharding import rank_batch
     from conformance.harness.sync_batchnorm import substitute
 
     log = InjectionLog()
     target = resolve(source, ctx.rank, log)
-    torch.manual_seed(PROBE_SEED)
-    model = target.build_model().to(ctx.device)
+    model, rng_after_build = build_or_take(target, source, PROBE_SEED)
+    model = model.to(ctx.device)
     # On gloo/CPU, nn.SyncBatchNorm runs as the suite's CPU stand-in (it raises on CPU), as in
     # every other check's build; every rank runs this forward, so its all-reduces pair up.
     substitute(model, ctx.device)
@@ -116,20 +126,21 @@ def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singl
             per_sample.append(unused_after(inputs, targets))
         except Exception:  # e.g. BatchNorm refuses one sample: that probe says nothing
             per_sample.append(None)
+    if keep_model:
+        keep(source, model, rng_after_build)
     return {"names": names, "steps": per_step, "singles": per_sample, "injections": log.items}
 
 
 def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s: float) -> dict[str, Any]:
-    """Median step time with find_unused_parameters False and True; as many steps as the
-    warm-up's step time allows (the same count on every rank).
+    """Median step time with find_unused_parameters False and True: TAX_REPS timed steps of
+    each (fewer where the deadline's share cannot hold them; the same count on every rank).
 
     One model per rank, re-wrapped for each flag (one DDP, with its gradient buckets, alive at
     a time, as in the bucket sweep): two models side by side held twice the training step's
     memory on every rank. The flags run in three blocks, False, True, False (half of False's
-    steps on each side of True's), so a drift of the host's speed biases neither."""
+    steps on each side of True's), so a drift of the host's speed biases neither. The module is
+    the one the check's previous call in this world left (``_kept_model``), else built here."""
     import gc
-
-    import torch
 
     from conformance.harness.ddp import PROBE_SEED, sync_device, wrap
     from conformance.harness.sharding import rank_batch
@@ -137,8 +148,7 @@ def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s:
 
     target = resolve(source, ctx.rank)
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k not in ("find_unused_parameters", "static_graph")}
-    torch.manual_seed(PROBE_SEED)
-    module = target.build_model()
+    module, _ = build_or_take(target, source, PROBE_SEED)
     batch = rank_batch(target, ctx.rank, ctx.world_size, seed=seed, device=ctx.device)
     times: dict[bool, list[float]] = {False: [], True: []}
     steps, step, step_s = 0, 0, 0.0
@@ -147,23 +157,28 @@ def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s:
         todo = None if not steps else steps if flag else steps - len(times[False])
         if todo == 0:
             continue
-        model = wrap(module, ctx.device, {**kwargs, "find_unused_parameters": flag}, target=target)
+        # The first wrap broadcasts rank 0's module, as the user's does; a later one wraps the
+        # module that DDP's averaged steps kept the same on every rank, for steps whose values
+        # nobody reads: init_sync=False spares a broadcast of the whole model per re-wrap.
+        resync = {} if block == 0 else {"init_sync": False}
+        model = wrap(module, ctx.device, {**kwargs, "find_unused_parameters": flag, **resync}, target=target)
         optimizer = target.make_optimizer(model)
-        k = 0
-        while todo is None or k < TAX_WARMUP + todo:
+        warmup, k = TAX_WARMUP[flag], 0
+        while todo is None or k < warmup + todo:
             t0 = time.perf_counter()
             target.run_step(model, optimizer, [batch], step=step)
             sync_device(ctx.device)
             elapsed = time.perf_counter() - t0
             step, k = step + 1, k + 1
-            if k > TAX_WARMUP:  # skip the bucket build and rebuild steps
+            if k > warmup:  # skip the bucket build (and, find_unused_parameters=False, rebuild) steps
                 times[flag].append(elapsed)
-            if k == TAX_WARMUP and block == 0:  # the first block's warm-up sizes the measurement
+            if k == warmup and block == 0:  # the first block's warm-up sizes the measurement
                 steps, step_s = agreed_reps(ctx, elapsed, points=2, deadline_s=deadline_s)
+                steps = min(steps, TAX_REPS)
                 todo = -(-steps // 2)
         # Synchronisation point: every rank drops this flag's DDP (its reducer's hooks and
         # buckets, in a reference cycle: collected now) and the gradients it left on the
-        # module before the next wrap's broadcast, so only one step's worth is ever alive.
+        # module before the next wrap, so only one step's worth is ever alive.
         module.zero_grad(set_to_none=True)
         del model, optimizer
         gc.collect()
@@ -281,6 +296,23 @@ def _usage(results: list[RankResult]) -> tuple[list[str], dict[str, dict[str, li
     return names, table, all_used_steps, static_ok
 
 
+def _measure_tax(ctx: CheckContext, world: WorldLike, source: VehicleSpec | str, seed: int,
+                 model: str) -> dict[str, Any]:
+    """The find_unused_parameters tax (tax_rank) in ``world``: the slowest rank's medians and
+    their ratio, or the error that left it unmeasured."""
+    try:
+        tax = world.run(tax_rank, source, seed, scenario_deadline(ctx))
+    except TargetError:
+        raise  # the user's own code raised: exit 2 with its line, not an unmeasured tax
+    except Exception as exc:  # a random branch can still strike: the tax stays unmeasured
+        return {"tax": None, "error": str(exc)[:500]}
+    t_false = max(r.value["false_s"] for r in tax)
+    t_true = max(r.value["true_s"] for r in tax)
+    return {"false_s": round(t_false, 6), "true_s": round(t_true, 6), "tax": round(t_true / t_false, 3),
+            "steps": tax[0].value["steps"], "warmup_step_s": round(tax[0].value["warmup_step_s"], 6),
+            "model": model}
+
+
 def run(ctx: CheckContext) -> Outcome:
     if not ctx.injected and ctx.target.has("parallelize"):
         # FSDP2 reduces whatever gradients exist: no reducer waits on an unused parameter.
@@ -294,31 +326,26 @@ def run(ctx: CheckContext) -> Outcome:
         return Outcome.not_run_here(why, check="unused-parameters", target=ctx.target.spec)
     source = INCIDENT if ctx.injected else ctx.target.spec
     kwargs = dict(INCIDENT.ddp_kwargs) if ctx.injected else dict(ctx.target.ddp_kwargs)
-    found = ctx.world().run(discover_rank, source, STEPS, 0 if ctx.injected else STEPS)
-    injections = [i for r in found for i in r.value["injections"]]
-    record_injections(ctx, injections)
-    names, table, all_used, static_ok = _usage(found)
-    first = min((s for e in table.values() for s in e["steps"]), default=None)
-    first_single = min((s for e in table.values() for s in e["single_sample_steps"]), default=None)
-    # Tax on a step where every parameter is used on every rank (False cannot run otherwise).
-    # The vehicle's branch follows (rank, step), not data: its tax runs with the aux always on.
-    tax_source, tax_seed = source, (DATA_SEED + all_used[0]) if all_used else None
-    if tax_seed is None or ctx.injected:
-        tax_source, tax_seed = ALWAYS, DATA_SEED
+    # One fresh world for every call, discovery included (it cannot hang: no DDP), so the
+    # model its ranks build is the one the tax then trains (_kept_model).
     with scenario_world(ctx) as world:
-        try:
-            tax = world.run(tax_rank, tax_source, tax_seed, scenario_deadline(ctx))
-            t_false = max(r.value["false_s"] for r in tax)
-            t_true = max(r.value["true_s"] for r in tax)
-            tax_info: dict[str, Any] = {"false_s": round(t_false, 6), "true_s": round(t_true, 6),
-                                        "tax": round(t_true / t_false, 3), "steps": tax[0].value["steps"],
-                                        "warmup_step_s": round(tax[0].value["warmup_step_s"], 6),
-                                        "model": "target" if tax_source == source else "vehicle (aux always on)"}
-        except TargetError:
-            raise  # the user's own code raised: exit 2 with its line, not an unmeasured tax
-        except Exception as exc:  # a random branch can still strike: the tax stays unmeasured
-            tax_info = {"tax": None, "error": str(exc)[:500]}
+        # The check's own deadline: the discovery is 2 x STEPS forward/backward passes of the
+        # user's model, not a scenario that may hang.
+        found = world.run(discover_rank, source, STEPS, 0 if ctx.injected else STEPS, keep_model=True,
+                          deadline=ctx.deadline)
+        injections = [i for r in found for i in r.value["injections"]]
+        record_injections(ctx, injections)
+        names, table, all_used, static_ok = _usage(found)
+        first = min((s for e in table.values() for s in e["steps"]), default=None)
+        first_single = min((s for e in table.values() for s in e["single_sample_steps"]), default=None)
         repro, remedy, static = None, None, None
+        # Tax on a step where every parameter is used on every rank (False cannot run otherwise).
+        # The vehicle's branch follows (rank, step), not data: its tax runs with the aux always on.
+        tax_source, tax_seed = source, (DATA_SEED + all_used[0]) if all_used else None
+        if tax_seed is None or ctx.injected:
+            tax_source, tax_seed = ALWAYS, DATA_SEED
+        tax_info = _measure_tax(ctx, world, tax_source, tax_seed,
+                                "target" if tax_source == source else "vehicle (aux always on)")
         replay = (4, first) if first is not None else (1, first_single) if first_single is not None else None
         if replay is not None and not kwargs.get("find_unused_parameters", False):
             # Replay the first data that left a parameter without gradient, plus one step:
