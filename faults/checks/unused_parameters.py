@@ -74,6 +74,8 @@ STEPS = 8  # seeded global batches per rank in discovery
 # With True it never rebuilds (torch's Reducer::should_rebuild_buckets): its one untimed step is
 # the first use of its buckets and of the optimizer made for its wrap.
 TAX_WARMUP = {False: 2, True: 1}
+# The tax's blocks: the flag with the shorter warm-up outside, so two of the three wraps take it.
+TAX_BLOCKS = (True, False, True)
 #: Timed steps of each flag: the noise floor every timed sweep holds (MIN_SWEEP_REPS: a median
 #: of five survives two outliers), no more. The budget is in the user's training steps, whose
 #: count is the cost: sized by seconds (SWEEP_BUDGET_S), the tax took 7 a flag at 34 M
@@ -137,9 +139,10 @@ def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s:
 
     One model per rank, re-wrapped for each flag (one DDP, with its gradient buckets, alive at
     a time, as in the bucket sweep): two models side by side held twice the training step's
-    memory on every rank. The flags run in three blocks, False, True, False (half of False's
-    steps on each side of True's), so a drift of the host's speed biases neither. The module is
-    the one the check's previous call in this world left (``_kept_model``), else built here."""
+    memory on every rank. The flags run in three blocks, TAX_BLOCKS (half of the outer flag's
+    steps on each side of the other's), so a drift of the host's speed biases neither. The
+    module is the one the check's previous call in this world left (``_kept_model``), else
+    built here."""
     import gc
 
     from conformance.harness.ddp import PROBE_SEED, sync_device, wrap
@@ -152,9 +155,11 @@ def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s:
     batch = rank_batch(target, ctx.rank, ctx.world_size, seed=seed, device=ctx.device)
     times: dict[bool, list[float]] = {False: [], True: []}
     steps, step, step_s = 0, 0, 0.0
-    for block, flag in enumerate((False, True, False)):
-        # This block's timed steps: half of False's (rounded up), all of True's, False's rest.
-        todo = None if not steps else steps if flag else steps - len(times[False])
+    outer = TAX_BLOCKS[0]
+    for block, flag in enumerate(TAX_BLOCKS):
+        # This block's timed steps: half of the outer flag's (rounded up), all of the other's,
+        # the outer one's rest.
+        todo = None if not steps else steps if flag != outer else steps - len(times[outer])
         if todo == 0:
             continue
         # The first wrap broadcasts rank 0's module, as the user's does; a later one wraps the
