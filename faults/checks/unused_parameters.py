@@ -8,12 +8,13 @@ graph in every iteration.
 
 1. Discovery, without DDP (nothing can hang): every rank runs forward/backward on its own
    chunk of seeded global batches (and, for targets, on single samples) and records which
-   parameters end with ``grad is None`` -- which parameters, on which ranks and steps.
+   parameters end with ``grad is None`` -- which parameters, on which ranks and steps. It runs
+   in the fresh world of steps 2-3 and leaves its seeded model to the tax (``_kept_model``).
 2. Reproduction, in a fresh world with a short timeout: the configured ``ddp_kwargs`` on the
    same data, as production would run it; the error text (parameter names parsed from DDP's
    error under ``TORCH_DISTRIBUTED_DEBUG=INFO``) or the hang, diagnosed like hang-detection.
 3. Tax: ``find_unused_parameters=True`` vs ``False`` on a step where every parameter is used,
-   side by side in alternating steps; ratio of medians.
+   in True/False/True blocks of the noise floor's count of timed steps; ratio of medians.
 4. Remedy verified (``conformance.harness.remedies``): when the reproduction failed, the very
    same steps and data again with ``find_unused_parameters=True``; "verified fix" when every
    rank completes them *and* every parameter gets a gradient at some step (a change that only
@@ -34,8 +35,6 @@ fails naming exactly the aux head's parameters, and the tax was measured.
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import TYPE_CHECKING, Any
 
 from conformance.harness.context import CheckContext
@@ -52,14 +51,13 @@ from conformance.harness.remedies import (
     static_graph_no_sync,
     verify,
 )
-from conformance.harness.targets import TargetError
-from conformance.harness.timing import MIN_SWEEP_REPS
 from ddp_conformance.reports.keys import FIND_UNUSED_TAX, REMEDIES, UNUSED_TABLE
 
 from .._log import InjectionLog, record_injections
 from ..injectors import ConditionalBranch
 from ..scenarios import Scenario, run_scenario, scenario_deadline, scenario_world
 from ..vehicles import VehicleSpec, resolve
+from ._find_unused_tax import measure_tax
 from ._kept_model import build_or_take, keep
 
 if TYPE_CHECKING:
@@ -68,19 +66,6 @@ if TYPE_CHECKING:
     from ..scenarios import ScenarioResult
 
 STEPS = 8  # seeded global batches per rank in discovery
-# Untimed steps of the tax after each wrap. With find_unused_parameters=False DDP rebuilds its
-# buckets after the first step, in the order the gradients came: the first step builds them, the
-# second runs the rebuilt ones (the first block's second sizes the timed steps: timing.sweep_reps).
-# With True it never rebuilds (torch's Reducer::should_rebuild_buckets): its one untimed step is
-# the first use of its buckets and of the optimizer made for its wrap.
-TAX_WARMUP = {False: 2, True: 1}
-# The tax's blocks: the flag with the shorter warm-up outside, so two of the three wraps take it.
-TAX_BLOCKS = (True, False, True)
-#: Timed steps of each flag: the noise floor every timed sweep holds (MIN_SWEEP_REPS: a median
-#: of five survives two outliers), no more. The budget is in the user's training steps, whose
-#: count is the cost: sized by seconds (SWEEP_BUDGET_S), the tax took 7 a flag at 34 M
-#: parameters and 25 at 8 M, up to 50 training steps for one ratio.
-TAX_REPS = MIN_SWEEP_REPS
 # Steps of the static_graph=True re-run: the first records the graph, the later ones run on it.
 STATIC_STEPS = 3
 #: Evidence key of a re-run: parameters that got no gradient at any step on any rank.
@@ -131,64 +116,6 @@ def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singl
     if keep_model:
         keep(source, model, rng_after_build)
     return {"names": names, "steps": per_step, "singles": per_sample, "injections": log.items}
-
-
-def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s: float) -> dict[str, Any]:
-    """Median step time with find_unused_parameters False and True: TAX_REPS timed steps of
-    each (fewer where the deadline's share cannot hold them; the same count on every rank).
-
-    One model per rank, re-wrapped for each flag (one DDP, with its gradient buckets, alive at
-    a time, as in the bucket sweep): two models side by side held twice the training step's
-    memory on every rank. The flags run in three blocks, TAX_BLOCKS (half of the outer flag's
-    steps on each side of the other's), so a drift of the host's speed biases neither. The
-    module is the one the check's previous call in this world left (``_kept_model``), else
-    built here."""
-    import gc
-
-    from conformance.harness.ddp import PROBE_SEED, sync_device, wrap
-    from conformance.harness.sharding import rank_batch
-    from conformance.harness.resources import agreed_reps
-
-    target = resolve(source, ctx.rank)
-    kwargs = {k: v for k, v in target.ddp_kwargs.items() if k not in ("find_unused_parameters", "static_graph")}
-    module, _ = build_or_take(target, source, PROBE_SEED)
-    batch = rank_batch(target, ctx.rank, ctx.world_size, seed=seed, device=ctx.device)
-    times: dict[bool, list[float]] = {False: [], True: []}
-    steps, step, step_s = 0, 0, 0.0
-    outer = TAX_BLOCKS[0]
-    for block, flag in enumerate(TAX_BLOCKS):
-        # This block's timed steps: half of the outer flag's (rounded up), all of the other's,
-        # the outer one's rest.
-        todo = None if not steps else steps if flag != outer else steps - len(times[outer])
-        if todo == 0:
-            continue
-        # The first wrap broadcasts rank 0's module, as the user's does; a later one wraps the
-        # module that DDP's averaged steps kept the same on every rank, for steps whose values
-        # nobody reads: init_sync=False spares a broadcast of the whole model per re-wrap.
-        resync = {} if block == 0 else {"init_sync": False}
-        model = wrap(module, ctx.device, {**kwargs, "find_unused_parameters": flag, **resync}, target=target)
-        optimizer = target.make_optimizer(model)
-        warmup, k = TAX_WARMUP[flag], 0
-        while todo is None or k < warmup + todo:
-            t0 = time.perf_counter()
-            target.run_step(model, optimizer, [batch], step=step)
-            sync_device(ctx.device)
-            elapsed = time.perf_counter() - t0
-            step, k = step + 1, k + 1
-            if k > warmup:  # skip the bucket build (and, find_unused_parameters=False, rebuild) steps
-                times[flag].append(elapsed)
-            if k == warmup and block == 0:  # the first block's warm-up sizes the measurement
-                steps, step_s = agreed_reps(ctx, elapsed, points=2, deadline_s=deadline_s)
-                steps = min(steps, TAX_REPS)
-                todo = -(-steps // 2)
-        # Synchronisation point: every rank drops this flag's DDP (its reducer's hooks and
-        # buckets, in a reference cycle: collected now) and the gradients it left on the
-        # module before the next wrap, so only one step's worth is ever alive.
-        module.zero_grad(set_to_none=True)
-        del model, optimizer
-        gc.collect()
-    return {"false_s": statistics.median(times[False]), "true_s": statistics.median(times[True]),
-            "steps": steps, "warmup_step_s": step_s}
 
 
 def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str, Any], steps: int,
@@ -301,23 +228,6 @@ def _usage(results: list[RankResult]) -> tuple[list[str], dict[str, dict[str, li
     return names, table, all_used_steps, static_ok
 
 
-def _measure_tax(ctx: CheckContext, world: WorldLike, source: VehicleSpec | str, seed: int,
-                 model: str) -> dict[str, Any]:
-    """The find_unused_parameters tax (tax_rank) in ``world``: the slowest rank's medians and
-    their ratio, or the error that left it unmeasured."""
-    try:
-        tax = world.run(tax_rank, source, seed, scenario_deadline(ctx))
-    except TargetError:
-        raise  # the user's own code raised: exit 2 with its line, not an unmeasured tax
-    except Exception as exc:  # a random branch can still strike: the tax stays unmeasured
-        return {"tax": None, "error": str(exc)[:500]}
-    t_false = max(r.value["false_s"] for r in tax)
-    t_true = max(r.value["true_s"] for r in tax)
-    return {"false_s": round(t_false, 6), "true_s": round(t_true, 6), "tax": round(t_true / t_false, 3),
-            "steps": tax[0].value["steps"], "warmup_step_s": round(tax[0].value["warmup_step_s"], 6),
-            "model": model}
-
-
 def run(ctx: CheckContext) -> Outcome:
     if not ctx.injected and ctx.target.has("parallelize"):
         # FSDP2 reduces whatever gradients exist: no reducer waits on an unused parameter.
@@ -349,8 +259,8 @@ def run(ctx: CheckContext) -> Outcome:
         tax_source, tax_seed = source, (DATA_SEED + all_used[0]) if all_used else None
         if tax_seed is None or ctx.injected:
             tax_source, tax_seed = ALWAYS, DATA_SEED
-        tax_info = _measure_tax(ctx, world, tax_source, tax_seed,
-                                "target" if tax_source == source else "vehicle (aux always on)")
+        tax_info = measure_tax(ctx, world, tax_source, tax_seed,
+                               "target" if tax_source == source else "vehicle (aux always on)")
         replay = (4, first) if first is not None else (1, first_single) if first_single is not None else None
         if replay is not None and not kwargs.get("find_unused_parameters", False):
             # Replay the first data that left a parameter without gradient, plus one step:

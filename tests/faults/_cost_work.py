@@ -3,17 +3,19 @@ rank-side calls built, ran and broadcast on a rank."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
-def counted(ctx: Any, spec: str, calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> dict[str, Any]:
-    """Run the check's rank functions ``calls`` (name in unused_parameters, args, kwargs) one
-    after another on this rank; the target's builds and forwards (its ``COUNTS``), DDP's
-    initial broadcasts of the whole module, each call's result, and the models still kept."""
+def counted(ctx: Any, spec: str, calls: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]]) \
+        -> dict[str, Any]:
+    """Run the check's rank functions ``calls`` (function, args, kwargs) one after another on
+    this rank; the target's builds and forwards (its ``COUNTS``), DDP's initial broadcasts of
+    the whole module, each call's result, and the models still kept."""
     import torch.nn.parallel.distributed as distributed
 
     from conformance.harness.targets import load_target
-    from ddp_conformance.faults.checks import _kept_model, unused_parameters
+    from ddp_conformance.faults.checks import _kept_model
 
     counts = load_target(spec).module.COUNTS
     counts.update(builds=0, forwards=0)
@@ -26,7 +28,7 @@ def counted(ctx: Any, spec: str, calls: list[tuple[str, tuple[Any, ...], dict[st
 
     distributed._sync_module_states = sync
     try:
-        values = [getattr(unused_parameters, name)(ctx, *args, **kwargs) for name, args, kwargs in calls]
+        values = [fn(ctx, *args, **kwargs) for fn, args, kwargs in calls]
     finally:
         distributed._sync_module_states = original
     return {**counts, "broadcasts": len(synced), "values": values, "kept_after": len(_kept_model._SLOT)}

@@ -10,7 +10,8 @@ from torch import nn
 
 from conformance.harness.world import World
 from ddp_conformance.faults.checks import _kept_model
-from ddp_conformance.faults.checks.unused_parameters import ALWAYS, STEPS, TAX_REPS
+from ddp_conformance.faults.checks._find_unused_tax import TAX_REPS, tax_rank
+from ddp_conformance.faults.checks.unused_parameters import ALWAYS, STEPS, discover_rank
 
 from ..conftest import Pace
 from . import _cost_work
@@ -26,7 +27,7 @@ def world():
 
 def test_discovery_and_tax_build_one_model_and_broadcast_it_once(world: World) -> None:
     spec = fault_target("counted_mlp")
-    calls = [("discover_rank", (spec, STEPS, STEPS), {"keep_model": True}), ("tax_rank", (spec, 0, 60.0), {})]
+    calls = [(discover_rank, (spec, STEPS, STEPS), {"keep_model": True}), (tax_rank, (spec, 0, 60.0), {})]
     for r in world.run(_cost_work.counted, spec, calls):
         found, tax = r.value["values"]
         assert not any(found["steps"]) and not any(found["singles"]), found
@@ -44,7 +45,7 @@ def test_the_tax_builds_its_own_model_for_another_source(world: World) -> None:
     # The vehicle's tax after a target's discovery: the target's module is dropped, the
     # vehicle built (its own source, its own seed); the target was built once, by the discovery.
     spec = fault_target("counted_mlp")
-    calls = [("discover_rank", (spec, STEPS, STEPS), {"keep_model": True}), ("tax_rank", (ALWAYS, 0, 60.0), {})]
+    calls = [(discover_rank, (spec, STEPS, STEPS), {"keep_model": True}), (tax_rank, (ALWAYS, 0, 60.0), {})]
     for r in world.run(_cost_work.counted, spec, calls):
         assert (r.value["builds"], r.value["forwards"]) == (1, 2 * STEPS), r.value
         assert r.value["values"][1]["steps"] == TAX_REPS and r.value["kept_after"] == 0
