@@ -8,12 +8,13 @@ graph in every iteration.
 
 1. Discovery, without DDP (nothing can hang): every rank runs forward/backward on its own
    chunk of seeded global batches (and, for targets, on single samples) and records which
-   parameters end with ``grad is None`` -- which parameters, on which ranks and steps.
+   parameters end with ``grad is None`` -- which parameters, on which ranks and steps. It runs
+   in the fresh world of steps 2-3 and leaves its seeded model to the tax (``_kept_model``).
 2. Reproduction, in a fresh world with a short timeout: the configured ``ddp_kwargs`` on the
    same data, as production would run it; the error text (parameter names parsed from DDP's
    error under ``TORCH_DISTRIBUTED_DEBUG=INFO``) or the hang, diagnosed like hang-detection.
 3. Tax: ``find_unused_parameters=True`` vs ``False`` on a step where every parameter is used,
-   side by side in alternating steps; ratio of medians.
+   in True/False/True blocks of the noise floor's count of timed steps; ratio of medians.
 4. Remedy verified (``conformance.harness.remedies``): when the reproduction failed, the very
    same steps and data again with ``find_unused_parameters=True``; "verified fix" when every
    rank completes them *and* every parameter gets a gradient at some step (a change that only
@@ -34,8 +35,6 @@ fails naming exactly the aux head's parameters, and the tax was measured.
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import TYPE_CHECKING, Any
 
 from conformance.harness.context import CheckContext
@@ -52,13 +51,14 @@ from conformance.harness.remedies import (
     static_graph_no_sync,
     verify,
 )
-from conformance.harness.targets import TargetError
 from ddp_conformance.reports.keys import FIND_UNUSED_TAX, REMEDIES, UNUSED_TABLE
 
 from .._log import InjectionLog, record_injections
 from ..injectors import ConditionalBranch
 from ..scenarios import Scenario, run_scenario, scenario_deadline, scenario_world
 from ..vehicles import VehicleSpec, resolve
+from ._find_unused_tax import measure_tax
+from ._kept_model import build_or_take, keep
 
 if TYPE_CHECKING:
     from conformance.harness.world import RankContext, RankResult, WorldLike
@@ -66,9 +66,6 @@ if TYPE_CHECKING:
     from ..scenarios import ScenarioResult
 
 STEPS = 8  # seeded global batches per rank in discovery
-# Untimed steps of the tax: the first builds the buckets, the second runs the rebuilt ones; the
-# timed steps are then sized by the second one's time (timing.sweep_reps).
-TAX_WARMUP = 2
 # Steps of the static_graph=True re-run: the first records the graph, the later ones run on it.
 STATIC_STEPS = 3
 #: Evidence key of a re-run: parameters that got no gradient at any step on any rank.
@@ -79,18 +76,18 @@ INCIDENT = VehicleSpec(kind="branchy", branch=ConditionalBranch(seed=1207))
 ALWAYS = VehicleSpec(kind="branchy", branch=ConditionalBranch())
 
 
-def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singles: int) -> dict[str, Any]:
-    """Names of the parameters without a gradient, per step (this rank's chunk) and sample."""
-    import torch
-
+def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singles: int, *,
+                  keep_model: bool = False) -> dict[str, Any]:
+    """Names of the parameters without a gradient, per step (this rank's chunk) and sample.
+    ``keep_model``: the module is left to the next call (a fresh world's only: ``_kept_model``)."""
     from conformance.harness.ddp import PROBE_SEED
     from conformance.harness.sharding import rank_batch
     from conformance.harness.sync_batchnorm import substitute
 
     log = InjectionLog()
     target = resolve(source, ctx.rank, log)
-    torch.manual_seed(PROBE_SEED)
-    model = target.build_model().to(ctx.device)
+    model, rng_after_build = build_or_take(target, source, PROBE_SEED)
+    model = model.to(ctx.device)
     # On gloo/CPU, nn.SyncBatchNorm runs as the suite's CPU stand-in (it raises on CPU), as in
     # every other check's build; every rank runs this forward, so its all-reduces pair up.
     substitute(model, ctx.device)
@@ -116,59 +113,9 @@ def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singl
             per_sample.append(unused_after(inputs, targets))
         except Exception:  # e.g. BatchNorm refuses one sample: that probe says nothing
             per_sample.append(None)
+    if keep_model:
+        keep(source, model, rng_after_build)
     return {"names": names, "steps": per_step, "singles": per_sample, "injections": log.items}
-
-
-def tax_rank(ctx: RankContext, source: VehicleSpec | str, seed: int, deadline_s: float) -> dict[str, Any]:
-    """Median step time with find_unused_parameters False and True; as many steps as the
-    warm-up's step time allows (the same count on every rank).
-
-    One model per rank, re-wrapped for each flag (one DDP, with its gradient buckets, alive at
-    a time, as in the bucket sweep): two models side by side held twice the training step's
-    memory on every rank. The flags run in three blocks, False, True, False (half of False's
-    steps on each side of True's), so a drift of the host's speed biases neither."""
-    import gc
-
-    import torch
-
-    from conformance.harness.ddp import PROBE_SEED, sync_device, wrap
-    from conformance.harness.sharding import rank_batch
-    from conformance.harness.resources import agreed_reps
-
-    target = resolve(source, ctx.rank)
-    kwargs = {k: v for k, v in target.ddp_kwargs.items() if k not in ("find_unused_parameters", "static_graph")}
-    torch.manual_seed(PROBE_SEED)
-    module = target.build_model()
-    batch = rank_batch(target, ctx.rank, ctx.world_size, seed=seed, device=ctx.device)
-    times: dict[bool, list[float]] = {False: [], True: []}
-    steps, step, step_s = 0, 0, 0.0
-    for block, flag in enumerate((False, True, False)):
-        # This block's timed steps: half of False's (rounded up), all of True's, False's rest.
-        todo = None if not steps else steps if flag else steps - len(times[False])
-        if todo == 0:
-            continue
-        model = wrap(module, ctx.device, {**kwargs, "find_unused_parameters": flag}, target=target)
-        optimizer = target.make_optimizer(model)
-        k = 0
-        while todo is None or k < TAX_WARMUP + todo:
-            t0 = time.perf_counter()
-            target.run_step(model, optimizer, [batch], step=step)
-            sync_device(ctx.device)
-            elapsed = time.perf_counter() - t0
-            step, k = step + 1, k + 1
-            if k > TAX_WARMUP:  # skip the bucket build and rebuild steps
-                times[flag].append(elapsed)
-            if k == TAX_WARMUP and block == 0:  # the first block's warm-up sizes the measurement
-                steps, step_s = agreed_reps(ctx, elapsed, points=2, deadline_s=deadline_s)
-                todo = -(-steps // 2)
-        # Synchronisation point: every rank drops this flag's DDP (its reducer's hooks and
-        # buckets, in a reference cycle: collected now) and the gradients it left on the
-        # module before the next wrap's broadcast, so only one step's worth is ever alive.
-        module.zero_grad(set_to_none=True)
-        del model, optimizer
-        gc.collect()
-    return {"false_s": statistics.median(times[False]), "true_s": statistics.median(times[True]),
-            "steps": steps, "warmup_step_s": step_s}
 
 
 def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str, Any], steps: int,
@@ -294,31 +241,26 @@ def run(ctx: CheckContext) -> Outcome:
         return Outcome.not_run_here(why, check="unused-parameters", target=ctx.target.spec)
     source = INCIDENT if ctx.injected else ctx.target.spec
     kwargs = dict(INCIDENT.ddp_kwargs) if ctx.injected else dict(ctx.target.ddp_kwargs)
-    found = ctx.world().run(discover_rank, source, STEPS, 0 if ctx.injected else STEPS)
-    injections = [i for r in found for i in r.value["injections"]]
-    record_injections(ctx, injections)
-    names, table, all_used, static_ok = _usage(found)
-    first = min((s for e in table.values() for s in e["steps"]), default=None)
-    first_single = min((s for e in table.values() for s in e["single_sample_steps"]), default=None)
-    # Tax on a step where every parameter is used on every rank (False cannot run otherwise).
-    # The vehicle's branch follows (rank, step), not data: its tax runs with the aux always on.
-    tax_source, tax_seed = source, (DATA_SEED + all_used[0]) if all_used else None
-    if tax_seed is None or ctx.injected:
-        tax_source, tax_seed = ALWAYS, DATA_SEED
+    # One fresh world for every call, discovery included (it cannot hang: no DDP), so the
+    # model its ranks build is the one the tax then trains (_kept_model).
     with scenario_world(ctx) as world:
-        try:
-            tax = world.run(tax_rank, tax_source, tax_seed, scenario_deadline(ctx))
-            t_false = max(r.value["false_s"] for r in tax)
-            t_true = max(r.value["true_s"] for r in tax)
-            tax_info: dict[str, Any] = {"false_s": round(t_false, 6), "true_s": round(t_true, 6),
-                                        "tax": round(t_true / t_false, 3), "steps": tax[0].value["steps"],
-                                        "warmup_step_s": round(tax[0].value["warmup_step_s"], 6),
-                                        "model": "target" if tax_source == source else "vehicle (aux always on)"}
-        except TargetError:
-            raise  # the user's own code raised: exit 2 with its line, not an unmeasured tax
-        except Exception as exc:  # a random branch can still strike: the tax stays unmeasured
-            tax_info = {"tax": None, "error": str(exc)[:500]}
+        # The check's own deadline: the discovery is 2 x STEPS forward/backward passes of the
+        # user's model, not a scenario that may hang.
+        found = world.run(discover_rank, source, STEPS, 0 if ctx.injected else STEPS, keep_model=True,
+                          deadline=ctx.deadline)
+        injections = [i for r in found for i in r.value["injections"]]
+        record_injections(ctx, injections)
+        names, table, all_used, static_ok = _usage(found)
+        first = min((s for e in table.values() for s in e["steps"]), default=None)
+        first_single = min((s for e in table.values() for s in e["single_sample_steps"]), default=None)
         repro, remedy, static = None, None, None
+        # Tax on a step where every parameter is used on every rank (False cannot run otherwise).
+        # The vehicle's branch follows (rank, step), not data: its tax runs with the aux always on.
+        tax_source, tax_seed = source, (DATA_SEED + all_used[0]) if all_used else None
+        if tax_seed is None or ctx.injected:
+            tax_source, tax_seed = ALWAYS, DATA_SEED
+        tax_info = measure_tax(ctx, world, tax_source, tax_seed,
+                               "target" if tax_source == source else "vehicle (aux always on)")
         replay = (4, first) if first is not None else (1, first_single) if first_single is not None else None
         if replay is not None and not kwargs.get("find_unused_parameters", False):
             # Replay the first data that left a parameter without gradient, plus one step:

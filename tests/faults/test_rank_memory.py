@@ -11,7 +11,7 @@ import pytest
 
 from conformance.harness.world import World
 from ddp_conformance.faults.checks.bucket_config import mismatch_rank
-from ddp_conformance.faults.checks.unused_parameters import tax_rank
+from ddp_conformance.faults.checks._find_unused_tax import tax_rank
 from ddp_conformance.faults.injectors import BucketConfig
 
 from ..conftest import Pace
