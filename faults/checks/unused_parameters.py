@@ -357,7 +357,10 @@ def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, An
                   static_ok: bool, metrics: dict[str, Any], evidence: dict[str, Any],
                   remedy: Remedy | None = None, static: Remedy | None = None) -> Outcome:
     name = ctx.target.name
-    tax_text = f"{tax['tax']:.2f}x step time" if tax.get("tax") else "unmeasured"
+    tax_text = f"{tax['tax']:.2f}x step time" if tax.get("tax") else None
+    # An unmeasured tax is said as such, never spliced in as if it were a figure.
+    unmeasured = f"its cost not measured here ({_first_line(tax.get('error')) or 'no timing'})"
+    at_cost = f"at a measured cost of {tax_text}" if tax_text else f"({unmeasured})"
     params = ", ".join(table)
     if table and not kwargs.get("find_unused_parameters", False):
         seen = "not reproduced within the steps run"
@@ -376,15 +379,15 @@ def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, An
                             # The fix re-run and verified leads (one sentence), the fix that saves
                             # its cost follows as the details.
                             f"Set find_unused_parameters=True in ddp_kwargs: the failing steps re-ran to "
-                            f"completion with it (verified fix), at a measured cost of {tax_text}. To save "
+                            f"completion with it (verified fix), {at_cost}. To save "
                             f"that cost, make every parameter participate every step instead (remove the "
                             f"data-dependent branch, e.g. multiply the aux output by 0 instead of skipping "
                             f"it) and keep find_unused_parameters=False."
                             if remedy is not None and remedy.verified else
                             f"Make every parameter participate every step (remove the data-dependent "
                            f"branch, e.g. multiply the aux output by 0 instead of skipping it) and keep "
-                           f"find_unused_parameters=False; or set find_unused_parameters=True at a "
-                           f"measured cost of {tax_text}."))
+                           f"find_unused_parameters=False; or set find_unused_parameters=True "
+                           f"{at_cost}."))
     if kwargs.get("static_graph") and not static_ok:
         return Outcome.failed(f"{name}: static_graph=True but the set of used parameters changes "
                               f"between iterations ({params} {_where(table)})", metrics=metrics,
@@ -393,17 +396,23 @@ def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, An
     if table:
         return Outcome.passed(
             f"{name}: parameters {params} are unused {_where(table)}; find_unused_parameters=True "
-            f"handles it at {tax_text}", metrics=metrics, evidence=evidence,
+            f"handles it {at_cost}", metrics=metrics, evidence=evidence,
             recommendation=f"Remove the dynamic branch so every parameter participates, then set "
-                           f"find_unused_parameters=False and save the {tax_text} tax.")
+                           f"find_unused_parameters=False and save " + (f"the {tax_text} tax." if tax_text else "its cost."))
     rec = None
     if kwargs.get("find_unused_parameters"):
-        rec = f"Every parameter is always used: set find_unused_parameters=False (it costs {tax_text})."
+        rec = (f"Every parameter is always used: set find_unused_parameters=False "
+               f"({f'it costs {tax_text}' if tax_text else unmeasured}).")
     elif static_ok and not kwargs.get("static_graph"):
         rec = _static_graph_advice(static)
     return Outcome.passed(f"{name}: every parameter received a gradient on every rank and step "
-                          f"(find_unused_parameters=True would cost {tax_text})",
+                          f"(find_unused_parameters=True"
+                          f"{f' would cost {tax_text}' if tax_text else ': ' + unmeasured})",
                           metrics=metrics, evidence=evidence, recommendation=rec)
+
+
+def _first_line(text: Any) -> str:
+    return str(text).strip().splitlines()[0][:160] if text else ""
 
 
 def _judge_injected(found: list[RankResult], table: dict[str, Any], repro: ScenarioResult | None,

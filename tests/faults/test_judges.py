@@ -479,3 +479,20 @@ def test_straggler_target_judge_needs_extra_compute_step_after_step(
     outcome = straggler.judge_target([_round(1, 0.4)] * 3, [], {}, steps=5, compute=compute)
     assert outcome.status == status, outcome.message
     assert re.search(message, outcome.message), outcome.message
+
+
+def test_an_unmeasured_find_unused_tax_is_said_as_such_never_spliced_in_as_a_figure() -> None:
+    """rosinality/stylegan2-pytorch's discriminator step: the tax's timing raised, and the pass
+    read "find_unused_parameters=True would cost unmeasured"."""
+    from ddp_conformance.faults.checks.unused_parameters import _judge_target
+
+    ctx: Any = SimpleNamespace(target=SimpleNamespace(name="sg2"))
+    unmeasured = {"tax": None, "error": "RuntimeError: the deadline passed\nmore"}
+    quiet = _judge_target(ctx, {}, {}, None, unmeasured, False, {}, {})
+    assert quiet.status == "passed" and "unmeasured" not in quiet.message
+    assert quiet.message.endswith("(find_unused_parameters=True: its cost not measured here "
+                                  "(RuntimeError: the deadline passed))")
+    used = _judge_target(ctx, {"find_unused_parameters": True}, {}, None, unmeasured, False, {}, {})
+    assert "(its cost not measured here (RuntimeError" in (used.recommendation or "")
+    measured = _judge_target(ctx, {}, {}, None, {"tax": 1.234}, False, {}, {})
+    assert measured.message.endswith("(find_unused_parameters=True would cost 1.23x step time)")
