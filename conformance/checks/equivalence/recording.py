@@ -54,24 +54,25 @@ from ...harness.targets import Target
 from ...harness.world import RankContext
 from .adaptive import gradient_norms, update_bound
 from .batch_layout import LayoutSlice, observe_layouts
+from .clipping import PRE_CLIP0, Clipping
 from .compiled import output_site, run_eagerly
 from .destination import Destination
 from .compression import comm_hook_of
 from .digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
-from .instruments import (BatchDigests, ClipProbe, CompileWatch, Features, Routing, StepRecorder, first_nonfinite,
+from .instruments import (BatchDigests, CompileWatch, Features, Routing, StepRecorder, first_nonfinite,
                           nonfinite_output)
 from .hypotheses import loss_split
 from .normalisation import group_batchnorm, sizes_seen, watch_synchronising
 from .nudge import nudge
 from .randomness import disable_dropout, forward_is_random, state_kept
-from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
+from .records import GradientSlice, LossSplit, RankRecord, SetupSlice
 from .shards import local_slices, shard_factor
 from .start_loss import measure_start_loss
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 
 # Snapshot labels of the reference (``snapshots``): the initial weights, the first step's
 # gradients, the gradients before that step's clipping, the parameters after step s.
-INITIAL, GRADS0, PRE_CLIP0, PARAMS = "initial", "grads0", "pre_clip0", "params"
+INITIAL, GRADS0, PARAMS = "initial", "grads0", "params"
 ROLES = ("reference", "compare")
 
 GRADIENT_AFTER_FINITE_FORWARD = ("gradient at optimizer.step() (the forward's outputs were finite: "
@@ -159,60 +160,6 @@ def _verify_initial(inner: Any, snapshots: Path, device: Any, *, buffers_only: b
 
 
 # -- where the recorded tensors go ----------------------------------------------------------
-
-
-@dataclass
-class Clipping(Probe):
-    """``clip_grad_norm_`` observed (``ClipProbe``): what it measured per step, and the
-    gradients before the last clip of the first step that ran, written or compared
-    (``take``n by the gradient recorder once that step ran)."""
-
-    inner: Any
-    namespaces: list[dict[str, Any]]
-    to: Destination
-    probe: ClipProbe | None = None
-    done: bool = False
-    found: dict[str, Any] = field(default_factory=dict)  # "pre_clip", "pre_clip_digest"
-    calls: list[list[dict[str, float]]] = field(default_factory=list)
-
-    def attach(self, stack: contextlib.ExitStack) -> None:
-        self.probe = ClipProbe.attach(self.inner, self.namespaces, observe=self._observe)
-        stack.callback(self.probe.close)
-
-    def _observe(self, named: list[tuple[str, Any]]) -> None:
-        # Every clip before the first step overwrites the last: the last clip's input counts.
-        # Gathered before anything returns: every rank clips, every rank joins the all-gathers.
-        named = list(full_named(named))
-        if not self.to.record:
-            return
-        if self.to.digest:
-            self.found["pre_clip_digest"] = named_digests(named)
-        if self.to.writer is not None:
-            self.to.writer.write(PRE_CLIP0, named)
-            self.found["pre_clip"] = PRE_CLIP0
-        elif self.to.sees and has_snapshot(self.to.folder, PRE_CLIP0):
-            self.found["pre_clip"] = compare_snapshot(named, self.to.folder, PRE_CLIP0, self.to.device, grad=True)
-
-    def begin_step(self, step: Step) -> None:
-        assert self.probe is not None
-        self.probe.calls = []
-        if not self.done:
-            self.found.clear()
-            self.probe.frozen = False
-
-    def end_step(self, step: Step) -> Slice:
-        assert self.probe is not None
-        self.calls.append(list(self.probe.calls))
-        return {}  # the steps are a list in ``result``
-
-    def take(self) -> dict[str, Any]:
-        """What the first step that ran saw before clipping; later clips are not recorded."""
-        assert self.probe is not None
-        self.done = self.probe.frozen = True
-        return self.found
-
-    def result(self) -> ClipSlice:
-        return ClipSlice(clip_calls=self.calls)
 
 
 @dataclass
