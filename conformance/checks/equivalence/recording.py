@@ -60,7 +60,7 @@ from .destination import Destination
 from .compression import comm_hook_of
 from .digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
 from .instruments import (BatchDigests, CompileWatch, Features, Routing, StepRecorder, first_nonfinite,
-                          nonfinite_output)
+                          first_nonfinite_of_norms, nonfinite_output)
 from .hypotheses import loss_split
 from .normalisation import group_batchnorm, sizes_seen, watch_synchronising
 from .nudge import nudge
@@ -68,6 +68,7 @@ from .randomness import disable_dropout, forward_is_random, state_kept
 from .records import GradientSlice, LossSplit, RankRecord, SetupSlice
 from .shards import local_slices, shard_factor
 from .start_loss import measure_start_loss
+from .wide_sums import sum64
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 
 # Snapshot labels of the reference (``snapshots``): the initial weights, the first step's
@@ -203,8 +204,8 @@ class Gradients(Probe):
     def _fingerprint(self) -> list[str] | None:
         """Each parameter's float64 sum, exactly (``float.hex``: a NaN equals itself): changed
         by any update that changes a parameter (a sum left bit-identical by a real update is not
-        met in practice), one pass, no copy. None once an optimizer step has been seen: then
-        nothing is updated by hand."""
+        met in practice), one pass, no copy (``wide_sums``). None once an optimizer step has
+        been seen: then nothing is updated by hand."""
         import torch
 
         assert self.recorder is not None
@@ -213,7 +214,7 @@ class Gradients(Probe):
         with torch.no_grad():
             # The parameters the optimizer holds (FSDP2 registers unsharded ones during a
             # forward), this rank's shard of each: a fingerprint is only held against itself.
-            return [float(local(p.detach()).sum(dtype=torch.float64)).hex() for _, p in self.recorder.params]
+            return [sum64(local(p.detach())).hex() for _, p in self.recorder.params]
 
     def _zeroing(self, original: Any) -> Any:
         """``Module.zero_grad`` observed: called on the model after its parameters changed by
@@ -261,14 +262,19 @@ class Gradients(Probe):
         first = "grads0" not in self.out and "grads" not in self.found
         shards = local_slices(named) if first else {}
         named = list(full_named(named))
-        self.bad = first_nonfinite(named)
+        norms = None
         if self.norms is None:
-            self.norms, self.bound = gradient_norms(named), update_bound(self.optimizer)
+            self.norms = norms = gradient_norms(named)
+            self.bound = update_bound(self.optimizer)
+            self.bad = first_nonfinite_of_norms(named, norms)
+        else:
+            self.bad = first_nonfinite(named)
         if not first:
             return
         if self.to.digest:
             self.found["grads_digest"] = named_digests(named)
-        self.found["grads"] = compared = self.to.gradients(GRADS0, named)
+        # The reference's snapshot keeps these norms: the same float64 norms of the same tensors.
+        self.found["grads"] = compared = self.to.gradients(GRADS0, named, norms=norms)
         if shards and isinstance(compared, list) and not all(c.diff.ok for c in compared):
             self.found["shard_factor"] = shard_factor(shards, self.to.folder, GRADS0, self.to.device)
 
