@@ -24,7 +24,7 @@ from conformance.checks.equivalence import snapshots as _snapshots
 from conformance.checks.equivalence.adaptive import gradient_norms
 from conformance.checks.equivalence.instruments import first_nonfinite, first_nonfinite_of_norms
 from conformance.checks.equivalence.snapshots import SnapshotWriter
-from conformance.checks.equivalence.tensors import CHUNK
+from conformance.checks.equivalence.wide_sums import CPU_CHUNK as CHUNK
 from conformance.checks.equivalence.wide_sums import norm64, sum64
 
 SIZE = 3 * CHUNK + 17  # several chunks and a ragged last one
