@@ -47,7 +47,7 @@ parameter difference with scales per rank, steps skipped on inf/NaN, whether the
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 from ddp_conformance.reports.keys import FEATURES, NONFINITE, VERIFIED
 
@@ -81,6 +81,13 @@ def fingerprint(model: Any) -> Structure:
     entries = [("parameter", n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()]
     entries += [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
     return entries
+
+
+class Tracked(TypedDict):
+    """One rank's answer to :func:`track`."""
+
+    structure: list[Structure]  # every rank's fingerprint, gathered (the same on every rank)
+    checkpoints: list[dict[str, Any]]  # none when the structures differ: nothing was wrapped
 
 
 class StructureDiffers(Exception):
@@ -123,7 +130,7 @@ def _nonfinite(digests: dict[str, tuple[str, float]]) -> str | None:
     return next((name for name, (_, total) in digests.items() if not math.isfinite(total)), None)
 
 
-def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) -> dict[str, Any]:
+def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) -> Tracked:
     """Every rank's structure (``every_structure``) and, when they agree, the digests of
     parameters and buffers at every checkpoint of a short DDP run on this rank."""
     from ..harness.rank_run import RankRun
@@ -134,7 +141,7 @@ def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) 
         # Construction broadcasts rank 0's parameters and buffers (a collective on every rank).
         wrapped = run.build_wrapped(before_wrap=lambda model: every_structure(rank_ctx, model))
     except StructureDiffers as differs:
-        return {"structure": differs.prints, "checkpoints": []}
+        return Tracked(structure=differs.prints, checkpoints=[])
     ddp, optimizer = wrapped.ddp, wrapped.make_optimizer()
     # FSDP2 does not broadcast at construction: every rank keeps the weights it built.
     wrapper = wrapper_of(ddp)
@@ -173,7 +180,7 @@ def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) 
                                     "layout": optimizer_state.layout_problems([unwrap(ddp)], optimizer)})
     finally:
         handle.remove()
-    return {"structure": wrapped.settled, "checkpoints": checkpoints}
+    return Tracked(structure=wrapped.settled, checkpoints=checkpoints)
 
 
 def _structure_mismatch(prints: list[list[Any]]) -> dict[str, Any] | None:
