@@ -13,10 +13,11 @@ step (same averaged gradient, same optimizer); buffers (BatchNorm statistics) id
 the forward reads them, which ``broadcast_buffers=True`` guarantees by re-broadcasting rank 0's
 buffers at the start of every forward.
 
-What runs: (1) each rank builds the model from the suite's seed and returns a structural
-fingerprint — (kind, name, shape, dtype) in registration order — *before* any DDP wrapping;
-the supervisor compares them (a mismatch stops here: wrapping would be undefined). (2) each
-rank wraps the model, runs 3 steps of the target's ``train_step`` on its own shard, and
+What runs, in one call on every rank: (1) each rank builds the model from the suite's seed and
+takes its structural fingerprint — (kind, name, shape, dtype) in registration order — *before*
+any DDP wrapping; the ranks exchange them (a mismatch stops every rank alike here: wrapping
+would be undefined) and the supervisor names the first difference. (2) each rank wraps that
+same model, runs 3 steps of the target's ``train_step`` on its own shard, and
 returns digests (exact, bitwise: measured equal in correct runs) of every parameter after
 construction and after each step, and of every buffer after construction and at the entry of
 each step's first forward (a forward pre-hook on the inner module, i.e. after DDP's buffer
@@ -46,13 +47,13 @@ parameter difference with scales per rank, steps skipped on inf/NaN, whether the
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypedDict
 
 from ddp_conformance.reports.keys import FEATURES, NONFINITE, VERIFIED
 
 from ..harness.context import CheckContext
 from ..harness.failures import world_error_outcome
-from ..harness.ddp import MODEL_SEED, build_model, tensor_digest, unwrap
+from ..harness.ddp import MODEL_SEED, tensor_digest, unwrap
 from ..harness.outcome import Outcome
 from ..harness.parallel import FSDP2_WRAPPERS, comparable, wrapper_of
 from ..harness.sharding import batch_dims, global_batch, shard, to_device
@@ -65,32 +66,63 @@ from .midrun import judge as judge_midrun
 from .loop_calls import advice as calls_advice
 from .loop_calls import uneven
 from . import optimizer_state
+from .equivalence import sum64
 
 STEPS = 3
 #: ``ctx.steps`` of the mid-run look's run_loop: as many as hang-detection gives it.
 LOOP_STEPS = 4
 
 
-def fingerprint(rank_ctx: RankContext, target_spec: str) -> list[tuple[str, str, tuple[int, ...], str]]:
-    """(kind, name, shape, dtype) of every parameter and buffer, in registration order."""
-    from ..harness.targets import load_target
+Structure = list[tuple[str, str, tuple[int, ...], str]]
 
-    model = build_model(load_target(target_spec), rank_ctx.device, seed=MODEL_SEED)
+
+def fingerprint(model: Any) -> Structure:
+    """(kind, name, shape, dtype) of every parameter and buffer, in registration order."""
     entries = [("parameter", n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters()]
     entries += [("buffer", n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
     return entries
+
+
+class Tracked(TypedDict):
+    """One rank's answer to :func:`track`."""
+
+    structure: list[Structure]  # every rank's fingerprint, gathered (the same on every rank)
+    checkpoints: list[dict[str, Any]]  # none when the structures differ: nothing was wrapped
+
+
+class StructureDiffers(Exception):
+    """Raised on every rank alike, before wrapping, when the ranks' structures differ."""
+
+    def __init__(self, prints: list[Structure]) -> None:
+        super().__init__("model structure differs across ranks")
+        self.prints = prints
+
+
+def every_structure(rank_ctx: RankContext, model: Any) -> list[Structure]:
+    """Every rank's :func:`fingerprint` of its freshly built ``model``, on every rank.
+
+    A collective on the gloo side group, reached by every rank after building and before DDP's
+    construction broadcast: every rank then sees the same answer, so on a mismatch none wraps
+    (DDP would raise on shapes or silently pair the wrong tensors), and none waits alone in it.
+    The model checked is the one wrapped next: one build per rank, not one to look and one to train.
+    """
+    import torch.distributed as dist
+
+    prints: list[Any] = [None] * rank_ctx.world_size
+    dist.all_gather_object(prints, fingerprint(model), group=rank_ctx.side_group)
+    if any(p != prints[0] for p in prints):
+        raise StructureDiffers(prints)
+    return prints
 
 
 def _snapshot(tensors: Any) -> dict[str, tuple[str, float]]:
     """Per tensor: its digest (bit identity across ranks) and its float64 sum (the size of a
     difference, and NaN/Inf). Computed where the tensor is, without a copy of it: only these
     ~30 bytes per tensor travel to the supervisor."""
-    import torch
-
     # FSDP2: replicated DTensors by their local tensor, sharded ones gathered (every rank alike).
     tensors = [(name, comparable(t.detach())) for name, t in tensors]
-    return {name: (tensor_digest(t), float(t.sum(dtype=torch.float64))
-                   if t.is_floating_point() else float(t.sum())) for name, t in tensors}
+    return {name: (tensor_digest(t), sum64(t) if t.is_floating_point() else float(t.sum()))
+            for name, t in tensors}
 
 
 def _nonfinite(digests: dict[str, tuple[str, float]]) -> str | None:
@@ -98,14 +130,18 @@ def _nonfinite(digests: dict[str, tuple[str, float]]) -> str | None:
     return next((name for name, (_, total) in digests.items() if not math.isfinite(total)), None)
 
 
-def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) -> list[dict[str, Any]]:
-    """Digests of parameters and buffers at every checkpoint of a short DDP run on this rank."""
+def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) -> Tracked:
+    """Every rank's structure (``every_structure``) and, when they agree, the digests of
+    parameters and buffers at every checkpoint of a short DDP run on this rank."""
     from ..harness.rank_run import RankRun
 
     run = RankRun.load(rank_ctx, target_spec)
     target = run.target
-    # Construction broadcasts rank 0's parameters and buffers (a collective on every rank).
-    wrapped = run.build_wrapped()
+    try:
+        # Construction broadcasts rank 0's parameters and buffers (a collective on every rank).
+        wrapped = run.build_wrapped(before_wrap=lambda model: every_structure(rank_ctx, model))
+    except StructureDiffers as differs:
+        return Tracked(structure=differs.prints, checkpoints=[])
     ddp, optimizer = wrapped.ddp, wrapped.make_optimizer()
     # FSDP2 does not broadcast at construction: every rank keeps the weights it built.
     wrapper = wrapper_of(ddp)
@@ -144,7 +180,7 @@ def track(rank_ctx: RankContext, target_spec: str, batch_size: int, steps: int) 
                                     "layout": optimizer_state.layout_problems([unwrap(ddp)], optimizer)})
     finally:
         handle.remove()
-    return checkpoints
+    return Tracked(structure=wrapped.settled, checkpoints=checkpoints)
 
 
 def _structure_mismatch(prints: list[list[Any]]) -> dict[str, Any] | None:
@@ -177,12 +213,18 @@ def _describe_entry(entry: list[Any] | None) -> str:
 
 def run(ctx: CheckContext) -> Outcome:
     world = ctx.world()
+    batch_size = ctx.target.batch_size_for(ctx.world_size, 1)
     try:
-        # Before wrapping in DDP: with a structural mismatch, DDP construction either raises
-        # (shapes) or silently pairs the wrong tensors (order, dtype) — never compare after it.
-        prints = [r.value for r in world.run(fingerprint, ctx.target.spec, deadline=ctx.deadline)]
+        # Before wrapping in DDP the ranks compare structures (``every_structure``): with a
+        # mismatch, DDP construction either raises (shapes) or silently pairs the wrong
+        # tensors (order, dtype), so no rank wraps and nothing else is compared.
+        tracked = [r.value for r in world.run(track, ctx.target.spec, batch_size, STEPS,
+                                              deadline=ctx.deadline)]
     except (RankFailure, WorldHang) as exc:
-        return world_error_outcome(exc, "building the model")
+        # Named as before for the step, where a run raises; a build that dies (not a target
+        # error: those end the run as a usage error) is located by its traceback in the record.
+        return world_error_outcome(exc, "the DDP training step")
+    prints = tracked[0]["structure"]  # every rank's, gathered: the same on every rank
     structure = {"entries_per_rank": [len(p) for p in prints]}
     bad = _structure_mismatch(prints)
     if bad is not None:
@@ -195,12 +237,7 @@ def run(ctx: CheckContext) -> Outcome:
             evidence={"structure": {**structure, "first_difference": bad}},
             recommendation="build_model must not depend on the rank (no torch.distributed.get_rank() "
                            "in model construction): same modules, same order, same dtypes everywhere")
-    batch_size = ctx.target.batch_size_for(ctx.world_size, 1)
-    try:
-        per_rank = [r.value for r in world.run(track, ctx.target.spec, batch_size, STEPS,
-                                               deadline=ctx.deadline)]
-    except (RankFailure, WorldHang) as exc:
-        return world_error_outcome(exc, "the DDP training step")
+    per_rank = [t["checkpoints"] for t in tracked]
     for index, point in enumerate(per_rank[0]):
         for rank, points in enumerate(per_rank):
             name = _nonfinite(points[index]["digests"])

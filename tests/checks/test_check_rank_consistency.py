@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ._check_helpers import run_check
+from ._check_helpers import builds, run_check, target_spec
 
 
 @pytest.mark.parametrize("target", ["mlp", "convbn", "tied-lm", "trainer"])
@@ -13,6 +13,19 @@ def test_passes_on_builtins(suite_session, target):
     record = run_check(suite_session, "rank-consistency", target)
     assert record.status == "passed", record.message
     assert record.metrics["tensors_compared"] > 0
+
+
+def test_the_structure_checked_is_the_model_trained_one_build_per_rank(suite_session):
+    # The structure is exchanged between the ranks before wrapping, on the model then wrapped:
+    # at 100 M parameters a build is ~1 bare step. Before: a call to fingerprint a model of its
+    # own, then a second build to train (2 builds per rank).
+    spec = target_spec("counted_builds")
+    world = suite_session.world()
+    before = [r.value for r in world.run(builds, spec)]
+    record = run_check(suite_session, "rank-consistency", "counted_builds")
+    assert record.status == "passed", record.message
+    assert [r.value - b for r, b in zip(world.run(builds, spec), before)] == [1, 1]
+    assert record.evidence["structure"] == {"entries_per_rank": [6, 6]}
 
 
 @pytest.mark.parametrize("target, why", [("rank_dependent_build", "different order"),

@@ -32,6 +32,7 @@ from .recording import RunPlan, run_recorded
 from .snapshots import compare_snapshot, has_snapshot, read_snapshot, write_snapshot
 from .tensors import Compared, TensorDiff, diff_tensor, fmt
 from .verdict import RANDOM_FORWARD, judge
+from .wide_sums import norm64, sum64
 
 __all__ = [
     "DIGEST",
@@ -63,6 +64,8 @@ __all__ = [
     "nonfinite",
     "rank_view",
     "smallest_bug",
+    "norm64",
+    "sum64",
     "run_equivalence",
     "run_recorded",
     "who_sees",

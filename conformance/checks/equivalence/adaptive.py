@@ -34,6 +34,7 @@ from typing import Any
 
 from .hypotheses import NEGLIGIBLE, SPREAD
 from .tensors import fmt
+from .wide_sums import norm64
 
 #: Optimizers whose update is ``lr · m̂ / (√v̂ + eps)`` per element (subclasses included).
 ADAPTIVE = ("Adam", "AdamW")
@@ -84,11 +85,8 @@ def parameter_floor(bounds: list[float | None] | None) -> list[float] | None:
 
 
 def gradient_norms(named: list[tuple[str, Any]]) -> dict[str, float | None]:
-    """Each parameter's gradient norm (None: no gradient), in float64."""
-    import torch
-
-    return {name: None if g is None else float(torch.linalg.vector_norm(g.detach(), dtype=torch.float64))
-            for name, g in named}
+    """Each parameter's gradient norm (None: no gradient), in float64 (``wide_sums``)."""
+    return {name: None if g is None else norm64(g) for name, g in named}
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,12 +25,14 @@ class Destination:
     digest: bool
     record: bool  # this rank records at all (rank 0, or every rank with record_all_ranks)
 
-    def gradients(self, label: str, named: list[tuple[str, Any]]) -> list[Compared] | str | None:
-        """``named`` at ``label``: written (its label: its norms once written, ``writer.norms``),
-        compared (per-tensor summaries), or None (not recorded here)."""
+    def gradients(self, label: str, named: list[tuple[str, Any]],
+                  *, norms: dict[str, float | None] | None = None) -> list[Compared] | str | None:
+        """``named`` at ``label``: written (its label: its norms once written, ``writer.norms``;
+        ``norms``: those already measured, kept instead of measured again), compared (per-tensor
+        summaries), or None (not recorded here)."""
         if not self.record or not self.sees:
             return None
         if self.writer is not None:
-            self.writer.write(label, named)
+            self.writer.write(label, named, known=norms)
             return label
         return compare_snapshot(named, self.folder, label, self.device, grad=True)

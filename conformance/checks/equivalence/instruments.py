@@ -68,6 +68,15 @@ def first_nonfinite(named: Iterable[tuple[str, Any]]) -> str | None:
     return None
 
 
+def first_nonfinite_of_norms(named: list[tuple[str, Any]], norms: dict[str, float | None]) -> str | None:
+    """``first_nonfinite(named)``, given each tensor's float64 norm (``adaptive.gradient_norms``,
+    taken anyway at every step): a NaN or an Inf anywhere in a tensor makes its norm NaN or Inf,
+    so only tensors whose norm is not finite are searched, exactly, and the pass over every
+    gradient is not made twice. (A float64 tensor whose squares overflowed has an infinite norm
+    and is found finite there.)"""
+    return first_nonfinite((name, t) for name, t in named if not math.isfinite(norms.get(name) or 0.0))
+
+
 @dataclass
 class StepRecorder:
     """Gradients as ``optimizer.step()`` saw them, per train_step call.

@@ -54,24 +54,26 @@ from ...harness.targets import Target
 from ...harness.world import RankContext
 from .adaptive import gradient_norms, update_bound
 from .batch_layout import LayoutSlice, observe_layouts
+from .clipping import PRE_CLIP0, Clipping
 from .compiled import output_site, run_eagerly
 from .destination import Destination
 from .compression import comm_hook_of
 from .digests import DIGEST, REFERENCE, named_digests, rank_view, who_sees
-from .instruments import (BatchDigests, ClipProbe, CompileWatch, Features, Routing, StepRecorder, first_nonfinite,
-                          nonfinite_output)
+from .instruments import (BatchDigests, CompileWatch, Features, Routing, StepRecorder, first_nonfinite,
+                          first_nonfinite_of_norms, nonfinite_output)
 from .hypotheses import loss_split
 from .normalisation import group_batchnorm, sizes_seen, watch_synchronising
 from .nudge import nudge
 from .randomness import disable_dropout, forward_is_random, state_kept
-from .records import ClipSlice, GradientSlice, LossSplit, RankRecord, SetupSlice
+from .records import GradientSlice, LossSplit, RankRecord, SetupSlice
 from .shards import local_slices, shard_factor
 from .start_loss import measure_start_loss
+from .wide_sums import sum64
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 
 # Snapshot labels of the reference (``snapshots``): the initial weights, the first step's
 # gradients, the gradients before that step's clipping, the parameters after step s.
-INITIAL, GRADS0, PRE_CLIP0, PARAMS = "initial", "grads0", "pre_clip0", "params"
+INITIAL, GRADS0, PARAMS = "initial", "grads0", "params"
 ROLES = ("reference", "compare")
 
 GRADIENT_AFTER_FINITE_FORWARD = ("gradient at optimizer.step() (the forward's outputs were finite: "
@@ -162,60 +164,6 @@ def _verify_initial(inner: Any, snapshots: Path, device: Any, *, buffers_only: b
 
 
 @dataclass
-class Clipping(Probe):
-    """``clip_grad_norm_`` observed (``ClipProbe``): what it measured per step, and the
-    gradients before the last clip of the first step that ran, written or compared
-    (``take``n by the gradient recorder once that step ran)."""
-
-    inner: Any
-    namespaces: list[dict[str, Any]]
-    to: Destination
-    probe: ClipProbe | None = None
-    done: bool = False
-    found: dict[str, Any] = field(default_factory=dict)  # "pre_clip", "pre_clip_digest"
-    calls: list[list[dict[str, float]]] = field(default_factory=list)
-
-    def attach(self, stack: contextlib.ExitStack) -> None:
-        self.probe = ClipProbe.attach(self.inner, self.namespaces, observe=self._observe)
-        stack.callback(self.probe.close)
-
-    def _observe(self, named: list[tuple[str, Any]]) -> None:
-        # Every clip before the first step overwrites the last: the last clip's input counts.
-        # Gathered before anything returns: every rank clips, every rank joins the all-gathers.
-        named = list(full_named(named))
-        if not self.to.record:
-            return
-        if self.to.digest:
-            self.found["pre_clip_digest"] = named_digests(named)
-        if self.to.writer is not None:
-            self.to.writer.write(PRE_CLIP0, named)
-            self.found["pre_clip"] = PRE_CLIP0
-        elif self.to.sees and has_snapshot(self.to.folder, PRE_CLIP0):
-            self.found["pre_clip"] = compare_snapshot(named, self.to.folder, PRE_CLIP0, self.to.device, grad=True)
-
-    def begin_step(self, step: Step) -> None:
-        assert self.probe is not None
-        self.probe.calls = []
-        if not self.done:
-            self.found.clear()
-            self.probe.frozen = False
-
-    def end_step(self, step: Step) -> Slice:
-        assert self.probe is not None
-        self.calls.append(list(self.probe.calls))
-        return {}  # the steps are a list in ``result``
-
-    def take(self) -> dict[str, Any]:
-        """What the first step that ran saw before clipping; later clips are not recorded."""
-        assert self.probe is not None
-        self.done = self.probe.frozen = True
-        return self.found
-
-    def result(self) -> ClipSlice:
-        return ClipSlice(clip_calls=self.calls)
-
-
-@dataclass
 class Gradients(Probe):
     """What the optimizer consumed (``StepRecorder``'s step pre-hook), recorded where it lives:
     the gradients of the first ``optimizer.step()`` that ran, the parameters after every step,
@@ -256,8 +204,8 @@ class Gradients(Probe):
     def _fingerprint(self) -> list[str] | None:
         """Each parameter's float64 sum, exactly (``float.hex``: a NaN equals itself): changed
         by any update that changes a parameter (a sum left bit-identical by a real update is not
-        met in practice), one pass, no copy. None once an optimizer step has been seen: then
-        nothing is updated by hand."""
+        met in practice), one pass, no copy (``wide_sums``). None once an optimizer step has
+        been seen: then nothing is updated by hand."""
         import torch
 
         assert self.recorder is not None
@@ -266,7 +214,7 @@ class Gradients(Probe):
         with torch.no_grad():
             # The parameters the optimizer holds (FSDP2 registers unsharded ones during a
             # forward), this rank's shard of each: a fingerprint is only held against itself.
-            return [float(local(p.detach()).sum(dtype=torch.float64)).hex() for _, p in self.recorder.params]
+            return [sum64(local(p.detach())).hex() for _, p in self.recorder.params]
 
     def _zeroing(self, original: Any) -> Any:
         """``Module.zero_grad`` observed: called on the model after its parameters changed by
@@ -314,14 +262,19 @@ class Gradients(Probe):
         first = "grads0" not in self.out and "grads" not in self.found
         shards = local_slices(named) if first else {}
         named = list(full_named(named))
-        self.bad = first_nonfinite(named)
+        norms = None
         if self.norms is None:
-            self.norms, self.bound = gradient_norms(named), update_bound(self.optimizer)
+            self.norms = norms = gradient_norms(named)
+            self.bound = update_bound(self.optimizer)
+            self.bad = first_nonfinite_of_norms(named, norms)
+        else:
+            self.bad = first_nonfinite(named)
         if not first:
             return
         if self.to.digest:
             self.found["grads_digest"] = named_digests(named)
-        self.found["grads"] = compared = self.to.gradients(GRADS0, named)
+        # The reference's snapshot keeps these norms: the same float64 norms of the same tensors.
+        self.found["grads"] = compared = self.to.gradients(GRADS0, named, norms=norms)
         if shards and isinstance(compared, list) and not all(c.diff.ok for c in compared):
             self.found["shard_factor"] = shard_factor(shards, self.to.folder, GRADS0, self.to.device)
 

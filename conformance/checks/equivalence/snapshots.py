@@ -43,6 +43,7 @@ from typing import Any
 
 from ...harness.resources import available_memory
 from .tensors import Compared, compare_tensor
+from .wide_sums import norm64
 
 INDEX = "index.json"
 
@@ -71,7 +72,7 @@ def _norm(tensor: Any) -> float | None:
         return None
     if tensor.layout != torch.strided:
         tensor = tensor.coalesce().values() if tensor.is_sparse else tensor.to_dense()
-    return float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
+    return norm64(tensor)
 
 
 def _save(folder: Path, i: int, tensor: Any) -> list[Any]:
@@ -162,8 +163,10 @@ def _inline(named: list[tuple[str, Any]]) -> bool:
     return torch.get_num_threads() >= cores
 
 
-def _write(folder: Path, named: Iterable[tuple[str, Any]], *, copy: bool,
-           measure: bool = True) -> dict[str, float | None]:
+def _write(folder: Path, named: Iterable[tuple[str, Any]], *, copy: bool, measure: bool = True,
+           known: dict[str, float | None] | None = None) -> dict[str, float | None]:
+    import torch
+
     folder.mkdir(parents=True, exist_ok=True)
     # A label written again (every clip before the first step overwrites the last): the old
     # index goes first, so the folder never lists files of two writes.
@@ -177,7 +180,11 @@ def _write(folder: Path, named: Iterable[tuple[str, Any]], *, copy: bool,
             continue
         compact = _compact(tensor, copy=copy)
         index.append([name, *_save(folder, i, compact)])
-        norms[name] = _norm(compact) if measure else None
+        # A dense tensor's norm measured already (``known``, the same float64 norm) is kept.
+        if known is not None and name in known and compact.layout == torch.strided:
+            norms[name] = known[name]
+        else:
+            norms[name] = _norm(compact) if measure else None
         del compact
     partial = folder / (INDEX + ".part")
     partial.write_text(json.dumps(index))
@@ -245,9 +252,11 @@ class SnapshotWriter:
             error, self._error = self._error, None
             raise self._failed(error) from error
 
-    def write(self, label: str, named: Iterable[tuple[str, Any]], *, norms: bool = True) -> None:
+    def write(self, label: str, named: Iterable[tuple[str, Any]], *, norms: bool = True,
+              known: dict[str, float | None] | None = None) -> None:
         """Snapshot ``named`` as ``label``; ``norms``: measure each tensor's norm for
-        ``norms(label)`` (a pass over the snapshot: only the judged gradients need it)."""
+        ``norms(label)`` (a pass over the snapshot: only the judged gradients need it), except
+        a dense tensor's in ``known`` (its norm, measured by the caller already)."""
         self._wait()
         self._norms.pop(label, None)
         named = list(named)
@@ -256,7 +265,7 @@ class SnapshotWriter:
             if folder.is_symlink() and _inline(named):
                 # Into memory, from the live tensors, now: one copy, and no thread competing
                 # with the training step for cores it already uses (see ``_inline``).
-                self._norms[label] = _write(folder, named, copy=False, measure=norms)
+                self._norms[label] = _write(folder, named, copy=False, measure=norms, known=known)
                 return
         except Exception as exc:
             raise self._failed(exc) from exc
@@ -265,7 +274,7 @@ class SnapshotWriter:
 
         def run() -> None:
             try:
-                self._norms[label] = _write(folder, copies, copy=False, measure=norms)
+                self._norms[label] = _write(folder, copies, copy=False, measure=norms, known=known)
             except BaseException as exc:  # noqa: BLE001 - kept, raised by the caller's next call
                 self._error = exc
             finally:
