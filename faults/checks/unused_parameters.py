@@ -358,6 +358,10 @@ def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, An
                   remedy: Remedy | None = None, static: Remedy | None = None) -> Outcome:
     name = ctx.target.name
     tax_text = f"{tax['tax']:.2f}x step time" if tax.get("tax") else None
+    if tax.get("tax") and tax["tax"] < 1:
+        # find_unused_parameters=True only adds work (a walk of the autograd graph): below 1x
+        # is the host's noise between the timed blocks, not a saving.
+        tax_text = f"no measurable time (x{tax['tax']:.2f}: within this host's noise)"
     # An unmeasured tax is said as such, never spliced in as if it were a figure.
     unmeasured = f"its cost not measured here ({_first_line(tax.get('error')) or 'no timing'})"
     at_cost = f"at a measured cost of {tax_text}" if tax_text else f"({unmeasured})"

@@ -496,3 +496,6 @@ def test_an_unmeasured_find_unused_tax_is_said_as_such_never_spliced_in_as_a_fig
     assert "(its cost not measured here (RuntimeError" in (used.recommendation or "")
     measured = _judge_target(ctx, {}, {}, None, {"tax": 1.234}, False, {}, {})
     assert measured.message.endswith("(find_unused_parameters=True would cost 1.23x step time)")
+    noisy = _judge_target(ctx, {}, {}, None, {"tax": 0.73}, False, {}, {})
+    assert noisy.message.endswith("(find_unused_parameters=True would cost no measurable time (x0.73: "
+                                  "within this host's noise))")
