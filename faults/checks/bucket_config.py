@@ -6,7 +6,9 @@ ones mean nothing overlaps with backward. The best size depends on model and net
 is measured: the target is wrapped with every cap of :data:`SWEEP` (plus the configured one)
 in turn, in the persistent world, in two passes in opposite orders (a drift hits every point
 alike; one DDP alive at a time, so a production model is not held once per cap); the curve is
-the median step time per cap, with DDP's bucket count from its logging data.
+the median step time per cap, with DDP's bucket count from its logging data. Caps the
+parameter sizes prove to share a layout are one point, wrapped once; the second pass times
+the configured cap and the points that may still beat it past the limit (``_bucket_plan``).
 
 Also reproduced, in a fresh world: a ``bucket_cap_mb`` that differs across ranks. Harmless by
 default (rank 0's rebuilt layout is adopted: training must match a matched run exactly) but
