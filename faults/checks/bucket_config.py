@@ -98,10 +98,9 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
     times: list[list[float]] = [[] for _ in caps]
     buckets = [0] * len(caps)
     # ``reduced``: the most buckets DDP all-reduced in a step; 0 for a step with no DDP backward.
-    rounds, step_s, step, wraps, reduced = reps or 0, 0.0, 0, 0, 0
+    rounds, step_s, step, wraps, reduced, model = reps or 0, 0.0, 0, 0, 0, None
     layouts: dict[str, int] = {}  # a rebuilt bucket layout -> the first cap that gave it
     warm: tuple[int, Any, Any] | None = None  # the cap at a pass's turn, still wrapped
-    model: Any = None
     again = set(range(len(caps)))  # the points the second pass times
     # The focus's point ends the first pass: at the turn it stays wrapped, and a second pass
     # that times it alone needs no wrap. Any order and its reverse spread a drift alike.
@@ -145,7 +144,8 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
                 if k > WARMUP:  # the first step builds buckets, the second runs the rebuilt ones
                     times[i].append(elapsed)
                 if k == WARMUP and not rounds:  # the first cap's warm-up sizes the whole sweep
-                    rounds, step_s = agreed_reps(ctx, elapsed, points=len(caps) - len(proved), deadline_s=deadline_s)
+                    # Per cap, not per point left: a merge's saving buys no extra steps per point.
+                    rounds, step_s = agreed_reps(ctx, elapsed, points=len(caps), deadline_s=deadline_s)
                     n = WARMUP + -(-rounds // PASSES)
                 if k == WARMUP + 1 and pass_ == 0:
                     # An earlier cap's rebuilt layout, unproved by the sizes: the same step, so
