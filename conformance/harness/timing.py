@@ -97,8 +97,8 @@ DETECTION_SLACK_S = 2.0
 #: find_unused_parameters=True it aborts a process at step 0 and its peers are released by
 #: this process-group timeout; 5 s is far beyond the milliseconds a step of its MLP takes.
 MISMATCH_PG_TIMEOUT_S = 5.0
-#: ...and its world's deadline (the check's, if shorter): two runs of three steps of a small
-#: MLP and, after an abort, the peers' 5 s timeout, with room for a loaded host.
+#: ...and its world's deadline (the check's, if shorter): one model build, two runs of two
+#: steps and, after an abort, the peers' 5 s timeout, with room for a loaded host.
 MISMATCH_DEADLINE_CAP_S = 30.0
 
 #: The process-group timeout of the fresh world in which rank-consistency runs a target's

@@ -6,7 +6,9 @@ ones mean nothing overlaps with backward. The best size depends on model and net
 is measured: the target is wrapped with every cap of :data:`SWEEP` (plus the configured one)
 in turn, in the persistent world, in two passes in opposite orders (a drift hits every point
 alike; one DDP alive at a time, so a production model is not held once per cap); the curve is
-the median step time per cap, with DDP's bucket count from its logging data.
+the median step time per cap, with DDP's bucket count from its logging data. Caps the
+parameter sizes prove to share a layout are one point, wrapped once; the second pass times
+the configured cap and the points that may still beat it past the limit (``_bucket_plan``).
 
 Also reproduced, in a fresh world: a ``bucket_cap_mb`` that differs across ranks. Harmless by
 default (rank 0's rebuilt layout is adopted: training must match a matched run exactly) but
@@ -29,9 +31,10 @@ the mismatch is reproduced.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +51,7 @@ from .._log import Injection, InjectionLog, read_injections, record_injections
 from ..injectors import BucketConfig
 from ..sites import Site
 from ..vehicles import VehicleSpec, resolve
+from ._bucket_plan import quartiles, param_bytes, provably_same_layout, second_pass
 
 if TYPE_CHECKING:
     from conformance.harness.world import RankContext, WorldLike
@@ -67,18 +71,17 @@ PASSES = 2
 
 
 def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], deadline_s: float,
-               reps: int | None = None) -> dict[str, Any]:
+               reps: int | None = None, *, focus: float | None = None) -> dict[str, Any]:
     """Step the target under DDP with each cap in turn; step times and bucket counts per cap.
 
     One model per rank, re-wrapped for each cap (one DDP, with its gradient buckets, alive at a
-    time): building every cap's model side by side held len(caps) copies of a production
-    model per rank. The caps are visited in PASSES passes in opposite orders, so a drift of the
-    host's speed over the sweep hits every cap alike; the cap at a turn is the last of one pass
-    and the first of the next, so its DDP stays wrapped and warm across the turn. The number of
-    timed steps is ``reps`` when given (the same on every rank: an argument), else follows the
-    first cap's warm-up step (agreed by every rank, see conformance.harness.resources.agreed_reps)."""
-    import gc
-
+    time: a model per cap held len(caps) copies of a production model per rank); caps the
+    parameter sizes prove alike share one wrap (``_bucket_plan``). PASSES passes in opposite
+    orders, so a drift of the host's speed hits every cap alike; the cap at the turn stays
+    wrapped and warm across it. With ``focus`` (the configured cap) that cap ends the first pass
+    and the second times only the points that can turn the verdict. ``reps`` timed steps per
+    cap when given (an argument: the same on every rank), else sized by the first cap's warm-up
+    step (agreed by every rank, see conformance.harness.resources.agreed_reps)."""
     import torch
 
     from conformance.harness.ddp import PROBE_SEED, bucket_count, bucket_layout, sync_device, wrap
@@ -89,29 +92,44 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
     kwargs = {k: v for k, v in target.ddp_kwargs.items() if k != "bucket_cap_mb"}
     torch.manual_seed(PROBE_SEED)
     module = target.build_model()
+    # Per-bucket caps of the target's own (bucket_cap_mb_list) leave bucket_cap_mb no say: no proof.
+    proved = {} if "bucket_cap_mb_list" in kwargs else provably_same_layout(param_bytes(module.parameters()), caps)
+    same: dict[int, int] = dict(proved)  # a cap -> the earlier cap with its layout, whose times it shares
     times: list[list[float]] = [[] for _ in caps]
     buckets = [0] * len(caps)
-    rounds, step_s, step, wraps = reps or 0, 0.0, 0, 0
-    # The most buckets DDP said it all-reduced in a step (its logging data), over every wrap: 0
-    # when the target's step never ran a synchronising backward (``exercised_nothing``).
-    reduced = 0
+    # ``reduced``: the most buckets DDP all-reduced in a step; 0 for a step with no DDP backward.
+    rounds, step_s, step, wraps, reduced, model = reps or 0, 0.0, 0, 0, 0, None
     layouts: dict[str, int] = {}  # a rebuilt bucket layout -> the first cap that gave it
-    same: dict[int, int] = {}  # a cap -> the earlier cap with its layout, whose times it shares
     warm: tuple[int, Any, Any] | None = None  # the cap at a pass's turn, still wrapped
+    again = set(range(len(caps)))  # the points the second pass times
+    # The focus's point ends the first pass: at the turn it stays wrapped, and a second pass
+    # that times it alone needs no wrap. Any order and its reverse spread a drift alike.
+    f = None if focus is None else same.get(caps.index(focus), caps.index(focus))
+    first = [i for i in range(len(caps)) if i != f] + ([f] if f is not None else [])
     for pass_ in range(PASSES):
-        order = list(range(len(caps)))[:: 1 if pass_ % 2 == 0 else -1]
+        order = first[:: 1 if pass_ % 2 == 0 else -1]
+        if pass_ > 0 and focus is not None:
+            again = _agreed_second_pass(ctx, [[] if i in same else t for i, t in enumerate(times)],
+                                        same.get(caps.index(focus), caps.index(focus)))
+            if warm is not None and warm[0] not in again:
+                # Synchronisation point, as after any cap: every rank drops the turn's DDP
+                # before the next wrap, so two reducers never hook the same parameters.
+                gone = _dropping(module, model)
+                warm = model = optimizer = None
+                gone()
         for i in order:
             # This pass's share of the cap's timed steps: half (rounded up), then the rest.
             todo = -(-rounds // PASSES) if pass_ == 0 else rounds - len(times[i])
-            if (rounds and todo <= 0) or i in same:
+            if (rounds and todo <= 0) or i in same or i not in again:
                 continue
             if warm is not None and warm[0] == i:
-                # The turn: this cap's DDP ran the pass's last steps; its buckets are rebuilt
-                # and warm, so the next pass's share follows on without a re-wrap.
-                _, model, optimizer = warm
+                _, model, optimizer = warm  # rebuilt and warm: no re-wrap
                 n, k = WARMUP + todo, WARMUP
             else:
-                model = wrap(module, ctx.device, {**kwargs, "bucket_cap_mb": caps[i]}, target=target)
+                # After the first wrap every rank's module holds the same values (DDP's own
+                # all-reduced steps keep it so), so a re-wrap skips DDP's broadcast of them.
+                sync = {} if wraps == 0 or "init_sync" in kwargs else {"init_sync": False}
+                model = wrap(module, ctx.device, {**kwargs, **sync, "bucket_cap_mb": caps[i]}, target=target)
                 optimizer = target.make_optimizer(model)
                 n, k, wraps = WARMUP + todo, 0, wraps + 1
             warm = None
@@ -126,13 +144,13 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
                 if k > WARMUP:  # the first step builds buckets, the second runs the rebuilt ones
                     times[i].append(elapsed)
                 if k == WARMUP and not rounds:  # the first cap's warm-up sizes the whole sweep
+                    # Per cap, not per point left: a merge's saving buys no extra steps per point.
                     rounds, step_s = agreed_reps(ctx, elapsed, points=len(caps), deadline_s=deadline_s)
                     n = WARMUP + -(-rounds // PASSES)
                 if k == WARMUP + 1 and pass_ == 0:
-                    # The same rebuilt layout as an earlier cap: the same all-reduces, so the
-                    # same step; its timed steps would only measure noise twice (the one taken
-                    # is dropped). Every rank agrees (DDP's rebuild adopts rank 0's layout on
-                    # every rank). Known once DDP logged the rebuild, at the third forward.
+                    # An earlier cap's rebuilt layout, unproved by the sizes: the same step, so
+                    # timing it measures noise twice. Every rank agrees (DDP adopts rank 0's
+                    # layout everywhere). Logged by DDP at the third forward.
                     layout = bucket_layout(model)
                     if layout and layouts.setdefault(layout, i) != i:
                         same[i] = layouts[layout]
@@ -142,30 +160,66 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
             if i == order[-1] and i not in same and pass_ + 1 < PASSES and len(times[i]) < rounds:
                 warm = (i, model, optimizer)  # every rank keeps it: the same caps, the same order
                 continue
-            # Synchronisation point: every rank drops this cap's DDP (its reducer's hooks and
-            # buckets) and the gradients it left on the module before the next wrap's
-            # broadcast, so only one step's worth is ever alive.
-            module.zero_grad(set_to_none=True)
-            del model, optimizer
-            gc.collect()
+            # Synchronisation point: every rank drops this cap's DDP (its reducer's hooks and buckets)
+            # and its gradients before the next wrap's broadcast: one step's worth is ever alive.
+            gone = _dropping(module, model)
+            model = optimizer = None
+            gone()
     for i, j in same.items():
-        times[i] = times[j]
+        times[i], buckets[i] = times[j], buckets[j]
     return {"times": times, "buckets": buckets, "rounds": rounds, "step_s": step_s, "wraps": wraps,
             "same_layout": {caps[i]: caps[j] for i, j in same.items()}, "steps": step,
-            "buckets_reduced": reduced}
+            "proved_same": sorted(caps[i] for i in proved), "buckets_reduced": reduced}
+
+
+def _agreed_second_pass(ctx: RankContext, times: list[list[float]], focus: int) -> set[int]:
+    """``_bucket_plan.second_pass`` on the slowest rank's first-pass time of each step, the
+    same numbers on every rank (sweep judges by them too)."""
+    import torch
+    import torch.distributed as dist
+
+    width = max(len(t) for t in times)
+    table = torch.tensor([t + [0.0] * (width - len(t)) for t in times], dtype=torch.float64, device=ctx.device)
+    # Synchronisation point: every rank calls this once, between the passes. Each rank's own
+    # times differ, and a rank that chose other points would wait forever in a collective of a
+    # wrap its peers never make: they choose from the same (slowest-rank) table.
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    return second_pass([row[:len(t)] for row, t in zip(table.tolist(), times)], focus, limit=PENALTY_LIMIT)
+
+
+def _dropping(module: Any, model: Any) -> Callable[[], None]:
+    """Before a DDP's last references are dropped: clears the gradients it left on ``module``
+    and returns what to call once they are, which makes sure the DDP (its reducer's hooks and
+    buckets, a model's size) is gone. Reference counting frees it at once unless a reference
+    cycle holds it (a target's configure_ddp may make one): only then a full collection, which
+    in a rank process costs 0.3-0.5 s (some 290 k objects tracked once torch is imported; 34 M
+    MLP, loaded host): about a training step per wrap, for nothing, when no cycle holds it."""
+    import weakref
+
+    from conformance.harness.comm_hooks import ddp_of
+
+    module.zero_grad(set_to_none=True)
+    ref = weakref.ref(ddp_of(model))
+
+    def gone() -> None:
+        if ref() is not None:
+            gc.collect()
+
+    return gone
 
 
 def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketConfig, find_unused: bool,
-                  log_dir: str, steps: int = 3) -> dict[str, Any]:
+                  log_dir: str, steps: int = 2) -> dict[str, Any]:
     """Train ``steps`` steps with DDP built at a "wrap" site where ``config`` strikes (this
-    rank's own cap) and, for comparison, with rank 0's cap on every rank; return the largest
-    difference between the two runs' final parameters (it must be 0)."""
+    rank's own cap) and, for comparison, with rank 0's cap on every rank, both from the one
+    model built; return the largest difference between the two runs' final parameters (it must
+    be 0). Two steps suffice: the first runs DDP's initial buckets, the second the layout
+    rebuilt after it -- rank 0's, adopted by every rank -- and with find_unused_parameters=True
+    the per-rank caps already differ in the initial buckets."""
     import torch
 
     from conformance.harness.ddp import PROBE_SEED, wrap
     from conformance.harness.sharding import rank_batch
-
-    import gc
 
     # Recorded to a file too: a run that aborts never hands back its results.
     log = InjectionLog(directory=log_dir, rank=ctx.rank)
@@ -173,14 +227,20 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
     matched = {**target.ddp_kwargs, "find_unused_parameters": find_unused, "bucket_cap_mb": config.cap_for(0)}
     site = Site("wrap", ctx.rank, 0, "data", log, device=ctx.device, ddp_kwargs=dict(matched))
     config.inject(site)
-    # The first run's final parameters wait in files (the check's temp dir), not in memory:
-    # a copy of the model held while the second run trains would be a fourth copy on a rank
-    # whose training step holds three (parameters, gradients, buckets).
-    kept = Path(log_dir) / f"rank{ctx.rank}-first-run"
+    # The model's starting state and the first run's final parameters wait in files (the
+    # check's temp dir), not in memory: a copy of the model held while a run trains would be a
+    # fourth copy on a rank whose training step holds three (parameters, gradients, buckets).
+    # The second run restarts from the file instead of a second build (at 34 M parameters a
+    # build's random init costs several training steps, the file a fraction of one).
+    start, kept = Path(log_dir) / f"rank{ctx.rank}-start", Path(log_dir) / f"rank{ctx.rank}-first-run"
+    torch.manual_seed(PROBE_SEED)
+    module = target.build_model()
+    _keep(start, list(module.parameters()) + list(module.buffers()))
     max_diff, first = 0.0, True
     for kwargs in (site.ddp_kwargs, matched):
-        torch.manual_seed(PROBE_SEED)
-        model = wrap(target.build_model(), ctx.device, kwargs, target=target)
+        if not first:  # read afresh: moving to a GPU replaced the buffers the module held
+            _restore(start, list(module.parameters()) + list(module.buffers()))
+        model = wrap(module, ctx.device, kwargs, target=target)
         optimizer = target.make_optimizer(model)
         for step in range(steps):
             batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_MISMATCH_DATA_SEED + step, device=ctx.device)
@@ -190,9 +250,11 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
         else:
             max_diff = max(_max_diff(kept, list(model.parameters())), default=0.0)
         first = False
-        # Freed before the next run builds its own (DDP sits in a reference cycle: collected).
-        del model, optimizer
-        gc.collect()
+        # Freed before the next run wraps the module again, with the gradients it left: the
+        # second run starts as the first did.
+        gone = _dropping(module, model)
+        model = optimizer = None
+        gone()
     return {"max_diff": max_diff, "injections": log.items}
 
 
@@ -204,6 +266,18 @@ def _keep(folder: Path, params: list[Any]) -> None:
     for i, p in enumerate(params):
         # Raw bytes (a uint8 view): numpy has no bfloat16.
         p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tofile(folder / f"{i}.bin")
+
+
+def _restore(folder: Path, tensors: list[Any]) -> None:
+    """Each tensor's bytes back from its file in ``folder`` (written by :func:`_keep`), in place."""
+    import numpy as np
+    import torch
+
+    with torch.no_grad():
+        for i, t in enumerate(tensors):
+            if t.numel():
+                raw = torch.from_numpy(np.memmap(folder / f"{i}.bin", dtype=np.uint8, mode="c"))
+                t.copy_(raw.view(t.dtype).reshape(t.shape))
 
 
 def _max_diff(folder: Path, params: list[Any]) -> Iterator[float]:
@@ -222,31 +296,34 @@ def _max_diff(folder: Path, params: list[Any]) -> Iterator[float]:
         del kept
 
 
-def _quartiles(values: list[float]) -> tuple[float, float]:
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return q[0], q[2]
-
-
 def sweep(world: WorldLike, source: VehicleSpec | str, configured: float, *, deadline_s: float) -> dict[str, Any]:
     caps = sorted(set(SWEEP) | {configured})
-    results = world.run(sweep_rank, source, caps, deadline_s)
-    rounds = results[0].value["rounds"]  # agreed: the same on every rank
+    results = world.run(sweep_rank, source, caps, deadline_s, focus=configured)
+    value = results[0].value
+    rounds = value["rounds"]  # agreed: the same on every rank
     # A step ends for every rank at the last all-reduce: take the slowest rank's time per round.
-    per_round = [[max(r.value["times"][i][k] for r in results) for k in range(rounds)]
+    # A point the second pass left out has its first pass's steps only.
+    per_round = [[max(r.value["times"][i][k] for r in results) for k in range(len(value["times"][i]))]
                  for i in range(len(caps))]
-    shared = results[0].value.get("same_layout") or {}
+    shared, proved = value.get("same_layout") or {}, set(value.get("proved_same") or ())
     curve = [{"bucket_cap_mb": cap, "step_time_s": round(statistics.median(t), 6),
-              "buckets": results[0].value["buckets"][i],
-              # Not timed again: the same bucket layout as this cap, hence the same step.
-              **({"timed_as": shared[cap]} if cap in shared else {})}
+              "buckets": value["buckets"][i], "timed_steps": len(t),
+              # Not timed again: the same bucket layout as this cap, hence the same step -- proved
+              # from the parameter sizes before any step, or logged by DDP after three.
+              **({"timed_as": shared[cap], "same_layout": "proved from the parameter sizes" if cap in proved
+                  else "logged by DDP"} if cap in shared else {})}
              for i, (cap, t) in enumerate(zip(caps, per_round))]
     best_i = min(range(len(caps)), key=lambda i: curve[i]["step_time_s"])
     conf_i = caps.index(configured)
     penalty = curve[conf_i]["step_time_s"] / curve[best_i]["step_time_s"]
-    clear = _quartiles(per_round[conf_i])[0] > _quartiles(per_round[best_i])[1]
+    # A best left out of the second pass (in the first it could not beat the configured cap
+    # past the limit, by the same rule) has half the samples: a gap to it is never called clear
+    # on those; past the limit it is re-run side by side, as any gap within the noise is.
+    clear = (len(per_round[best_i]) >= len(per_round[conf_i])
+             and quartiles(per_round[conf_i])[0] > quartiles(per_round[best_i])[1])
     return {"sweep": curve, "best": caps[best_i], "penalty": round(penalty, 3), "clear_gap": clear,
-            "configured": configured, "rounds": rounds, "warmup_step_s": round(results[0].value["step_s"], 6),
-            "steps": results[0].value.get("steps"),
+            "configured": configured, "rounds": rounds, "warmup_step_s": round(value["step_s"], 6),
+            "steps": value.get("steps"), "wraps": value.get("wraps"),
             "buckets_reduced": {r.rank: r.value["buckets_reduced"] for r in results if "buckets_reduced" in r.value}}
 
 
@@ -278,7 +355,7 @@ def judge_side_by_side(configured: float, recommended: float, configured_s: list
                 "speedup": round(conf / rec, 3), "rounds": min(len(configured_s), len(recommended_s))}
     if rec >= conf:
         return Rerun(False, evidence)
-    if _quartiles(configured_s)[0] > _quartiles(recommended_s)[1]:
+    if quartiles(configured_s)[0] > quartiles(recommended_s)[1]:
         return Rerun(True, evidence)
     return Rerun(None, {**evidence, "reason": "the re-run's step-time quartiles overlap: noise on this host "
                                               "cannot be told from the bucket size"})
