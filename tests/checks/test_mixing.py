@@ -129,6 +129,27 @@ def test_a_mixing_model_is_not_a_loss_that_is_not_a_mean_and_its_twin_is_no_floo
     assert twin_floor(ref, twin, twin_microbatches=2).measured
 
 
+def test_the_batch_dimension_is_the_one_the_parts_were_cut_along():
+    import torch
+    from torch import nn
+
+    class SeqFirst(nn.Module):  # (time, batch, features): batch_dim 1, as a seq-first RNN's target
+        def __init__(self) -> None:
+            super().__init__()
+            self.features, self.head = nn.Linear(4, 8), nn.Linear(9, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.features(x)
+            std = h.std(1, keepdim=True).mean(2, keepdim=True).expand(-1, h.shape[1], 1)
+            return self.head(torch.cat([h, std], 2))
+
+    torch.manual_seed(0)
+    model, x = SeqFirst(), torch.randn(5, 8, 4)
+    split = loss_split(model, lambda m, a, b: m(a).mean(), (x, x), [(x[:, :4], x[:, :4]), (x[:, 4:], x[:, 4:])])
+    assert (split["mixing"]["module"], split["mixing"]["kind"], split["mixing"]["rows"]) == ("head", "input", 8)
+    assert split_weighting(split) is None
+
+
 def _record(session, check_id, target):  # type: ignore[no-untyped-def]
     from conformance.harness.registry import BY_ID
 

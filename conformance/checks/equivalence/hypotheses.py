@@ -316,18 +316,22 @@ def loss_split(model: Any, loss: Callable[[Any, Any, Any], Any], whole: tuple[An
 
 def _cut(whole: tuple[Any, Any], parts: list[tuple[Any, Any]]) -> tuple[int, int, int]:
     """(batch dimension, the whole batch's samples, a part's): the one dimension along which the
-    first input tensor was cut into the parts (the target's ``batch_dim``, as ``shard`` cut it);
-    (0, 0, 0) when it cannot be told (no such tensor, unequal parts): no mixing probe then."""
+    first batched input tensor was cut into the parts (the target's ``batch_dim``, as ``shard``
+    cut it); (0, 0, 0) when it cannot be told (no such tensor, unequal parts): no mixing probe."""
     from ...harness.batches import tensors
 
-    firsts = [tensors(p[0])[:1] for p in parts]
-    for w in tensors(whole[0])[:1]:
-        if not all(f and f[0].dim() == w.dim() for f in firsts):
-            break
-        dims = [d for d in range(w.dim()) if w.shape[d] != firsts[0][0].shape[d]]
-        sizes = {int(f[0].shape[dims[0]]) for f in firsts} if len(dims) == 1 else set()
-        if len(sizes) == 1 and int(w.shape[dims[0]]) == len(parts) * min(sizes):
+    pieces = [tensors(p[0]) for p in parts]
+    for i, w in enumerate(tensors(whole[0])):
+        got = [p[i] for p in pieces if i < len(p) and p[i].dim() == w.dim()]
+        if len(got) != len(parts) or not w.dim():
+            return 0, 0, 0
+        dims = [d for d in range(w.dim()) if w.shape[d] != got[0].shape[d]]
+        if not dims:
+            continue  # not batched (passed whole to every part)
+        sizes = {int(g.shape[dims[0]]) for g in got}
+        if len(dims) == 1 and len(sizes) == 1 and int(w.shape[dims[0]]) == len(parts) * min(sizes):
             return dims[0], int(w.shape[dims[0]]), min(sizes)
+        return 0, 0, 0
     return 0, 0, 0
 
 
