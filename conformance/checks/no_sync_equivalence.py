@@ -88,7 +88,8 @@ def run(ctx: CheckContext) -> Outcome:
     # choose (sharded gradients kept instead of unsharded ones), never a wrong result.
     sharded_cost = eq.wrapper == FULLY_SHARD and worst_rounds > 1
     undecided = ("randomness in forward" if eq.random_forward else
-                 "a noise floor not measured in time" if eq.floor.timed_out else None)
+                 "a noise floor not measured in time" if eq.floor.timed_out else
+                 "a model that mixes samples" if eq.floor.mixing else None)
     if verdict is not None and verdict.status == "inconclusive" and undecided and (
             least_rounds == 0 or (worst_rounds > 1 and not sharded_cost)):
         # The rounds depend neither on the randomness that keeps the gradients from being

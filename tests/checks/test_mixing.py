@@ -179,3 +179,12 @@ def test_a_loss_times_the_world_size_on_top_of_a_minibatch_std_is_still_named(su
     assert "on the same 2 microbatches (the floor's twin" in record.message
     assert "module 'stddev' (MinibatchStd)" in record.message
     assert "Remove the multiplication by the world size" in (record.recommendation or "")
+
+
+def test_no_sync_forgotten_on_a_minibatch_std_model_still_fails_on_its_rounds(suite_session):
+    record = _record(suite_session, "no-sync-equivalence", "minibatch_std_no_sync_forgotten")
+    assert record.status == "failed", record.message
+    assert record.message.startswith("4 all-reduce rounds per optimizer step for K=4 microbatches instead of 1 "
+                                     "(judged without the gradients, which a model that mixes samples kept "
+                                     "from being compared"), record.message
+    assert "module 'stddev' (MinibatchStd)" in record.message
