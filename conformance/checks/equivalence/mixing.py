@@ -191,12 +191,13 @@ class Mixing:
 
 
 #: What to do when the model mixes samples (the recommendation of every check that names it).
-ADVICE = ("compare what can be equal: keep the statistic per GPU in production too and judge this "
-          "model's DDP step against one process running the same per-rank groups (a target variant "
-          "whose forward computes the statistic per fixed group of samples that divides B/N, e.g. "
-          "StyleGAN's stddev_group no larger than the per-rank batch and a global batch arranged so "
-          "the groups are the same on both sides), or make the statistic global with an all-reduce "
-          "over the ranks (as SyncBatchNorm does for BatchNorm)")
+ADVICE = ("compare what can be equal: keep the statistic per GPU in production too (as DDP computes "
+          "it), and give the checks a target variant that computes it over fixed groups of "
+          "contiguous samples whose size divides the microbatch (StyleGAN's std over "
+          "x.view(-1, group, C, H, W) instead of x.view(group, -1, C, H, W)), so one process forms "
+          "the same groups as the ranks and the steps compare exactly "
+          "(tests/targets/minibatch_std_fixed_groups.py); or make the statistic global with an "
+          "all-reduce over the ranks, as SyncBatchNorm does for BatchNorm")
 
 
 def first_mixing(whole: Sequence[Call], parts: Sequence[tuple[int, Sequence[Call]]]) -> Mixing | None:
