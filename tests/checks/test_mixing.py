@@ -195,3 +195,10 @@ def test_the_advised_variant_with_fixed_contiguous_groups_passes(suite_session, 
     # The statistic still mixes samples, within groups both sides form alike: nothing is named.
     record = _record(suite_session, check, "minibatch_std_fixed_groups")
     assert record.status == "passed", record.message
+
+
+def test_two_optimizer_steps_in_a_call_are_one_round_each_on_a_minibatch_std_model(suite_session):
+    # StyleGAN's lazy regularisation: a second synchronised backward with an optimizer step of its own.
+    record = _record(suite_session, "no-sync-equivalence", "minibatch_std_lazy_regularisation")
+    assert record.status == "inconclusive", record.message
+    assert "module 'stddev' (MinibatchStd)" in record.message and "rounds" not in record.message, record.message
