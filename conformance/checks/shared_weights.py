@@ -61,10 +61,12 @@ from ..harness.ddp import MODEL_SEED, unwrap
 from ..harness.outcome import Outcome
 from ..harness.sharding import batch_dims, global_batch, shard, to_device
 from ..harness.world import RankContext, RankFailure, WorldHang
-from .sharing import ITERATIONS, discover, live_grad, reference_probe, start_from_reference
+from .sharing import ITERATIONS, discover, live_grad, mixing_of, reference_probe, sample_prints, start_from_reference
 from .equivalence import (
     DIGEST,
     MARGIN,
+    MIXING_ADVICE,
+    Mixing,
     REFERENCE,
     Compared,
     compare_snapshot,
@@ -149,9 +151,15 @@ def probe(rank_ctx: RankContext, target_spec: str, batch_size: int, folder: str)
         for step, batch in enumerate(batches):
             ddp.zero_grad(set_to_none=True)
             x, y = to_device(shard(batch, rank, n, 1, dims=batch_dims(target)), device)[0]
+            # The configured variant's first forward is held to the reference's per sample as it
+            # runs: a model that mixes samples is then named, not the sharing (``sharing.mixing_of``).
+            watch = step == 0 and not variants
             # A synchronising backward on every rank: each variant runs the same iterations
             # everywhere, so the reducer's all-reduces pair up.
-            target.compute_loss(ddp, x, y).backward()
+            with sample_prints(unwrap(ddp), target, x, on=watch) as calls:
+                target.compute_loss(ddp, x, y).backward()
+            if watch and sees:
+                out["mixing"] = mixing_of(calls, snapshots, rank * (batch_size // n))
             live = [(s, live_grad(unwrap(ddp), s)) for s in compared]
             if digest:
                 out["digests"].append((f"shared gradients of iteration {step} under DDP {label}",
@@ -339,6 +347,25 @@ def _passed(head: dict[str, Any], values: list[dict[str, Any]], rows: list[dict[
         metrics=metrics, evidence=evidence)
 
 
+def _mixes_samples(values: list[dict[str, Any]], bad: dict[str, Any], metrics: dict[str, Any],
+                   evidence: dict[str, Any]) -> Outcome | None:
+    """Inconclusive where the model mixes samples (``sharing.mixing_of``, measured on a rank's
+    first forward against the reference's): every gradient differs from the single-process one
+    by design, the shared ones with the rest — not the sharing. None where no rank saw it."""
+    mixed = next((v["mixing"] for v in values if v.get("mixing")), None)
+    if mixed is None:
+        return None
+    found, world_size = Mixing.from_json(mixed), len(values)
+    evidence["mixing"] = found.to_json()
+    metrics["key_figure"] = f"module {found.module!r} mixes samples"
+    return Outcome.inconclusive(
+        f"shared-weights cannot be judged: {found.cause(world_size=world_size)} — every gradient "
+        f"differs by it, shared or not, not by the sharing; measured: shared parameter "
+        f"{bad['param']!r} {bad['diagnosis']} under DDP {bad['variant']} (rank {bad['rank']}, "
+        f"|Δ| {fmt(bad['max_abs_grad_diff'])})", metrics=metrics, evidence=evidence,
+        recommendation=MIXING_ADVICE)
+
+
 def run(ctx: CheckContext) -> Outcome:
     batch_size = ctx.target.batch_size_for(ctx.world_size, 1)
     folder = Path(tempfile.mkdtemp(prefix="shared-reference-", dir=ctx.tmpdir))
@@ -424,10 +451,10 @@ def run(ctx: CheckContext) -> Outcome:
                            "the sum once")
     if failures:
         # A factor every gradient shares is a finding before it is noise (the control is then
-        # no yardstick of rounding either).
-        scaled = _scaled_everywhere(head, values, failures[0], metrics, evidence)
-        if scaled is not None:
-            return scaled
+        # no yardstick of rounding either); after it, a model that mixes samples (every gradient).
+        if (found := _scaled_everywhere(head, values, failures[0], metrics, evidence)
+                or _mixes_samples(values, failures[0], metrics, evidence)) is not None:
+            return found
     noise = _within_control_noise(head, values, failures) if failures else None
     if failures and noise is None:
         bad = failures[0]

@@ -12,21 +12,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..harness.batches import first_dim, part_dims, rows
 from ..harness.ddp import MODEL_SEED
 from ..harness.parallel import full
 from ..harness.rank_run import RankRun
 from ..harness.sharding import batch_dims, global_batch, shard, to_device
 from ..harness.world import RankContext
-from .equivalence import disable_dropout, group_batchnorm, read_snapshot, write_snapshot
+from .equivalence import disable_dropout, first_mixing, group_batchnorm, read_snapshot, row_prints, write_snapshot
 
 #: DDP iterations per variant, and the reference's global batches.
 ITERATIONS = 2
 #: The reference's initial weights in its folder: rank 0 starts from them (``start_from_reference``).
 INITIAL = "initial"
+#: The reference's per-sample fingerprints of its first forward (``equivalence.mixing``), in its
+#: folder: each rank holds its own first forward's to them (``mixing_of``).
+MIXING = "mixing.pt"
 
 #: The control's size cap (elements): its reference gradient is written and read back per step
 #: like the shared ones', and a million elements show a common factor as well as a billion.
@@ -157,12 +163,19 @@ def _reference(model: Any, groups: list[list[str]], shared: list[str], control: 
         # cannot be deep-copied) skips this part with the reason; the DDP comparison still runs.
         per_use = [{"names": g, "per_use_skipped": f"{type(exc).__name__}: {str(exc)[:200]}"}
                    for g in groups]
+    import torch
+
     ref_model = copy.deepcopy(model)
     nonfinite = []
     for step, batch in enumerate(batches):
         ref_model.zero_grad(set_to_none=True)
         x, y = to_device([batch], device)[0]
-        target.compute_loss(ref_model, x, y).backward()
+        # The first forward fingerprints its samples as it runs (no forward of its own): a
+        # mismatch on the ranks is then told from a model that mixes samples (``mixing_of``).
+        with sample_prints(ref_model, target, x, on=step == 0) as calls:
+            target.compute_loss(ref_model, x, y).backward()
+        if step == 0:
+            torch.save(calls, snapshots / MIXING)
         live = [(s, live_grad(ref_model, s)) for s in shared + control]
         nonfinite.append(first_nonfinite(live[:len(shared)]))
         write_snapshot(snapshots, f"ref{step}", live)
@@ -202,3 +215,28 @@ def live_grad(model: Any, name: str) -> Any:
     grad = model.get_parameter(name).grad
     # FSDP2: the full gradient (an all-gather: every rank reads the same names in order).
     return None if grad is None else full(grad.detach())
+
+
+@contextlib.contextmanager
+def sample_prints(model: Any, target: Any, inputs: Any, *, on: bool = True) -> Iterator[list[Any]]:
+    """``equivalence.row_prints`` of ``model``'s calls inside the block, per sample of ``inputs``
+    along the target's ``batch_dim``; nothing watched (an empty list) unless ``on``."""
+    if not on:
+        yield []
+        return
+    dims = part_dims(batch_dims(target), 0)
+    with row_prints(model, rows=rows(inputs, dims), dim=first_dim(dims)) as calls:
+        yield calls
+
+
+def mixing_of(calls: list[Any], snapshots: Path, start: int) -> dict[str, Any] | None:
+    """Rank side: this rank's first forward (``sample_prints``) against the reference's rows of
+    the same samples, from row ``start`` (``equivalence.first_mixing``): where the model mixes
+    samples, or None (also when the reference's fingerprints cannot be read here)."""
+    import torch
+
+    path = snapshots / MIXING
+    if not calls or not path.exists():
+        return None
+    found = first_mixing(torch.load(path, weights_only=True), [(start, calls)])
+    return found.to_json() if found is not None else None

@@ -8,7 +8,7 @@ under DDP, observed by rank-side instruments, ``instruments``) and gathers what 
 ``hypotheses``); the verdict is the outcome every equivalence check shares (``verdict``), and
 ``presentation`` is how it reads in the record. Side paths: compiled targets (``compiled``),
 comm hooks (``compression``), BatchNorm groups (``normalisation``), dropout and randomness
-(``randomness``), top-k routing (``routing``), ranks that cannot read the reference
+(``randomness``), top-k routing (``routing``), models that mix samples (``mixing``), ranks that cannot read the reference
 (``digests``), and the known DDP errors whose remedies are re-run (``checkpointing``,
 ``buffers``). docs/architecture.md, "The equivalence engine".
 
@@ -25,6 +25,7 @@ from .digests import DIGEST, REFERENCE, compared_by, first_divergence, named_dig
 from .experiment import MICROBATCH_CHOICES, microbatches_for, run_equivalence
 from .floor import MARGIN, smallest_bug
 from .instruments import first_nonfinite
+from .mixing import ADVICE as MIXING_ADVICE, Mixing, first_mixing, row_prints
 from .normalisation import group_batchnorm
 from .presentation import evidence, key_figure, metrics
 from .randomness import disable_dropout
@@ -38,6 +39,8 @@ __all__ = [
     "DIGEST",
     "MARGIN",
     "MICROBATCH_CHOICES",
+    "MIXING_ADVICE",
+    "Mixing",
     "RANDOM_FORWARD",
     "REFERENCE",
     "Compared",
@@ -50,6 +53,7 @@ __all__ = [
     "disable_dropout",
     "evidence",
     "first_divergence",
+    "first_mixing",
     "first_nonfinite",
     "fmt",
     "group_batchnorm",
@@ -63,6 +67,7 @@ __all__ = [
     "named_digests",
     "nonfinite",
     "rank_view",
+    "row_prints",
     "smallest_bug",
     "norm64",
     "sum64",

@@ -154,9 +154,11 @@ def scale_fix(eq: Equivalence) -> str | None:
 
 def collective(eq: Equivalence) -> list[Named]:
     """The collective causes (``collective_causes``), when no other measured cause explains the
-    difference first: per-rank BatchNorm statistics, other data or a loss that is not a mean
-    over samples move the ranks' losses too, and would read as a count taken per rank."""
-    return [] if _measured(eq)[0] else collective_causes(eq)
+    difference first: per-rank BatchNorm statistics, other data, a loss that is not a mean
+    over samples or a model that mixes samples move the ranks' losses too, and would read as a
+    count taken per rank."""
+    # A model that mixes samples (``mixing``) moves the ranks' losses by itself, too.
+    return [] if _measured(eq)[0] or eq.floor.mixing else collective_causes(eq)
 
 
 def _measured(eq: Equivalence) -> tuple[list[str], bool]:

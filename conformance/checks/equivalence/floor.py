@@ -48,7 +48,10 @@ measure the noise of *this* target in *this* configuration before judging DDP:
   microbatches') and the twin's gradients differ from the reference's beyond their fixed
   tolerances: the twin then carries the N-rank run's weighting of the microbatches, and its
   difference is that weighting. No other twin measures this floor (the reordered one has the
-  same pieces), so there is none (``_carries_weighting``).
+  same pieces), so there is none (``_carries_weighting``). Likewise when the model mixes
+  samples (``mixing``: a sample's outputs differed between the whole batch and its microbatches,
+  measured in the same forwards) and the twin's gradients differ beyond their fixed tolerances:
+  the twin computes the batch statistic over the ranks' samples, and its difference is that.
 - **Too wide to judge.** When ``MARGIN × floor`` of the gradients reaches the relative error of
   the smallest scaling bug the check names (a loss scaled by N or K, or divided by them: a
   gradient factor f differs from the reference by ``|f - 1|`` of its scale), a passing
@@ -63,7 +66,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .tensors import Compared, TensorDiff, fmt
-from .hypotheses import NEGLIGIBLE, measured_split, scale_from, split_weighting
+from .hypotheses import NEGLIGIBLE, factors_by_name, measured_split, scale_from, split_weighting
+from .mixing import Mixing
 from .records import LossSplit
 from .routing import NOT_NOISE
 
@@ -109,6 +113,12 @@ class Floor:
     optimizer_abs: tuple[float, ...] | None = None
     # The twin ran past its deadline: no measurement at all (not a step that refuses the split).
     timed_out: bool = False
+    # Where the model mixes samples (``mixing.Mixing.to_json``), when the twin carried it (then
+    # the floor is not measured), and the twin's per-parameter gradient factors against the
+    # reference (``hypotheses.factors_by_name``): the twin computes the statistic over the same
+    # samples as the ranks, so the ranks' factors over the twin's show a scaling on top of it.
+    mixing: dict[str, Any] | None = None
+    twin_by_name: dict[str, tuple[float, float]] | None = None
 
     @property
     def measured(self) -> bool:
@@ -164,7 +174,7 @@ class Floor:
                 "reordered": self.reordered, "timed_out": self.timed_out,
                 "twin_microbatches": self.twin_microbatches, "margin": self.margin,
                 "loss_split": dict(self.loss_split) if self.loss_split else None,
-                "loss_weighting": self.weighting,
+                "loss_weighting": self.weighting, "mixing": self.mixing,
                 "twin_factor_range": list(self.twin_factors) if self.twin_factors else None,
                 "gradients": {"floor_rel": self.grad_rel, "tensor": self.grad_tensor,
                               "bound_rel": self.grad_bound},
@@ -225,6 +235,12 @@ def _carries_weighting(twin: dict[str, Any], split: LossSplit | None) -> str | N
     if not split_weighting(split):
         return None
     assert split is not None
+    return _twin_beyond(twin, split)
+
+
+def _twin_beyond(twin: dict[str, Any], split: LossSplit) -> str | None:
+    """The twin's worst gradient difference from the reference beyond its fixed tolerance (and,
+    under autocast, beyond ``HALF_ROUNDING``), in words, or None."""
     # Under autocast the twin's rounding alone goes beyond the fixed tolerances.
     least = HALF_ROUNDING if "autocast" in (twin.get("features") or {}) or split["half"] else 0.0
     compared: list[Compared] = [*(twin.get("grads0") or []), *(twin.get("pre_clip0") or [])]
@@ -234,6 +250,10 @@ def _carries_weighting(twin: dict[str, Any], split: LossSplit | None) -> str | N
         return None
     top = max(beyond, key=lambda d: d.max_rel)
     return f"gradient of {top.name!r} by {fmt(top.max_rel)} of its scale"
+
+
+def _norms(norms: dict[str, Any] | None) -> list[float]:
+    return [float(v) for v in (norms or {}).values() if v is not None]
 
 
 def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
@@ -262,6 +282,17 @@ def twin_floor(reference: dict[str, Any], twin: dict[str, Any] | None, *,
             f"{twin_microbatches} microbatches differs from the whole-batch run beyond the fixed "
             f"tolerances ({weighted}): by the loss's weighting of the microbatches, not by rounding"),
             loss_split=split, weighting=True)
+    mixing = split.get("mixing") if split is not None else None
+    beyond = _twin_beyond(twin, split) if split is not None and mixing else None
+    if mixing and beyond is not None:
+        # The twin's microbatches are the ranks' pieces: it computes the batch statistic over
+        # the same samples as the ranks, so its difference from the whole batch is the mixing.
+        return replace(no(
+            f"{Mixing.from_json(mixing).where()} for a sample depend on the other samples of its batch, "
+            f"and the run on {twin_microbatches} microbatches differs from the whole-batch run beyond "
+            f"the fixed tolerances ({beyond}): by the statistic over other samples, not by rounding"),
+            loss_split=split, mixing=mixing,
+            twin_by_name=factors_by_name([twin.get("grads0") or []], _norms(reference.get("grads0"))))
     if twin.get(NOT_NOISE):  # ``routing.trim_twin``: its top-k routing flipped
         return no(str(twin[NOT_NOISE]))
     if twin.get("nonfinite") or reference.get("nonfinite"):

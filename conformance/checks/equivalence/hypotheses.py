@@ -11,7 +11,9 @@ A cause is named only when a measurement in the record supports it:
 - BatchNorm batches that could not be normalised in the reference's groups;
 - a loss that is not a mean over samples: the whole batch's loss is not the mean of its
   microbatches' losses (``loss_split``, measured by the floor's twin: a mean over a count that
-  varies per microbatch, e.g. ``ignore_index``).
+  varies per microbatch, e.g. ``ignore_index``) — unless the model's own outputs already
+  differ between the whole batch and its microbatches (``mixing``, measured in the same
+  forwards): a batch statistic in the model, named as such.
 
 Otherwise the message says that no known cause matched and shows the evidence.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .mixing import first_mixing, row_prints
 from .randomness import state_kept
 from .records import LossSplit
 
@@ -244,6 +247,11 @@ def loss_split(model: Any, loss: Callable[[Any, Any, Any], Any], whole: tuple[An
       alike — the values cannot tell then (at initial weights every token's loss is near
       log(vocabulary)), the weights of the tokens in the gradient can.
 
+    The same forwards fingerprint every module call per sample (``mixing.row_prints``, along the
+    one dimension the first input was cut into the parts along: the target's ``batch_dim``); where
+    the parts' rows already differ from the whole's (``mixing.first_mixing``) the record says
+    where, under ``"mixing"``, and the gap is the model's, not the loss's (``split_weighting``).
+
     Under ``randomness.state_kept``: the real run's state and generators do not move. Rank side
     (the floor's twin)."""
     import torch
@@ -276,13 +284,22 @@ def loss_split(model: Any, loss: Callable[[Any, Any, Any], Any], whole: tuple[An
                                                    for g in grads if g is not None)
 
     hooks = [torch.nn.modules.module.register_module_forward_hook(watch), model.register_forward_hook(plus_zero)]
+    cut = _cut(whole, parts)
     try:
         with state_kept(model, device=device):
-            full, full_sq = measure(*whole, 1.0)
-            pieces = [measure(*p, 1.0 / len(parts)) for p in parts]
+            # The same forwards fingerprint every module call per sample (``mixing``): no forward
+            # of its own, and the model's outputs compared before the loss is blamed.
+            with row_prints(model, rows=cut[1], dim=cut[0]) as whole_calls:
+                full, full_sq = measure(*whole, 1.0)
+            pieces, part_calls = [], []
+            for i, p in enumerate(parts):
+                with row_prints(model, rows=cut[2], dim=cut[0]) as calls:
+                    pieces.append(measure(*p, 1.0 / len(parts)))
+                part_calls.append((i * cut[2], calls))
     finally:
         for hook in hooks:
             hook.remove()
+    mixed = first_mixing(whole_calls, part_calls) if cut[1] else None
     mean = sum(v for v, _ in pieces) / len(pieces)
     gap = abs(full - mean) / abs(full) if full else abs(mean)
     squares = [q for _, q in pieces]
@@ -290,8 +307,32 @@ def loss_split(model: Any, loss: Callable[[Any, Any, Any], Any], whole: tuple[An
     if full_sq is not None and None not in squares:
         parts_sq = sum(q for q in squares if q is not None)
         grad_gap = abs(full_sq - parts_sq) / full_sq if full_sq else None
-    return LossSplit(whole=full, parts_mean=mean, parts=len(pieces), rel_gap=gap, grad_gap=grad_gap,
-                     half=sorted(half), threshold=SPLIT_GAP_HALF if half else SPLIT_GAP)
+    split = LossSplit(whole=full, parts_mean=mean, parts=len(pieces), rel_gap=gap, grad_gap=grad_gap,
+                      half=sorted(half), threshold=SPLIT_GAP_HALF if half else SPLIT_GAP)
+    if mixed is not None:
+        split["mixing"] = mixed.to_json()
+    return split
+
+
+def _cut(whole: tuple[Any, Any], parts: list[tuple[Any, Any]]) -> tuple[int, int, int]:
+    """(batch dimension, the whole batch's samples, a part's): the one dimension along which the
+    first batched input tensor was cut into the parts (the target's ``batch_dim``, as ``shard``
+    cut it); (0, 0, 0) when it cannot be told (no such tensor, unequal parts): no mixing probe."""
+    from ...harness.batches import tensors
+
+    pieces = [tensors(p[0]) for p in parts]
+    for i, w in enumerate(tensors(whole[0])):
+        got = [p[i] for p in pieces if i < len(p) and p[i].dim() == w.dim()]
+        if len(got) != len(parts) or not w.dim():
+            return 0, 0, 0
+        dims = [d for d in range(w.dim()) if w.shape[d] != got[0].shape[d]]
+        if not dims:
+            continue  # not batched (passed whole to every part)
+        sizes = {int(g.shape[dims[0]]) for g in got}
+        if len(dims) == 1 and len(sizes) == 1 and int(w.shape[dims[0]]) == len(parts) * min(sizes):
+            return dims[0], int(w.shape[dims[0]]), min(sizes)
+        return 0, 0, 0
+    return 0, 0, 0
 
 
 def split_weighting(split: LossSplit | None) -> str | None:
@@ -303,7 +344,9 @@ def split_weighting(split: LossSplit | None) -> str | None:
     averages the ranks' means, accumulation the microbatches' means, and the tokens of short
     microbatches weigh more than in the large-batch step. A summed loss is not this (its
     whole is the sum of its parts: the uniform factor 1/(N·K) of ``scale_causes``)."""
-    if split is None:
+    if split is None or split.get("mixing"):
+        # The model's outputs already differ between the whole batch and its parts (``mixing``):
+        # the loss may well be a mean; its whole-vs-parts gap is the model's.
         return None
     whole, mean, m, limit = split["whole"], split["parts_mean"], split["parts"], split["threshold"]
     if mean and abs(whole / (mean * m) - 1) <= limit:

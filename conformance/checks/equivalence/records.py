@@ -22,7 +22,7 @@ from .tensors import Compared
 Digested = tuple[str, list[tuple[str, str | None]]]
 
 
-class LossSplit(TypedDict):
+class _MeasuredSplit(TypedDict):
     """The loss of the whole global batch against its equal microbatches' (``loss_split``): the
     target's own loss, at the initial weights, dropout off; forwards, and a backward through
     the loss alone."""
@@ -35,6 +35,13 @@ class LossSplit(TypedDict):
     grad_gap: float | None
     half: list[str]  # half-precision dtypes seen in forward (autocast): the noisier threshold
     threshold: float  # the largest rel_gap / grad_gap that still counts as a mean over samples
+
+
+class LossSplit(_MeasuredSplit, total=False):
+    """``_MeasuredSplit``, and where the model's own outputs for a sample already differed
+    between the whole batch and its parts (``mixing.Mixing.to_json``; absent: nowhere)."""
+
+    mixing: dict[str, Any]
 
 
 class SetupSlice(LayoutSlice, total=False):

@@ -16,7 +16,8 @@ from .comparison import Equivalence
 from .diagnosis import (collective, empty_reason, hints, no_known_cause, nonfinite, scale_fix,
                         scaler_skips_differ, skipped_steps)
 from .floor import smallest_bug
-from .hypotheses import GLOBAL_COUNT, split_weighting
+from .hypotheses import GLOBAL_COUNT, SPREAD, scale_causes, scale_fixes, split_weighting
+from .mixing import ADVICE, Mixing
 from . import presentation
 from .presentation import key_figure, mismatch_message
 from .batch_layout import unmapped
@@ -112,6 +113,8 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
         return chaotic
     if (unmapped_norm := _unmapped_batchnorm(eq, what, causes, metrics, evidence)) is not None:
         return unmapped_norm
+    if (mixed := _mixes_samples(eq, what, causes, metrics, evidence)) is not None:
+        return mixed
     cause = ("; ".join(causes) if causes else no_known_cause(eq))
     message = f"{what} differs from the single-process step: {mismatch_message(eq)} — {cause}"
     evidence[HYPOTHESES] = causes
@@ -205,6 +208,59 @@ def _unmapped_batchnorm(eq: Equivalence, what: str, causes: list[str], metrics: 
         f"{mismatch_message(eq)}", metrics=metrics, evidence={**evidence, HYPOTHESES: causes},
         recommendation="for the check, use SyncBatchNorm (one statistic over the global batch on "
                        "both sides), or give that BatchNorm rows that each belong to one sample")
+
+
+#: A twin gradient this far off the reference's direction (its projected factor below it) gives
+#: no stable ratio: the ranks' factor over it is left out of ``_over_twin``.
+TWIN_FACTOR_MIN = 0.5
+
+
+def _over_twin(eq: Equivalence) -> tuple[float | None, str]:
+    """The ranks' gradients against the floor's twin's, parameter by parameter: (one factor, or
+    None, in words). The twin runs the ranks' N·K microbatches in one process, so it computes a
+    batch statistic over the same samples as the ranks: where the model mixes samples, a scaling
+    bug on top (a loss times N, not divided by K) is the ranks' factor over the twin's, measured
+    on their projections on the same reference gradient (<g, ref> / <twin, ref>)."""
+    twin, m = eq.floor.twin_by_name or {}, eq.floor.twin_microbatches
+    ratios = [x / t[0] for name, (low, high) in eq.factors.items()
+              if (t := twin.get(name)) is not None and abs(t[0]) >= TWIN_FACTOR_MIN for x in (low, high)]
+    runs = f"the one-process run on the same {m} microbatches (the floor's twin, the statistic over the same samples)"
+    if not ratios:
+        return None, f"no parameter could be compared with {runs}"
+    low, high = min(ratios), max(ratios)
+    mid = (low + high) / 2
+    if high - low > SPREAD * abs(mid):
+        return None, (f"against {runs} the ranks' gradients are {low:.3g}..{high:.3g}x, parameter by "
+                      f"parameter: no one factor, so no scaling by N or K measured on top")
+    return mid, (f"the ranks' gradients are {runs}'s times {mid:.4g} ({low:.6g}..{high:.6g} over "
+                 f"{len(ratios) // 2} parameters)" + (": no scaling by N or K on top" if abs(mid - 1) < SPREAD else ""))
+
+
+def _mixes_samples(eq: Equivalence, what: str, causes: list[str], metrics: dict[str, Any],
+                   evidence: dict[str, Any]) -> Outcome | None:
+    """Inconclusive where the model mixes samples outside BatchNorm (``mixing``, measured by the
+    twin) and no other measured cause explains the mismatch: the N-rank step cannot equal the
+    large-batch step by design. A known bug's factor over the twin's gradients (``_over_twin``)
+    is still a failure, named. None: judge as usual."""
+    if eq.floor.mixing is None or causes:
+        return None
+    found = Mixing.from_json(eq.floor.mixing)
+    factor, against = _over_twin(eq)
+    n, k = eq.world_size, eq.plan.microbatches
+    bugs = [] if factor is None else scale_causes(factor, world_size=n, microbatches=k, wrapper=eq.wrapper)
+    evidence = {**evidence, HYPOTHESES: bugs, "mixing": {**eq.floor.mixing, "over_twin": against}}
+    if bugs:
+        metrics["key_figure"] = f"every gradient x{factor:.3g} over the same microbatches in one process"
+        fixes = scale_fixes(factor or 1.0, world_size=n, microbatches=k, wrapper=eq.wrapper)
+        return Outcome.failed(
+            f"{what} differs from the single-process step: {mismatch_message(eq)} — {'; '.join(bugs)} "
+            f"(measured on top of a batch statistic: {against}; besides, "
+            f"{found.cause(world_size=n)})", metrics=metrics, evidence=evidence,
+            recommendation=fixes[0] if len(fixes) == 1 else ADVICE)
+    metrics["key_figure"] = f"module {found.module!r} mixes samples"
+    return Outcome.inconclusive(
+        f"{what} cannot be judged: {found.cause(world_size=n)}; {against}; measured: {mismatch_message(eq)}",
+        metrics=metrics, evidence=evidence, recommendation=ADVICE)
 
 
 def _past_flip(eq: Equivalence, what: str, metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome:
