@@ -246,3 +246,54 @@ def _draw(ctx: Any) -> tuple[float, float]:
 def _draw_after_seed(ctx: Any) -> tuple[float, float]:
     _seed_globals(ctx)
     return _draw(ctx)
+
+
+@pytest.mark.parametrize("spec", ["mlp", str(TARGETS / "bucket_view_mlp.py")],
+                         ids=["grad-apart-from-buckets", "grad-as-bucket-view"])
+def test_a_transient_gradient_flip_is_fetched_from_the_local_gradients(world3: Any, spec: str) -> None:
+    # The local gradient is what differs; DDP's all-reduce averages it away (every rank would
+    # then show 0 elements apart): kept in .grad where DDP keeps .grad apart from its buckets, a
+    # copy where .grad is the bucket itself.
+    fault = BitFlip(rank=1, tensor="grad:2.weight", bit="sign", element=3, steps=(1,))
+    results, injections = measure(world3, spec, repeats=REPEATS, fault=fault, speed=False)
+    outcome = judge(results)
+    assert judge_injected(fault, outcome, injections, world_size=3, repeats=REPEATS).status == "passed", \
+        outcome.message
+    located = results[0]["repeats"][1]["located"]
+    assert located["tensor"] == "grad:2.weight" and located["ranks"] == [1]
+    stats = located["stats"]["1"]
+    assert stats["elements"] == 1 and stats["of"] == 32 * 32
+    # A sign flip moves the element by twice its size: never 0, never averaged.
+    assert stats["max_abs_diff"] > 0
+
+
+@pytest.fixture(scope="module")
+def memory_world() -> Iterator[Any]:
+    from . import _memory_work
+
+    with World(2, "gloo", deadline=120.0) as world:
+        world.run(_memory_work.exact_heap)
+        # Once untimed: a rank's first DDP step also pays one-time costs (gloo's buffers, thread
+        # pools) that would inflate whichever figure came first.
+        world.run(_memory_work.training_step, fault_target("wide_mlp"))
+        yield world
+
+
+def test_node_health_holds_no_more_per_rank_than_the_training_step(memory_world: Any) -> None:
+    # docs/memory.md: a check's per-rank peak is at most 1.25x the user's DDP training step's.
+    # node-health used to hold a copy of every local gradient (4 model copies against the
+    # step's 3) and, through a tapped all_reduce's reference cycle, DDP's first buckets (5).
+    import functools
+
+    from ddp_conformance.faults.checks.node_health.rank import node_rank
+
+    from . import _memory_work
+
+    spec = fault_target("wide_mlp")
+
+    def peak(fn: Any) -> int:
+        return max(r.value for r in memory_world.run(_memory_work.peak_of, fn, spec))
+
+    step = peak(_memory_work.training_step)
+    check = peak(functools.partial(node_rank, repeats=REPEATS))
+    assert check <= 1.25 * step, (check / step, check, step)

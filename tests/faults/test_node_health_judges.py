@@ -468,3 +468,23 @@ def test_the_device_digest_is_exact_on_every_dtype_it_meets() -> None:
             assert weighted_sum(flipped(x, 299, bit)[0].view(-1)) != weighted_sum(x), (dtype, bit)
     ints = torch.arange(10, dtype=torch.uint8)
     assert weighted_sum(ints) != weighted_sum(ints.flip(0))
+
+
+@pytest.mark.parametrize("module, as_view, apart", [
+    ("linear", False, True),
+    ("linear", True, False),  # .grad is the bucket: the all-reduce overwrites it
+    ("sparse-embedding", False, False),  # DDP hands the sparse gradient to the comm hook as it is
+    ("dense-embedding", False, True),
+])
+def test_local_gradients_are_kept_in_grad_only_where_ddp_keeps_grad_apart_from_its_buckets(
+        module: str, as_view: bool, apart: bool) -> None:
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from ddp_conformance.faults.checks.node_health.probes import keeps_grads_apart
+
+    built = {"linear": nn.Linear(2, 2), "sparse-embedding": nn.Embedding(4, 2, sparse=True),
+             "dense-embedding": nn.Embedding(4, 2)}[module]
+    ddp = SimpleNamespace(module=nn.Sequential(built), gradient_as_bucket_view=as_view)
+    assert keeps_grads_apart(ddp) is apart

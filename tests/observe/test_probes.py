@@ -94,6 +94,28 @@ def test_taps_share_one_patch_of_torch_distributed_and_put_it_back_exactly(monke
     assert calls == [3, 2, 5] and counts == {"all_reduce": 3}
 
 
+def test_a_tapped_call_frees_its_arguments_without_waiting_for_the_garbage_collector(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A comm hook all-reduces DDP's bucket through the tapped function; a reference cycle around
+    # the call kept a replaced bucket (a model copy) resident until a full collection.
+    import gc
+    import weakref
+
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, *args, **kwargs: "work")
+    counts: Counts = Counts()
+    with CallCounts(counts).attached():
+        bucket = torch.zeros(4)
+        alive = weakref.ref(bucket)
+        gc.disable()
+        try:
+            assert dist.all_reduce(bucket) == "work"
+            del bucket
+            assert alive() is None
+        finally:
+            gc.enable()
+    assert counts == {"all_reduce": 1}
+
+
 def test_the_loader_probe_counts_fetched_indices_by_root_dataset_and_yields_the_last_batch() -> None:
     from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
     from torch.utils.data.dataloader import _BaseDataLoaderIter

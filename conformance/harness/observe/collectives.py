@@ -57,17 +57,20 @@ _RESTORE: dict[str, contextlib.ExitStack] = {}
 
 def _dispatcher(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
-        layers = list(_LAYERS.get(name, ()))
-        called = Called(name, args, kwargs)
-
-        def run(i: int) -> Any:
-            if i == len(layers):
-                return original(*args, **kwargs)
-            return layers[i](called, lambda: run(i + 1))
-
-        return run(0)
+        return _proceed(list(_LAYERS.get(name, ())), 0, Called(name, args, kwargs), original)
 
     return call
+
+
+def _proceed(layers: list[Layer], i: int, called: Called, original: Callable[..., Any]) -> Any:
+    """``layers[i:]``, then torch's function. A partial, not a closure that calls itself: such a
+    closure is a reference cycle holding the call's arguments, freed only by a full garbage
+    collection. A comm hook's all-reduce passes DDP's bucket, and DDP replaces its buckets after
+    the first backward: the first ones then stayed resident, one model copy per rank
+    (docs/memory.md)."""
+    if i == len(layers):
+        return original(*called.args, **called.kwargs)
+    return layers[i](called, functools.partial(_proceed, layers, i + 1, called, original))
 
 
 def _untap(name: str, layer: Layer) -> None:

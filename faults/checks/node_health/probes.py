@@ -219,12 +219,20 @@ class BucketSlice(TypedDict):
 
 @dataclass
 class BucketDigests(Probe):
-    """Each DDP bucket's all-reduced result, offered to ``fault`` and then digested."""
+    """Each DDP bucket's all-reduced result, offered to ``fault`` and then digested.
+
+    ``keep_local``: then the bucket's local gradients, still in ``.grad`` (DDP copied them into
+    the bucket, ``gradient_as_bucket_view=False``), are written back over the reduced values,
+    so DDP's copy of the result into ``.grad`` leaves every rank its own local gradients: a
+    differing gradient's elements can be fetched after the backward without a copy of every
+    gradient (one model's worth of memory) kept aside. Nothing reads the averaged ``.grad``:
+    the reduced values are digested before they are written over, and no optimizer steps."""
 
     ddp: Any
     fault: Fault = NO_FAULT
     rank: int = 0
     log: InjectionLog = field(default_factory=InjectionLog)
+    keep_local: bool = False
     step: int = 0
     seen: list[dict[str, Any]] = field(default_factory=list)
 
@@ -234,9 +242,13 @@ class BucketDigests(Probe):
         names = {id(p): n for n, p in self.ddp.module.named_parameters()}
 
         def layer(bucket: Any, reduce: Any) -> Any:
-            params = [names.get(id(p), "?") for p in bucket.parameters()]
+            params = bucket.parameters()
             index = bucket.index()
-            return reduce(bucket).then(lambda fut: self._reduced(index, params, fut.value()))
+            # Where each parameter's gradient sits in the bucket, read before the reduce (a
+            # comm hook may hand DDP another tensor of the bucket's shape).
+            local = _local_slots(bucket, params) if self.keep_local else []
+            labels = [names.get(id(p), "?") for p in params]
+            return reduce(bucket).then(lambda fut: self._reduced(index, labels, fut.value(), local))
 
         # DDP takes one comm hook, before the first backward: a layer of its chain, kept for the
         # model's life (the model is this check's own, built for this call).
@@ -245,14 +257,46 @@ class BucketDigests(Probe):
     def begin_step(self, step: Step) -> None:
         self.step, self.seen = step.index, []
 
-    def _reduced(self, index: int, params: list[str], value: Any) -> Any:
+    def _reduced(self, index: int, params: list[str], value: Any, local: list[_Slot]) -> Any:
+        import torch
+
         tensor = value[0] if isinstance(value, (list, tuple)) else value
         site = Site("tensor", self.rank, self.step, "backward", self.log, label=f"bucket:{index}", tensor=tensor)
         self.fault.inject(site)
         if site.tensor is not tensor:
             tensor.copy_(site.tensor)
         self.seen.append({"index": index, "digest": digest(tensor), "parameters": params})
+        with torch.no_grad():
+            for size, stride, offset, param in local:
+                # Every gradient of this bucket was accumulated before DDP launched it, and
+                # nothing writes .grad again until DDP copies this result into it.
+                if param.grad is not None:
+                    tensor.as_strided(size, stride, tensor.storage_offset() + offset).copy_(param.grad)
         return tensor
 
     def end_step(self, step: Step) -> BucketSlice:
         return BucketSlice(buckets=sorted(self.seen, key=lambda b: b["index"]))
+
+
+def keeps_grads_apart(ddp: Any) -> bool:
+    """Whether DDP keeps every ``.grad`` apart from its buckets, dense (what
+    :class:`BucketDigests`' ``keep_local`` needs): not ``gradient_as_bucket_view``, where ``.grad``
+    is the bucket itself, and no sparse gradient (an embedding with ``sparse=True``: DDP hands
+    it to the comm hook as it is)."""
+    import torch
+
+    sparse = any(isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse for m in ddp.module.modules())
+    return not getattr(ddp, "gradient_as_bucket_view", False) and not sparse
+
+
+#: Where one parameter's gradient sits in its bucket: size, stride, offset from the bucket's
+#: start (in elements), and the parameter.
+_Slot = tuple[tuple[int, ...], tuple[int, ...], int, Any]
+
+
+def _local_slots(bucket: Any, params: list[Any]) -> list[_Slot]:
+    """Per parameter of ``bucket``, its gradient's place in the bucket (not the views: they
+    would keep a bucket DDP replaces alive until the reduce completes)."""
+    start = bucket.buffer().storage_offset()
+    return [(tuple(v.size()), tuple(v.stride()), v.storage_offset() - start, p)
+            for v, p in zip(bucket.gradients(), params)]

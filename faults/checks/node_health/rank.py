@@ -38,7 +38,7 @@ from conformance.harness.observe import Observation, Step
 from ..._log import InjectionLog
 from ...sites import NO_FAULT, Fault, Site
 from .compare import Located, locate
-from .probes import BucketDigests, ComputeClock, ComputeDigests, TensorSites
+from .probes import BucketDigests, ComputeClock, ComputeDigests, TensorSites, keeps_grads_apart
 from .rank_reads import rank_reads
 from .software import fingerprint
 from .speed import pair_links, timed_steps
@@ -163,6 +163,9 @@ def node_rank(ctx: RankContext, source: Any, *, repeats: int, fault: Fault | Non
                              reads=reads)
         lap("repeats")
         out["reads_rank"] = list(dict.fromkeys(reads))[:3]
+        # Compared and done with: the gradients go before the links are timed, whose pair
+        # groups and buffers would otherwise stand on top of the repeats' peak.
+        model.zero_grad(set_to_none=True)
     except RuntimeError as exc:
         if "deterministic" not in str(exc):
             raise
@@ -190,12 +193,16 @@ def _repeats(ctx: RankContext, target: Any, model: Any, trained: Any, fault: Fau
 
     saved = {name: b.detach().clone() for name, b in model.named_buffers()}
     inputs, targets = _batch(target, ctx.world_size, ctx.device)
-    digests = ComputeDigests(model, copy_grads=buckets)
+    # The local gradients, for a differing one's elements after the backward: written back over
+    # DDP's result where DDP keeps .grad apart from its buckets (BucketDigests' docstring); a
+    # copy of every gradient (one model's worth) where .grad is the bucket itself.
+    keep_local = buckets and keeps_grads_apart(trained)
+    digests = ComputeDigests(model, copy_grads=buckets and not keep_local)
     clock = ComputeClock(model, fault, ctx.rank, log, ctx.device)
     calls = Counts()
     probes: list[Any] = [TensorSites(model, fault, ctx.rank, log), digests, clock, CallCounts(calls)]
     if buckets:
-        probes.append(BucketDigests(trained, fault, ctx.rank, log))
+        probes.append(BucketDigests(trained, fault, ctx.rank, log, keep_local=keep_local))
     observation = Observation(probes)
     compute_s: list[float] = []
 
