@@ -57,15 +57,15 @@ _RESTORE: dict[str, contextlib.ExitStack] = {}
 
 def _dispatcher(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
-        layers = list(_LAYERS.get(name, ()))
         called = Called(name, args, kwargs)
-
-        def run(i: int) -> Any:
-            if i == len(layers):
-                return original(*args, **kwargs)
-            return layers[i](called, lambda: run(i + 1))
-
-        return run(0)
+        # The chain built inside out from partials, not a closure that calls itself: that
+        # closure is a reference cycle holding the call's arguments, freed only when the
+        # collector reaches its generation. The comm hook's all-reduce of DDP's first, whole-
+        # model bucket then stayed resident beside the rebuilt buckets (docs/memory.md).
+        proceed: Proceed = functools.partial(original, *args, **kwargs)
+        for layer in reversed(_LAYERS.get(name, ())):
+            proceed = functools.partial(layer, called, proceed)
+        return proceed()
 
     return call
 
