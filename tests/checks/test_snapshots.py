@@ -202,3 +202,30 @@ def test_a_snapshot_into_memory_on_a_busy_host_is_written_at_once_from_the_live_
     with pytest.raises(RuntimeError, match=r"writing the reference's snapshot to .* failed: .*must be writable"):
         writer.write("params0", [("w", live)])
     writer.close()
+
+
+def _own_peak_kib() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+
+
+def test_comparing_a_snapshot_holds_a_chunk_of_the_reference_in_the_rank_not_its_whole_tensor(tmp_path):
+    # A rank compares its live tensor against the reference's memory-mapped file: the mapped
+    # pages count in its RSS, so a whole 64 MiB reference tensor stood on top of the rank's
+    # peak (the largest tensor of the model, ~0.1 of the training step at 100 M parameters).
+    from conformance.checks.equivalence.snapshots import compare_snapshot
+    from conformance.harness.resources import reset_peak
+
+    live = torch.randn(16 << 20, generator=torch.Generator().manual_seed(0))  # 64 MiB
+    write_snapshot(tmp_path, "grads0", [("w", live)])
+    if not reset_peak():
+        pytest.skip("the process's peak RSS cannot be reset here (/proc/self/clear_refs)")
+    before = _own_peak_kib()
+    (compared,) = compare_snapshot([("w", live)], tmp_path, "grads0", CPU, grad=True)
+    grown_mib = (_own_peak_kib() - before) / 1024
+    # Pages dropped after the first pass read back the file's values in the second: got == ref.
+    assert compared.diff.max_abs == 0.0 and compared.ref_sq > 0 and compared.residual == 0.0
+    assert compared.diff.worst_element is not None
+    _, got_value, ref_value = compared.diff.worst_element
+    assert got_value == ref_value
+    assert grown_mib < 24, f"the peak grew by {grown_mib:.0f} MiB comparing a 64 MiB tensor"

@@ -171,3 +171,22 @@ def test_the_optimizer_step_probe_sees_every_optimizer_while_attached() -> None:
         torch.optim.Adam(model.parameters()).step()
     optimizer.step()  # detached: not seen
     assert probe.steps == 2 and seen[0] is optimizer and isinstance(seen[1], torch.optim.Adam)
+
+
+def test_a_tapped_call_leaves_no_reference_to_its_arguments_once_it_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A DDP bucket all-reduced through a tap must be freed when the call returns, not at the
+    # next full garbage collection (a whole model's bucket stayed resident into the next step).
+    import gc
+    import weakref
+
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, *args, **kwargs: "work")
+    bucket = torch.zeros(4)
+    alive = weakref.ref(bucket)
+    gc.disable()
+    try:
+        with CallCounts(Counts()).attached(), AllReduceBytes([]).attached():
+            assert dist.all_reduce(bucket, async_op=True) == "work"
+            del bucket
+            assert alive() is None
+    finally:
+        gc.enable()

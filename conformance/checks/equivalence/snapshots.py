@@ -12,8 +12,8 @@ gradient). Raw bytes rather than ``torch.save``: its zip container computes a CR
 byte, which made writing the snapshots the reference's largest cost on a large model. A
 tensor that is not a plain strided one (a sparse gradient) is ``torch.save``d to ``<i>.pt``
 (dtype null). The index is written last and renamed into place, so a reader never sees a half
-written snapshot. One tensor at a time is in memory on the reader's side (memory-mapped from
-the page cache).
+written snapshot. One tensor at a time is mapped on the reader's side (from the page cache),
+and a comparison drops its pages chunk by chunk: the reader's RSS holds a chunk of it.
 
 Where the bytes go: the snapshots live for seconds (removed as soon as the ranks compared),
 so writing them to a disk only spends its bandwidth: past ~1 GB of dirty pages the kernel
@@ -35,6 +35,7 @@ Functions here run inside rank processes; torch is imported lazily.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -306,32 +307,62 @@ def has_snapshot(directory: Path, label: str) -> bool:
     return (directory / label / INDEX).exists()
 
 
-def _load(folder: Path, file: str, dtype: str | None, shape: list[int]) -> Any:
+class _Pages:
+    """The private memory map behind one reference tensor read from a raw snapshot file."""
+
+    def __init__(self, mapping: mmap.mmap, itemsize: int) -> None:
+        self.mapping, self.itemsize = mapping, itemsize
+
+    def release(self, start: int, stop: int) -> None:
+        """Drop the mapped pages wholly inside elements [start, stop) from this process's RSS.
+        Never written, they are the file's own pages: touched again, they are read back from
+        the page cache (``/dev/shm``, or the disk's), so no value changes."""
+        page = mmap.PAGESIZE
+        lo = -(-start * self.itemsize // page) * page
+        hi = stop * self.itemsize // page * page
+        if hi > lo and hasattr(self.mapping, "madvise"):
+            self.mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def _mapped(folder: Path, file: str, dtype: str | None, shape: list[int]) -> tuple[Any, _Pages | None]:
+    """One snapshot tensor on the CPU, and the map behind it (None: not a raw mapped file)."""
     import numpy as np
     import torch
 
     if dtype is None:
-        return torch.load(folder / file, map_location="cpu", mmap=True, weights_only=True)
+        return torch.load(folder / file, map_location="cpu", mmap=True, weights_only=True), None
     kind = getattr(torch, dtype)
     if not (folder / file).stat().st_size:
-        return torch.empty(shape, dtype=kind)
+        return torch.empty(shape, dtype=kind), None
     # mmap, copy-on-write (never written): the file's pages are read as the comparison touches
-    # them, not copied first.
-    raw = np.memmap(folder / file, dtype=np.uint8, mode="c")
-    return torch.from_numpy(raw).view(kind).reshape(shape)
+    # them, not copied first; the map stays open while the tensor lives.
+    with open(folder / file, "rb") as fh:
+        mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    raw = np.frombuffer(mapping, dtype=np.uint8)
+    tensor = torch.from_numpy(raw).view(kind).reshape(shape)
+    return tensor, _Pages(mapping, tensor.element_size())
 
 
-def read_snapshot(directory: Path, label: str, device: Any) -> Iterator[tuple[str, Any]]:
-    """(name, tensor on ``device`` or None) one at a time, in the order written. A missing
-    snapshot yields nothing (the reference never reached that point)."""
+def _read_paged(directory: Path, label: str, device: Any) -> Iterator[tuple[str, Any, _Pages | None]]:
+    """``read_snapshot``, with each tensor's map where the tensor read is the mapped one."""
     folder = directory / label
     if not (folder / INDEX).exists():
         return
     for name, file, dtype, shape in json.loads((folder / INDEX).read_text()):
         if file is None:
-            yield name, None
+            yield name, None, None
             continue
-        yield name, _load(folder, file, dtype, shape).to(device)
+        tensor, pages = _mapped(folder, file, dtype, shape)
+        moved = tensor.to(device)
+        # On a device the copy there is what is compared: the host map is dropped with it.
+        yield name, moved, pages if pages is not None and moved.data_ptr() == tensor.data_ptr() else None
+
+
+def read_snapshot(directory: Path, label: str, device: Any) -> Iterator[tuple[str, Any]]:
+    """(name, tensor on ``device`` or None) one at a time, in the order written. A missing
+    snapshot yields nothing (the reference never reached that point)."""
+    for name, tensor, _ in _read_paged(directory, label, device):
+        yield name, tensor
 
 
 def compare_snapshot(named: list[tuple[str, Any]], snapshots: Path, label: str, device: Any,
@@ -340,12 +371,15 @@ def compare_snapshot(named: list[tuple[str, Any]], snapshots: Path, label: str, 
 
     Every name of either side is compared (reference order first): a name missing on one side
     is reported as such, and a name without a gradient on both sides is "no gradient on either
-    side". The reference's tensor is dropped before the next one is read.
+    side". The reference's tensor is dropped before the next one is read, and a memory-mapped
+    one's pages as soon as each chunk of it is compared: the rank's RSS holds a chunk of the
+    reference, not its largest tensor (docs/memory.md).
     """
     mine = dict(named)
     out: list[Compared] = []
-    for name, ref in read_snapshot(snapshots, label, device):
-        out.append(compare_tensor(name, mine.pop(name, None), ref, grad=grad))
-        del ref
+    for name, ref, pages in _read_paged(snapshots, label, device):
+        out.append(compare_tensor(name, mine.pop(name, None), ref, grad=grad,
+                                  release=None if pages is None else pages.release))
+        del ref, pages
     out += [compare_tensor(name, got, None, grad=grad) for name, got in mine.items()]
     return out

@@ -31,6 +31,7 @@ each. The floor widens them where a run is noisier still.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -179,14 +180,17 @@ class Compared:
         return self.diff.name
 
 
-def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool, project: bool | None = None) -> Compared:
+def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool, project: bool | None = None,
+                   release: Callable[[int, int], None] | None = None) -> Compared:
     """``got`` against ``ref`` where ``got`` lives (``ref`` is moved there), chunk by chunk.
 
     A missing tensor on one side is infinitely wrong; both missing is "no gradient on either
     side" (ratio 0). Element-wise rule as ``numpy.allclose``: ``|got - ref| <= atol + rtol·|ref|``.
     NaN propagates into the maxima (a NaN difference is never within tolerance). ``project``
     (default: ``grad``): measure the projection the gradient factor needs (three dot products
-    and a second pass); parameters are judged by the tolerance alone.
+    and a second pass); parameters are judged by the tolerance alone. ``release(start, stop)``:
+    called once elements [start, stop) of ``ref`` are compared in a pass (a memory-mapped
+    snapshot drops their pages, ``snapshots``).
     """
     import torch
 
@@ -240,6 +244,8 @@ def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool, project: bool |
         if not value <= worst_ratio:
             worst_ratio, worst_at = value, start + int(chunk_ratio.argmax())
         del g, r, r_abs, chunk_ratio
+        if release is not None:
+            release(start, start + step)
     rr_f, dot_f, gg_f = float(rr), float(dot), float(gg)
     residual = 0.0
     if project and rr_f > 0 and math.isfinite(rr_f):
@@ -249,6 +255,8 @@ def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool, project: bool |
         for start in starts:
             d = g_flat[start:start + step].to(work) - factor * r_flat[start:start + step].to(work)
             acc += torch.dot(d, d).double()
+            if release is not None:
+                release(start, start + step)
         residual = math.sqrt(float(acc)) if float(acc) >= 0 else float(acc)
     m_abs, scale = float(max_abs), float(max_ref)
     worst_element = None
