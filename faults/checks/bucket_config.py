@@ -66,11 +66,12 @@ VEHICLE = VehicleSpec(kind="mlp", width=256, depth=12)
 # the gradients become ready; the second's forward rebuilds the buckets in that order (DDP's
 # _pre_forward, torch 2.13), so it runs the rebuilt layout -- but pays for the rebuild too: rank
 # 0's bucket indices broadcast, the new buckets allocated and first written in its backward.
-# Measured (MLP target, 2 gloo ranks, loaded 2-core host): the second step was slower than the
-# third in 9 of 10 wraps at 34 M (median x1.13) and in 6 of 7 at 100 M (x1.21), so timing it
-# would put one inflated sample into every wrap's times, more into a point re-wrapped for the
-# second pass than into the cap kept warm across the turn. The timed steps per cap are sized
-# by the first cap's second warm-up step (timing.sweep_reps).
+# Measured (benchmarks/model_scale.py's MLP, 2 gloo ranks): at 100 M on an idle host the second
+# step took x1.12-1.24 the median of the third to fifth in each of 6 wraps (at 34 M, loaded: 9
+# of 10 wraps slower than the third, median x1.13), so timing it would put one inflated sample
+# into every wrap's times, more into a point re-wrapped for the second pass than into the cap
+# kept warm across the turn. The timed steps per cap are sized by the first cap's second
+# warm-up step (timing.sweep_reps).
 WARMUP = 2
 # Each cap is visited twice, in opposite orders (see sweep_rank): a drift of the host's speed
 # during the sweep then biases no end of the curve.
