@@ -86,6 +86,14 @@ def _hit(sums: set[int] | None, lo: int, hi: int, sizes: list[int]) -> bool:
     return not (hi <= smallest or lo > sum(sizes) - smallest)
 
 
+def first_pass(caps: Sequence[float], same: dict[int, int], focus: float | None) -> list[int]:
+    """The first pass's order of the points (indices into ``caps``; the second pass is its
+    reverse): the ``focus`` cap's point last, so at the turn it stays wrapped, and a second pass
+    that times it alone needs no wrap. Any order and its reverse spread a drift alike."""
+    f = None if focus is None else same.get(caps.index(focus), caps.index(focus))
+    return [i for i in range(len(caps)) if i != f] + ([f] if f is not None else [])
+
+
 def second_pass(first: Sequence[Sequence[float]], focus: int, *, limit: float) -> set[int]:
     """The points timed again in the sweep's second pass: ``focus`` (the configured cap's) and
     every point that may still measure more than ``limit`` times faster than it -- the only

@@ -51,7 +51,7 @@ from .._log import Injection, InjectionLog, read_injections, record_injections
 from ..injectors import BucketConfig
 from ..sites import Site
 from ..vehicles import VehicleSpec, resolve
-from ._bucket_plan import quartiles, param_bytes, provably_same_layout, second_pass
+from ._bucket_plan import first_pass, quartiles, param_bytes, provably_same_layout, second_pass
 
 if TYPE_CHECKING:
     from conformance.harness.world import RankContext, WorldLike
@@ -62,8 +62,16 @@ DEFAULT_CAP = 25.0
 # sweep only approximates the production network; the incident's retune gained 18 %.
 PENALTY_LIMIT = 1.25
 VEHICLE = VehicleSpec(kind="mlp", width=256, depth=12)
-# Two untimed steps after each wrap: the first builds the buckets, the second runs the rebuilt
-# ones. The timed steps per cap are sized by the first cap's second warm-up step (timing.sweep_reps).
+# Two untimed steps after each wrap. The first runs DDP's initial buckets and records the order
+# the gradients become ready; the second's forward rebuilds the buckets in that order (DDP's
+# _pre_forward, torch 2.13), so it runs the rebuilt layout -- but pays for the rebuild too: rank
+# 0's bucket indices broadcast, the new buckets allocated and first written in its backward.
+# Measured (benchmarks/model_scale.py's MLP, 2 gloo ranks): at 100 M on an idle host the second
+# step took x1.12-1.24 the median of the third to fifth in each of 6 wraps (at 34 M, loaded: 9
+# of 10 wraps slower than the third, median x1.13), so timing it would put one inflated sample
+# into every wrap's times, more into a point re-wrapped for the second pass than into the cap
+# kept warm across the turn. The timed steps per cap are sized by the first cap's second
+# warm-up step (timing.sweep_reps).
 WARMUP = 2
 # Each cap is visited twice, in opposite orders (see sweep_rank): a drift of the host's speed
 # during the sweep then biases no end of the curve.
@@ -74,14 +82,13 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
                reps: int | None = None, *, focus: float | None = None) -> dict[str, Any]:
     """Step the target under DDP with each cap in turn; step times and bucket counts per cap.
 
-    One model per rank, re-wrapped for each cap (one DDP, with its gradient buckets, alive at a
-    time: a model per cap held len(caps) copies of a production model per rank); caps the
-    parameter sizes prove alike share one wrap (``_bucket_plan``). PASSES passes in opposite
-    orders, so a drift of the host's speed hits every cap alike; the cap at the turn stays
-    wrapped and warm across it. With ``focus`` (the configured cap) that cap ends the first pass
-    and the second times only the points that can turn the verdict. ``reps`` timed steps per
-    cap when given (an argument: the same on every rank), else sized by the first cap's warm-up
-    step (agreed by every rank, see conformance.harness.resources.agreed_reps)."""
+    One model per rank, re-wrapped for each cap (one DDP alive at a time: a model per cap held
+    len(caps) copies of a production model per rank); caps the parameter sizes prove alike
+    share one wrap (``_bucket_plan``). PASSES passes in opposite orders (a drift of the host's
+    speed hits every cap alike), the cap at the turn kept warm; with ``focus`` (the configured
+    cap) that cap ends the first pass, the second times only the points that can turn the
+    verdict. ``reps`` timed steps per cap when given (the same on every rank), else sized by
+    the first cap's warm-up step (agreed by every rank: resources.agreed_reps)."""
     import torch
 
     from conformance.harness.ddp import PROBE_SEED, bucket_count, bucket_layout, sync_device, wrap
@@ -102,10 +109,9 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
     layouts: dict[str, int] = {}  # a rebuilt bucket layout -> the first cap that gave it
     warm: tuple[int, Any, Any] | None = None  # the cap at a pass's turn, still wrapped
     again = set(range(len(caps)))  # the points the second pass times
-    # The focus's point ends the first pass: at the turn it stays wrapped, and a second pass
-    # that times it alone needs no wrap. Any order and its reverse spread a drift alike.
-    f = None if focus is None else same.get(caps.index(focus), caps.index(focus))
-    first = [i for i in range(len(caps)) if i != f] + ([f] if f is not None else [])
+    # This rank's seconds in untimed and timed steps; "other" at the end: wraps, drops, batches.
+    spent, began = {"warmup": 0.0, "timed": 0.0}, time.perf_counter()
+    first = first_pass(caps, same, focus)
     for pass_ in range(PASSES):
         order = first[:: 1 if pass_ % 2 == 0 else -1]
         if pass_ > 0 and focus is not None:
@@ -143,6 +149,7 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
                 step, k = step + 1, k + 1
                 if k > WARMUP:  # the first step builds buckets, the second runs the rebuilt ones
                     times[i].append(elapsed)
+                spent["timed" if k > WARMUP else "warmup"] += elapsed
                 if k == WARMUP and not rounds:  # the first cap's warm-up sizes the whole sweep
                     # Per cap, not per point left: a merge's saving buys no extra steps per point.
                     rounds, step_s = agreed_reps(ctx, elapsed, points=len(caps), deadline_s=deadline_s)
@@ -169,7 +176,8 @@ def sweep_rank(ctx: RankContext, source: VehicleSpec | str, caps: list[float], d
         times[i], buckets[i] = times[j], buckets[j]
     return {"times": times, "buckets": buckets, "rounds": rounds, "step_s": step_s, "wraps": wraps,
             "same_layout": {caps[i]: caps[j] for i, j in same.items()}, "steps": step,
-            "proved_same": sorted(caps[i] for i in proved), "buckets_reduced": reduced}
+            "proved_same": sorted(caps[i] for i in proved), "buckets_reduced": reduced,
+            "phases_s": {**spent, "other": time.perf_counter() - began - sum(spent.values())}}
 
 
 def _agreed_second_pass(ctx: RankContext, times: list[list[float]], focus: int) -> set[int]:
@@ -233,14 +241,20 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
     # The second run restarts from the file instead of a second build (at 34 M parameters a
     # build's random init costs several training steps, the file a fraction of one).
     start, kept = Path(log_dir) / f"rank{ctx.rank}-start", Path(log_dir) / f"rank{ctx.rank}-first-run"
+    marks = [time.perf_counter()]
     torch.manual_seed(PROBE_SEED)
     module = target.build_model()
-    _keep(start, list(module.parameters()) + list(module.buffers()))
     max_diff, first = 0.0, True
     for kwargs in (site.ddp_kwargs, matched):
         if not first:  # read afresh: moving to a GPU replaced the buffers the module held
             _restore(start, list(module.parameters()) + list(module.buffers()))
+            # Every rank restored the start it kept after the first wrap's broadcast (rank 0's
+            # values): a second broadcast of the model would copy them onto themselves.
+            kwargs = kwargs if "init_sync" in kwargs else {**kwargs, "init_sync": False}
         model = wrap(module, ctx.device, kwargs, target=target)
+        if first:  # after DDP's broadcast: the start both runs share is rank 0's on every rank
+            marks.append(time.perf_counter())
+            _keep(start, list(module.parameters()) + list(module.buffers()))
         optimizer = target.make_optimizer(model)
         for step in range(steps):
             batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_MISMATCH_DATA_SEED + step, device=ctx.device)
@@ -255,7 +269,10 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
         gone = _dropping(module, model)
         model = optimizer = None
         gone()
-    return {"max_diff": max_diff, "injections": log.items}
+        marks.append(time.perf_counter())
+    phases = ("build_and_wrap", "mismatched_run", "matched_run")
+    return {"max_diff": max_diff, "injections": log.items,
+            "phases_s": {name: round(b - a, 3) for name, a, b in zip(phases, marks, marks[1:])}}
 
 
 def _keep(folder: Path, params: list[Any]) -> None:
@@ -324,6 +341,8 @@ def sweep(world: WorldLike, source: VehicleSpec | str, configured: float, *, dea
     return {"sweep": curve, "best": caps[best_i], "penalty": round(penalty, 3), "clear_gap": clear,
             "configured": configured, "rounds": rounds, "warmup_step_s": round(value["step_s"], 6),
             "steps": value.get("steps"), "wraps": value.get("wraps"),
+            # Where the sweep's time went, per phase, on its slowest rank (seconds).
+            "phases_s": {k: round(max(r.value["phases_s"][k] for r in results), 3) for k in value.get("phases_s") or {}},
             "buckets_reduced": {r.rank: r.value["buckets_reduced"] for r in results if "buckets_reduced" in r.value}}
 
 
@@ -394,7 +413,8 @@ def reproduce_mismatch(ctx: CheckContext, source: VehicleSpec | str,
             injections: list[Injection] = []
             try:
                 results = world.run(mismatch_rank, source, config, find_unused, str(log_dir))
-                entry.update(outcome="trained", max_diff_vs_matched=max(r.value["max_diff"] for r in results))
+                entry.update(outcome="trained", max_diff_vs_matched=max(r.value["max_diff"] for r in results),
+                             phases_s=[r.value.get("phases_s") for r in results])
                 injections = [i for r in results for i in r.value["injections"]]
             except WorldError as exc:
                 died = [r for r in exc.results if r.error is not None and r.error.kind == "died"]
@@ -416,20 +436,26 @@ def run(ctx: CheckContext) -> Outcome:
     source = VEHICLE if ctx.injected else ctx.target.spec
     kwargs = {} if ctx.injected else ctx.target.ddp_kwargs
     configured = float(kwargs.get("bucket_cap_mb", DEFAULT_CAP))
+    t0 = time.perf_counter()
     result = sweep(ctx.world(), source, configured, deadline_s=ctx.deadline)
+    phases = {"sweep": time.perf_counter() - t0}
     idle = None if ctx.injected else exercised_nothing(result)
     if idle is not None:
         return idle
     mismatch: list[dict[str, Any]] = []
     if ctx.new_world is not None:
         options = (False, True) if ctx.injected else (bool(kwargs.get("find_unused_parameters", False)),)
+        t0 = time.perf_counter()
         mismatch = reproduce_mismatch(ctx, source, options)
+        phases["mismatch"] = time.perf_counter() - t0
     by_cap = {p["bucket_cap_mb"]: p for p in result["sweep"]}
     metrics = {"key_figure": f"best {result['best']:g} MB, configured {configured:g} MB x{result['penalty']:.2f}",
                "sweep": result["sweep"], CONFIGURED_BUCKET_CAP_MB: configured,
                BEST_BUCKET_CAP_MB: result["best"], "penalty": result["penalty"],
                "clear_gap": result["clear_gap"], "penalty_limit": PENALTY_LIMIT,
-               "rounds": result["rounds"], "warmup_step_s": result["warmup_step_s"]}
+               "rounds": result["rounds"], "warmup_step_s": result["warmup_step_s"],
+               "phases_s": {k: round(v, 3) for k, v in phases.items()},
+               "sweep_phases_s": result.get("phases_s")}
     evidence = {"mismatched_config": mismatch}
     if ctx.injected:
         return _judge_injected(by_cap, mismatch, metrics, evidence)
@@ -441,16 +467,20 @@ def run(ctx: CheckContext) -> Outcome:
     # A clear gap is re-run with the sweep's own count of timed steps: that many told the two
     # caps apart, so a reproduction needs no more (the two-point budget bought up to 25 per cap,
     # 3x the sweep's at 8 M parameters). A gap within the noise gets the budget's count.
+    t0 = time.perf_counter()
     remedy = verify_cap(ctx.world(), source, configured, result["best"], deadline_s=ctx.deadline,
                         reps=result["rounds"] if result["clear_gap"] else None)
+    metrics["phases_s"]["rerun"] = round(time.perf_counter() - t0, 3)
     confirm = None
     if outcome.status != "failed" and remedy.verified and (remedy.evidence.get("speedup") or 0.0) > PENALTY_LIMIT:
         # The sweep could not tell this gap from noise, so one clear re-run alone does not fail
         # the configuration: a second must agree, with as many steps as the first one's. Seen
         # under three xdist workers on 2 cores: examples/train_resnet.py x1.25 within the
         # sweep's noise, then x1.79 in one re-run (it passes in the runs before and after).
+        t0 = time.perf_counter()
         confirm = verify_cap(ctx.world(), source, configured, result["best"], deadline_s=ctx.deadline,
                              reps=remedy.evidence.get("rounds"))
+        metrics["phases_s"]["confirm"] = round(time.perf_counter() - t0, 3)
     return judge_rerun(outcome, remedy, result, confirm=confirm)
 
 

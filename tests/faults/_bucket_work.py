@@ -30,3 +30,27 @@ def ddp_layouts(ctx: Any, spec: str, caps: list[float]) -> list[str]:
         del model, optimizer
         gc.collect()
     return out
+
+
+def counting_init_syncs(ctx: Any, seed_per_rank: bool, fn: Any, *args: Any) -> tuple[int, Any]:
+    """``fn(ctx, *args)`` and how many times DDP's construction broadcast the module to the
+    ranks (``init_sync``) on this rank meanwhile. ``seed_per_rank``: ``torch.manual_seed``
+    seeds each rank apart, so a model built after it differs across ranks."""
+    import torch
+    from torch.nn.parallel import distributed
+
+    real_sync, real_seed = distributed._sync_module_states, torch.manual_seed
+    calls: list[int] = []
+
+    def sync(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return real_sync(*a, **k)
+
+    distributed._sync_module_states = sync
+    if seed_per_rank:
+        torch.manual_seed = lambda seed: real_seed(seed + 1000 * ctx.rank)  # type: ignore[assignment]
+    try:
+        value = fn(ctx, *args)
+    finally:
+        distributed._sync_module_states, torch.manual_seed = real_sync, real_seed
+    return len(calls), value

@@ -98,6 +98,21 @@ def test_the_configured_cap_ends_the_first_pass_and_stays_wrapped(world: World) 
     assert results[0].value["times"][1] != [] and len(results[0].value["times"][1]) == len(results[1].value["times"][1])
 
 
+def test_the_sweep_says_where_its_time_went(world: World) -> None:
+    # Per rank, the seconds spent in untimed warm-up steps, in timed steps and the rest (wraps,
+    # dropped DDPs): the timed phase is exactly the step times the curve is made of.
+    caps = [0.1, 1.0, 100.0]
+    results = world.run(sweep_rank, fault_target("wide_mlp"), caps, 30.0)
+    for r in results:
+        value = r.value
+        phases = value["phases_s"]
+        assert set(phases) == {"warmup", "timed", "other"}
+        # 1 MB shares 0.1 MB's times (the same layout), measured once
+        timed = sum(sum(t) for cap, t in zip(caps, value["times"]) if cap not in value["same_layout"])
+        assert phases["timed"] == pytest.approx(timed, rel=1e-9)
+        assert phases["warmup"] > 0 and phases["other"] > 0
+
+
 def test_a_dropped_ddp_is_collected_only_when_a_cycle_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # A full collection in a rank costs 0.3-0.5 s at 34 M (every object torch made is walked),
     # so it runs only when reference counting left the dropped model alive: held by a cycle.
