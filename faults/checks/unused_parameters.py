@@ -361,10 +361,12 @@ def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, An
     if tax.get("tax") and tax["tax"] < 1:
         # find_unused_parameters=True only adds work (a walk of the autograd graph): below 1x
         # is the host's noise between the timed blocks, not a saving.
-        tax_text = f"no measurable time (x{tax['tax']:.2f}: within this host's noise)"
+        tax_text = f"no measurable time (x{tax['tax']:.2f}: within the host noise)"
     # An unmeasured tax is said as such, never spliced in as if it were a figure.
     unmeasured = f"its cost not measured here ({_first_line(tax.get('error')) or 'no timing'})"
     at_cost = f"at a measured cost of {tax_text}" if tax_text else f"({unmeasured})"
+    if tax.get("tax") and tax["tax"] < 1:
+        at_cost = f"at no measurable cost (x{tax['tax']:.2f}: within the host noise)"
     params = ", ".join(table)
     if table and not kwargs.get("find_unused_parameters", False):
         seen = "not reproduced within the steps run"

@@ -484,6 +484,7 @@ def test_straggler_target_judge_needs_extra_compute_step_after_step(
 def test_an_unmeasured_find_unused_tax_is_said_as_such_never_spliced_in_as_a_figure() -> None:
     """rosinality/stylegan2-pytorch's discriminator step: the tax's timing raised, and the pass
     read "find_unused_parameters=True would cost unmeasured"."""
+    from conformance.harness.remedies import VERIFIED, Remedy
     from ddp_conformance.faults.checks.unused_parameters import _judge_target
 
     ctx: Any = SimpleNamespace(target=SimpleNamespace(name="sg2"))
@@ -498,4 +499,8 @@ def test_an_unmeasured_find_unused_tax_is_said_as_such_never_spliced_in_as_a_fig
     assert measured.message.endswith("(find_unused_parameters=True would cost 1.23x step time)")
     noisy = _judge_target(ctx, {}, {}, None, {"tax": 0.73}, False, {}, {})
     assert noisy.message.endswith("(find_unused_parameters=True would cost no measurable time (x0.73: "
-                                  "within this host's noise))")
+                                  "within the host noise))")
+    table = {"aux.weight": {"ranks": [1], "steps": [0]}}
+    fixed = _judge_target(ctx, {}, table, None, {"tax": 0.2}, False, {}, {},
+                          remedy=Remedy("find_unused_parameters=True", VERIFIED, {"steps": 3}))
+    assert "(verified fix), at no measurable cost (x0.20: within the host noise). To save" in (fixed.recommendation or "")
