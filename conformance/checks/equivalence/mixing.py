@@ -27,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .leaves import floating_tensors
+
 #: Seed of the projection vectors: the same on every side (the whole run and each part's).
 SEED = 20261207
 #: Random projections per row: one may happen to be nearly orthogonal to a change.
@@ -67,16 +69,6 @@ NEGLIGIBLE = 1e-2
 Call = tuple[str, str, str, "str | None", bool, list[tuple[Any, Any, int, tuple[float, float]]]]
 
 
-def _floating(value: Any) -> list[Any]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value] if value.is_floating_point() else []
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _floating(v)]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _floating(v)]
-    return []
 
 
 @contextlib.contextmanager
@@ -115,7 +107,7 @@ def row_prints(model: Any, *, rows: int, dim: int = 0) -> Iterator[list[Call]]:
 
     def prints(value: Any) -> list[tuple[Any, Any, int, tuple[float, float]]]:
         out = []
-        for t in _floating(value):
+        for t in floating_tensors(value):
             d = dim % t.dim() if t.dim() else None
             if d is None or t.shape[d] != rows or not rows:
                 continue

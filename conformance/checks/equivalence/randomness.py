@@ -19,6 +19,7 @@ from typing import Any
 # Defined beside the harness's other numerics switches, so a rank that only needs it (a
 # resume-equivalence life, every life of it) does not import this whole package.
 from ...harness.ddp import disable_dropout
+from .leaves import floating_tensors
 
 __all__ = ["disable_dropout", "forward_is_random"]
 
@@ -77,7 +78,7 @@ def forward_is_random(model: Any, run: Callable[[Any], Any], *, device: Any = No
         for seed in (1, 2):
             torch.manual_seed(seed)
             before = _generator_states(device)
-            results.append([t.detach().cpu().double() for t in _tensors(run(model))])
+            results.append([t.detach().cpu().double() for t in floating_tensors(run(model))])
             drew = drew or any(not torch.equal(a, b) for a, b in zip(before, _generator_states(device)))
     if drew:
         return True
@@ -87,14 +88,3 @@ def forward_is_random(model: Any, run: Callable[[Any], Any], *, device: Any = No
                                    for x, y in zip(a, b))
 
 
-def _tensors(value: Any) -> list[Any]:
-    """Every floating tensor in a (nested) forward result, in order."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value] if value.is_floating_point() else []
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    return []
