@@ -184,3 +184,15 @@ def test_a_weight_renormalised_before_the_forward_is_not_a_hand_written_update(s
     assert record.status == "passed", record.message
     assert "as optimizer.step() consumed them" in record.message
     assert record.evidence["compared"]["hand_written_update_steps"]["ranks"] == [[], []]
+
+
+def test_sparse_embedding_gradients_are_compared_row_by_row(suite_session):
+    # EmbeddingBag(sparse=True) (facebookresearch/dlrm's tables): the suite's norms and
+    # comparisons raised on the sparse gradients inside optimizer.step() and the check failed
+    # "the DDP training step raised" on a correct model.
+    record = run_check(suite_session, "gradient-equivalence", "sparse_embedding")
+    assert record.status == "passed", record.message
+    assert record.metrics["parameters_compared"] == 6  # 2 sparse tables, 2 Linear layers
+    broken = run_check(suite_session, "gradient-equivalence", "sparse_embedding_times_world")
+    assert broken.status == "failed", broken.message
+    assert "the loss is multiplied by the world size" in broken.message

@@ -173,3 +173,23 @@ def test_a_halved_shared_gradient_fails_through_the_summaries(suite_session, tmp
     row = record.evidence["variants"][0]
     assert row["param"].startswith("mid.") and row["ratio_to_tolerance"] > 1
     assert "worst_element" in row
+
+
+def test_sparse_gradients_compare_as_the_dense_tensors_they_stand_for():
+    def sparse(values, rows):  # EmbeddingBag(sparse=True): one sparse dim, uncoalesced
+        return torch.sparse_coo_tensor(torch.tensor([rows]), values, (1000, 4))
+
+    values = torch.randn(3, 4, dtype=torch.float64).float()
+    got, ref = sparse(values, [7, 2, 7]), sparse(values[[2, 1, 0]], [7, 2, 7])  # the same sum, reordered
+    dense = compare_tensor("emb", got.to_dense(), ref.to_dense(), grad=True)
+    same = compare_tensor("emb", got, ref, grad=True)
+    assert same.diff.ok and same.diff.max_abs == dense.diff.max_abs
+    assert same.ref_sq == pytest.approx(dense.ref_sq) and same.dot == pytest.approx(dense.dot)
+    doubled = compare_tensor("emb", sparse(values * 2, [7, 2, 7]), ref, grad=True)
+    assert not doubled.diff.ok and doubled.dot / doubled.ref_sq == pytest.approx(2.0, rel=1e-6)
+    # A row only one side touched, reported where it is in the table (row 900; column 3 below).
+    extra = compare_tensor("emb", sparse(torch.cat([values, torch.ones(1, 4)]), [7, 2, 7, 900]), ref, grad=True)
+    assert not extra.diff.ok and extra.diff.worst_element[0] // 4 == 900
+    worst = compare_tensor("emb", sparse(torch.tensor([[0.0, 0.0, 0.0, 5.0]]), [900]), sparse(torch.zeros(1, 4), [3]),
+                           grad=False)
+    assert worst.diff.worst_element == (900 * 4 + 3, 5.0, 0.0)

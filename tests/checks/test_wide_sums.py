@@ -98,3 +98,14 @@ def test_the_reference_keeps_the_gradient_norms_it_measured(tmp_path, monkeypatc
     assert norms["w"] == 12.5 and norms["none"] is None
     # A sparse gradient is measured coalesced, as before (its duplicate index summed first).
     assert norms["s"] == pytest.approx(math.sqrt(1.5 ** 2 + 1.0 ** 2)) and measured == [torch.sparse_coo]
+
+
+def test_sparse_tensors_sum_and_norm_their_stored_values():
+    import torch
+
+    from conformance.checks.equivalence.wide_sums import norm64, sum64
+
+    values = torch.randn(3, 4)
+    grad = torch.sparse_coo_tensor(torch.tensor([[5, 1, 5]]), values, (10, 4))  # row 5 twice
+    assert sum64(grad) == pytest.approx(float(grad.to_dense().double().sum()))
+    assert norm64(grad) == pytest.approx(float(grad.to_dense().double().norm()))

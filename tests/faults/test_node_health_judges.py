@@ -261,6 +261,26 @@ def test_both_digests_catch_every_single_flip_and_keep_equal_tensors_equal() -> 
     assert digest(x.flip(0)) != digest(x) and weighted_sum(x.flip(0)) != weighted_sum(x)
 
 
+def test_a_sparse_gradient_is_digested_as_stored_and_differences_compare_densely() -> None:
+    import torch
+
+    from ddp_conformance.faults.checks.node_health.digests import difference, digest
+
+    # EmbeddingBag(sparse=True)'s gradient: COO, an index repeated (uncoalesced).
+    def grad(values: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        return torch.sparse_coo_tensor(torch.tensor([rows]), values, (10, 3))
+
+    values = torch.randn(3, 3)
+    x = grad(values, [4, 1, 4])
+    assert digest(grad(values.clone(), [4, 1, 4])) == digest(x)
+    flipped_value = values.clone()
+    flipped_value[2, 1] = torch.nextafter(flipped_value[2, 1], torch.tensor(9.0))
+    assert digest(grad(flipped_value, [4, 1, 4])) != digest(x)
+    assert digest(grad(values, [4, 1, 5])) != digest(x)  # another row
+    diff = difference([x, grad(flipped_value, [4, 1, 4])], 0)
+    assert diff[1]["elements"] == 1 and 0 < diff[1]["max_abs_diff"] < 1e-5
+
+
 def test_the_cpu_digest_catches_flips_that_cancel_in_its_word_sum_and_covers_a_short_tail() -> None:
     import torch
 

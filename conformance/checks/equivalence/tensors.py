@@ -211,6 +211,9 @@ def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool, project: bool |
         return Compared(TensorDiff(name, float("inf"), float("inf"), float("inf"), tol,
                                    f"shape {tuple(got.shape)} != reference {tuple(ref.shape)}"),
                         True, True, ref_sq=_norm_sq(ref)[0], got_sq=_norm_sq(got)[0])
+    rows = None
+    if got.layout != torch.strided or ref.layout != torch.strided:
+        got, ref, rows = _densified(got, ref.to(got.device))
     g_flat = got.detach().reshape(-1)
     r_flat = ref.detach().to(got.device).reshape(-1)
     step = chunk_for(g_flat.device)
@@ -261,7 +264,9 @@ def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool, project: bool |
     m_abs, scale = float(max_abs), float(max_ref)
     worst_element = None
     if g_flat.numel():
-        worst_element = (worst_at, float(g_flat[worst_at]), float(r_flat[worst_at]))
+        # Where it is in the tensor the user has: a row of a sparse gradient's table.
+        at = worst_at if rows is None else int(rows.index[worst_at // rows.width]) * rows.width + worst_at % rows.width
+        worst_element = (at, float(g_flat[worst_at]), float(r_flat[worst_at]))
     diff = TensorDiff(name, m_abs, m_abs / scale if scale > 0 else m_abs,
                       float(ratio) if g_flat.numel() else 0.0, tol, worst_element=worst_element,
                       ref_max=scale)
@@ -274,10 +279,47 @@ def compare_tensor(name: str, got: Any, ref: Any, *, grad: bool, project: bool |
                     got_finite=math.isfinite(gg_f), ref_finite=math.isfinite(rr_f))
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """The rows of a sparse gradient's table that a comparison kept (``_densified``)."""
+
+    index: Any  # 1-D: kept row i is row index[i] of the table
+    width: int  # elements per row
+
+
+def _densified(got: Any, ref: Any) -> tuple[Any, Any, _Rows | None]:
+    """Two tensors of which one or both are sparse, as dense ones that compare alike.
+
+    A sparse gradient of an embedding table (``EmbeddingBag(sparse=True)``: COO, one sparse
+    dimension, the rows dense) becomes the rows either side touched, stacked: every other
+    element is 0 on both sides, so the comparison's maxima, ratio and dot products are those
+    of the whole tensor, without a dense copy of a table that may be most of the model
+    (``_Rows`` maps a kept element back to its place). Any other sparse layout: densified whole.
+    """
+    import torch
+
+    coo = all(t.layout == torch.sparse_coo and t.sparse_dim() == 1 for t in (got, ref))
+    if not coo:
+        return (got.to_dense() if got.layout != torch.strided else got,
+                ref.to_dense() if ref.layout != torch.strided else ref, None)
+    got, ref = got.detach().coalesce(), ref.detach().coalesce()
+    index = torch.unique(torch.cat([got.indices()[0], ref.indices()[0]]))
+    width = math.prod(got.shape[1:])
+
+    def rows_of(t: Any) -> Any:
+        out = torch.zeros((len(index), *t.shape[1:]), dtype=t.dtype, device=t.device)
+        out[torch.searchsorted(index, t.indices()[0])] = t.values()
+        return out
+
+    return rows_of(got), rows_of(ref), _Rows(index, width)
+
+
 def _norm_sq(tensor: Any) -> tuple[float, bool]:
     """(sum of squares, all finite) of one tensor, chunk by chunk on its device."""
     import torch
 
+    if tensor.layout == torch.sparse_coo:
+        tensor = tensor.detach().coalesce().values()  # the stored values; every other element is 0
     flat = tensor.detach().reshape(-1)
     total = 0.0
     step = chunk_for(flat.device)

@@ -44,10 +44,22 @@ def _chunks(tensor: Any) -> Any:
     return (flat[start:start + step] for start in range(0, flat.numel(), step))
 
 
+def _stored(tensor: Any) -> Any:
+    """The values a sparse COO tensor stores, duplicates summed (a sparse gradient of an
+    ``EmbeddingBag(sparse=True)`` repeats an index per lookup): its sums and norms are theirs,
+    and ``torch.linalg.vector_norm`` has no sparse kernel. Any other tensor: itself."""
+    import torch
+
+    if getattr(tensor, "layout", None) == torch.sparse_coo:
+        return tensor.detach().coalesce().values()
+    return tensor
+
+
 def sum64(tensor: Any) -> float:
     """The sum of ``tensor``'s elements, accumulated in float64 (NaN/Inf propagate)."""
     import torch
 
+    tensor = _stored(tensor)
     chunks = _chunks(tensor)
     if chunks is None:
         return float(tensor.detach().sum(dtype=torch.float64))
@@ -61,6 +73,7 @@ def norm64(tensor: Any) -> float:
     """The 2-norm of ``tensor``, its squares accumulated in float64 (NaN/Inf propagate)."""
     import torch
 
+    tensor = _stored(tensor)
     chunks = _chunks(tensor)
     if chunks is None:
         return float(torch.linalg.vector_norm(tensor.detach(), dtype=torch.float64))

@@ -44,6 +44,10 @@ def digest(tensor: Any) -> str:
 
     t = tensor.detach()
     head = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+    if t.layout == torch.sparse_coo:
+        # A sparse gradient (EmbeddingBag(sparse=True)) as stored, uncoalesced: the same work
+        # stores the same indices and values in the same order, with no arithmetic of ours.
+        return f"{head}/sparse:{digest(t._indices())}:{digest(t._values())}"
     if t.numel() == 0:
         return head
     if t.dtype == torch.bool:
@@ -105,6 +109,8 @@ def difference(tensors: list[Any], reference: int) -> dict[int, dict[str, Any]]:
     whose bits differ and the largest absolute difference (``inf`` where a value is not finite)."""
     import torch
 
+    # Sparse gradients compared as the dense tensors they stand for (an embedding table's size).
+    tensors = [t.to_dense() if t.layout == torch.sparse_coo else t for t in tensors]
     ref = tensors[reference]
     out: dict[int, dict[str, Any]] = {}
     for rank, t in enumerate(tensors):
