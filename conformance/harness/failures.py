@@ -57,24 +57,52 @@ def suite_raised(traceback: str) -> str | None:
     The innermost frame that is the suite's or the user's (not the standard library's or an
     installed package's) is the suite's, not a built-in target's, and the user's code is
     further out: the user's code called into torch, and torch into a probe's hook, which raised.
-    Not the suite's: torch raising under the suite's frame (DDP's constructor refusing
+    Also the suite's: the innermost frame is a hook of the suite's that an installed package
+    (torch) called. Not the suite's: torch raising under the suite's frame (DDP's constructor refusing
     ``ddp_kwargs``), or the suite calling the user's function with arguments it does not take
     (a TypeError raised at the call, in the suite's frame, with no user frame outside it)."""
     roots = _suite_roots()
     targets = os.path.join(roots[0], "targets") + os.sep
-    kinds = []  # "suite" | "user", outermost first, with the suite's frames' places
+    frames = []  # "suite" | "user" | "installed", outermost first, with each frame's place
     for path, line in _FRAME.findall(traceback):
         where = str(Path(path).resolve())
         if any(where.startswith(root + os.sep) for root in roots) and not where.startswith(targets):
-            kinds.append(("suite", f"{where}:{line}"))
-        elif not ("site-packages" in where or f"{os.sep}lib{os.sep}python" in where or path.startswith("<")):
-            kinds.append(("user", where))
+            frames.append(("suite", f"{where}:{line}"))
+        elif "site-packages" in where or f"{os.sep}lib{os.sep}python" in where or path.startswith("<"):
+            frames.append(("installed", where))
+        else:
+            frames.append(("user", where))
+    inner = len(frames)
+    while inner and frames[inner - 1][0] == "suite":
+        inner -= 1
+    if inner < len(frames) and inner and frames[inner - 1][0] == "installed":
+        # A hook of the suite's that torch called back (an optimizer step pre-hook, a gradient
+        # hook) raised in the suite's own frames: the suite's, even where no user frame is
+        # further out (the suite's default train_step, or a check's own loop, drove the step).
+        return frames[-1][1]
+    kinds = [frame for frame in frames if frame[0] != "installed"]
     if not kinds or kinds[-1][0] != "suite" or all(kind != "user" for kind, _ in kinds):
         return None
     return kinds[-1][1]
 
 
-def _compiling(stack: str) -> bool:
+def traceback_excerpt(traceback: str, limit: int = 3000) -> str:
+    """A traceback cut to about ``limit`` characters that keeps its innermost frames: the frames'
+    tail and the start of the exception's message. The plain tail kept only the message when it
+    was long (torch's "Could not run ... with arguments from the 'SparseCPU' backend" lists every
+    backend: 10 KB), and the frames that say whose code raised were gone."""
+    frames = list(_FRAME.finditer(traceback))
+    if len(traceback) <= limit or not frames:
+        return traceback[-limit:]
+    # The exception's message starts on the first line after the last frame that is not
+    # indented (a frame's source line and its ^^^ markers are).
+    rest = traceback[frames[-1].end():]
+    lines = rest.split("\n")
+    at = next((i for i, line in enumerate(lines[1:], 1) if line and not line.startswith(" ")), len(lines))
+    head, message = traceback[:frames[-1].end()] + "\n".join(lines[:at]), "\n".join(lines[at:])
+    keep = min(len(message), limit // 4)
+    cut = message[:keep] + (" [...]" if keep < len(message) else "")
+    return head[-(limit - len(cut) - 1):] + "\n" + cut
     """True when a frame of ``stack`` runs a compilation: a COMPILING_FRAMES file in a function,
     not in ``<module>`` (that frame is only the file being imported: ``import torch._dynamo``,
     which DDP's constructor does, is not a compile, and a model that never compiles is never
@@ -130,7 +158,7 @@ def world_error_outcome(exc: WorldError, what: str) -> Outcome:
             f"{what} could not run: {short}",
             metrics={"key_figure": "the host ran out of a resource", "failed_ranks": exc.failed_ranks},
             evidence={EXHAUSTED: short, "rank_errors": errors})
-    traces = {str(r.rank): r.error.traceback[-3000:] for r in exc.results
+    traces = {str(r.rank): traceback_excerpt(r.error.traceback) for r in exc.results
               if r.error is not None and r.error.traceback}
     if (refused := gloo_refusal(errors.values())) is not None:
         # The backend, not the target: the same step runs on NCCL (docs/running.md).

@@ -79,6 +79,15 @@ def test_the_suites_own_failure_is_inconclusive_and_names_the_suite_not_ddp():
     # The suite calling the user's forward with arguments it does not take: raised at the call,
     # in the suite's frame, no user frame outside it — the user's signature, not a suite bug.
     assert suite_raised(f'  File "{suite}/harness/batches.py", line 177, in call\nTypeError: x') is None
+    # The suite's hook called back by torch, under the suite's default train_step (no user frame
+    # anywhere): an instrument of the suite's raised (seen on a sparse embedding gradient).
+    hook = (f'  File "{suite}/harness/target_calls.py", line 9, in default_train_step\n'
+            f'  File "/usr/lib/python3.11/site-packages/torch/optim/optimizer.py", line 5, in wrapper\n'
+            f'  File "{suite}/checks/equivalence/recording.py", line 270, in _at_step\nRuntimeError: x')
+    assert suite_raised(hook) == f"{suite}/checks/equivalence/recording.py:270"
+    deeper = hook.replace("\nRuntimeError", f'\n  File "{suite}/checks/equivalence/wide_sums.py", line 66, in norm64'
+                                            f"\nRuntimeError")
+    assert suite_raised(deeper) == f"{suite}/checks/equivalence/wide_sums.py:66"
     error = RankError("exception", "3", traceback=trace, exc_type="KeyError")
     outcome = world_error_outcome(RankFailure("rank 0 raised", results=[RankResult(0, error=error)]),
                                   "the DDP training step")
@@ -86,3 +95,16 @@ def test_the_suites_own_failure_is_inconclusive_and_names_the_suite_not_ddp():
     assert outcome.message.startswith("the DDP training step could not be judged: the suite's own "
                                       f"instrumentation raised on rank 0 at {suite}/harness/observe/forwards.py:70")
     assert "a ddp-conformance bug, not a finding about your training step or DDP" in outcome.message
+
+
+def test_a_long_exception_message_leaves_the_frames_in_the_evidence():
+    from conformance.harness.failures import traceback_excerpt
+
+    frames = "".join(f'  File "/home/user/f{i}.py", line {i}, in f{i}\n    call()\n    ^^^^^^\n' for i in range(40))
+    message = "NotImplementedError: Could not run 'aten::linalg_vector_norm' " + "backend, " * 2000
+    excerpt = traceback_excerpt("Traceback (most recent call last):\n" + frames + message)
+    assert len(excerpt) <= 3000 + 10
+    assert 'File "/home/user/f39.py", line 39' in excerpt  # the innermost frame kept
+    assert "NotImplementedError: Could not run" in excerpt and excerpt.endswith("[...]")
+    short = "Traceback (most recent call last):\n" + frames[:200] + "KeyError: 3\n"
+    assert traceback_excerpt(short) == short
