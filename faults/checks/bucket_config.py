@@ -34,7 +34,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +52,7 @@ from ..injectors import BucketConfig
 from ..sites import Site
 from ..vehicles import VehicleSpec, resolve
 from ._bucket_plan import first_pass, quartiles, param_bytes, provably_same_layout, second_pass
+from ._tensor_files import keep, max_diffs, restore
 
 if TYPE_CHECKING:
     from conformance.harness.world import RankContext, WorldLike
@@ -247,22 +248,22 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
     max_diff, first = 0.0, True
     for kwargs in (site.ddp_kwargs, matched):
         if not first:  # read afresh: moving to a GPU replaced the buffers the module held
-            _restore(start, list(module.parameters()) + list(module.buffers()))
+            restore(start, list(module.parameters()) + list(module.buffers()))
             # Every rank restored the start it kept after the first wrap's broadcast (rank 0's
             # values): a second broadcast of the model would copy them onto themselves.
             kwargs = kwargs if "init_sync" in kwargs else {**kwargs, "init_sync": False}
         model = wrap(module, ctx.device, kwargs, target=target)
         if first:  # after DDP's broadcast: the start both runs share is rank 0's on every rank
             marks.append(time.perf_counter())
-            _keep(start, list(module.parameters()) + list(module.buffers()))
+            keep(start, list(module.parameters()) + list(module.buffers()))
         optimizer = target.make_optimizer(model)
         for step in range(steps):
             batch = rank_batch(target, ctx.rank, ctx.world_size, seed=BUCKET_MISMATCH_DATA_SEED + step, device=ctx.device)
             target.run_step(model, optimizer, [batch], step=step)
         if first:
-            _keep(kept, list(model.parameters()))
+            keep(kept, list(model.parameters()))
         else:
-            max_diff = max(_max_diff(kept, list(model.parameters())), default=0.0)
+            max_diff = max(max_diffs(kept, list(model.parameters())), default=0.0)
         first = False
         # Freed before the next run wraps the module again, with the gradients it left: the
         # second run starts as the first did.
@@ -273,44 +274,6 @@ def mismatch_rank(ctx: RankContext, source: VehicleSpec | str, config: BucketCon
     phases = ("build_and_wrap", "mismatched_run", "matched_run")
     return {"max_diff": max_diff, "injections": log.items,
             "phases_s": {name: round(b - a, 3) for name, a, b in zip(phases, marks, marks[1:])}}
-
-
-def _keep(folder: Path, params: list[Any]) -> None:
-    """Each parameter's bytes to its own file in ``folder`` (one tensor in memory at a time)."""
-    import torch
-
-    folder.mkdir(parents=True, exist_ok=True)
-    for i, p in enumerate(params):
-        # Raw bytes (a uint8 view): numpy has no bfloat16.
-        p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tofile(folder / f"{i}.bin")
-
-
-def _restore(folder: Path, tensors: list[Any]) -> None:
-    """Each tensor's bytes back from its file in ``folder`` (written by :func:`_keep`), in place."""
-    import numpy as np
-    import torch
-
-    with torch.no_grad():
-        for i, t in enumerate(tensors):
-            if t.numel():
-                raw = torch.from_numpy(np.memmap(folder / f"{i}.bin", dtype=np.uint8, mode="c"))
-                t.copy_(raw.view(t.dtype).reshape(t.shape))
-
-
-def _max_diff(folder: Path, params: list[Any]) -> Iterator[float]:
-    """The largest |difference| of each parameter from its kept file, read back one at a time
-    (memory-mapped: a tensor's pages, not a copy of the model)."""
-    import numpy as np
-    import torch
-
-    for i, p in enumerate(params):
-        live = p.detach().cpu().reshape(-1)
-        if not live.numel():
-            yield 0.0
-            continue
-        kept = torch.from_numpy(np.memmap(folder / f"{i}.bin", dtype=np.uint8, mode="c")).view(live.dtype)
-        yield float((live.float() - kept.float()).abs().max())
-        del kept
 
 
 def sweep(world: WorldLike, source: VehicleSpec | str, configured: float, *, deadline_s: float) -> dict[str, Any]:
