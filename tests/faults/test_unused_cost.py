@@ -1,6 +1,8 @@
 """What unused-parameters costs on a rank, counted (the firmer figure on a noisy host than its
-seconds, benchmarks/README.md): the model built once for its discovery and its tax, the tax's
-timed steps at the noise floor, one broadcast of the whole model for its three wraps."""
+seconds, benchmarks/README.md): the model built once for its discovery and its tax (or its
+static_graph re-run where no tax is timed), the tax's timed steps at the noise floor, one
+broadcast of the whole model for its three wraps; and which rank calls the check makes: no tax
+where its figure would decide nothing."""
 
 from __future__ import annotations
 
