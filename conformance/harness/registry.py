@@ -69,7 +69,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     ),
     CheckSpec(
         "unused-parameters", "Unused parameters", "chaos",
-        "conditional branches found; configured ddp_kwargs reproduce the hang/error; find_unused_parameters cost measured",
+        "conditional branches found; configured ddp_kwargs reproduce the hang/error; find_unused_parameters cost "
+        "measured where the advice depends on it",
         "ddp_conformance.faults.checks.unused_parameters:run",
         suites=frozenset({"full"}),
     ),

@@ -4,7 +4,8 @@ over False, on a step where every parameter is used (False cannot run otherwise)
     tax = measure_tax(ctx, world, source, seed, "target")   # {"false_s", "true_s", "tax", ...}
 
 The ranks run ``tax_rank``: one model (the discovery's, ``_kept_model``), wrapped for one flag
-at a time, TAX_REPS timed steps of each flag after its untimed ones, in three blocks.
+at a time, TAX_REPS timed steps of each flag after its untimed ones, in three blocks. The check
+measures it only where the figure decides a verdict or advice (``unused_parameters.tax_decides``).
 """
 
 from __future__ import annotations

@@ -4,8 +4,10 @@
     ...
     keep(source, model, rng)   # last: leave it, as it is, to the next call
 
-unused-parameters runs its discovery and then its find_unused_parameters tax in one fresh
-world, each on the target's model built under ``PROBE_SEED``. Building it is the target's
+unused-parameters runs its discovery and then, in one fresh world, its find_unused_parameters
+tax or, where the tax decides nothing and is not measured, its static_graph re-run, each on
+the target's model built under ``PROBE_SEED``; where neither follows, the world closes with
+the check and the kept module goes with its ranks. Building it is the target's
 initialisation of every parameter (a random draw per weight): at 34 M parameters a build costs
 about one training step. The discovery never steps an optimizer, so the module it leaves is the
 seeded build, parameter for parameter (its forwards have updated buffers such as BatchNorm's

@@ -9,12 +9,18 @@ graph in every iteration.
 1. Discovery, without DDP (nothing can hang): every rank runs forward/backward on its own
    chunk of seeded global batches (and, for targets, on single samples) and records which
    parameters end with ``grad is None`` -- which parameters, on which ranks and steps. It runs
-   in the fresh world of steps 2-3 and leaves its seeded model to the tax (``_kept_model``).
+   in the fresh world of steps 2-4 and leaves its seeded model to the next call there (the
+   tax, or the static_graph re-run where no tax is measured: ``_kept_model``).
 2. Reproduction, in a fresh world with a short timeout: the configured ``ddp_kwargs`` on the
    same data, as production would run it; the error text (parameter names parsed from DDP's
    error under ``TORCH_DISTRIBUTED_DEBUG=INFO``) or the hang, diagnosed like hang-detection.
 3. Tax: ``find_unused_parameters=True`` vs ``False`` on a step where every parameter is used,
    in True/False/True blocks of the noise floor's count of timed steps; ratio of medians.
+   Measured only where it decides something (:func:`tax_decides`): a parameter went unused
+   (the failure's fix and the pass's advice quote it) or the flag is on (the advice to turn
+   it off quotes it), and always in injected mode. With every parameter used and the flag off
+   (the common production case) it would decide nothing and cost about 14 of the user's
+   training steps and 3 wraps: the record says it was not measured and why.
 4. Remedy verified (``conformance.harness.remedies``): when the reproduction failed, the very
    same steps and data again with ``find_unused_parameters=True``; "verified fix" when every
    rank completes them *and* every parameter gets a gradient at some step (a change that only
@@ -25,7 +31,8 @@ graph in every iteration.
 
 Target mode: failed when some parameter is unused somewhere and find_unused_parameters is
 False (or static_graph is True); passed with the measured tax when it is True; passed when
-every parameter is always used. Injected mode: a per-rank seeded coin flip decides the aux
+every parameter is always used (with the measured tax as advice when the flag is on; the tax
+not measured when it is off). Injected mode: a per-rank seeded coin flip decides the aux
 head of a vehicle; passes iff discovery == injection on every (rank, step), the reproduction
 fails naming exactly the aux head's parameters, and the tax was measured.
 
@@ -121,17 +128,18 @@ def discover_rank(ctx: RankContext, source: VehicleSpec | str, steps: int, singl
 def remedy_rank(ctx: RankContext, source: VehicleSpec | str, overrides: dict[str, Any], steps: int,
                 per_rank: int, microbatches: int = 1) -> dict[str, Any]:
     """The reproduction's DDP loop (same model seed, same batches) with ``overrides`` on the
-    target's ddp_kwargs: how many steps of its own train_step every rank completed. With
+    target's ddp_kwargs: how many steps of its own train_step every rank completed. The module
+    is the one the discovery left in this world (``_kept_model``), else built here. With
     ``microbatches`` > 1 each step gets this rank's rows in that many microbatches (the
     target's accumulation path: no_sync, where its train_step uses it)."""
-    import torch
-
     from conformance.harness.ddp import PROBE_SEED, unwrap, wrap
     from conformance.harness.sharding import batch_dims, rank_batch, shard
 
     target = resolve(source, ctx.rank, InjectionLog())
-    torch.manual_seed(PROBE_SEED)
-    model = wrap(target.build_model(), ctx.device, {**target.ddp_kwargs, **overrides}, target=target)
+    # The discovery's seeded module where it left one in this world and no tax took it (the
+    # static_graph re-run): a second build beside it would be two model copies on the rank.
+    module, _ = build_or_take(target, source, PROBE_SEED)
+    model = wrap(module, ctx.device, {**target.ddp_kwargs, **overrides}, target=target)
     optimizer = target.make_optimizer(model)
     names = {id(p): n for n, p in unwrap(model).named_parameters() if p.requires_grad}
     trained: set[str] = set()
@@ -199,6 +207,18 @@ def verify_change(world: WorldLike, source: VehicleSpec | str, *, steps: int, pe
     return verify(", ".join(f"{k}={v}" for k, v in change.items()), rerun)
 
 
+#: Why the tax was not measured: every parameter was used and find_unused_parameters is off.
+TAX_DECIDES_NOTHING = "its cost was not measured, nothing here depends on it"
+
+
+def tax_decides(table: dict[str, Any], kwargs: dict[str, Any]) -> bool:
+    """Does the find_unused_parameters tax decide a verdict or advice on a target? It does where
+    a parameter went unused (the failure's or the pass's advice quotes it) or where the flag is
+    on (the advice to turn it off quotes it); with every parameter used and the flag off (the
+    common production case) it would decide nothing, and costs about 14 of the user's steps."""
+    return bool(table) or bool(kwargs.get("find_unused_parameters", False))
+
+
 def _usage(results: list[RankResult]) -> tuple[list[str], dict[str, dict[str, list[int]]], list[int], bool]:
     names = results[0].value["names"]
     unused: dict[str, dict[str, set[int]]] = {}
@@ -242,7 +262,9 @@ def run(ctx: CheckContext) -> Outcome:
     source = INCIDENT if ctx.injected else ctx.target.spec
     kwargs = dict(INCIDENT.ddp_kwargs) if ctx.injected else dict(ctx.target.ddp_kwargs)
     # One fresh world for every call, discovery included (it cannot hang: no DDP), so the
-    # model its ranks build is the one the tax then trains (_kept_model).
+    # model its ranks build is the one the next call trains (_kept_model): the tax, or, where
+    # the tax decides nothing, the static_graph re-run. Where neither runs, the world closes
+    # with the check and the kept model goes with its ranks.
     with scenario_world(ctx) as world:
         # The check's own deadline: the discovery is 2 x STEPS forward/backward passes of the
         # user's model, not a scenario that may hang.
@@ -254,13 +276,16 @@ def run(ctx: CheckContext) -> Outcome:
         first = min((s for e in table.values() for s in e["steps"]), default=None)
         first_single = min((s for e in table.values() for s in e["single_sample_steps"]), default=None)
         repro, remedy, static = None, None, None
-        # Tax on a step where every parameter is used on every rank (False cannot run otherwise).
-        # The vehicle's branch follows (rank, step), not data: its tax runs with the aux always on.
-        tax_source, tax_seed = source, (DATA_SEED + all_used[0]) if all_used else None
-        if tax_seed is None or ctx.injected:
-            tax_source, tax_seed = ALWAYS, DATA_SEED
-        tax_info = measure_tax(ctx, world, tax_source, tax_seed,
-                               "target" if tax_source == source else "vehicle (aux always on)")
+        tax_info: dict[str, Any] = {"measured": False, "reason": TAX_DECIDES_NOTHING}
+        if ctx.injected or tax_decides(table, kwargs):
+            # Tax on a step where every parameter is used on every rank (False cannot run
+            # otherwise). The vehicle's branch follows (rank, step), not data: its tax runs with
+            # the aux always on. Before the reproduction: the tax takes the discovery's model.
+            tax_source, tax_seed = source, (DATA_SEED + all_used[0]) if all_used else None
+            if tax_seed is None or ctx.injected:
+                tax_source, tax_seed = ALWAYS, DATA_SEED
+            tax_info = measure_tax(ctx, world, tax_source, tax_seed,
+                                   "target" if tax_source == source else "vehicle (aux always on)")
         replay = (4, first) if first is not None else (1, first_single) if first_single is not None else None
         if replay is not None and not kwargs.get("find_unused_parameters", False):
             # Replay the first data that left a parameter without gradient, plus one step:
@@ -363,7 +388,8 @@ def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, An
         # is the host's noise between the timed blocks, not a saving.
         tax_text = f"no measurable time (x{tax['tax']:.2f}: within the host noise)"
     # An unmeasured tax is said as such, never spliced in as if it were a figure.
-    unmeasured = f"its cost not measured here ({_first_line(tax.get('error')) or 'no timing'})"
+    why_unmeasured = _first_line(tax.get("error") or tax.get("reason")) or "no timing"
+    unmeasured = f"its cost not measured here ({why_unmeasured})"
     at_cost = f"at a measured cost of {tax_text}" if tax_text else f"({unmeasured})"
     if tax.get("tax") and tax["tax"] < 1:
         at_cost = f"at no measurable cost (x{tax['tax']:.2f}: within the host noise)"
@@ -411,9 +437,12 @@ def _judge_target(ctx: CheckContext, kwargs: dict[str, Any], table: dict[str, An
                f"({f'it costs {tax_text}' if tax_text else unmeasured}).")
     elif static_ok and not kwargs.get("static_graph"):
         rec = _static_graph_advice(static)
-    return Outcome.passed(f"{name}: every parameter received a gradient on every rank and step "
-                          f"(find_unused_parameters=True"
-                          f"{f' would cost {tax_text}' if tax_text else ': ' + unmeasured})",
+    cost = f"find_unused_parameters=True{f' would cost {tax_text}' if tax_text else ': ' + unmeasured}"
+    if tax.get("measured") is False:
+        # Every parameter used and the flag off (tax_decides): the tax was left unmeasured on
+        # purpose, said as such -- neither a figure nor an error.
+        cost = f"find_unused_parameters stays off: {tax.get('reason') or TAX_DECIDES_NOTHING}"
+    return Outcome.passed(f"{name}: every parameter received a gradient on every rank and step ({cost})",
                           metrics=metrics, evidence=evidence, recommendation=rec)
 
 

@@ -92,6 +92,8 @@ def test_unused_parameters_fails_on_dynamic_branch_and_names_it(suite_session: A
     assert "aux_head.weight" in record.message and "aux_head.bias" in record.message
     assert record.evidence["reproduction"]["diagnosis"]["classification"] != "none"
     assert record.metrics["static_graph_compatible"] is False
+    # The fix's advice quotes what find_unused_parameters=True costs: the tax is still timed here.
+    assert record.metrics["find_unused_tax"] is not None and record.evidence["tax"]["steps"] > 0
     # The recommended find_unused_parameters=True re-ran the failing steps to completion.
     (remedy,) = record.evidence["remedies"]
     assert (remedy["change"], remedy["status"]) == ("find_unused_parameters=True", "verified fix"), remedy

@@ -489,18 +489,55 @@ def test_an_unmeasured_find_unused_tax_is_said_as_such_never_spliced_in_as_a_fig
 
     ctx: Any = SimpleNamespace(target=SimpleNamespace(name="sg2"))
     unmeasured = {"tax": None, "error": "RuntimeError: the deadline passed\nmore"}
-    quiet = _judge_target(ctx, {}, {}, None, unmeasured, False, {}, {})
+    # With every parameter used, the tax is measured only where find_unused_parameters is on
+    # (unused_parameters.tax_decides: off, nothing depends on it and it is not measured), so
+    # these all-used records are judged with the flag on, the one case that still times it.
+    on = {"find_unused_parameters": True}
+    quiet = _judge_target(ctx, on, {}, None, unmeasured, False, {}, {})
     assert quiet.status == "passed" and "unmeasured" not in quiet.message
     assert quiet.message.endswith("(find_unused_parameters=True: its cost not measured here "
                                   "(RuntimeError: the deadline passed))")
     used = _judge_target(ctx, {"find_unused_parameters": True}, {}, None, unmeasured, False, {}, {})
     assert "(its cost not measured here (RuntimeError" in (used.recommendation or "")
-    measured = _judge_target(ctx, {}, {}, None, {"tax": 1.234}, False, {}, {})
+    measured = _judge_target(ctx, on, {}, None, {"tax": 1.234}, False, {}, {})
     assert measured.message.endswith("(find_unused_parameters=True would cost 1.23x step time)")
-    noisy = _judge_target(ctx, {}, {}, None, {"tax": 0.73}, False, {}, {})
+    noisy = _judge_target(ctx, on, {}, None, {"tax": 0.73}, False, {}, {})
     assert noisy.message.endswith("(find_unused_parameters=True would cost no measurable time (x0.73: "
                                   "within the host noise))")
     table = {"aux.weight": {"ranks": [1], "steps": [0]}}
     fixed = _judge_target(ctx, {}, table, None, {"tax": 0.2}, False, {}, {},
                           remedy=Remedy("find_unused_parameters=True", VERIFIED, {"steps": 3}))
     assert "(verified fix), at no measurable cost (x0.20: within the host noise). To save" in (fixed.recommendation or "")
+
+
+@pytest.mark.parametrize(("table", "kwargs", "decides"), [
+    ({}, {"find_unused_parameters": False}, False),  # the built-in mlp, and most production models
+    ({}, {}, False),  # DDP's default is off
+    ({}, {"find_unused_parameters": False, "static_graph": True}, False),
+    ({}, {"find_unused_parameters": True}, True),  # the advice to turn it off quotes the cost
+    ({"aux.weight": {"ranks": [1], "steps": [0]}}, {"find_unused_parameters": False}, True),  # the fix's cost
+    ({"aux.weight": {"ranks": [1], "steps": [0]}}, {"find_unused_parameters": True}, True),  # the pass's cost
+])
+def test_the_find_unused_tax_is_measured_only_where_it_decides_a_verdict_or_advice(
+        table: dict[str, Any], kwargs: dict[str, Any], decides: bool) -> None:
+    assert unused_parameters.tax_decides(table, kwargs) is decides
+
+
+def test_an_unneeded_find_unused_tax_is_said_as_not_measured_never_as_a_figure_or_an_error() -> None:
+    """Every parameter used and find_unused_parameters off: the ~14 training steps of the tax
+    would decide nothing, so the check does not measure it, and its pass says so."""
+    from conformance.harness.remedies import VERIFIED, Remedy
+    from ddp_conformance.faults.checks.unused_parameters import TAX_DECIDES_NOTHING, _judge_target
+
+    ctx: Any = SimpleNamespace(target=SimpleNamespace(name="mlp"))
+    skipped = {"measured": False, "reason": TAX_DECIDES_NOTHING}
+    static = Remedy("static_graph=True", VERIFIED, {"steps": 3, "microbatches_per_rank": 2})
+    outcome = _judge_target(ctx, {"find_unused_parameters": False}, {}, None, skipped, True, {}, {}, static=static)
+    assert outcome.status == "passed", outcome.message
+    assert outcome.message == ("mlp: every parameter received a gradient on every rank and step "
+                               "(find_unused_parameters stays off: its cost was not measured, nothing here "
+                               "depends on it)")
+    assert not re.search(r"None|x0\.00|would cost|error", outcome.message + (outcome.recommendation or ""))
+    # The advice is the static_graph suggestion as its re-run came out; no tax figure in it.
+    assert outcome.recommendation == ("The graph never changed: static_graph=True may speed DDP up further "
+                                      "(re-run with it: 3 steps of K=2 microbatches completed on every rank).")

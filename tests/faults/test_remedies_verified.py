@@ -15,7 +15,7 @@ from conformance.harness.registry import BY_ID
 from conformance.harness.remedies import DID_NOT_FIX, NOT_VERIFIED, VERIFIED, verify
 from conformance.harness.world import World
 from ddp_conformance.faults.checks.bucket_config import judge_side_by_side
-from ddp_conformance.faults.checks.unused_parameters import verify_change
+from ddp_conformance.faults.checks.unused_parameters import TAX_DECIDES_NOTHING, verify_change
 from ddp_conformance.reports.keys import REMEDIES
 from tests.examples._variants import EXAMPLES, variant
 from tests.reports._runs import write_run
@@ -37,6 +37,10 @@ def test_static_graph_is_suggested_only_where_its_rerun_completes(suite_session)
     assert record.recommendation.startswith("The graph never changed, but keep static_graph off: re-run with "
                                             "static_graph=True and K=2 microbatches, this train_step raised")
     assert "pytorch/pytorch#143580" in record.recommendation
+    # Every parameter used with find_unused_parameters off: nothing depends on the flag's cost,
+    # so it is not timed (before: the tax's 3 wraps and ~14 steps ran, and the pass quoted it).
+    assert record.evidence["tax"] == {"measured": False, "reason": TAX_DECIDES_NOTHING}
+    assert record.message.endswith(f"(find_unused_parameters stays off: {TAX_DECIDES_NOTHING})"), record.message
 
 
 @pytest.mark.chaos
