@@ -103,6 +103,9 @@ def traceback_excerpt(traceback: str, limit: int = 3000) -> str:
     keep = min(len(message), limit // 4)
     cut = message[:keep] + (" [...]" if keep < len(message) else "")
     return head[-(limit - len(cut) - 1):] + "\n" + cut
+
+
+def _compiling(stack: str) -> bool:
     """True when a frame of ``stack`` runs a compilation: a COMPILING_FRAMES file in a function,
     not in ``<module>`` (that frame is only the file being imported: ``import torch._dynamo``,
     which DDP's constructor does, is not a compile, and a model that never compiles is never
