@@ -185,6 +185,17 @@ def test_bucket_judge_fails_on_a_wrong_diagnosis_and_names_it(spoil: Callable[..
     assert re.search(message, outcome.message), outcome.message
 
 
+def test_bucket_judge_under_attach_judges_the_sweep_and_says_the_mismatch_was_not_run() -> None:
+    # No supervised world under --attach: the mismatch reproduction (it aborts a process on
+    # purpose) does not run, and its absence is no failure of the node or of DDP.
+    by_cap, _ = _bucket_inputs()
+    outcome = bucket_config._judge_injected(by_cap, None, {"best_bucket_cap_mb": 1.0}, {})
+    assert outcome.status == "passed", outcome.message
+    assert "caps differing across ranks not reproduced here" in outcome.message
+    by_cap[0.01].update(buckets=2)
+    assert bucket_config._judge_injected(by_cap, None, {"best_bucket_cap_mb": 1.0}, {}).status == "failed"
+
+
 def _configured_sweep(*, conf_buckets: int, best_buckets: int, penalty: float, clear_gap: bool) -> dict[str, Any]:
     """A --target sweep: the configured 25 MB cap against the fastest 1 MB one."""
     return {"configured": 25.0, "best": 1.0, "penalty": penalty, "clear_gap": clear_gap,
