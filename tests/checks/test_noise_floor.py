@@ -94,6 +94,11 @@ def test_a_floor_too_wide_for_the_smallest_bug_cannot_distinguish_it():
     assert re.search(r"cannot distinguish a loss divided by the world size or summed \(factor 1/2\) "
                      r"\(gradients off by 0.5 of their scale\) .* already differ by 0.2 of the "
                      r"scale of 'w', and the bound \(margin 4 x floor\) is 0.8", message), message
+    assert "from its own rounding" in message
+    # A forward that draws random numbers: the floor measured the draws, and the message says so
+    # (guided-diffusion's noised classifier read "from its own rounding").
+    drawn = wide.indistinguishable(world_size=2, microbatches=1, random=True) or ""
+    assert "from the random numbers its forward draws" in drawn and "rounding" not in drawn
 
 
 def test_compression_bounds_per_hook():

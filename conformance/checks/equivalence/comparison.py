@@ -195,7 +195,7 @@ class Equivalence:
             return (f"this configuration cannot distinguish {what} from the comm hook's "
                     f"approximation: {why}; compare with PowerSGD's start_powerSGD_iter above "
                     f"the check's {self.plan.steps} steps, or without the hook")
-        wide = self.floor.indistinguishable(world_size=n, microbatches=k)
+        wide = self.floor.indistinguishable(world_size=n, microbatches=k, random=self.random_forward)
         if wide is None and bound > 0:
             bug, what = smallest_bug(world_size=n, microbatches=k)
             if bound >= bug:

@@ -150,15 +150,19 @@ class Floor:
             out.append(replace(d, allowed_rel=bound) if bound > 0 else d)
         return out
 
-    def indistinguishable(self, *, world_size: int, microbatches: int) -> str | None:
-        """Why a pass would prove nothing (the bound admits the smallest scaling bug), or None."""
+    def indistinguishable(self, *, world_size: int, microbatches: int, random: bool = False) -> str | None:
+        """Why a pass would prove nothing (the bound admits the smallest scaling bug), or None.
+        ``random``: the forward draws random numbers, which is then what the floor measured,
+        not rounding (the twin draws other values than the reference)."""
         if self.grad_bound <= 0:
             return None
         bug, what = smallest_bug(world_size=world_size, microbatches=microbatches)
         if self.grad_bound < bug:
             return None
+        source = ("the random numbers its forward draws (with dropout off: N ranks and one process draw "
+                  "other values)" if random else "its own rounding")
         return (f"this configuration cannot distinguish {what} (gradients off by {fmt(bug)} of "
-                f"their scale) from its own rounding: two equivalent single-process runs (the "
+                f"their scale) from {source}: two equivalent single-process runs (the "
                 f"whole batch vs its {self.twin_microbatches} microbatches) already differ by "
                 f"{fmt(self.grad_rel or 0.0)} of the scale of {self.grad_tensor!r}, and the bound "
                 f"(margin {self.margin:g} x floor) is {fmt(self.grad_bound)}")

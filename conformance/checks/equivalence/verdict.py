@@ -98,9 +98,11 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
         return Outcome.inconclusive(
             f"{what} cannot be judged: {wide}; measured: {key_figure(eq)}",
             metrics=metrics, evidence=evidence,
-            recommendation="judge this configuration's equivalence in a less noisy variant (fp32, "
-                           "no compression) or with a larger batch per microbatch; the floor and "
-                           "its bound are in the record")
+            # Randomness left in forward widens the floor: a quieter dtype would not narrow it.
+            recommendation=RANDOM_FORWARD if eq.random_forward else
+            "judge this configuration's equivalence in a less noisy variant (fp32, "
+            "no compression) or with a larger batch per microbatch; the floor and "
+            "its bound are in the record")
     causes, decidable = hints(eq)
     before_ok = eq.grads_ok and eq.pre_clip_ok and eq.same_first_step and (
         eq.flip is not None and (eq.first_bad_step is None or eq.first_bad_step >= eq.flip.step)
