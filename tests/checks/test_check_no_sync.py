@@ -126,3 +126,19 @@ def test_the_advice_leads_with_the_fix_for_the_measured_factor(suite_session, ta
     assert record.status == "failed" and cause in record.message, record.message
     assert record.recommendation.startswith(fix), record.recommendation
     assert "no_sync()" not in record.recommendation
+
+
+def test_a_schedule_advanced_per_microbatch_fails_on_the_learning_rate(suite_session):
+    # The noise floor's twin (one process on the N·K microbatches) advances the same schedule
+    # N·K times a step: its floor covered the parameters' drift and the check passed. The rate
+    # each optimizer.step() used is compared with the reference's itself.
+    record = run_check(suite_session, "no-sync-equivalence", "schedule_per_microbatch")
+    assert record.status == "failed", record.message
+    assert record.message.startswith("accumulating K=4 microbatches trains at another learning rate than the "
+                                     "single-process step: optimizer.step() at step 0 used learning rate 0.06561 "
+                                     "on rank 0 but 0.09 in the single-process step"), record.message
+    assert record.evidence["learning_rate_mismatch"] == {"step": 0, "rank": 0, "param_group": 0,
+                                                         "lr": pytest.approx(0.1 * 0.9 ** 4), "reference_lr": pytest.approx(0.09)}
+    assert "once per optimizer.step()" in record.recommendation
+    # Without accumulation (K=1) the schedule advances once per step on both sides: a pass.
+    assert run_check(suite_session, "gradient-equivalence", "schedule_per_microbatch").status == "passed"

@@ -21,6 +21,7 @@ from .hypotheses import Scale, scale_causes
 from .records import RankRecord
 from .recording import RunPlan
 from .routing import Flip
+from .schedule import RateMismatch, first_rate_mismatch
 from .sensitivity import Sensitivity
 from .tensors import TensorDiff, fmt, worst
 
@@ -148,6 +149,11 @@ class Equivalence:
     def random_forward(self) -> bool:
         """Forward draws random numbers with dropout switched off, on some side (``randomness``)."""
         return any(self.per_rank("rng_in_forward")) or bool(self.reference.get("rng_in_forward"))
+
+    @property
+    def rate_mismatch(self) -> RateMismatch | None:
+        """The first optimizer step whose learning rate differs from the reference's (``schedule``)."""
+        return first_rate_mismatch(self.reference, self.ranks)
 
     def per_rank(self, key: PerRank) -> list[Any]:
         return [r.get(key) for r in self.ranks]

@@ -174,6 +174,9 @@ def _measured(eq: Equivalence) -> tuple[list[str], bool]:
     late = None if bypass else unsynchronised_cause(eq.ranks, step=int(eq.ranks[0].get("grads0_step") or 0))
     if late:
         causes.append(late)
+    rate = eq.rate_mismatch
+    if rate is not None:
+        causes.append(rate.message())
     rng = any(eq.per_rank("rng_in_forward")) or bool(eq.reference.get("rng_in_forward"))
     if rng:
         causes.append("forward still draws random numbers after every dropout was switched off "

@@ -69,6 +69,7 @@ from .records import GradientSlice, LossSplit, RankRecord, SetupSlice
 from .shards import local_slices, shard_factor
 from .start_loss import measure_start_loss
 from .wide_sums import sum64
+from .schedule import learning_rates
 from .snapshots import SnapshotWriter, compare_snapshot, has_snapshot, read_snapshot
 
 # Snapshot labels of the reference (``snapshots``): the initial weights, the first step's
@@ -180,7 +181,7 @@ class Gradients(Probe):
     bad: str | None = None  # the first non-finite gradient at this step's optimizer.step()
     out: GradientSlice = field(default_factory=lambda: GradientSlice(
         optimizer_steps=[], params=[], digests=[], nonfinite=None, manual_update=[], grad_norms=[],
-        update_bounds=[]))
+        update_bounds=[], learning_rates=[]))
     #: The parameters' fingerprint (``_fingerprint``) at this step's start and at each forward
     #: since, taken until an optimizer step is seen: a train_step that changes them with no
     #: optimizer step updates them by hand (``_by_hand``), ``hand_updates`` times so far.
@@ -191,6 +192,7 @@ class Gradients(Probe):
     # (``adaptive``: the later steps' gradients and the parameters' floor under Adam).
     norms: dict[str, float | None] | None = None
     bound: float | None = None
+    rates: list[float] | None = None  # this step's learning rates at its first optimizer.step() (``schedule``)
 
     def attach(self, stack: contextlib.ExitStack) -> None:
         import torch
@@ -266,6 +268,7 @@ class Gradients(Probe):
         if self.norms is None:
             self.norms = norms = gradient_norms(named)
             self.bound = update_bound(self.optimizer)
+            self.rates = learning_rates(self.optimizer)
             self.bad = first_nonfinite_of_norms(named, norms)
         else:
             self.bad = first_nonfinite(named)
@@ -282,7 +285,7 @@ class Gradients(Probe):
         assert self.recorder is not None
         self.step = step.index
         self.recorder.reset()
-        self.bad, self.norms, self.bound = None, None, None
+        self.bad, self.norms, self.bound, self.rates = None, None, None, None
         if "grads0" not in self.out:
             self.found.clear()
         self.last, self.hand_updates = self._fingerprint(), 0
@@ -298,6 +301,7 @@ class Gradients(Probe):
         self.out["optimizer_steps"].append(self.recorder.steps or self.hand_updates)
         self.out["grad_norms"].append(self.norms)
         self.out["update_bounds"].append(self.bound)
+        self.out["learning_rates"].append(self.rates)
         if self.out["nonfinite"] is None:
             # The forward hook saw finite outputs this step: a NaN/Inf gradient then comes from
             # the loss computed on them, or from the backward.

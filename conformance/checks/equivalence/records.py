@@ -135,6 +135,8 @@ class GradientSlice(TypedDict, total=False):
     #: and the largest change an adaptive optimizer's update could make (None: not adaptive).
     grad_norms: list[dict[str, float | None] | None]
     update_bounds: list[float | None]
+    #: Per step, each param group's learning rate at its first optimizer.step() (None: no step).
+    learning_rates: list[list[float] | None]
 
 
 class RankRecord(SetupSlice, AllReduceSlice, ForwardCountSlice, SyncFlagSlice, DataSlice, RoutingSlice, CompileSlice,

@@ -22,6 +22,7 @@ from . import presentation
 from .presentation import key_figure, mismatch_message
 from .batch_layout import unmapped
 from .routing import explains, flip_message
+from .schedule import FIX as RATE_FIX
 
 
 #: What a user can do about randomness in forward. "Switch it off" cannot apply to a model whose
@@ -84,25 +85,7 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
                            "microbatch outside no_sync), call the DDP model, and make nothing in the "
                            "step depend on the rank; " + recommendation)
     if eq.ok:
-        wide = eq.indistinguishable()
-        if wide is None and eq.flip is not None:
-            # Within every bound, but the top-k routing parted: past the flip the runs
-            # legitimately differ, and the later steps' bounds (Adam's update rule, a tenth of
-            # the smallest scaling bug) are too loose to tell a bug there from the flip.
-            return _past_flip(eq, what, metrics, evidence)
-        if wide is None:
-            return None
-        # Within the bound, but the bound would let the smallest scaling bug through too:
-        # a pass here would be vacuous (docs/numerics.md).
-        metrics["key_figure"] = "noise floor too wide to judge"
-        return Outcome.inconclusive(
-            f"{what} cannot be judged: {wide}; measured: {key_figure(eq)}",
-            metrics=metrics, evidence=evidence,
-            # Randomness left in forward widens the floor: a quieter dtype would not narrow it.
-            recommendation=RANDOM_FORWARD if eq.random_forward else
-            "judge this configuration's equivalence in a less noisy variant (fp32, "
-            "no compression) or with a larger batch per microbatch; the floor and "
-            "its bound are in the record")
+        return _matched(eq, what, metrics, evidence)
     causes, decidable = hints(eq)
     before_ok = eq.grads_ok and eq.pre_clip_ok and eq.same_first_step and (
         eq.flip is not None and (eq.first_bad_step is None or eq.first_bad_step >= eq.flip.step)
@@ -135,6 +118,41 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
         # cause and size in the message: the user decides whether to normalise globally.
         recommendation = GLOBAL_COUNT
     return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)
+
+
+def _matched(eq: Equivalence, what: str, metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome | None:
+    """Every compared tensor within its bound: None (the caller decides pass), unless a pass
+    would prove nothing (a bound that admits the smallest scaling bug, the routing parted) or
+    the learning rates themselves differ (``schedule``: the floor's twin advanced the same
+    schedule and widened the bound over it)."""
+    rate = eq.rate_mismatch
+    if rate is not None:
+        metrics["key_figure"] = f"learning rate differs from step {rate.step}"
+        return Outcome.failed(
+            f"{what} trains at another learning rate than the single-process step: {rate.message()} "
+            + (f"(the gradients and parameters stayed within the noise floor's bounds, whose twin advanced "
+               f"the same schedule: {key_figure(eq)})" if eq.floor.measured else
+               f"(the gradients and parameters stayed within their tolerances: {key_figure(eq)})"),
+            metrics=metrics, evidence={**evidence, "learning_rate_mismatch": rate.to_json()}, recommendation=RATE_FIX)
+    wide = eq.indistinguishable()
+    if wide is None and eq.flip is not None:
+        # Within every bound, but the top-k routing parted: past the flip the runs
+        # legitimately differ, and the later steps' bounds (Adam's update rule, a tenth of
+        # the smallest scaling bug) are too loose to tell a bug there from the flip.
+        return _past_flip(eq, what, metrics, evidence)
+    if wide is None:
+        return None
+    # Within the bound, but the bound would let the smallest scaling bug through too:
+    # a pass here would be vacuous (docs/numerics.md).
+    metrics["key_figure"] = "noise floor too wide to judge"
+    return Outcome.inconclusive(
+        f"{what} cannot be judged: {wide}; measured: {key_figure(eq)}",
+        metrics=metrics, evidence=evidence,
+        # Randomness left in forward widens the floor: a quieter dtype would not narrow it.
+        recommendation=RANDOM_FORWARD if eq.random_forward else
+        "judge this configuration's equivalence in a less noisy variant (fp32, "
+        "no compression) or with a larger batch per microbatch; the floor and "
+        "its bound are in the record")
 
 
 def _nonfinite(eq: Equivalence, metrics: dict[str, Any], evidence: dict[str, Any]) -> Outcome | None:
