@@ -169,15 +169,17 @@ def test_sigterm_of_plain_pytest_is_an_interrupt_with_an_incomplete_report(pytes
 def test_a_perf_only_selection_fails_the_session_with_the_verdicts_reason(pytester: pytest.Pytester,
                                                                          tmp_path, report_dir: bool) -> None:
     # Every item passes, yet nothing verified the training step: the CLI exits 3 for this run,
-    # so a CI job gating on pytest's status must not go green either.
+    # so a CI job gating on pytest's status must not go green either. A diagnosis check that
+    # judges no timing (hang-detection): a timed one (allreduce-bandwidth) is inconclusive on a
+    # host too noisy to fit, and its item then fails for that reason (seen in CI under load).
     out = ["--ddp-report-dir", str(tmp_path / "out")] if report_dir else []
     result = pytester.runpytest_subprocess("--pyargs", "conformance.suite", "--ddp-target", "mlp",
-                                           "--ddp-checks", "allreduce-bandwidth", "--ddp-backend", "gloo",
+                                           "--ddp-checks", "hang-detection", "--ddp-backend", "gloo",
                                            "-p", "no:cacheprovider", *out, timeout=240)
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*[[]ddp[]] verdict: inconclusive: no correctness check passed: the checks that "
-                                 "ran (allreduce-bandwidth) measure performance or diagnosis*"])
+                                 "ran (hang-detection) measure performance or diagnosis*"])
 
 
 def test_a_verified_step_without_a_report_dir_exits_0(pytester: pytest.Pytester) -> None:

@@ -51,9 +51,9 @@ class RateMismatch:
 
     def message(self) -> str:
         return (f"optimizer.step() at step {self.step} used learning rate {self.got:.6g} on rank {self.rank} "
-                f"but {self.ref:.6g} in the single-process step (param group {self.group}): the schedule "
-                f"advances with something other than the optimizer steps (a scheduler stepped per "
-                f"microbatch, or counting every process's steps)")
+                f"but {self.ref:.6g} in the single-process step (param group {self.group}): after the same "
+                f"optimizer steps on both sides, the schedule moves with something else (such as a "
+                f"scheduler stepped per microbatch, or a count of every process's steps)")
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "rank": self.rank, "param_group": self.group, "lr": self.got,
