@@ -28,3 +28,24 @@ def test_the_first_differing_step_and_rank_is_named_and_steps_without_a_step_are
     found = first_rate_mismatch(ref, [late, early])
     assert found is not None and (found.step, found.rank, found.got, found.ref) == (1, 0, 0.081, 0.09)
     assert "at step 1 used learning rate 0.081 on rank 0 but 0.09" in found.message()
+
+
+def test_a_rate_that_differs_under_a_random_forward_is_undecided_not_failed():
+    # A schedule that follows the loss (ReduceLROnPlateau) parts with random draws alone.
+    from conformance.checks.equivalence import judge
+    from conformance.checks.equivalence.floor import Floor
+
+    from .test_noise_floor import _equivalence
+
+    eq = _equivalence(Floor(0.0, 0.0, 2), 0.0)
+    eq.reference["learning_rates"] = [[0.1]]
+    for record in eq.ranks:
+        record["learning_rates"] = [[0.05]]
+    failed = judge(eq, what="the DDP step", recommendation="r")
+    assert failed is not None and failed.status == "failed"
+    assert failed.evidence["learning_rate_mismatch"]["reference_lr"] == 0.1
+    for record in eq.ranks:
+        record["rng_in_forward"] = True
+    undecided = judge(eq, what="the DDP step", recommendation="r")
+    assert undecided is not None and undecided.status == "inconclusive", undecided.message
+    assert "a schedule that follows the loss would part for that reason alone" in undecided.message

@@ -126,6 +126,14 @@ def _matched(eq: Equivalence, what: str, metrics: dict[str, Any], evidence: dict
     the learning rates themselves differ (``schedule``: the floor's twin advanced the same
     schedule and widened the bound over it)."""
     rate = eq.rate_mismatch
+    if rate is not None and eq.random_forward:
+        # A schedule that follows the loss (ReduceLROnPlateau) parts with random draws alone.
+        metrics["key_figure"] = f"learning rate differs from step {rate.step}, forward random"
+        return Outcome.inconclusive(
+            f"{what} cannot be judged: {rate.message()}; but forward draws random numbers with dropout off, "
+            f"so a schedule that follows the loss would part for that reason alone",
+            metrics=metrics, evidence={**evidence, "learning_rate_mismatch": rate.to_json()},
+            recommendation=RANDOM_FORWARD)
     if rate is not None:
         metrics["key_figure"] = f"learning rate differs from step {rate.step}"
         return Outcome.failed(
