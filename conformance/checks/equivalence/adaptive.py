@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .hypotheses import NEGLIGIBLE, SPREAD
+from .schedule import rate_of
 from .tensors import fmt
 from .wide_sums import norm64
 
@@ -56,8 +57,6 @@ def update_bound(optimizer: Any) -> float | None:
     whatever its gradient, or None (not an adaptive optimizer: its update scales with the
     gradient, and the twin's floor covers it). Read in the step pre-hook: the step count is
     the one before this step."""
-    import torch
-
     if not any(cls.__name__ in ADAPTIVE and cls.__module__.startswith("torch.optim")
                for cls in type(optimizer).__mro__):
         return None
@@ -66,8 +65,7 @@ def update_bound(optimizer: Any) -> float | None:
         beta1, beta2 = (float(b) for b in group["betas"])
         done = [float(s["step"]) for p in group["params"] if (s := optimizer.state.get(p)) and "step" in s]
         step = int(max(done, default=0.0)) + 1
-        lr = float(group["lr"]) if not isinstance(group["lr"], torch.Tensor) else float(group["lr"].item())
-        bound = max(bound, lr * _ratio_bound(step, beta1, beta2))
+        bound = max(bound, rate_of(group["lr"]) * _ratio_bound(step, beta1, beta2))
     return bound
 
 

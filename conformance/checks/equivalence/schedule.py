@@ -29,14 +29,15 @@ def learning_rates(optimizer: Any) -> list[float] | None:
     groups = getattr(optimizer, "param_groups", None)
     if not isinstance(groups, (list, tuple)):
         return None
-    rates = []
-    for group in groups:
-        lr: Any = group.get("lr") if isinstance(group, dict) else None
-        try:
-            rates.append(float(lr.item()) if hasattr(lr, "item") else float(lr))
-        except (TypeError, ValueError, RuntimeError):
-            return None
-    return rates
+    try:
+        return [rate_of(group.get("lr") if isinstance(group, dict) else None) for group in groups]
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def rate_of(lr: Any) -> float:
+    """A param group's ``lr`` as a number: a float, or a 0-dim tensor (fused/capturable optimizers)."""
+    return float(lr.item()) if hasattr(lr, "item") else float(lr)
 
 
 @dataclass(frozen=True, slots=True)

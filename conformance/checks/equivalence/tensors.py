@@ -314,13 +314,22 @@ def _densified(got: Any, ref: Any) -> tuple[Any, Any, _Rows | None]:
     return rows_of(got), rows_of(ref), _Rows(index, width)
 
 
+def stored_values(tensor: Any) -> Any:
+    """The values a sparse COO tensor stores, duplicates summed (a sparse gradient of an
+    ``EmbeddingBag(sparse=True)`` repeats an index per lookup): its sums and norms are theirs,
+    and ``torch.linalg.vector_norm`` has no sparse kernel. Any other tensor: itself."""
+    import torch
+
+    if getattr(tensor, "layout", None) == torch.sparse_coo:
+        return tensor.detach().coalesce().values()
+    return tensor
+
+
 def _norm_sq(tensor: Any) -> tuple[float, bool]:
     """(sum of squares, all finite) of one tensor, chunk by chunk on its device."""
     import torch
 
-    if tensor.layout == torch.sparse_coo:
-        tensor = tensor.detach().coalesce().values()  # the stored values; every other element is 0
-    flat = tensor.detach().reshape(-1)
+    flat = stored_values(tensor).detach().reshape(-1)  # a sparse tensor's other elements are 0
     total = 0.0
     step = chunk_for(flat.device)
     for start in range(0, flat.numel(), step):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tensors import DEVICE_CHUNK
+from .tensors import DEVICE_CHUNK, stored_values
 
 #: Elements per chunk on a CPU: torch's grain size, below which a reduction takes one thread.
 CPU_CHUNK = 1 << 15
@@ -44,22 +44,11 @@ def _chunks(tensor: Any) -> Any:
     return (flat[start:start + step] for start in range(0, flat.numel(), step))
 
 
-def _stored(tensor: Any) -> Any:
-    """The values a sparse COO tensor stores, duplicates summed (a sparse gradient of an
-    ``EmbeddingBag(sparse=True)`` repeats an index per lookup): its sums and norms are theirs,
-    and ``torch.linalg.vector_norm`` has no sparse kernel. Any other tensor: itself."""
-    import torch
-
-    if getattr(tensor, "layout", None) == torch.sparse_coo:
-        return tensor.detach().coalesce().values()
-    return tensor
-
-
 def sum64(tensor: Any) -> float:
     """The sum of ``tensor``'s elements, accumulated in float64 (NaN/Inf propagate)."""
     import torch
 
-    tensor = _stored(tensor)
+    tensor = stored_values(tensor)
     chunks = _chunks(tensor)
     if chunks is None:
         return float(tensor.detach().sum(dtype=torch.float64))
@@ -73,7 +62,7 @@ def norm64(tensor: Any) -> float:
     """The 2-norm of ``tensor``, its squares accumulated in float64 (NaN/Inf propagate)."""
     import torch
 
-    tensor = _stored(tensor)
+    tensor = stored_values(tensor)
     chunks = _chunks(tensor)
     if chunks is None:
         return float(torch.linalg.vector_norm(tensor.detach(), dtype=torch.float64))
