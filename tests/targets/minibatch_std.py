@@ -36,10 +36,12 @@ class MinibatchStd(nn.Module):
 
 
 class Discriminator(nn.Module):
-    def __init__(self) -> None:
+    """``stddev``: the batch statistic (minibatch_std_fixed_groups.py passes its own)."""
+
+    def __init__(self, stddev: nn.Module | None = None) -> None:
         super().__init__()
         self.features = nn.Linear(FEATURES, 16)
-        self.stddev = MinibatchStd()
+        self.stddev = stddev if stddev is not None else MinibatchStd()
         self.head = nn.Linear(17, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

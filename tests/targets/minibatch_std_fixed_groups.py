@@ -11,10 +11,9 @@ gradient-equivalence, no-sync-equivalence and shared-weights pass.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from minibatch_std import FEATURES, ddp_kwargs, forward_loss, make_batch  # noqa: F401  (the target's own folder)
+from minibatch_std import Discriminator, ddp_kwargs, forward_loss, make_batch  # noqa: F401  (the target's own folder)
 
 GROUP = 2
 
@@ -26,16 +25,5 @@ class GroupStd(nn.Module):
         return torch.cat([x, std.repeat_interleave(GROUP)[:, None]], 1)
 
 
-class Discriminator(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Linear(FEATURES, 16)
-        self.stddev = GroupStd()
-        self.head = nn.Linear(17, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(F.leaky_relu(self.stddev(F.leaky_relu(self.features(x), 0.2)), 0.2))
-
-
 def build_model() -> nn.Module:
-    return Discriminator()
+    return Discriminator(GroupStd())
