@@ -9,7 +9,6 @@ stays cheap for the supervisor. Which rows of a batch rank r gets: ``harness.sha
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,18 +233,14 @@ def grad_state(model: Any) -> dict[str, Any]:
 
 def tensor_digest(tensor: Any) -> str:
     """Exact identity of a tensor's values (dtype and shape included): equal digests mean
-    bit-identical tensors, which is what DDP promises for parameters across ranks. An FSDP2
-    DTensor is digested as ``parallel.comparable`` has it (a sharded one gathered: a collective)."""
-    import torch
-
+    bit-identical tensors, which is what DDP promises for parameters across ranks. The suite's
+    one digest (``digest.py``), taken where the tensor lives: a model's parameters are not
+    copied to the host to be digested. An FSDP2 DTensor is digested as ``parallel.comparable``
+    has it (a sharded one gathered: a collective)."""
+    from .digest import digest
     from .parallel import comparable
 
-    t = comparable(tensor.detach()).cpu().contiguous()
-    h = hashlib.sha1(f"{t.dtype}{tuple(t.shape)}".encode())
-    if t.numel():
-        # The tensor's own buffer, hashed in place: no second copy of its bytes.
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()[:16]
+    return digest(comparable(tensor.detach()))
 
 
 def logging_data(ddp_model: Any) -> dict[str, Any]:

@@ -248,7 +248,7 @@ def test_with_a_device_per_rank_a_quarter_slower_in_every_step_is_named() -> Non
 def test_both_digests_catch_every_single_flip_and_keep_equal_tensors_equal() -> None:
     import torch
 
-    from ddp_conformance.faults.checks.node_health.digests import digest, weighted_sum
+    from conformance.harness.digest import digest, weighted_sum
     from ddp_conformance.faults.corruption import flipped
 
     x = torch.randn(257)
@@ -264,7 +264,8 @@ def test_both_digests_catch_every_single_flip_and_keep_equal_tensors_equal() -> 
 def test_a_sparse_gradient_is_digested_as_stored_and_differences_compare_densely() -> None:
     import torch
 
-    from ddp_conformance.faults.checks.node_health.digests import difference, digest
+    from conformance.harness.digest import digest
+    from ddp_conformance.faults.checks.node_health.digests import difference
 
     # EmbeddingBag(sparse=True)'s gradient: COO, an index repeated (uncoalesced).
     def grad(values: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -284,7 +285,7 @@ def test_a_sparse_gradient_is_digested_as_stored_and_differences_compare_densely
 def test_the_cpu_digest_catches_flips_that_cancel_in_its_word_sum_and_covers_a_short_tail() -> None:
     import torch
 
-    from ddp_conformance.faults.checks.node_health.digests import _word_sum, digest
+    from conformance.harness.digest import _word_sum, digest
 
     x = torch.zeros(5, dtype=torch.float32)  # 20 bytes: two 64-bit words and a 4-byte tail
     y = x.clone()
@@ -327,7 +328,7 @@ def test_corruption_acts_only_at_its_labelled_tensor_site_where_its_schedule_fir
 def test_the_device_digest_is_the_same_in_chunks_as_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from ddp_conformance.faults.checks.node_health import digests
+    from conformance.harness import digest as digests
 
     x = torch.randn(1000)
     whole = digests.weighted_sum(x)
@@ -477,7 +478,7 @@ def test_determinism_is_turned_on_only_with_the_cublas_setting_and_says_why_not(
 def test_the_device_digest_is_exact_on_every_dtype_it_meets() -> None:
     import torch
 
-    from ddp_conformance.faults.checks.node_health.digests import weighted_sum
+    from conformance.harness.digest import weighted_sum
     from ddp_conformance.faults.corruption import flipped
 
     # The GPU digest is device-agnostic torch: exercised here on CPU tensors of each width.

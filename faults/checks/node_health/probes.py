@@ -23,11 +23,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from conformance.harness.digest import digest
 from conformance.harness.observe import Probe, Slice, Step, unseen
 
 from ..._log import InjectionLog
 from ...sites import NO_FAULT, Fault, Site
-from .digests import digest, leaves
+from .digests import leaves
 
 #: The name of the whole model's output (a module's name is "" at the root).
 ROOT = "(model)"
