@@ -21,6 +21,12 @@ fresh world's ``pid``); on CUDA also ``device``: per device, the sum of the pers
 processes' ``torch.cuda.max_memory_allocated`` there / the training step's; supervisor and tree
 peaks in model copies.
 
+With ``--work`` (CPU ranks): a stack sampler in every rank process (``stack_sampler/``,
+``work_share.py``) splits each check's time into *work* -- the target's own forwards,
+backwards, all-reduces and optimizer steps, as many as the check's design runs -- and the rest,
+the check's overhead; printed per check as ``work`` in bare steps, and summed as
+``suite_work_steps`` at the largest size: what the suite would cost with no overhead at all.
+
 Then, at the largest size that ran, the lines the goals are read from:
 ``per_rank_memory`` (the largest ``rank/step``, want <= 1.25), ``per_device_memory`` (CUDA;
 skipped with the reason on CPU), ``gradient_equivalence_cost`` (its time / (6 x bare step):
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -52,6 +59,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import work_share  # noqa: E402 - benchmarks/work_share.py, beside this file
 
 if TYPE_CHECKING:
     from conformance.harness.world import RankContext
@@ -70,6 +80,11 @@ MODEL_DOMINATED = 8.0
 #: The host memory a size's run may leave before MemoryGuard stops it.
 LOW_MEMORY = 2 << 30
 GRADIENT_CHECK = "gradient-equivalence"
+#: ``--work``: the stack sampler's directory (the rank processes' PYTHONPATH) and its variable.
+SAMPLER = Path(__file__).resolve().parent / "stack_sampler"
+SAMPLE_DIR_ENV = "DDP_CONFORMANCE_SAMPLE_DIR"
+#: Longer than the sampler's flush period (1 s): a reading then has every sample before it.
+FLUSH_WAIT_S = 1.2
 
 
 def width_for(params: int) -> int:
@@ -190,6 +205,8 @@ class Row:
     #: Per device: the sum of the suite's processes' CUDA peaks there / the training step's.
     device_ratio: float | None = None
     step_rss: int = 0  # the training step's per-rank peak over the baseline, at this size
+    #: Seconds of the check's time that were its own training work (``--work``; work_share.py).
+    work_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,8 +306,17 @@ def rank_memory(peaks: dict[str, int], baseline: Baseline) -> tuple[float | None
     return (peak - baseline.rss) / baseline.step_rss, label
 
 
-def run_size(label: str, path: str, checks: list[str], deadline: float) -> list[Row]:
-    """Every selected check on one size, under a MemoryGuard: its rows."""
+def _samples(folder: Path | None) -> dict[int, Any]:
+    """The stack sampler's totals so far (after its next flush), or {} without ``--work``."""
+    if folder is None:
+        return {}
+    time.sleep(FLUSH_WAIT_S)
+    return work_share.read(folder)
+
+
+def run_size(label: str, path: str, checks: list[str], deadline: float, samples: Path | None = None) -> list[Row]:
+    """Every selected check on one size, under a MemoryGuard: its rows (``samples``: the stack
+    sampler's folder, for each check's work)."""
     from conformance.harness.registry import BY_ID
     from conformance.harness.resources import model_size
     from conformance.harness.session import Session, Settings
@@ -322,14 +348,18 @@ def run_size(label: str, path: str, checks: list[str], deadline: float) -> list[
             cuda = base.step_cuda is not None
             if cuda:
                 _cuda(worlds, reset=True)
+            before = _samples(samples)
             record, _ = session.run_check(BY_ID[cid], path)
+            work = (work_share.work_seconds(before, _samples(samples), world_size=session.settings.world_size,
+                                            reference={p for p, who in _labels(worlds).items() if who == "reference"})
+                    if samples is not None else None)
             device = _cuda(worlds, reset=False) if cuda else {}
             m = record.metrics
             ratio, who = rank_memory(m.get(PROCESS_PEAK_RSS) or {}, replace(base, labels=_labels(worlds)))
             rows.append(Row(label, params, nbytes, step_s, cid, record.status, record.duration_s,
                             m.get(SUPERVISOR_PEAK_RSS), m.get(TREE_PEAK_RSS), ratio, who,
                             max(device.values()) / base.step_cuda if device and base.step_cuda else None,
-                            base.step_rss))
+                            base.step_rss, work))
             print("  " + fmt_row(rows[-1]), flush=True)
             if record.status in ("failed", "inconclusive"):  # a cost is read with its outcome
                 print(f"    {record.status}: {record.message.strip().splitlines()[0][:300] if record.message else ''}",
@@ -349,7 +379,8 @@ def fmt_row(r: Row) -> str:
     tree = f"{r.tree_peak / 2**20:6.0f}" if r.tree_peak is not None else "     —"
     rank = f"{r.rank_ratio:5.2f} ({r.rank_label})" if r.rank_ratio is not None else "    — "
     dev = f"  device {r.device_ratio:5.2f}" if r.device_ratio is not None else ""
-    return (f"{r.check:24s} {r.status:12s} {r.duration_s:7.1f} s {r.duration_s / r.bare_step_s:7.1f} steps  "
+    work = f" (work {r.work_s / r.bare_step_s:5.1f})" if r.work_s is not None else ""
+    return (f"{r.check:24s} {r.status:12s} {r.duration_s:7.1f} s {r.duration_s / r.bare_step_s:7.1f} steps{work}  "
             f"rank/step {rank:18s}{dev}  supervisor {sup} MiB = {_copies(r.supervisor_peak, r.model_bytes)} x  "
             f"tree {tree} MiB = {_copies(r.tree_peak, r.model_bytes)} x model")
 
@@ -384,6 +415,10 @@ def summary(rows: list[Row], largest: str, smallest: str) -> list[str]:
     if at:
         steps = sum(r.duration_s for r in at) / at[0].bare_step_s
         lines.append(f"suite_cost_steps: {steps:.1f} ({len(at)} checks at {largest}; want <= 60)")
+        if all(r.work_s is not None for r in at):
+            work = sum(r.work_s or 0.0 for r in at) / at[0].bare_step_s
+            lines.append(f"suite_work_steps: {work:.1f} of the {steps:.1f} (the target's own steps, passes and "
+                         f"repetitions the checks' designs run; the rest is overhead)")
 
     def sup_peak(size: str) -> int | None:
         peaks = [r.supervisor_peak for r in rows if r.size == size and r.supervisor_peak is not None]
@@ -407,6 +442,8 @@ def main() -> int:
                         help="comma-separated check ids (default: every check of the full suite)")
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds per distributed call")
     parser.add_argument("--force", action="store_true", help="run sizes projected not to fit in memory")
+    parser.add_argument("--work", action="store_true",
+                        help="sample the rank processes' stacks: each check's own training work in bare steps")
     args = parser.parse_args()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     bad = [s for s in sizes if s not in SIZES]
@@ -423,6 +460,13 @@ def main() -> int:
 
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="model-scale-") as tmp:
+        samples = Path(tmp) / "stacks" if args.work else None
+        if samples is not None:
+            samples.mkdir()
+            # Read by the worlds' zygotes at their exec (a zygote started without it is replaced).
+            os.environ[SAMPLE_DIR_ENV] = str(samples)
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                [str(SAMPLER)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
         for label in sizes:
             width = width_for(SIZES[label])
             path = Path(tmp) / f"mlp_{label.replace('.', '_')}.py"
@@ -434,7 +478,7 @@ def main() -> int:
                       f"copies of a {nbytes / 2**20:.0f} MiB model on each of 2 ranks and the reference, "
                       f"x{HEADROOM}) > {avail / 2**30:.1f} GiB available (--force runs it anyway)", flush=True)
                 continue
-            rows += run_size(label, str(path), checks, args.deadline)
+            rows += run_size(label, str(path), checks, args.deadline, samples)
 
     print()
     print(f"{'size':>6s} {'check':24s} {'status':12s} {'time':>9s} {'in steps':>13s}")
