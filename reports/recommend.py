@@ -131,6 +131,13 @@ def _cliff(m: Mapping[str, Any], e: Mapping[str, Any]) -> str | None:
     cliff = _rank(m.get(CLIFF_WORLD_SIZE))
     if cliff is None:
         return None
+    if m.get("backend") == "gloo":
+        # Projected from gloo's link (sockets; on one host its loopback, ranks sharing the CPU
+        # cores with it): NCCL's settings change nothing there, and a GPU job's link is another.
+        return (f"Over gloo on this link, communication stops hiding behind backward from {cliff} ranks "
+                "on: for a gloo job raise gradient accumulation (no_sync) or bucket_cap_mb "
+                "(GLOO_SOCKET_IFNAME picks the interface gloo uses); a GPU job runs over another link: "
+                "project it on the production GPUs with --backend nccl.")
     return (f"Communication stops hiding behind backward from {cliff} ranks on: raise gradient "
             "accumulation (no_sync) or bucket_cap_mb, and check the fabric (NCCL_IB_HCA / "
             "NCCL_SOCKET_IFNAME pick the fast NIC, NCCL_P2P_DISABLE and NCCL_IB_DISABLE unset, "

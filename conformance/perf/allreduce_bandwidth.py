@@ -86,7 +86,8 @@ def run(ctx: CheckContext) -> Outcome:
                        cap_mb=ctx.target.ddp_kwargs.get("bucket_cap_mb"), deadline=ctx.deadline,
                        with_model=attempt == 1)
         model = model or {k: data[k] for k in MODEL_KEYS if k in data}
-        outcome = judge({**data, **model})
+        # The backend rides along: the advice for a projected cliff names its transport's settings.
+        outcome = judge({**data, **model, "backend": ctx.backend})
         if outcome.metrics.get("fit_sane", True):
             break
     return replace(outcome, metrics={**outcome.metrics, "sweep_attempts": attempt})
@@ -135,7 +136,7 @@ def judge(data: dict[str, Any]) -> Outcome:
     n = data["world_size"]
     points = _points(data["times"], data["wrong"], data["sizes"], n, data["iters"])
     metrics: dict[str, Any] = {"sweep": [p.to_metric() for p in points if p.usable],
-                               "key_figure": bw.key_figure(points)}
+                               "key_figure": bw.key_figure(points), "backend": data.get("backend")}
     hosts = sorted({r["hostname"] for r in data["ranks"]})
     nodes = sorted({r["node"] for r in data["ranks"]})
     evidence: dict[str, Any] = {"table": bw.nccl_tests_table(points), "ranks": data["ranks"],

@@ -74,6 +74,21 @@ def test_a_simulator_within_the_bound_states_its_projection(measured: dict[str, 
     assert "from 2 ranks on" in (recommend(_record(outcome)) or "")
 
 
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_the_advice_for_a_projected_cliff_names_the_settings_of_the_backend_it_was_measured_on(
+        measured: dict[str, Any], backend: str) -> None:
+    """A cliff projected from gloo's link: NCCL's fabric settings would name a cause that is not
+    there (they were advised on a gloo CPU run of openai/guided-diffusion's classifier)."""
+    outcome = judge({**_with_measured_step(measured, 1.0), "backend": backend})
+    assert outcome.metrics[keys.CLIFF_WORLD_SIZE] == 2 and outcome.metrics["backend"] == backend
+    advice = recommend(_record(outcome)) or ""
+    assert "from 2 ranks on" in advice
+    if backend == "gloo":
+        assert "NCCL_" not in advice and "GLOO_SOCKET_IFNAME" in advice and "--backend nccl" in advice
+    else:
+        assert "NCCL_IB_HCA" in advice and "GLOO_" not in advice
+
+
 def test_the_bound_is_the_edge(measured: dict[str, Any]) -> None:
     """Just inside the bound claims, just outside does not."""
     inside = judge(_with_measured_step(measured, 1 / (1 - SIMULATOR_ERROR_BOUND * 0.9)))
