@@ -128,6 +128,23 @@ def test_the_advice_leads_with_the_fix_for_the_measured_factor(suite_session, ta
     assert "no_sync()" not in record.recommendation
 
 
+def test_a_summed_loss_accumulated_without_no_sync_names_both_causes_the_gradients_first(suite_session):
+    # KellerJordan/cifar10-airbench's reduction="sum" step, accumulated: the factor 1/N named no
+    # cause ("not a uniform factor of N=2 or K=4"), the advice was the no_sync checklist, and the
+    # K rounds per step went unsaid behind the failed comparison.
+    record = run_check(suite_session, "no-sync-equivalence", "sum_loss_accumulated")
+    assert record.status == "failed", record.message
+    assert ("the loss is a sum over samples (reduction='sum') and is not divided by the K=4 accumulation "
+            "steps (factor 1/2") in record.message, record.message
+    assert "no known cause" not in record.message
+    assert record.message.endswith("; and 4 all-reduce rounds per optimizer step for K=4 microbatches instead "
+                                   "of 1 (a 4x communication waste)"), record.message
+    assert record.recommendation.startswith("Make the loss a mean over the samples (reduction='mean') and "
+                                            "divide it by the K=4 accumulation steps"), record.recommendation
+    assert record.recommendation.endswith("; then wrap every microbatch's forward and backward except the "
+                                          "last in model.no_sync() (or set model.require_backward_grad_sync=False)")
+
+
 def test_a_schedule_advanced_per_microbatch_fails_on_the_learning_rate(suite_session):
     # The noise floor's twin (one process on the N·K microbatches) advances the same schedule
     # N·K times a step: its floor covered the parameters' drift and the check passed. The rate

@@ -1,6 +1,6 @@
 """The measurements behind every named cause: a uniform gradient factor is recognised only
 when every compared gradient is the reference's times that one factor, and each factor names
-its bug (N, 1/(N·K), K, 1/K); anything else names no cause."""
+its bug (N, 1/(N·K), K, 1/K, 1/N under accumulation); anything else names no cause."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ def _times(factor: float) -> dict[str, torch.Tensor]:
     (4.0, 4, "not divided by the K=4 accumulation steps"),
     (0.25, 4, "divided by the K=4 accumulation steps once too often"),
     (0.125, 4, "a sum over samples (reduction='sum'), not a mean (factor 1/8"),
+    # cifar10-airbench's summed loss, accumulated over K microbatches with no /K: named no cause before.
+    (0.5, 4, "a sum over samples (reduction='sum') and is not divided by the K=4 accumulation steps (factor 1/2"),
 ])
 def test_a_uniform_factor_names_its_bug(factor, k, phrase):
     scale = scale_of([_times(factor), _times(factor)], REF)

@@ -157,6 +157,14 @@ def _scale_table(n: int, k: int, reference_microbatches: int, wrapper: str) -> l
             (1 / k, (f"the loss is divided by the K={k} accumulation steps once too often "
                      f"(factor 1/{k})"),
              f"Divide the loss by the K={k} accumulation steps once, not twice."),
+            # A summed loss accumulated without /K: each rank's gradient is the sum over its whole
+            # share of the batch (KellerJordan/cifar10-airbench's reduction="sum" step, accumulated).
+            (1 / n * reference_microbatches,
+             (f"the loss is a sum over samples (reduction='sum') and is not divided by the K={k} "
+              f"accumulation steps (factor 1/{n}: each process's gradient grows with its 1/{n} of the "
+              f"global batch) — or it is a mean divided by the world size"),
+             f"Make the loss a mean over the samples (reduction='mean') and divide it by the K={k} "
+             f"accumulation steps, not by the world size: {wrapper} already averages gradients over the ranks."),
         ]
     return table
 
