@@ -9,6 +9,7 @@ its later parameters show."""
 from __future__ import annotations
 
 from conformance.checks.equivalence.sensitivity import Sensitivity, needed
+from conformance.checks.equivalence.verdict import amplified_advice
 from conformance.checks.equivalence.tensors import TensorDiff, tolerance_for
 
 from ._check_helpers import target_spec
@@ -80,3 +81,12 @@ def test_the_message_names_batchnorm_only_over_two_samples():
     assert "BatchNorm normalised groups of 2 samples" in found.message(batchnorm_group=2)
     assert "BatchNorm" not in found.message(batchnorm_group=8)
     assert "BatchNorm" not in found.message(batchnorm_group=None)
+
+
+def test_the_advice_names_the_batch_size_wherever_batchnorm_normalised_groups():
+    # gpleiss/efficient_densenet_pytorch at lr 0.1: groups of 4, chaotic from step 2, and the
+    # advice named no setting (only groups of 2 or fewer got one); at global_batch_size 32 it passed.
+    assert "it normalised groups of 4: set a larger global_batch_size" in amplified_advice(4)
+    assert "over 2 samples its gradient is rounding's" in amplified_advice(2)
+    assert "BatchNorm" not in amplified_advice(None) and "global_batch_size" not in amplified_advice(None)
+
