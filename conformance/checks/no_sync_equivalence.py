@@ -183,5 +183,12 @@ def _with_rounds(verdict: Outcome, per_update: float, k: int, *, fsdp2: bool) ->
         verdict,
         message=f"{verdict.message}; and {per_update:g} {rounds} rounds per optimizer step for K={k} "
                 f"microbatches instead of 1 (a {per_update:g}x communication waste)",
-        recommendation=f"{verdict.recommendation.rstrip('.')}; then {fix}" if verdict.recommendation else fix)
+        recommendation=_then(verdict.recommendation, fix))
+
+
+def _then(first: str | None, fix: str) -> str:
+    """``fix`` after the advice ``first``: a sentence of its own after one that ended."""
+    if not first:
+        return fix
+    return f"{first} Then {fix}." if first.endswith(".") else f"{first}; then {fix}"
 

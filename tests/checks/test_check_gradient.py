@@ -100,6 +100,10 @@ def test_summed_loss_on_a_batchnorm_model_is_caught_and_named(suite_session):
     assert "the loss is a sum over samples (reduction='sum')" in record.message
     assert "world size (factor" not in record.message  # not blamed on a world-size rescale
     assert record.evidence["batchnorm_grouped"] == ["1", "4"]
+    # Both fixes: a mean (the learning rate then sees a gradient 1/B as large), or the sum kept x N.
+    assert record.recommendation.startswith("Make the loss a mean over the samples (reduction='mean'), not a sum")
+    assert record.recommendation.endswith("To keep the sum (and a learning rate tuned for it), multiply each "
+                                          "rank's loss by the world size N=2.")
 
 
 def test_forward_through_model_module_is_named_as_a_ddp_bypass(suite_session):

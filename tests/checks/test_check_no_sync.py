@@ -141,8 +141,10 @@ def test_a_summed_loss_accumulated_without_no_sync_names_both_causes_the_gradien
                                    "of 1 (a 4x communication waste)"), record.message
     assert record.recommendation.startswith("Make the loss a mean over the samples (reduction='mean') and "
                                             "divide it by the K=4 accumulation steps"), record.recommendation
-    assert record.recommendation.endswith("; then wrap every microbatch's forward and backward except the "
-                                          "last in model.no_sync() (or set model.require_backward_grad_sync=False)")
+    assert "To keep the sum (and a learning rate tuned for it), multiply each rank's loss by the world size " \
+           "N=2. Then" in record.recommendation
+    assert record.recommendation.endswith(" Then wrap every microbatch's forward and backward except the "
+                                          "last in model.no_sync() (or set model.require_backward_grad_sync=False).")
 
 
 def test_a_schedule_advanced_per_microbatch_fails_on_the_learning_rate(suite_session):

@@ -133,6 +133,12 @@ def scale_fixes(factor: float, *, world_size: int, microbatches: int,
             if value != 1 and abs(factor / value - 1) < SPREAD]
 
 
+#: The other fix of a summed loss: a mean divides the gradient by the batch size, so a learning
+#: rate tuned for the sum (KellerJordan/cifar10-airbench's reduction="sum" at batch 2000) would
+#: need retuning; N ranks' sums averaged by DDP, times N, are the global batch's sum again.
+_KEEP_SUM = "To keep the sum (and a learning rate tuned for it), multiply each rank's loss {times}."
+
+
 def _scale_table(n: int, k: int, reference_microbatches: int, wrapper: str) -> list[tuple[float, str, str]]:
     """(gradient factor, the bug it is the fingerprint of, that bug's fix)."""
     table: list[tuple[float, str, str]] = [
@@ -146,7 +152,9 @@ def _scale_table(n: int, k: int, reference_microbatches: int, wrapper: str) -> l
          + (" — or it is divided by the world size" if k == 1 else ""),
          "Make the loss a mean over the samples (reduction='mean'), not a sum"
          + (", and do not divide it by the world size" if k == 1 else "")
-         + f": {wrapper} already averages gradients over the ranks."),
+         + f": {wrapper} already averages gradients over the ranks. "
+         + _KEEP_SUM.format(times=f"by the world size N={n}" if k == 1 else
+                            f"by the world size N={n} instead of dividing it by the K={k} steps")),
     ]
     if k > 1:
         table += [
@@ -164,7 +172,8 @@ def _scale_table(n: int, k: int, reference_microbatches: int, wrapper: str) -> l
               f"accumulation steps (factor 1/{n}: each process's gradient grows with its 1/{n} of the "
               f"global batch) — or it is a mean divided by the world size"),
              f"Make the loss a mean over the samples (reduction='mean') and divide it by the K={k} "
-             f"accumulation steps, not by the world size: {wrapper} already averages gradients over the ranks."),
+             f"accumulation steps, not by the world size: {wrapper} already averages gradients over the ranks. "
+             + _KEEP_SUM.format(times=f"by the world size N={n}")),
         ]
     return table
 
