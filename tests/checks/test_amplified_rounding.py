@@ -73,6 +73,7 @@ def test_a_stable_run_still_fails_on_a_bug_only_its_later_parameters_show(suite_
     assert record.message.startswith("accumulating K=4 microbatches differs from the single-process "
                                      "step: parameters diverge from step 1")
     assert record.evidence["sensitivity"]["chaotic_from_step"] is None
+    assert record.recommendation.startswith("advance the learning-rate schedule once per optimizer.step()")
 
 
 def test_the_message_names_batchnorm_only_over_two_samples():

@@ -147,6 +147,16 @@ def test_a_summed_loss_accumulated_without_no_sync_names_both_causes_the_gradien
                                           "last in model.no_sync() (or set model.require_backward_grad_sync=False).")
 
 
+def test_a_schedule_per_microbatch_beside_a_per_microbatch_mean_gets_both_fixes(suite_session):
+    # microsoft/LoRA's examples/NLG step: both causes were named, the advice gave only the loss's.
+    record = run_check(suite_session, "no-sync-equivalence", "padded_lm_schedule_per_microbatch")
+    assert record.status == "failed", record.message
+    assert "optimizer.step() at step 0 used learning rate" in record.message
+    assert "the loss is not a mean over samples" in record.message
+    assert record.recommendation.startswith("advance the learning-rate schedule once per optimizer.step()")
+    assert "dist.all_reduce(n)" in record.recommendation
+
+
 def test_a_schedule_advanced_per_microbatch_fails_on_the_learning_rate(suite_session):
     # The noise floor's twin (one process on the N·K microbatches) advances the same schedule
     # N·K times a step: its floor covered the parameters' drift and the check passed. The rate

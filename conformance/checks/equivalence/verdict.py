@@ -107,7 +107,7 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
         return _random_forward(eq, what, cause, recommendation, metrics, evidence)
     if (untimed := _floor_ran_out_of_time(eq, what, causes, metrics, evidence)) is not None:
         return untimed
-    named = collective(eq)
+    named, specific = collective(eq), True
     if named:
         recommendation = named[0].fix  # the one change the named collective cause needs
     elif (fix := scale_fix(eq)) is not None:
@@ -117,6 +117,13 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
         # this is a measured deviation from it (one production DDP training has too), with its
         # cause and size in the message: the user decides whether to normalise globally.
         recommendation = GLOBAL_COUNT
+    else:
+        specific = False
+    if eq.rate_mismatch is not None:
+        # A measured cause of its own (the rates optimizer.step() used, ``schedule``), named in
+        # the message beside any other: its fix too (microsoft/LoRA's step advances its schedule
+        # per microbatch and normalises its loss per rank: the advice named only the loss).
+        recommendation = f"{RATE_FIX}; and {recommendation}" if specific else RATE_FIX
     return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)
 
 
