@@ -80,6 +80,8 @@ WARMUP = 2
 # Each cap is visited twice, in opposite orders (see sweep_rank): a drift of the host's speed
 # during the sweep then biases no end of the curve.
 PASSES = 2
+#: The advice of every verdict that this host's noise left undecided.
+NOISE_ADVICE = "Re-run bucket-config on an idle machine (or the production node)."
 #: A target run's evidence in place of the mismatch reproduction, so that its absence does not
 #: read as "not reproduced".
 MISMATCH_NOTE = ("not reproduced per target: caps that differ across ranks do what torch's DDP makes them do, "
@@ -477,7 +479,7 @@ def judge_rerun(outcome: Outcome, remedy: Remedy, result: dict[str, Any], *,
             f"bucket_cap_mb={configured:g} measured x{penalty:.2f} slower than {best:g} MB in the sweep (within its "
             f"noise); side by side x{speedup:.2f} once, then not again: {_remedy_text(confirm)}",
             metrics=outcome.metrics, evidence=evidence,
-            recommendation="Re-run bucket-config on an idle machine (or the production node).")
+            recommendation=NOISE_ADVICE)
     if remedy.verified and (speedup or 0.0) > PENALTY_LIMIT:
         return Outcome.failed(
             f"bucket_cap_mb={configured:g} is {speedup:.2f}x slower per step than {best:g} MB side by side "
@@ -495,7 +497,7 @@ def judge_rerun(outcome: Outcome, remedy: Remedy, result: dict[str, Any], *,
     return Outcome.inconclusive(
         f"bucket_cap_mb={configured:g} measured x{penalty:.2f} slower than {best:g} MB in the sweep ({why}): "
         f"{_remedy_text(remedy)}", metrics=outcome.metrics, evidence=evidence,
-        recommendation="Re-run bucket-config on an idle machine (or the production node).")
+        recommendation=NOISE_ADVICE)
 
 
 def _remedy_text(remedy: Remedy) -> str:
@@ -529,7 +531,7 @@ def judge_configured(result: dict[str, Any], metrics: dict[str, Any], evidence: 
             f"bucket_cap_mb={configured:g} measured x{penalty:.2f} slower than {best:g} MB in the median "
             f"({buckets_conf} vs {buckets_best} buckets), but their step-time quartiles overlap: noise on "
             f"this host cannot be told from the bucket size", metrics=metrics, evidence=evidence,
-            recommendation="Re-run bucket-config on an idle machine (or the production node).")
+            recommendation=NOISE_ADVICE)
     return Outcome.failed(
         f"bucket_cap_mb={configured:g} is {penalty:.2f}x slower per step than the best {best:g} MB "
         f"({buckets_conf} vs {buckets_best} buckets)",

@@ -20,6 +20,7 @@ from conformance.harness.timing import (
     SCENARIO_DEADLINE_CAP_S,
     STALL_DEADLINE_S,
 )
+from ddp_conformance.faults.checks.bucket_config import NOISE_ADVICE
 
 from .conftest import child_pids, fault_target
 
@@ -205,9 +206,14 @@ def test_bucket_config_sweep_and_mismatch(suite_session: Any) -> None:
 @pytest.mark.slow
 def test_bucket_config_flags_tiny_buckets(suite_session: Any) -> None:
     record, _ = _run(suite_session, "bucket-config", fault_target("tiny_buckets"))
-    if record.status == "inconclusive" and "could not be told from this host's noise" in record.message:
-        # The side-by-side re-run's step times overlapped (seen once under three xdist workers:
-        # x6.78 in the sweep, 25 vs 10.1 ms side by side): the check itself said noise. Once more.
+    for _ in range(2):
+        # The check itself said noise (its every noise verdict advises a re-run on an idle machine):
+        # the side-by-side re-run's step times overlapped (x6.78 in the sweep, 25 vs 10.1 ms side by
+        # side), or a confirming re-run did not agree (x2.65 in the sweep, x2.73 side by side once,
+        # then 6 vs 7.79 ms: a clean-clone CI run under three xdist workers). Once more, twice at most:
+        # a bucket layout that is really x2-7 slower shows it on a quieter try.
+        if record.status != "inconclusive" or NOISE_ADVICE not in (record.recommendation or ""):
+            break
         record, _ = _run(suite_session, "bucket-config", fault_target("tiny_buckets"))
     by_cap = {p["bucket_cap_mb"]: p for p in record.metrics["sweep"]}
     assert by_cap[0.001]["buckets"] > by_cap[25.0]["buckets"]
