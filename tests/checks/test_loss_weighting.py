@@ -9,7 +9,14 @@ from __future__ import annotations
 import pytest
 
 from conformance.checks.equivalence.floor import twin_floor
-from conformance.checks.equivalence.hypotheses import loss_split, split_weighting
+from conformance.checks.equivalence.hypotheses import (
+    BATCH_TERM_FIX,
+    GLOBAL_COUNT,
+    batch_term,
+    loss_split,
+    split_fix,
+    split_weighting,
+)
 
 from .test_noise_floor import _c, _runs
 
@@ -43,6 +50,27 @@ def test_the_measurement_tells_a_per_microbatch_count_from_a_per_sample_mean():
     # A summed loss is the sum of its pieces: the factor 1/(N·K) of scale_causes, not this cause.
     summed = _split(lambda out, y: F.cross_entropy(out, y, reduction="sum"))
     assert summed["rel_gap"] == pytest.approx(0.75) and split_weighting(summed) is None
+    # A weighting of per-sample terms keeps the whole batch's loss between its parts': not a batch term.
+    assert masked["parts_min"] <= masked["whole"] <= masked["parts_max"] and not batch_term(masked)
+    assert split_fix(masked) == GLOBAL_COUNT
+
+
+def test_a_loss_whose_samples_depend_on_each_other_lies_outside_its_parts_and_is_named_so():
+    """HobbitLong/SupContrast's SupConLoss (in-batch negatives, no cross_entropy) was named "a mean
+    over a count that varies per microbatch" and advised the global token count."""
+    import torch
+
+    def in_batch_nce(out, y):  # each row scored against every row of its batch, itself the positive
+        z = torch.nn.functional.normalize(out, dim=1)
+        logits = z @ z.T
+        return (torch.logsumexp(logits, dim=1) - logits.diagonal()).mean()
+
+    split = _split(lambda out, y: in_batch_nce(out.view(-1, 12 * 5), y), lengths=(12,) * 4)
+    assert split["whole"] > split["parts_max"] and batch_term(split)
+    why = split_weighting(split) or ""
+    assert "lies outside its microbatches'" in why and "each sample's term depends on the rest of its batch" in why
+    assert "padding mask" not in why
+    assert split_fix(split) == BATCH_TERM_FIX and "all_gather" in BATCH_TERM_FIX
 
 
 def test_a_twin_of_a_loss_that_does_not_decompose_is_no_floor():
@@ -97,3 +125,13 @@ def test_a_per_microbatch_mean_fails_naming_the_weighting_and_the_global_count_p
     assert "dist.all_reduce(n)" in (record.recommendation or "")
     fixed = run_check(suite_session, check, "padded_lm_global_count")
     assert fixed.status == "passed", fixed.message
+
+
+def test_in_batch_negatives_without_a_gather_fail_as_a_batch_level_term(suite_session):
+    from ._check_helpers import run_check
+
+    record = run_check(suite_session, "gradient-equivalence", "in_batch_negatives")
+    assert record.status == "failed", record.message
+    assert "the whole batch's loss lies outside its microbatches'" in record.message, record.message
+    assert record.recommendation == BATCH_TERM_FIX
+

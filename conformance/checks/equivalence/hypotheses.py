@@ -325,7 +325,8 @@ def loss_split(model: Any, loss: Callable[[Any, Any, Any], Any], whole: tuple[An
         parts_sq = sum(q for q in squares if q is not None)
         grad_gap = abs(full_sq - parts_sq) / full_sq if full_sq else None
     split = LossSplit(whole=full, parts_mean=mean, parts=len(pieces), rel_gap=gap, grad_gap=grad_gap,
-                      half=sorted(half), threshold=SPLIT_GAP_HALF if half else SPLIT_GAP)
+                      half=sorted(half), threshold=SPLIT_GAP_HALF if half else SPLIT_GAP,
+                      parts_min=min(v for v, _ in pieces), parts_max=max(v for v, _ in pieces))
     if mixed is not None:
         split["mixing"] = mixed.to_json()
     return split
@@ -372,11 +373,47 @@ def split_weighting(split: LossSplit | None) -> str | None:
     off = [g for g in (split["rel_gap"], grad_gap) if g is not None and math.isfinite(g) and g > limit]
     if not off:
         return None
+    if batch_term(split):
+        return (f"{measured_split(split)}; the whole batch's loss lies outside its microbatches' "
+                f"({split['parts_min']:.4g} to {split['parts_max']:.4g}), where any weighting of per-sample "
+                f"terms would keep it: each sample's term depends on the rest of its batch (a contrastive "
+                f"loss's in-batch negatives, a statistic of the batch inside the loss), and DDP computes it "
+                f"over each rank's share, accumulation over each microbatch: fewer samples than the "
+                f"large-batch step")
     return (f"{measured_split(split)}: the loss is not a mean over samples — a mean over a count "
             f"that varies per microbatch (ignore_index, a padding mask's sum) or a batch-level term; "
             f"DDP averages the ranks' means and accumulation the microbatches' means, so the "
             f"samples of microbatches with fewer counted targets weigh more than in the "
             f"large-batch step")
+
+
+def batch_term(split: LossSplit | None) -> bool:
+    """Measured: the whole batch's loss lies outside the range of its microbatches' losses.
+
+    A mean over samples, a sum, and a mean over a count that varies per microbatch all make the
+    whole batch's loss a positive weighting of its parts' (the weights: each part's share of the
+    counted samples), which lies between the smallest and the largest part's: outside them, no
+    weighting of per-sample terms explains it, and a sample's term depends on the others in its
+    batch. Seen on HobbitLong/SupContrast's SupConLoss (in-batch negatives): the whole batch
+    3.46, its two halves' mean 2.73 (fewer negatives, a lower loss), both halves below it."""
+    if split is None or split.get("mixing") or "parts_min" not in split or "parts_max" not in split:
+        return False
+    whole, lo, hi, limit = split["whole"], split["parts_min"], split["parts_max"], split["threshold"]
+    return whole > hi + limit * abs(hi) or whole < lo - limit * abs(lo)
+
+
+def split_fix(split: LossSplit | None) -> str:
+    """What to do about ``split_weighting``: gather the batch for a batch-level term, else
+    normalise by the global count."""
+    return BATCH_TERM_FIX if batch_term(split) else GLOBAL_COUNT
+
+
+#: What to do about a batch-level term (``batch_term``).
+BATCH_TERM_FIX = ("to compute the loss over the global batch, gather the features from every rank "
+                  "before it with torch.distributed.nn.functional.all_gather (it carries the gradient "
+                  "back to each rank), with the labels or positives' indices the loss pairs them by, as "
+                  "SimCLR and MoCo v3 do (examples/train_contrastive.py); or accept the deviation, which "
+                  "production DDP training has too, knowing its size")
 
 
 def _percent(x: float) -> str:

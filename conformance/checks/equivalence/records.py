@@ -39,9 +39,13 @@ class _MeasuredSplit(TypedDict):
 
 class LossSplit(_MeasuredSplit, total=False):
     """``_MeasuredSplit``, and where the model's own outputs for a sample already differed
-    between the whole batch and its parts (``mixing.Mixing.to_json``; absent: nowhere)."""
+    between the whole batch and its parts (``mixing.Mixing.to_json``; absent: nowhere), and the
+    smallest and largest of the parts' losses (a weighting of per-sample terms keeps the whole
+    between them: ``hypotheses.batch_term``)."""
 
     mixing: dict[str, Any]
+    parts_min: float
+    parts_max: float
 
 
 class SetupSlice(LayoutSlice, total=False):

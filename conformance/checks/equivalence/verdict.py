@@ -16,7 +16,7 @@ from .comparison import Equivalence
 from .diagnosis import (collective, empty_reason, hints, no_known_cause, nonfinite, scale_fix,
                         scaler_skips_differ, skipped_steps)
 from .floor import smallest_bug
-from .hypotheses import GLOBAL_COUNT, SPREAD, scale_causes, scale_fixes, split_weighting
+from .hypotheses import SPREAD, scale_causes, scale_fixes, split_fix, split_weighting
 from .mixing import ADVICE, Mixing
 from . import presentation
 from .presentation import key_figure, mismatch_message
@@ -115,8 +115,9 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
     elif eq.floor.weighting:
         # Failed, not inconclusive: the suite promises the single-process large-batch step, and
         # this is a measured deviation from it (one production DDP training has too), with its
-        # cause and size in the message: the user decides whether to normalise globally.
-        recommendation = GLOBAL_COUNT
+        # cause and size in the message: the user decides whether to normalise globally (or to
+        # gather the batch, for a batch-level term) or to accept it.
+        recommendation = split_fix(eq.floor.loss_split)
     else:
         specific = False
     if eq.rate_mismatch is not None:
