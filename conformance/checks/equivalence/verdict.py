@@ -124,7 +124,8 @@ def judge(eq: Equivalence, *, what: str, recommendation: str) -> Outcome | None:
         # A measured cause of its own (the rates optimizer.step() used, ``schedule``), named in
         # the message beside any other: its fix too (microsoft/LoRA's step advances its schedule
         # per microbatch and normalises its loss per rank: the advice named only the loss).
-        recommendation = f"{RATE_FIX}; and {recommendation}" if specific else RATE_FIX
+        other = recommendation[:1].lower() + recommendation[1:] if recommendation[1:2].islower() else recommendation
+        recommendation = f"{RATE_FIX}; and {other}" if specific else RATE_FIX
     return Outcome.failed(message, metrics=metrics, evidence=evidence, recommendation=recommendation)
 
 
