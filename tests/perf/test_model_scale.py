@@ -3,25 +3,18 @@ per-rank figure it prints (the benchmark itself is run by hand)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from ._benchmarks import load
 
 MIB, GIB = 1 << 20, 1 << 30
 
 
 @pytest.fixture(scope="module")
 def scale() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "model_scale.py"
-    spec = importlib.util.spec_from_file_location("model_scale_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load("model_scale")
 
 
 def test_100m_runs_on_a_24_gb_host_after_2m(scale: ModuleType) -> None:

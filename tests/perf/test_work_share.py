@@ -4,13 +4,13 @@ check's work is summed over its processes (the sampler itself is run by
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from ._benchmarks import load
 
 RANK = "<string>:<module>;_zygote.py:zygote_main;_rank.py:rank_main"
 STEP = f"{RANK};recording.py:run_recorded;calls.py:run_step;calls.py:accumulate_step"
@@ -18,13 +18,7 @@ STEP = f"{RANK};recording.py:run_recorded;calls.py:run_step;calls.py:accumulate_
 
 @pytest.fixture(scope="module")
 def share() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "work_share.py"
-    spec = importlib.util.spec_from_file_location("work_share_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load("work_share")
 
 
 def test_the_targets_step_is_work_and_the_suites_instruments_inside_it_are_not(share: ModuleType,

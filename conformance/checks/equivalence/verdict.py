@@ -340,8 +340,10 @@ def amplified_advice(group: int | None) -> str:
     groups of ``group`` samples, give it more -- the one setting of the target that steadies
     such a run (gpleiss/efficient_densenet_pytorch's DenseNet at lr 0.1, groups of 4: chaotic
     from step 2; at global_batch_size 32, groups of 16, it passed)."""
-    batchnorm = (f"for the check, give every BatchNorm more samples per microbatch (it normalised groups of "
-                 f"{group}: set a larger global_batch_size in the target, or use SyncBatchNorm)"
-                 + (": over 2 samples its gradient is rounding's" if group <= 2 else "") + "; " if group else "")
-    return (batchnorm + "the steps from the one the record's 'sensitivity' names (chaotic_from_step) on were "
-            "not judged; the first step's gradients, which catch a loss scaled by N or K, matched")
+    judged = ("the steps from the one the record's 'sensitivity' names (chaotic_from_step) on were not "
+              "judged; the first step's gradients, which catch a loss scaled by N or K, matched")
+    if not group:
+        return judged
+    few = ": over 2 samples its gradient is rounding's" if group <= 2 else ""
+    return (f"for the check, give every BatchNorm more samples per microbatch (it normalised groups of {group}: "
+            f"set a larger global_batch_size in the target, or use SyncBatchNorm){few}; {judged}")
